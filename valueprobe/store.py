@@ -1,0 +1,334 @@
+"""Sharded on-disk activation store: stream a capture to safetensors, resume it, memory-map it.
+
+    valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl
+
+    >>> store = vp.ActivationStore.open("runs/icrl")
+    >>> X, rows = store.acts(20), store.rows()      # float32 [n_rows, d_model], row metadata
+
+Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a fixed range of
+examples: one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
+numeric row columns (``row.label``, ``row.token_index``, ``row.n_tokens``) and the string columns as
+JSON in the safetensors metadata. A shard is written under a temporary name and renamed when
+complete, then the manifest is rewritten (also atomically): a kill -9 at any point leaves a store
+that opens and resumes, and never a half-written shard that reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from valueprobe.capture import (
+    LayerKey,
+    Positions,
+    Rows,
+    Site,
+    _backend_run,
+    _pad_id,
+    encode,
+    iter_batches,
+)
+from valueprobe.datasets.io import Example
+from valueprobe.errors import ValueprobeError
+from valueprobe.models import LoadedModel
+
+__all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
+# The settings a resumed capture must share with the store it continues.
+_IDENTITY = ("model_id", "fingerprint", "layers", "include_embed", "site", "positions", "dtype", "examples_per_shard")
+
+
+def _key_name(key: LayerKey, site: str) -> str:
+    return "embed" if key == "embed" else f"{site}.{key}"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    meta = header.pop("__metadata__", {}) or {}
+    arrays: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        dtype = _NP_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueprobeError(f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use")
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == start:
+            arrays[name] = np.zeros(shape, dtype)
+            continue
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + start, shape=shape)
+    return arrays, meta
+
+
+class ActivationStore:
+    """A captured activation store on disk (read side).
+
+    Attributes mirror the manifest: ``model_id``, ``fingerprint``, ``layers``, ``site``,
+    ``positions``, ``d_model``, ``n_rows`` (complete shards only), ``dataset_path``, ``dataset_sha256``.
+    """
+
+    def __init__(self, path: Path, manifest: dict) -> None:
+        self.path = path
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, path: str | Path) -> ActivationStore:
+        path = Path(path)
+        mpath = path / MANIFEST
+        if not mpath.exists():
+            raise ValueprobeError(f"{path} is not an activation store (no {MANIFEST}): run `valueprobe capture --out {path}`")
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueprobeError(f"{mpath}:{exc.lineno}: manifest is not valid JSON ({exc.msg})") from None
+        if manifest.get("format") != "valueprobe.store" or manifest.get("version") != FORMAT_VERSION:
+            raise ValueprobeError(
+                f"{mpath}: store format {manifest.get('format')!r} v{manifest.get('version')} is not "
+                f"valueprobe.store v{FORMAT_VERSION}: capture it again with this valueprobe"
+            )
+        return cls(path, manifest)
+
+    # manifest fields
+    model_id = property(lambda self: self.manifest["model_id"])
+    fingerprint = property(lambda self: self.manifest["fingerprint"])
+    layers = property(lambda self: list(self.manifest["layers"]))
+    has_embed = property(lambda self: bool(self.manifest["include_embed"]))
+    site = property(lambda self: self.manifest["site"])
+    positions = property(lambda self: self.manifest["positions"])
+    d_model = property(lambda self: int(self.manifest["d_model"]))
+    n_rows = property(lambda self: sum(s["rows"] for s in self.manifest["shards"]))
+    complete = property(lambda self: bool(self.manifest.get("complete")))
+    dataset_path = property(lambda self: (self.manifest.get("dataset") or {}).get("path"))
+    dataset_sha256 = property(lambda self: (self.manifest.get("dataset") or {}).get("sha256"))
+
+    @property
+    def keys(self) -> list[LayerKey]:
+        return (["embed"] if self.has_embed else []) + self.layers
+
+    def _check_key(self, layer: LayerKey) -> None:
+        if layer not in self.keys:
+            have = ", ".join(str(k) for k in self.keys)
+            raise ValueprobeError(
+                f"store {self.path} has no layer {layer!r} (it holds {have}): capture that layer with --layers"
+            )
+
+    def __repr__(self) -> str:
+        return (f"ActivationStore({str(self.path)!r}, model={self.model_id!r}, layers={len(self.layers)}, "
+                f"site={self.site}, positions={self.positions}, rows={self.n_rows})")  # fmt: skip
+
+    def iter_shards(
+        self, layers: Sequence[LayerKey] | None = None
+    ) -> Iterator[tuple[dict[LayerKey, np.ndarray], Rows]]:
+        """Yield ``({layer: memmap [rows, d_model]}, rows)`` per complete shard, in order."""
+        keys = list(layers) if layers is not None else self.keys
+        for k in keys:
+            self._check_key(k)
+        for shard in self.manifest["shards"]:
+            arrays, meta = _mmap_safetensors(self.path / shard["file"])
+            strings = json.loads(meta["rows"])
+            rows = Rows(
+                example_id=strings["example_id"],
+                label=np.asarray(arrays["row.label"], np.float64),
+                group=strings["group"],
+                span=strings["span"],
+                token_index=np.asarray(arrays["row.token_index"], np.int64),
+                n_tokens=np.asarray(arrays["row.n_tokens"], np.int64),
+            )
+            yield {k: arrays[_key_name(k, self.site)] for k in keys}, rows
+
+    def rows(self) -> Rows:
+        return Rows.concat([rows for _, rows in self.iter_shards(layers=[])])
+
+    def acts(self, layer: LayerKey) -> np.ndarray:
+        """All rows of one layer as float32 ``[n_rows, d_model]`` (materialized in RAM)."""
+        self._check_key(layer)
+        out = np.empty((self.n_rows, self.d_model), np.float32)
+        i = 0
+        for arrays, rows in self.iter_shards(layers=[layer]):
+            out[i : i + len(rows)] = arrays[layer]
+            i += len(rows)
+        return out
+
+
+def _shard_tensors(acts: dict[LayerKey, list[torch.Tensor]], rows: Rows, *, site: str,
+                   dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:  # fmt: skip
+    tensors = {_key_name(k, site): torch.cat(v).to(dtype).contiguous() for k, v in acts.items()}
+    tensors["row.label"] = torch.from_numpy(rows.label.astype(np.float64))
+    tensors["row.token_index"] = torch.from_numpy(rows.token_index.astype(np.int64))
+    tensors["row.n_tokens"] = torch.from_numpy(rows.n_tokens.astype(np.int64))
+    strings = {"example_id": rows.example_id, "group": rows.group, "span": rows.span}
+    return tensors, {"rows": json.dumps(strings, ensure_ascii=False)}
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    need = sum(t.numel() * t.element_size() for t in tensors.values()) + len(meta["rows"]) + (1 << 16)
+    free = shutil.disk_usage(path.parent).free
+    if free < need:
+        raise ValueprobeError(
+            f"no space left for {path.name} ({need / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free in {path.parent}): "
+            "free space and rerun the same command to resume"
+        )
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise ValueprobeError(
+                f"no space left on device writing {path}: free space and rerun the same command to resume"
+            ) from None
+        raise
+
+
+def capture_to_store(
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    out_dir: str | Path,
+    *,
+    layers: str | int | Sequence[int] | None = "all",
+    site: Site = "resid_post",
+    positions: Positions = "last",
+    batch_size: int = 8,
+    examples_per_shard: int = 256,
+    dtype: Literal["float16", "float32"] = "float16",
+    include_embed: bool = True,
+    padding_side: Literal["left", "right"] = "right",
+    max_length: int | None = None,
+    dataset_path: str | None = None,
+    dataset_sha256: str | None = None,
+    backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
+    remote: bool = False,
+    progress: bool = True,
+) -> ActivationStore:
+    """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
+
+    Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
+    of the dataset. Rerunning the same call after an interruption skips the complete shards.
+
+    Raises:
+        ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
+            settings, or no disk space.
+    """
+    if not examples:
+        raise ValueprobeError("no examples to capture: the dataset is empty")
+    if dtype not in ("float16", "float32"):
+        raise ValueprobeError(f"unknown dtype {dtype!r}: use float16 or float32")
+    if examples_per_shard < 1 or batch_size < 1:
+        raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
+    layer_list = lm.resolve_layers(layers)
+    # Validate every example's token selection before writing anything.
+    encode(lm, examples, positions=positions, max_length=max_length)
+    out = Path(out_dir)
+    identity = {
+        "model_id": lm.model_id,
+        "fingerprint": lm.fingerprint,
+        "layers": layer_list,
+        "include_embed": include_embed,
+        "site": site,
+        "positions": positions,
+        "dtype": dtype,
+        "examples_per_shard": examples_per_shard,
+    }
+    manifest = _open_or_start(out, identity, lm=lm, n_examples=len(examples), dataset_path=dataset_path,
+                              dataset_sha256=dataset_sha256)  # fmt: skip
+    done = {s["examples"][0] for s in manifest["shards"]}
+    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
+    pad_id = _pad_id(lm)
+    from tqdm.auto import tqdm
+
+    n = len(examples)
+    already = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"])
+    with tqdm(total=n, initial=already, desc=f"capture -> {out.name}", unit="ex", disable=not progress) as bar:
+        for index, start in enumerate(range(0, n, examples_per_shard)):
+            if start in done:
+                continue
+            chunk = encode(lm, examples[start : start + examples_per_shard], positions=positions, max_length=max_length)
+            acts: dict[LayerKey, list[torch.Tensor]] = {}
+            rows: list[Rows] = []
+            for batch in iter_batches(chunk, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id):
+                got = _backend_run(lm, batch, layers=layer_list, site=site, include_embed=include_embed,
+                                   backend=backend, remote=remote)  # fmt: skip
+                for k, v in got.items():
+                    acts.setdefault(k, []).append(v)
+                rows.append(batch.rows)
+                bar.update(batch.input_ids.shape[0])
+            all_rows = Rows.concat(rows)
+            tensors, meta = _shard_tensors(acts, all_rows, site=site, dtype=torch_dtype)
+            name = f"shard-{index:05d}.safetensors"
+            _write_shard(out / name, tensors, meta)
+            manifest["shards"].append({"file": name, "examples": [start, start + len(chunk)], "rows": len(all_rows)})
+            manifest["shards"].sort(key=lambda s: s["examples"][0])
+            manifest["complete"] = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"]) == n
+            _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    return ActivationStore.open(out)
+
+
+def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: int, dataset_path: str | None,
+                   dataset_sha256: str | None) -> dict:  # fmt: skip
+    from valueprobe import __version__
+
+    dataset = {"path": dataset_path, "sha256": dataset_sha256, "n_examples": n_examples}
+    mpath = out / MANIFEST
+    if mpath.exists():
+        manifest = ActivationStore.open(out).manifest
+        for key, want in identity.items():
+            if manifest.get(key) != want:
+                raise ValueprobeError(
+                    f"store {out} was captured with {key}={manifest.get(key)!r}, not {want!r}: "
+                    "resume with the same settings, or capture into a new --out"
+                )
+        old = manifest.get("dataset") or {}
+        if (old.get("sha256"), old.get("n_examples")) != (dataset_sha256, n_examples):
+            raise ValueprobeError(
+                f"store {out} was captured from another dataset ({old.get('path')}, sha256 "
+                f"{str(old.get('sha256'))[:12]}, {old.get('n_examples')} examples): use a new --out"
+            )
+        for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
+            stray.unlink()
+        return manifest
+    if out.exists() and any(out.iterdir()):
+        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueprobeError(f"cannot create store folder {out}: {exc.strerror}") from None
+    manifest = {
+        "format": "valueprobe.store",
+        "version": FORMAT_VERSION,
+        **identity,
+        "d_model": lm.d_model,
+        "n_layers": lm.n_layers,
+        "dataset": dataset,
+        "valueprobe_version": __version__,
+        "shards": [],
+        "complete": False,
+    }
+    _atomic_write_text(mpath, json.dumps(manifest, indent=1))
+    return manifest
