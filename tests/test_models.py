@@ -1,0 +1,111 @@
+"""Model loading routes, layer detection, fingerprints; the real default model (slow)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from valueprobe.capture import capture
+from valueprobe.datasets.io import Example, Span
+from valueprobe.errors import ValueprobeError
+from valueprobe.models import find_layers_path, fingerprint, load, wrap
+
+
+def test_fingerprint_ignores_dtype_but_not_weights(tiny_lm_factory):
+    import copy
+
+    lm = tiny_lm_factory("llama")
+    fp32 = fingerprint(lm.model)
+    bf16 = fingerprint(copy.deepcopy(lm.model).to(torch.bfloat16))
+    assert fp32 == bf16 == lm.fingerprint
+    tuned = copy.deepcopy(lm.model)
+    with torch.no_grad():
+        tuned.get_input_embeddings().weight[0, 0] += 1.0
+    assert fingerprint(tuned) != fp32
+    assert fingerprint(tiny_lm_factory("qwen2").model) != fp32
+
+
+@pytest.mark.parametrize(("arch", "path"), [("llama", "model.layers"), ("gpt2", "transformer.h"),
+                                            ("gpt_neox", "gpt_neox.layers"), ("gemma2", "model.layers")])  # fmt: skip
+def test_layer_detection(tiny_lm_factory, arch, path):
+    lm = tiny_lm_factory(arch)
+    assert lm.layers_path == path and lm.n_layers == 3 and lm.d_model == 64
+    assert lm.final_norm is not None
+
+
+def test_undetected_layers_say_how_to_override(tiny_tokenizer):
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Module()
+            self.trunk.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+
+    with pytest.raises(ValueprobeError, match=r"pass layers_path= \(CLI --layers-path\).*trunk.blocks"):
+        find_layers_path(Odd())
+    assert find_layers_path(Odd(), "trunk.blocks") == "trunk.blocks"
+    with pytest.raises(ValueprobeError, match="not a non-empty ModuleList"):
+        find_layers_path(Odd(), "trunk")
+
+
+def test_unknown_model_lists_routes(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("VALUEPROBE_CACHE", str(tmp_path))
+    with pytest.raises(ValueprobeError) as err:
+        load("nobody/no-such-model-xyz")
+    msg = str(err.value)
+    assert "not an alias (smollm2-135m)" in msg and "no local folder" in msg and "hub id" in msg
+    assert "\n" not in msg
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueprobeError, match="has no config.json"):
+        load(str(tmp_path / "empty"))
+    with pytest.raises(ValueprobeError, match="not a hub id"):
+        load("bad spec with spaces")
+
+
+def test_local_folder_route_round_trips(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("qwen2")
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.save_pretrained(tmp_path / "m")
+    again = load(str(tmp_path / "m"))
+    assert again.fingerprint == lm.fingerprint and again.n_layers == 3
+    assert not again.model.config.to_dict().get("trust_remote_code")
+
+
+@pytest.mark.slow
+def test_default_model_offline_answers_and_captures(default_lm):
+    lm = default_lm
+    assert (lm.n_layers, lm.d_model) == (30, 576)
+    assert getattr(lm.model.config, "quantization_config", None) is None
+    tok = lm.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     tokenize=False, add_generation_prompt=True)  # fmt: skip
+    ids = tok(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = lm.model.generate(**ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+    text = "Paris is the capital of France."
+    ex = [Example(id="p", label=1, group="g", text=text, spans=(Span(0, 5, "a"), Span(6, len(text), "b"))),
+          Example(id="q", label=0, group="g", messages=({"role": "user", "content": "Hi"},))]  # fmt: skip
+    res = capture(lm, ex[:1], layers="all", positions="spans", include_embed=True, progress=False)
+    assert set(res.acts) == {"embed", *range(30)} and res.acts[21].shape == (2, 576)
+    last = capture(lm, ex, layers=[-1, 0], positions="last", progress=False)
+    assert last.acts[29].shape == (2, 576) and torch.isfinite(last.acts[29]).all()
+
+
+@pytest.mark.slow
+def test_default_model_cache_is_plain_safetensors_and_fast(default_lm):
+    from valueprobe.models import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m"
+    assert (folder / "model.safetensors").exists()
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    start = time.perf_counter()
+    again = load("smollm2-135m")
+    elapsed = time.perf_counter() - start
+    assert again.fingerprint == default_lm.fingerprint
+    print(f"cached load: {elapsed:.2f} s")
