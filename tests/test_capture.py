@@ -52,7 +52,9 @@ def test_last_and_mean_match_output_hidden_states(tiny_lm, padding_side):
     inner = list(range(n - 1))  # hidden_states[L+1] == resid_post[L] for these
     last = capture(lm, exs, layers=inner, positions="last", batch_size=3, padding_side=padding_side,
                    include_embed=True, progress=False)  # fmt: skip
-    mean = capture(lm, exs, layers=inner, positions="mean", batch_size=3, padding_side=padding_side, progress=False)
+    mean = capture(
+        lm, exs, layers=inner, positions="mean", batch_size=3, padding_side=padding_side, progress=False
+    )
     for i, ex in enumerate(exs):
         hs = reference(lm, ex)
         torch.testing.assert_close(last.acts["embed"][i], hs[0][-1], atol=1e-5, rtol=1e-5)
@@ -75,7 +77,9 @@ def test_last_layer_resid_post_is_raw_block_output(tiny_lm_factory):
     exs = _examples()
     got = capture(lm, exs, layers=[-1], positions="last", progress=False)
     seen = []
-    handle = lm.layers[-1].register_forward_hook(lambda m, a, o: seen.append(o[0] if isinstance(o, tuple) else o))
+    handle = lm.layers[-1].register_forward_hook(
+        lambda m, a, o: seen.append(o[0] if isinstance(o, tuple) else o)
+    )
     try:
         for i, ex in enumerate(exs):
             ids = torch.tensor([encode(lm, [ex], positions="last")[0].input_ids])
@@ -90,7 +94,9 @@ def test_last_layer_resid_post_is_raw_block_output(tiny_lm_factory):
 def test_spans_and_tokens_match_reference(tiny_lm_factory, positions):
     lm = tiny_lm_factory("qwen2")
     exs = _examples()
-    res = capture(lm, exs, layers=[0, 1], positions=positions, batch_size=2, padding_side="left", progress=False)
+    res = capture(
+        lm, exs, layers=[0, 1], positions=positions, batch_size=2, padding_side="left", progress=False
+    )
     r = 0
     for ex in exs:
         hs = reference(lm, ex)
@@ -106,7 +112,9 @@ def test_spans_and_tokens_match_reference(tiny_lm_factory, positions):
 def test_batched_equals_unbatched(tiny_lm):
     exs = _examples()
     one = capture(tiny_lm, exs, layers="all", positions="spans", batch_size=1, progress=False)
-    many = capture(tiny_lm, exs, layers="all", positions="spans", batch_size=5, padding_side="left", progress=False)
+    many = capture(
+        tiny_lm, exs, layers="all", positions="spans", batch_size=5, padding_side="left", progress=False
+    )
     for L in one.acts:
         torch.testing.assert_close(one.acts[L], many.acts[L], atol=1e-5, rtol=1e-5)
     assert one.rows.example_id == many.rows.example_id
@@ -116,7 +124,9 @@ def test_batched_equals_unbatched(tiny_lm):
 def test_span_tokens_follow_character_offsets(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     text = "Paris is nice. Rome is old."
-    ex = Example(id="x", label=1, group="g", text=text, spans=(Span(0, 14, "pre"), Span(15, len(text), "post")))
+    ex = Example(
+        id="x", label=1, group="g", text=text, spans=(Span(0, 14, "pre"), Span(15, len(text), "post"))
+    )
     enc = lm.tokenizer(text, return_offsets_mapping=True)
     sels = dict(_token_spans(lm, ex))
     pre_text = "".join(text[a:b] for t, (a, b) in enumerate(enc["offset_mapping"]) if t in sels["pre"])
@@ -170,7 +180,15 @@ def test_bad_input_is_one_clear_error(tiny_lm_factory):
 
 @pytest.mark.parametrize(
     ("spec", "want"),
-    [("all", [0, 1, 2]), ("-1", [2]), ("0:2", [0, 1]), ("1:", [1, 2]), ("0,-1", [0, 2]), (1, [1]), ([0, -3], [0])],
+    [
+        ("all", [0, 1, 2]),
+        ("-1", [2]),
+        ("0:2", [0, 1]),
+        ("1:", [1, 2]),
+        ("0,-1", [0, 2]),
+        (1, [1]),
+        ([0, -3], [0]),
+    ],
 )
 def test_resolve_layers(tiny_lm_factory, spec, want):
     assert tiny_lm_factory("llama").resolve_layers(spec) == want

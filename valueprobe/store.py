@@ -48,7 +48,16 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
 # The settings a resumed capture must share with the store it continues.
-_IDENTITY = ("model_id", "fingerprint", "layers", "include_embed", "site", "positions", "dtype", "examples_per_shard")
+_IDENTITY = (
+    "model_id",
+    "fingerprint",
+    "layers",
+    "include_embed",
+    "site",
+    "positions",
+    "dtype",
+    "examples_per_shard",
+)
 
 
 def _key_name(key: LayerKey, site: str) -> str:
@@ -74,7 +83,9 @@ def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
     for name, info in header.items():
         dtype = _NP_DTYPES.get(info["dtype"])
         if dtype is None:
-            raise ValueprobeError(f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use")
+            raise ValueprobeError(
+                f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use"
+            )
         start, end = info["data_offsets"]
         shape = tuple(info["shape"])
         if end == start:
@@ -100,7 +111,9 @@ class ActivationStore:
         path = Path(path)
         mpath = path / MANIFEST
         if not mpath.exists():
-            raise ValueprobeError(f"{path} is not an activation store (no {MANIFEST}): run `valueprobe capture --out {path}`")
+            raise ValueprobeError(
+                f"{path} is not an activation store (no {MANIFEST}): run `valueprobe capture --out {path}`"
+            )
         try:
             manifest = json.loads(mpath.read_text())
         except json.JSONDecodeError as exc:
@@ -265,11 +278,15 @@ def capture_to_store(
 
     n = len(examples)
     already = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"])
-    with tqdm(total=n, initial=already, desc=f"capture -> {out.name}", unit="ex", disable=not progress) as bar:
+    with tqdm(
+        total=n, initial=already, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+    ) as bar:
         for index, start in enumerate(range(0, n, examples_per_shard)):
             if start in done:
                 continue
-            chunk = encode(lm, examples[start : start + examples_per_shard], positions=positions, max_length=max_length)
+            chunk = encode(
+                lm, examples[start : start + examples_per_shard], positions=positions, max_length=max_length
+            )
             acts: dict[LayerKey, list[torch.Tensor]] = {}
             rows: list[Rows] = []
             for batch in iter_batches(chunk, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id):
@@ -283,7 +300,9 @@ def capture_to_store(
             tensors, meta = _shard_tensors(acts, all_rows, site=site, dtype=torch_dtype)
             name = f"shard-{index:05d}.safetensors"
             _write_shard(out / name, tensors, meta)
-            manifest["shards"].append({"file": name, "examples": [start, start + len(chunk)], "rows": len(all_rows)})
+            manifest["shards"].append(
+                {"file": name, "examples": [start, start + len(chunk)], "rows": len(all_rows)}
+            )
             manifest["shards"].sort(key=lambda s: s["examples"][0])
             manifest["complete"] = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"]) == n
             _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))

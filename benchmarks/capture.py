@@ -1,0 +1,142 @@
+"""Capture overhead and memory on the default model, measured in one run.
+
+    python benchmarks/capture.py                    # prints the table and writes runs/bench-capture.json
+    python benchmarks/capture.py --n 32 --repeats 5
+
+Prints:
+- capture time / bare forward time, for last-token capture of every layer (in memory) and for
+  span-mean capture of every layer streamed to an on-disk store (tokenization and writes included).
+  The bare forward is the same model body on the same padded batches, with no hooks.
+- peak RSS of a capture to disk of 1x and 10x the dataset (separate processes), and the growth.
+Targets: ratio <= 1.05; RSS growth from 1x to 10x <= 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _examples(n: int, data: str):
+    from valueprobe.datasets.io import Example, read_jsonl
+
+    base = read_jsonl(data)
+    out = []
+    for i in range(n):
+        ex = base[i % len(base)]
+        out.append(Example(id=f"{ex.id}#{i}", label=ex.label, group=ex.group, text=ex.text, messages=ex.messages,
+                           spans=ex.spans, meta=ex.meta))  # fmt: skip
+    return out
+
+
+def _bare_forward(lm, batches) -> float:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for b in batches:
+            lm.model.base_model(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                                position_ids=b.position_ids, use_cache=False)  # fmt: skip
+    return time.perf_counter() - start
+
+
+def timing(args) -> dict:
+    from valueprobe.capture import _pad_id, encode, iter_batches, run_hooks
+    from valueprobe.models import load
+    from valueprobe.store import capture_to_store
+
+    lm = load(args.model)
+    exs = _examples(args.n, args.data)
+    layers = list(range(lm.n_layers))
+    results: dict[str, list[float]] = {"bare": [], "last_all_layers": [], "spans_to_disk": []}
+    enc_last = encode(lm, exs, positions="last")
+    batches = list(
+        iter_batches(enc_last, batch_size=args.batch_size, padding_side="right", pad_id=_pad_id(lm))
+    )
+    _bare_forward(lm, batches[:1])  # warm-up
+    for _ in range(args.repeats):  # interleaved, min of repeats: robust to a busy machine
+        results["bare"].append(_bare_forward(lm, batches))
+        start = time.perf_counter()
+        for b in batches:
+            run_hooks(lm, b, layers=layers, site="resid_post", include_embed=False)
+        results["last_all_layers"].append(time.perf_counter() - start)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            capture_to_store(lm, exs, Path(tmp) / "s", layers="all", positions="spans", batch_size=args.batch_size,
+                             dtype="float16", include_embed=False, progress=False)  # fmt: skip
+            results["spans_to_disk"].append(time.perf_counter() - start)
+    best = {k: min(v) for k, v in results.items()}
+    return {
+        "n_examples": args.n,
+        "seconds_min": best,
+        "ratio_last_all_layers": best["last_all_layers"] / best["bare"],
+        "ratio_spans_to_disk": best["spans_to_disk"] / best["bare"],
+    }
+
+
+def rss_child(args) -> None:
+    """Child process: capture n examples to disk, print peak RSS in MB."""
+    from valueprobe.models import load
+    from valueprobe.store import capture_to_store
+
+    lm = load(args.model)
+    exs = _examples(args.n, args.data)
+    with tempfile.TemporaryDirectory() as tmp:
+        capture_to_store(lm, exs, Path(tmp) / "s", layers="all", positions="spans", batch_size=args.batch_size,
+                         examples_per_shard=64, dtype="float16", progress=False)  # fmt: skip
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def rss(args, n: int) -> float:
+    cmd = [sys.executable, __file__, "--rss-child", "--n", str(n), "--model", args.model, "--data", args.data,
+           "--batch-size", str(args.batch_size)]  # fmt: skip
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--data", default=str(ROOT / "data" / "icrl.jsonl"))
+    p.add_argument("--n", type=int, default=48, help="examples in the 1x dataset")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench-capture.json"))
+    args = p.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.rss_child:
+        rss_child(args)
+        return
+    result = timing(args)
+    one, ten = rss(args, args.n), rss(args, 10 * args.n)
+    result.update(peak_rss_mb_1x=one, peak_rss_mb_10x=ten, rss_growth=(ten - one) / one)
+    print(
+        f"capture benchmark on {args.model}, {args.n} examples from {Path(args.data).name}, batch {args.batch_size}"
+    )
+    print(f"  bare forward (min of {args.repeats})           {result['seconds_min']['bare']:.2f} s")
+    print(
+        f"  last token, all layers, in memory / bare      {result['ratio_last_all_layers']:.3f}   (target <= 1.05)"
+    )
+    print(
+        f"  span means, all layers, to disk / bare        {result['ratio_spans_to_disk']:.3f}   (target <= 1.05)"
+    )
+    print(f"  peak RSS 1x ({args.n}) / 10x ({10 * args.n})            {one:.0f} MB / {ten:.0f} MB "
+          f"-> growth {100 * result['rss_growth']:.1f}%   (target <= 10%)")  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
