@@ -1,0 +1,304 @@
+"""Layer sweep, grouped splits, controls, transfer matrix and fit_probe on planted stores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import norm
+
+from valueprobe.axis import ValueAxis
+from valueprobe.capture import Rows
+from valueprobe.errors import ValueprobeError
+from valueprobe.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
+from valueprobe.source import Source, grouped_splits
+from valueprobe.sweep import calibrate, fit_probe, fit_store, sweep_layers
+from valueprobe.transfer import transfer_matrix
+
+D = 16
+V = np.linalg.qr(np.random.default_rng(99).standard_normal((D, 2)))[0].T  # two orthonormal directions
+
+
+class FakeStore:
+    """In-memory stand-in with the ActivationStore interface, served in shards."""
+
+    def __init__(
+        self, name: str, acts: dict, rows: Rows, *, shard_rows: int = 64, fingerprint: str = "f" * 16
+    ):
+        self.path = Path("/stores") / name
+        self.model_id, self.fingerprint, self.site, self.positions = (
+            "tiny",
+            fingerprint,
+            "resid_post",
+            "spans",
+        )
+        self.d_model = next(iter(acts.values())).shape[1]
+        self.dataset_path, self.dataset_sha256 = f"data/{name}.jsonl", "0" * 64
+        self.layers = [k for k in acts if k != "embed"]
+        self.has_embed = "embed" in acts
+        self.manifest = {"n_layers": max(self.layers) + 1}
+        self._acts, self._rows, self._shard = acts, rows, shard_rows
+
+    def rows(self) -> Rows:
+        return self._rows
+
+    def iter_shards(self, layers=None):
+        layers = list(self._acts) if layers is None else layers
+        for k in layers:
+            if k not in self._acts:
+                raise ValueprobeError(f"store {self.path} has no layer {k!r}")
+        for a in range(0, len(self._rows), self._shard):
+            idx = np.arange(a, min(len(self._rows), a + self._shard))
+            yield {k: self._acts[k][idx].astype(np.float16) for k in layers}, self._rows.select(idx)
+
+
+def icrl_store(
+    name: str = "icrl",
+    *,
+    n_groups: int = 12,
+    convs: int = 6,
+    delta=(0.0, 1.0, 2.0),
+    direction: int = 0,
+    seed: int = 0,
+    mode: str = "span",
+    position_confound: bool = False,
+    **kw,
+) -> FakeStore:
+    """Per group (rule) `convs` conversations, each a pre and a post span row; the signal is
+    planted along V[direction] with strength delta[layer]; layer key "embed" carries none."""
+    rng = np.random.default_rng(seed)
+    eid, grp, span, label, tok = [], [], [], [], []
+    for g in range(n_groups):
+        for c in range(convs):
+            for s in ("pre", "post"):
+                eid.append(f"{name}-{g}-{c}" if mode == "span" else f"{name}-{g}-{c}-{s}")
+                grp.append(f"rule{g}")
+                span.append(s if mode == "span" else "")
+                label.append(1.0 if mode == "span" or s == "post" else 0.0)
+                tok.append((40 if s == "post" else 10) + c if position_confound else int(rng.integers(0, 50)))
+    y = np.array([s == "post" for s in span]) if mode == "span" else np.array(label) > 0.5
+    n = len(y)
+    rows = Rows(
+        eid,
+        np.array(label),
+        grp,
+        span,
+        np.array(tok, dtype=np.int64),
+        np.full(n, 100, dtype=np.int64) if not position_confound else np.array(tok, dtype=np.int64) * 2,
+    )
+    acts = {
+        layer: rng.standard_normal((n, D)) + np.outer(y - 0.5, V[direction]) * dlt + 5.0
+        for layer, dlt in enumerate(delta)
+    }
+    acts["embed"] = rng.standard_normal((n, D))
+    return FakeStore(name, acts, rows, **kw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n_groups=st.integers(3, 30),
+    n_splits=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+    frac=st.floats(0.1, 0.4),
+)
+def test_grouped_splits_never_leak_a_group(n_groups, n_splits, seed, frac):
+    groups = np.repeat([f"g{i}" for i in range(n_groups)], 4)
+    y = np.tile([True, False], 2 * n_groups)
+    if n_groups - 2 * max(1, round(frac * n_groups)) < 1:  # nothing left to train on: a clear error
+        with pytest.raises(ValueprobeError, match="too few to hold out"):
+            grouped_splits(groups, y, val_frac=frac, test_frac=frac)
+        return
+    for sp in grouped_splits(groups, y, n_splits=n_splits, val_frac=frac, test_frac=frac, seed=seed):
+        assert not (sp.train & sp.val or sp.train & sp.test or sp.val & sp.test)
+        assert sp.train | sp.val | sp.test == set(groups)
+        assert sp.train and sp.val and sp.test
+
+
+def test_grouped_splits_bad_input():
+    y = np.array([True, False] * 2)
+    with pytest.raises(ValueprobeError, match="only 2 groups"):
+        grouped_splits(np.array(["a", "a", "b", "b"]), y)
+    with pytest.raises(ValueprobeError, match="train 0"):
+        grouped_splits(np.repeat(["a", "b", "c", "d"], 2), np.tile([True, False], 4), train_groups=0)
+    # one class per group: held-out parts cannot hold both classes when only one group has successes
+    groups = np.array(["pos", "n1", "n2", "n3"])
+    with pytest.raises(ValueprobeError, match="both classes"):
+        grouped_splits(groups, np.array([True, False, False, False]))
+
+
+def test_sweep_finds_the_planted_layer_with_controls_at_chance():
+    store = icrl_store(n_groups=20, convs=10)
+    sweep = sweep_layers(store, method="diff_means", n_splits=4, seed=1)
+    assert sweep.best_layer == 2
+    assert sweep.best_layer == sweep.layers[int(np.argmax(sweep.val_auroc.mean(axis=1)))]  # picked on val
+    assert sweep.chosen_layers == (2, 2, 2, 2)
+    assert sweep.heldout_auroc.mean() == pytest.approx(norm.cdf(2.0 / np.sqrt(2)), abs=0.04)
+    assert abs(sweep.test_auroc[0].mean() - 0.5) < 0.1  # layer 0 carries no signal
+    controls = sweep.controls()
+    assert set(controls) == {"shuffled", "random", "embed", "position:token_index", "position:n_tokens"}
+    for name in ("shuffled", "embed", "position:n_tokens"):
+        assert abs(controls[name].mean() - 0.5) < 0.12, name
+    assert sweep.margin > 0.2
+    # the directions of layers 1 and 2 agree, layer 0 is noise
+    assert sweep.cosine[1, 2] > 0.8 and abs(sweep.cosine[0, 2]) < 0.6
+    axis = sweep.axis
+    assert axis.best_layer == 2 and axis.layers == (0, 1, 2)
+    assert float(axis.direction(2).double() @ __import__("torch").tensor(V[0])) > 0.95
+    ref = store._acts[2].astype(np.float16).astype(np.float64) @ axis.direction(2).double().numpy()
+    assert float(axis.mu[2]) == pytest.approx(ref.mean(), rel=1e-4)
+    assert float(axis.sigma[2]) == pytest.approx(ref.std(), rel=1e-4)
+    norms = np.linalg.norm(store._acts[2].astype(np.float16).astype(np.float64), axis=1).mean()
+    assert float(axis.mean_norm[2]) == pytest.approx(norms, rel=1e-4)
+    assert axis.metrics["sweep"]["best_layer"] == 2
+    headers, rows = sweep.table()
+    assert rows[2][0] == "2 *" and len(headers) == len(rows[0])
+    assert "margin" in sweep.summary()
+
+
+def test_position_confound_is_exposed_by_the_controls():
+    """No value signal anywhere, but post spans sit later in the text: the position control wins."""
+    store = icrl_store(n_groups=12, delta=(0.0, 0.0), position_confound=True)
+    sweep = sweep_layers(store, method="span_diff", n_splits=3)
+    assert sweep.strongest_control[0].startswith("position:")
+    assert sweep.controls()["position:token_index"].mean() == 1.0
+    assert sweep.margin < -0.3
+
+
+def test_label_mode_and_methods_run_on_stores():
+    store = icrl_store(mode="label")
+    src = Source(store)
+    assert src.keep.all() and src.y.sum() == len(src.y) / 2
+    for method in ("lda", "logistic", "paired_pca", "span_diff"):
+        sweep = sweep_layers(store, method=method, n_splits=2, layers=[2])
+        assert sweep.heldout_auroc.mean() > 0.85, method
+
+
+def test_fit_store_streams_and_equals_in_memory_fit():
+    from valueprobe.probe import DiffMeans
+
+    store = icrl_store(shard_rows=7)
+    axis = fit_store(store, method="diff_means", layers="1:3")
+    assert axis.layers == (1, 2) and axis.best_layer == 2
+    assert axis.metrics["best_layer_rule"] == "in-sample Cohen's d"
+    x = store._acts[2].astype(np.float16)
+    y = np.array([s == "post" for s in store.rows().span])
+    ref = DiffMeans().update(x, y).fit().unit
+    np.testing.assert_allclose(axis.direction(2).double().numpy(), ref, atol=1e-6)
+    assert fit_store(store, layers=[-1]).layers == (2,)
+    assert fit_store(store, layers="-2:").layers == (1, 2)
+    assert fit_store(store, layers="0,-1").layers == (0, 2)
+
+
+def test_store_bad_input_is_one_clear_error():
+    store = icrl_store()
+    with pytest.raises(ValueprobeError, match="no layer 7; layers shared by the stores: 0..2"):
+        sweep_layers(store, layers=[7])
+    with pytest.raises(ValueprobeError, match="bad layer spec"):
+        fit_store(store, layers="a:b")
+    bad = icrl_store()
+    bad._acts[1][[5, 9]] = np.inf
+    with pytest.raises(
+        ValueprobeError, match=r"layer 1: NaN or inf in 2 rows \(examples \['icrl-0-2', 'icrl-0-4'\]\)"
+    ):
+        fit_store(bad, layers=[1])
+    one_class = icrl_store(mode="label")
+    one_class._rows = Rows(
+        one_class._rows.example_id,
+        np.ones(len(one_class._rows)),
+        one_class._rows.group,
+        one_class._rows.span,
+        one_class._rows.token_index,
+        one_class._rows.n_tokens,
+    )
+    with pytest.raises(ValueprobeError, match="single class"):
+        fit_store(one_class)
+    with pytest.raises(ValueprobeError, match="only 2 groups"):
+        sweep_layers(icrl_store(n_groups=2))
+    with pytest.raises(ValueprobeError, match="stores disagree"):
+        Source([icrl_store("a"), icrl_store("b", fingerprint="e" * 16)])
+    no_embed = icrl_store()
+    del no_embed._acts["embed"]
+    no_embed.has_embed = False
+    assert sweep_layers(no_embed, n_splits=2, layers=[2]).embed_auroc is None
+
+
+def test_transfer_matrix_separates_shared_and_unrelated_directions():
+    stores = {
+        "icrl": icrl_store("icrl", seed=1),
+        "code": icrl_store("code", seed=2, mode="label"),
+        "other": icrl_store("other", seed=3, direction=1),
+    }
+    tr = transfer_matrix(stores, layer=2, n_splits=3)
+    assert tr.families == ("icrl", "code", "other")
+    assert tr.auroc[0, 1] > 0.8 and tr.auroc[1, 0] > 0.8
+    assert abs(tr.auroc[0, 2] - 0.5) < 0.15 and abs(tr.auroc[2, 1] - 0.5) < 0.15
+    assert np.all(np.diag(tr.auroc) > 0.8)  # held-out within family
+    assert tr.cosine[0, 1] > 0.8 and abs(tr.cosine[0, 2]) < 0.4
+    np.testing.assert_allclose(np.diag(tr.cosine), 1.0)
+    assert set(tr.controls) == {"embed", "shuffled", "random", "position:token_index", "position:n_tokens"}
+    assert np.isfinite(np.stack(list(tr.controls.values()))).all()
+    assert tr.margin[0, 1] > 0.2
+    headers, rows = tr.table()
+    assert len(rows) == 9 and rows[0][1] == "icrl (held-out)"
+    transfer_heatmap(tr)
+    transfer_heatmap(tr, metric="margin")
+    with pytest.raises(ValueprobeError, match="at least two"):
+        transfer_matrix({"icrl": stores["icrl"]}, layer=2)
+
+
+def test_fit_probe_writes_an_artifact_with_sweep_and_transfer(tmp_path):
+    report = fit_probe(
+        {"icrl": icrl_store("icrl"), "code": icrl_store("code", seed=5, mode="label")}, n_splits=2
+    )
+    assert report.transfer is not None and "transfer at layer" in report.summary()
+    axis = report.axis
+    assert set(axis.metrics) == {"sweep", "transfer"}
+    assert [d["name"] for d in axis.datasets] == ["icrl", "code"]
+    axis.save(tmp_path / "probe")
+    loaded = ValueAxis.load(tmp_path / "probe")
+    assert loaded.metrics == axis.metrics and loaded.datasets == axis.datasets
+    sweep_figure(report.sweep)
+    layer_cosine_figure(report.sweep)
+
+
+def test_calibrate_restores_sigma_after_arithmetic():
+    store = icrl_store()
+    a = fit_store(store, layers=[1, 2])
+    b = fit_store(icrl_store(direction=1, seed=4), layers=[1, 2])
+    diff = calibrate(a - b, store)
+    v = diff.direction(2).double().numpy()
+    proj = store._acts[2].astype(np.float16).astype(np.float64) @ v
+    assert float(diff.sigma[1]) == pytest.approx(proj.std(), rel=1e-4)
+    assert diff.sigma_reference.startswith("all 144 rows")
+
+
+def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
+    """End to end through capture_to_store: ICRL-style spans, fit, save, load against the model."""
+    from valueprobe.datasets.io import Example, Span
+    from valueprobe.store import capture_to_store
+
+    lm = tiny_lm_factory("llama")
+    examples = []
+    for i in range(12):
+        text = f"Rule attempt {i}: wrong answer again. Wait, that's right: yes {i} works!"
+        cut = text.index("Wait")
+        examples.append(
+            Example(
+                id=f"c{i}",
+                label=1.0,
+                group=f"rule{i % 4}",
+                text=text,
+                spans=(Span(0, cut, "pre"), Span(cut, len(text), "post")),
+            )
+        )
+    store = capture_to_store(
+        lm, examples, tmp_path / "store", layers="all", positions="spans", dtype="float32", progress=False
+    )
+    report = fit_probe(str(tmp_path / "store"), method="span_diff", n_splits=2, val_frac=0.25, test_frac=0.25)
+    report.axis.save(tmp_path / "probe")
+    axis = ValueAxis.load(tmp_path / "probe", lm=lm)
+    assert axis.layers == tuple(store.layers) and axis.d_model == lm.d_model
+    assert axis.fingerprint == lm.fingerprint

@@ -1,0 +1,329 @@
+"""The ``ValueAxis`` artifact: one unit direction per layer, with σ calibration and provenance.
+
+Fitted by :func:`valueprobe.sweep.fit_store` / :func:`valueprobe.sweep.fit_probe`, saved as a
+folder (``axis.safetensors`` + ``probe.json``), and read back checked against the model::
+
+    from valueprobe.axis import ValueAxis
+    axis = ValueAxis.load("probes/value-smollm2", lm=lm)        # checks d_model + fingerprint
+    axis.score(h, layer=18)                                     # (h·v̂ − μ)/σ
+    (axis_a - axis_b).save("probes/diff")                       # μ, σ uncalibrated until calibrate()
+
+Sign convention everywhere: positive = success / value up (label 1, span ``post``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from valueprobe.errors import ValueprobeError
+
+if TYPE_CHECKING:
+    from valueprobe.models import LoadedModel
+
+FORMAT_VERSION = 1
+
+
+def _version() -> str:
+    try:
+        return metadata.version("valueprobe")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+local"
+
+
+def _jsonable(obj: object) -> object:
+    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, eq=False)
+class ValueAxis:
+    """The value axis: one unit direction per layer plus what is needed to use it.
+
+    ``mu``/``sigma`` are the mean and standard deviation of ``h @ v̂`` over ``sigma_reference``
+    (default: the rows the axis was fitted on, both classes pooled). ``mean_norm`` is the mean
+    L2 norm of the residual at each layer over the same rows, for α as a % of norm.
+
+    Arithmetic: ``-axis`` flips every direction (and μ); ``k * axis`` keeps the unit
+    directions and multiplies ``scale``, the steering strength (negative k also flips);
+    ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, leaving μ and σ
+    uncalibrated (NaN) until :func:`valueprobe.sweep.calibrate`. ``axis[18]`` keeps one layer.
+    Readouts (``project``, ``score``) ignore ``scale``.
+
+    >>> axis = ValueAxis.load("probes/value-smollm2", lm=lm)
+    >>> (-axis).score(h, layer=18) == -axis.score(h, layer=18)
+    """
+
+    directions: torch.Tensor  # [n_layers_kept, d_model] float32, unit rows
+    layers: tuple[int, ...]
+    mu: torch.Tensor  # [n_layers_kept]
+    sigma: torch.Tensor  # [n_layers_kept]
+    mean_norm: torch.Tensor  # [n_layers_kept]
+    best_layer: int
+    site: str
+    method: str
+    model_id: str
+    fingerprint: str
+    d_model: int
+    scale: float = 1.0
+    sigma_reference: str = "fitting set"
+    metrics: dict = field(default_factory=dict)
+    datasets: tuple[dict, ...] = ()
+    ops: tuple[str, ...] = ()
+    version: str = field(default_factory=_version)
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        if tuple(self.directions.shape) != (n, self.d_model):
+            raise ValueprobeError(
+                f"axis: directions {tuple(self.directions.shape)} do not match {n} layers × d_model {self.d_model}"
+            )
+        for name in ("mu", "sigma", "mean_norm"):
+            if tuple(getattr(self, name).shape) != (n,):
+                raise ValueprobeError(
+                    f"axis: {name} has shape {tuple(getattr(self, name).shape)}, expected ({n},)"
+                )
+        if self.best_layer not in self.layers:
+            raise ValueprobeError(
+                f"axis: best layer {self.best_layer} is not among its layers {list(self.layers)}"
+            )
+
+    def _index(self, layer: int | None) -> int:
+        layer = self.best_layer if layer is None else layer
+        if layer not in self.layers:
+            raise ValueprobeError(f"layer {layer} is not in this axis; it has layers {_ranges(self.layers)}")
+        return self.layers.index(layer)
+
+    def direction(self, layer: int | None = None) -> torch.Tensor:
+        """Unit direction [d_model] at ``layer`` (default: the best layer)."""
+        return self.directions[self._index(layer)]
+
+    def project(self, h: torch.Tensor | np.ndarray, layer: int | None = None) -> torch.Tensor | np.ndarray:
+        """``h @ v̂`` for h [..., d_model]; returns [...] of the input's kind."""
+        i = self._index(layer)
+        if isinstance(h, np.ndarray):
+            return np.asarray(h, dtype=np.float64) @ self.directions[i].double().numpy()
+        return h @ self.directions[i].to(device=h.device, dtype=h.dtype)
+
+    def score(self, h: torch.Tensor | np.ndarray, layer: int | None = None) -> torch.Tensor | np.ndarray:
+        """Projection in σ units, ``(h @ v̂ − μ) / σ``, for h [..., d_model]."""
+        i = self._index(layer)
+        mu, sigma = float(self.mu[i]), float(self.sigma[i])
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueprobeError(
+                f"axis layer {self.layers[i]} has no σ calibration ({self.sigma_reference});"
+                " run valueprobe.sweep.calibrate(axis, store) first"
+            )
+        return (self.project(h, self.layers[i]) - mu) / sigma
+
+    def vector(
+        self, layer: int | None = None, *, alpha: float = 1.0, units: Literal["sigma", "norm"] = "sigma"
+    ):
+        """The steering vector α·scale·v̂ in ``sigma`` units (α·σ) or ``norm`` units (α % of mean norm)."""
+        i = self._index(layer)
+        size = float(self.sigma[i]) if units == "sigma" else float(self.mean_norm[i]) / 100.0
+        return self.directions[i] * (alpha * self.scale * size)
+
+    def __getitem__(self, layer: int) -> ValueAxis:
+        i = self._index(layer)
+        keep = slice(i, i + 1)
+        return replace(
+            self,
+            directions=self.directions[keep],
+            layers=(layer,),
+            mu=self.mu[keep],
+            sigma=self.sigma[keep],
+            mean_norm=self.mean_norm[keep],
+            best_layer=layer,
+        )
+
+    def __neg__(self) -> ValueAxis:
+        return replace(self, directions=-self.directions, mu=-self.mu, ops=(*self.ops, "neg"))
+
+    def __mul__(self, k: float) -> ValueAxis:
+        if not isinstance(k, (int, float)) or not math.isfinite(k):
+            return NotImplemented
+        base = -self if k < 0 else self
+        return replace(base, scale=self.scale * abs(k), ops=(*base.ops, f"scale {abs(k):g}"))
+
+    __rmul__ = __mul__
+
+    def _combine(self, other: ValueAxis, sign: float) -> ValueAxis:
+        if not isinstance(other, ValueAxis):
+            return NotImplemented
+        if other.d_model != self.d_model or other.fingerprint != self.fingerprint:
+            raise ValueprobeError(
+                f"cannot combine axes of different models: {self.model_id} ({self.fingerprint}, d_model"
+                f" {self.d_model}) and {other.model_id} ({other.fingerprint}, d_model {other.d_model})"
+            )
+        shared = [layer for layer in self.layers if layer in other.layers]
+        if not shared:
+            raise ValueprobeError(f"axes share no layer: {_ranges(self.layers)} vs {_ranges(other.layers)}")
+        a = torch.stack([self.direction(layer) * self.scale for layer in shared])
+        b = torch.stack([other.direction(layer) * other.scale for layer in shared])
+        v = a + sign * b
+        norms = v.norm(dim=1, keepdim=True)
+        if (norms == 0).any():
+            raise ValueprobeError("axis arithmetic gave a zero direction (the axes cancel)")
+        nan = torch.full((len(shared),), float("nan"))
+        op = "-" if sign < 0 else "+"
+        return ValueAxis(
+            directions=v / norms,
+            layers=tuple(shared),
+            mu=nan,
+            sigma=nan.clone(),
+            mean_norm=torch.stack([self.mean_norm[self._index(layer)] for layer in shared]),
+            best_layer=self.best_layer if self.best_layer in shared else shared[0],
+            site=self.site,
+            method=f"({self.method}) {op} ({other.method})",
+            model_id=self.model_id,
+            fingerprint=self.fingerprint,
+            d_model=self.d_model,
+            sigma_reference="uncalibrated (axis arithmetic): run valueprobe.sweep.calibrate(axis, store)",
+            datasets=self.datasets + other.datasets,
+            ops=(*self.ops, f"{op} axis"),
+        )
+
+    def __sub__(self, other: ValueAxis) -> ValueAxis:
+        return self._combine(other, -1.0)
+
+    def __add__(self, other: ValueAxis) -> ValueAxis:
+        return self._combine(other, 1.0)
+
+    def check(self, lm: LoadedModel, *, force: bool = False) -> None:
+        """Fail unless ``lm`` is the model this axis was fitted on. ``force`` skips the fingerprint check only."""
+        if lm.d_model != self.d_model:
+            raise ValueprobeError(
+                f"probe has d_model {self.d_model} ({self.model_id}) but the model has d_model {lm.d_model}"
+                f" ({lm.model_id}); use a probe fitted on this model"
+            )
+        if max(self.layers) >= lm.n_layers:
+            raise ValueprobeError(
+                f"probe uses layer {max(self.layers)} but the model has layers 0..{lm.n_layers - 1}"
+            )
+        if lm.fingerprint != self.fingerprint and not force:
+            raise ValueprobeError(
+                f"probe was fitted on {self.model_id} (fingerprint {self.fingerprint}) but the model is"
+                f" {lm.model_id} (fingerprint {lm.fingerprint}); refit, or pass --force to use it anyway"
+            )
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/axis.safetensors`` and ``path/probe.json`` (each atomically; JSON last)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            "directions": self.directions.float().contiguous(),
+            "mu": self.mu.float().contiguous(),
+            "sigma": self.sigma.float().contiguous(),
+            "mean_norm": self.mean_norm.float().contiguous(),
+            "layers": torch.tensor(self.layers, dtype=torch.int64),
+        }
+        _write_atomic(
+            path / "axis.safetensors",
+            lambda p: save_file(tensors, str(p), metadata={"format": "valueprobe.axis"}),
+        )
+        info = {
+            "format": "valueprobe.axis",
+            "format_version": FORMAT_VERSION,
+            "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
+            "d_model": self.d_model,
+            "layers": list(self.layers),
+            "best_layer": self.best_layer,
+            "site": self.site,
+            "method": self.method,
+            "scale": self.scale,
+            "sigma_reference": self.sigma_reference,
+            "ops": list(self.ops),
+            "datasets": list(self.datasets),
+            "metrics": self.metrics,
+            "valueprobe_version": self.version,
+        }
+        text = json.dumps(_jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        _write_atomic(path / "probe.json", lambda p: p.write_text(text, encoding="utf-8"))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, lm: LoadedModel | None = None, force: bool = False) -> ValueAxis:
+        """Read a probe folder; with ``lm``, also :meth:`check` it against the model."""
+        path = Path(path)
+        meta_path, tensor_path = path / "probe.json", path / "axis.safetensors"
+        if not meta_path.is_file() or not tensor_path.is_file():
+            raise ValueprobeError(f"{path} is not a probe folder: it needs probe.json and axis.safetensors")
+        try:
+            info = json.loads(meta_path.read_text(encoding="utf-8"))
+            version = int(info["format_version"])
+            tensors = load_file(str(tensor_path))
+        except (json.JSONDecodeError, KeyError, ValueError, OSError) as e:
+            raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
+        if version > FORMAT_VERSION:
+            raise ValueprobeError(
+                f"{meta_path}: format_version {version} is newer than this valueprobe reads ({FORMAT_VERSION}); upgrade"
+            )
+        try:
+            axis = cls(
+                directions=tensors["directions"],
+                layers=tuple(int(x) for x in info["layers"]),
+                mu=tensors["mu"],
+                sigma=tensors["sigma"],
+                mean_norm=tensors["mean_norm"],
+                best_layer=int(info["best_layer"]),
+                site=info["site"],
+                method=info["method"],
+                model_id=info["model_id"],
+                fingerprint=info["fingerprint"],
+                d_model=int(info["d_model"]),
+                scale=float(info.get("scale", 1.0)),
+                sigma_reference=info.get("sigma_reference", ""),
+                metrics=info.get("metrics", {}),
+                datasets=tuple(info.get("datasets", [])),
+                ops=tuple(info.get("ops", [])),
+                version=info.get("valueprobe_version", "unknown"),
+            )
+        except KeyError as e:
+            raise ValueprobeError(f"{path}: probe is missing {e}; refit it") from None
+        if tensors["layers"].tolist() != list(axis.layers):
+            raise ValueprobeError(f"{path}: layers in probe.json and axis.safetensors disagree; refit it")
+        if lm is not None:
+            axis.check(lm, force=force)
+        return axis
+
+
+def _ranges(layers: Sequence[int]) -> str:
+    """Compact layer list: (0, 1, 2, 5) -> '0..2, 5'."""
+    out, layers = [], sorted(layers)
+    start = prev = layers[0]
+    for layer in [*layers[1:], None]:
+        if layer is not None and layer == prev + 1:
+            prev = layer
+            continue
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+        if layer is not None:
+            start = prev = layer
+    return ", ".join(out)

@@ -1,0 +1,137 @@
+"""Effect sizes and their uncertainty: AUROC, Cohen's d, stratified bootstrap CIs; and the
+sweep/transfer control helpers (sign-oriented AUROC, within-group label shuffle, mean ± sd).
+
+Used by the layer sweep, the transfer matrix and ``valueprobe score``:
+
+>>> from valueprobe.metrics import auroc, cohens_d, bootstrap_ci
+>>> auroc([0.1, 0.9, 0.4], [0, 1, 1])
+1.0
+>>> lo, hi = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+
+from valueprobe.errors import ValueprobeError
+
+Metric = Callable[[np.ndarray, np.ndarray], float]
+
+
+def _split(scores: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray, what: str):
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1) >= 0.5  # graded labels: success means >= 0.5
+    if s.shape != y.shape:
+        raise ValueprobeError(f"{what}: {s.size} scores but {y.size} labels; pass one label per score")
+    if not np.isfinite(s).all():
+        bad = np.flatnonzero(~np.isfinite(s))[:5].tolist()
+        raise ValueprobeError(f"{what}: non-finite scores at rows {bad}; check the activations for NaN/inf")
+    n_pos = int(y.sum())
+    if n_pos == 0 or n_pos == y.size:
+        only = "1 (success)" if n_pos else "0 (failure)"
+        raise ValueprobeError(
+            f"{what} needs both classes, but all {y.size} labels are {only}; add examples of the other class"
+        )
+    return s[y], s[~y]
+
+
+def auroc(scores: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray) -> float:
+    """Area under the ROC curve of ``scores`` for ``labels >= 0.5`` (Mann-Whitney U, ties count 1/2).
+
+    Args:
+        scores: [n] higher = more likely success.
+        labels: [n] 1 = success, 0 = failure (floats are thresholded at 0.5).
+
+    >>> auroc([1, 2, 3, 4], [0, 0, 1, 1])
+    1.0
+    """
+    pos, neg = _split(scores, labels, "AUROC")
+    ranks = rankdata(np.concatenate([pos, neg]))  # average ranks handle ties
+    u = ranks[: pos.size].sum() - pos.size * (pos.size + 1) / 2
+    return float(u / (pos.size * neg.size))
+
+
+def cohens_d(scores: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray) -> float:
+    """Cohen's d: (mean_success - mean_failure) / pooled standard deviation (ddof=1 per class).
+
+    Returns ``inf``/``-inf`` when both classes are constant but differ, 0 when all scores are equal.
+
+    >>> round(cohens_d([0, 2, 4, 6], [0, 0, 1, 1]), 3)
+    2.828
+    """
+    pos, neg = _split(scores, labels, "Cohen's d")
+    diff = pos.mean() - neg.mean()
+    dof = pos.size + neg.size - 2
+    ss = ((pos - pos.mean()) ** 2).sum() + ((neg - neg.mean()) ** 2).sum()
+    pooled = np.sqrt(ss / dof) if dof > 0 else 0.0
+    if pooled == 0.0:
+        return 0.0 if diff == 0 else float(np.sign(diff) * np.inf)
+    return float(diff / pooled)
+
+
+def bootstrap_ci(
+    metric: Metric,
+    scores: Sequence[float] | np.ndarray,
+    labels: Sequence[float] | np.ndarray,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``metric(scores, labels)``.
+
+    Resamples within each class (stratified), so every resample keeps both classes and
+    the class balance of the data.
+
+    Args:
+        metric: e.g. :func:`auroc` or :func:`cohens_d`.
+        n_boot: number of resamples.
+        level: coverage, 0.95 gives the 2.5 and 97.5 percentiles.
+        seed: seed of the resampling.
+
+    >>> bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=0)
+    (0.81, 0.93)
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    _split(s, y, "bootstrap")  # validates shapes, finiteness, both classes
+    pos_idx, neg_idx = np.flatnonzero(y >= 0.5), np.flatnonzero(y < 0.5)
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = np.concatenate([rng.choice(pos_idx, pos_idx.size), rng.choice(neg_idx, neg_idx.size)])
+        stats[b] = metric(s[idx], y[idx])
+    stats = stats[np.isfinite(stats)]
+    if stats.size == 0:
+        return (float("nan"), float("nan"))
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(stats, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+# Controls shared by the layer sweep and the transfer matrix.
+
+
+def _mean_sd(a: np.ndarray) -> dict[str, float]:
+    a = np.asarray(a, dtype=np.float64)
+    return {"mean": float(np.nanmean(a)), "sd": float(np.nanstd(a, ddof=1)) if a.size > 1 else 0.0}
+
+
+def _oriented_auroc(score: np.ndarray, y: np.ndarray, fit_rows: np.ndarray, eval_rows: np.ndarray) -> float:
+    """AUROC on ``eval_rows`` after choosing the score's sign on ``fit_rows`` (a 1-parameter probe)."""
+    sign = 1.0 if score[fit_rows & y].mean() >= score[fit_rows & ~y].mean() else -1.0
+    return auroc(sign * score[eval_rows], y[eval_rows])
+
+
+def _shuffle_within_group(
+    y: np.ndarray, groups: np.ndarray, keep: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Label-shuffled control: permute targets within each group (keeps group class balance)."""
+    out = y.copy()
+    for g in np.unique(groups[keep]):
+        idx = np.flatnonzero(keep & (groups == g))
+        out[idx] = y[idx][rng.permutation(idx.size)]
+    return out

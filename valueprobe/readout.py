@@ -1,0 +1,297 @@
+"""Read the value axis: the paper's val(s), σ-unit scores, dataset scoring, and the logit lens.
+
+``valueprobe score --probe probes/value --model smollm2-135m --data data/code.jsonl --out runs/score``
+calls :func:`score_dataset`::
+
+    from valueprobe.readout import score_dataset, val
+    res = score_dataset(axis, lm, examples, bootstrap=1000)
+    res.write("runs/score")            # scores.csv + summary.json
+    val(h_tokens, axis.direction(18))  # mean over tokens of cos(h_t, v)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+
+from valueprobe.axis import ValueAxis, _jsonable, _write_atomic
+from valueprobe.errors import ValueprobeError
+from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
+
+if TYPE_CHECKING:
+    from valueprobe.datasets.io import Example
+    from valueprobe.models import LoadedModel
+
+
+def token_cos(h_tokens: torch.Tensor | np.ndarray, v: torch.Tensor | np.ndarray) -> np.ndarray:
+    """cos(h_t, v) for each token: h_tokens [pos, d_model], v [d_model] -> [pos] float64."""
+    h = np.asarray(h_tokens, dtype=np.float64).reshape(-1, np.shape(v)[-1])
+    v = np.asarray(v, dtype=np.float64)
+    norms = np.linalg.norm(h, axis=1) * np.linalg.norm(v)
+    return np.divide(h @ v, norms, out=np.zeros(len(h)), where=norms > 0)  # a zero residual has cos 0
+
+
+def val(h_tokens: torch.Tensor | np.ndarray, v: torch.Tensor | np.ndarray) -> float:
+    """The paper's readout val(s): the mean over the tokens of s of cos(h_t, v).
+
+    >>> val(np.array([[1.0, 0.0], [1.0, 1.0]]), np.array([1.0, 0.0]))  # (1 + 0.707) / 2
+    0.853...
+    """
+    cos = token_cos(h_tokens, v)
+    if cos.size == 0:
+        raise ValueprobeError("val(s) of an empty token sequence is undefined; select at least one token")
+    return float(cos.mean())
+
+
+def score(h: torch.Tensor | np.ndarray, axis: ValueAxis, *, layer: int | None = None) -> np.ndarray:
+    """Projection in σ units, (h·v̂ − μ)/σ, for h [..., d_model]; same as ``axis.score``."""
+    return np.asarray(axis.score(np.asarray(h, dtype=np.float64), layer))
+
+
+_METRICS = {"auroc": auroc, "cohens_d": cohens_d}
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreResult:
+    """Per-example readouts and per-group metrics of one axis on one dataset.
+
+    ``records``: one dict per example (id, group, label, val, score, n_readout_tokens, n_tokens).
+    ``summary``: one dict per group plus ``"all"``: n, n_pos, and for ``val`` and ``score`` the
+    AUROC and Cohen's d with bootstrap 95% CIs (None where the group has one class), and
+    ``length_auroc``, the control: the AUROC of sequence length alone, best of either sign.
+    """
+
+    records: tuple[dict, ...]
+    summary: tuple[dict, ...]
+    probe: dict
+    layer: int
+    tokens: str
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """(headers, rows) for the printed summary."""
+        headers = [
+            "group",
+            "n",
+            "AUROC val [95% CI]",
+            "d val [95% CI]",
+            "AUROC score [95% CI]",
+            "length AUROC",
+        ]
+
+        def ci(row: dict, key: str) -> str:
+            x = row.get(key)
+            if x is None:
+                return "n/a"
+            lo, hi = row.get(f"{key}_ci") or (None, None)
+            return f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{x:.3f}"
+
+        rows = []
+        for r in self.summary:
+            length = r.get("length_auroc")
+            rows.append(
+                [
+                    r["group"],
+                    f"{r['n']} ({r['n_pos']}+)",
+                    ci(r, "val_auroc"),
+                    ci(r, "val_cohens_d"),
+                    ci(r, "score_auroc"),
+                    "n/a" if length is None else f"{length:.3f}",
+                ]
+            )
+        return headers, rows
+
+    def to_dict(self) -> dict:
+        return _jsonable(  # type: ignore[return-value]
+            {
+                "probe": self.probe,
+                "layer": self.layer,
+                "tokens": self.tokens,
+                "summary": list(self.summary),
+                "n_examples": len(self.records),
+            }
+        )
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write ``scores.csv`` (one row per example) and ``summary.json``, each atomically."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        buf = io.StringIO()
+        fields = ["id", "group", "label", "val", "score", "n_readout_tokens", "n_tokens"]
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for rec in self.records:
+            writer.writerow(
+                {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+            )
+        paths = {"scores": out / "scores.csv", "summary": out / "summary.json"}
+        _write_atomic(paths["scores"], lambda p: p.write_text(buf.getvalue(), encoding="utf-8"))
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        _write_atomic(paths["summary"], lambda p: p.write_text(text, encoding="utf-8"))
+        return paths
+
+
+def _group_metrics(
+    name: str,
+    vals: np.ndarray,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    length: np.ndarray,
+    *,
+    bootstrap: int,
+    seed: int,
+) -> dict:
+    y = labels >= 0.5
+    row: dict = {"group": name, "n": int(len(y)), "n_pos": int(y.sum())}
+    if y.all() or not y.any():
+        return row  # one class: no AUROC, reported as n/a
+    for readout, x in (("val", vals), ("score", scores)):
+        if not np.isfinite(x).all():
+            continue  # score without σ calibration
+        for metric, fn in _METRICS.items():
+            row[f"{readout}_{metric}"] = fn(x, y)
+            if bootstrap:
+                row[f"{readout}_{metric}_ci"] = list(bootstrap_ci(fn, x, y, n_boot=bootstrap, seed=seed))
+    a = auroc(length, y)
+    row["length_auroc"] = max(a, 1 - a)
+    return row
+
+
+def score_dataset(
+    axis: ValueAxis,
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layer: int | None = None,
+    tokens: Literal["all", "span_tokens", "last"] = "all",
+    batch_size: int = 8,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    force: bool = False,
+    progress: bool = True,
+) -> ScoreResult:
+    """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
+
+    Args:
+        layer: axis layer to read (default: its best layer).
+        tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
+            spans (``span_tokens``), or the ``last`` token.
+        bootstrap: resamples for the 95% CIs (0 to skip).
+        force: skip the model-fingerprint check (d_model is always checked).
+
+    >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
+    """
+    from valueprobe.capture import capture
+
+    axis.check(lm, force=force)
+    layer = axis.best_layer if layer is None else layer
+    v = axis.direction(layer).double().numpy()
+    i = axis.layers.index(layer)
+    mu, sigma = float(axis.mu[i]), float(axis.sigma[i])
+    res = capture(
+        lm,
+        examples,
+        layers=[layer],
+        site=axis.site,  # type: ignore[arg-type]
+        positions=tokens,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    h = res.acts[layer].double().numpy()  # [rows, d_model]
+    cos, proj = token_cos(h, v), h @ v
+    ids = np.asarray(res.rows.example_id, dtype=object)
+    by_id: dict[str, list[int]] = {}
+    for row, ex_id in enumerate(ids):
+        by_id.setdefault(ex_id, []).append(row)
+    seq_len = dict(zip(res.rows.example_id, res.rows.n_tokens.tolist(), strict=True))
+    calibrated = math.isfinite(sigma) and sigma > 0
+    records = []
+    for ex in examples:
+        rows = by_id.get(ex.id, [])
+        records.append(
+            {
+                "id": ex.id,
+                "group": ex.group,
+                "label": float(ex.label),
+                "val": float(cos[rows].mean()) if rows else float("nan"),
+                "score": float((proj[rows].mean() - mu) / sigma) if rows and calibrated else float("nan"),
+                "n_readout_tokens": len(rows),
+                "n_tokens": int(seq_len.get(ex.id, 0)),
+            }
+        )
+    scored = [r for r in records if r["n_readout_tokens"]]
+    if not scored:
+        raise ValueprobeError(f"no example had any {tokens!r} tokens to read; use tokens='all'")
+    groups: list[str] = ["all", *sorted({str(r["group"]) for r in scored})]
+    summary = []
+    for g in groups:
+        sel = [r for r in scored if g == "all" or r["group"] == g]
+        summary.append(
+            _group_metrics(
+                g,
+                np.array([r["val"] for r in sel]),
+                np.array([r["score"] for r in sel]),
+                np.array([r["label"] for r in sel]),
+                np.array([r["n_tokens"] for r in sel], dtype=np.float64),
+                bootstrap=bootstrap,
+                seed=seed,
+            )
+        )
+    probe = {
+        "model_id": axis.model_id,
+        "fingerprint": axis.fingerprint,
+        "method": axis.method,
+        "site": axis.site,
+        "mu": mu,
+        "sigma": sigma,
+        "sigma_reference": axis.sigma_reference,
+    }
+    return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
+
+
+@torch.no_grad()
+def logit_lens(
+    axis: ValueAxis, lm: LoadedModel, *, layer: int | None = None, k: int = 20, force: bool = False
+) -> dict:
+    """Tokens the direction promotes and suppresses through the final norm and the unembedding.
+
+    The unit direction is first scaled to the layer's mean residual norm, so the final norm
+    (RMSNorm/LayerNorm: nearly scale-invariant, but its epsilon is not) sees a residual-sized
+    input; the unembedding bias, if any, is subtracted so only the direction's effect ranks tokens.
+
+    Returns ``{"layer", "promoted": [(token, logit), ...], "suppressed": [...]}``, most extreme first.
+
+    >>> logit_lens(axis, lm, k=10)["promoted"][:3]
+    """
+    axis.check(lm, force=force)
+    layer = axis.best_layer if layer is None else layer
+    norm = float(axis.mean_norm[axis.layers.index(layer)])
+    if not (math.isfinite(norm) and norm > 0):
+        norm = math.sqrt(axis.d_model)  # a unit-RMS residual
+    param = next(lm.unembed.parameters())
+    x = (axis.direction(layer) * norm).to(device=param.device, dtype=param.dtype)[
+        None, None
+    ]  # [1, 1, d_model]
+    if lm.final_norm is not None:
+        x = lm.final_norm(x)
+    logits = (lm.unembed(x) - lm.unembed(torch.zeros_like(x)))[0, 0].float().cpu()  # [vocab]
+    k = min(k, logits.numel())
+    top, bottom = torch.topk(logits, k), torch.topk(-logits, k)
+
+    def decode(ids: torch.Tensor, vals: torch.Tensor) -> list[tuple[str, float]]:
+        decode_one = lm.tokenizer.decode  # type: ignore[attr-defined]
+        return [(decode_one([int(i)]), float(v)) for i, v in zip(ids, vals, strict=True)]
+
+    return {
+        "layer": layer,
+        "promoted": decode(top.indices, top.values),
+        "suppressed": decode(bottom.indices, -bottom.values),
+    }
