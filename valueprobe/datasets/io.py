@@ -161,7 +161,9 @@ def example_from_dict(d: dict, *, where: str) -> Example:
         raise ValueprobeError(f"{where}: expected a JSON object, got {type(d).__name__}")
     for key in ("id", "label", "group"):
         if key not in d:
-            raise ValueprobeError(f"{where}: missing required field {key!r}; every line needs id, label, group")
+            raise ValueprobeError(
+                f"{where}: missing required field {key!r}; every line needs id, label, group"
+            )
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         raise ValueprobeError(f"{where}: 'meta' must be an object")
@@ -213,7 +215,9 @@ def read_jsonl(path: str | Path) -> list[Example]:
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueprobeError(f"{path}: not UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+        raise ValueprobeError(
+            f"{path}: not UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8"
+        ) from None
     examples: list[Example] = []
     seen: dict[str, int] = {}
     for lineno, line in enumerate(content.split("\n"), start=1):
@@ -223,14 +227,20 @@ def read_jsonl(path: str | Path) -> list[Example]:
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueprobeError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); one object per line") from None
+            raise ValueprobeError(
+                f"{where}: invalid JSON ({e.msg} at column {e.colno}); one object per line"
+            ) from None
         ex = example_from_dict(d, where=where)
         if ex.id in seen:
-            raise ValueprobeError(f"{where}: duplicate id {ex.id!r} (first at line {seen[ex.id]}); ids must be unique")
+            raise ValueprobeError(
+                f"{where}: duplicate id {ex.id!r} (first at line {seen[ex.id]}); ids must be unique"
+            )
         seen[ex.id] = lineno
         examples.append(ex)
     if not examples:
-        raise ValueprobeError(f"{path}: no examples (the file is empty); a dataset needs at least one JSONL line")
+        raise ValueprobeError(
+            f"{path}: no examples (the file is empty); a dataset needs at least one JSONL line"
+        )
     return examples
 
 
@@ -244,7 +254,9 @@ def dumps_jsonl(examples: Iterable[Example]) -> bytes:
         if ex.id in seen:
             raise ValueprobeError(f"duplicate example id {ex.id!r}; ids must be unique within a file")
         seen.add(ex.id)
-        lines.append(json.dumps(example_to_dict(ex), sort_keys=True, ensure_ascii=False, separators=(",", ":")))
+        lines.append(
+            json.dumps(example_to_dict(ex), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        )
     if not lines:
         raise ValueprobeError("no examples to write; a dataset needs at least one example")
     return ("\n".join(lines) + "\n").encode("utf-8")
@@ -259,7 +271,9 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise ValueprobeError(f"{path}: cannot write ({e.strerror or e}); choose a writable location") from None
+        raise ValueprobeError(
+            f"{path}: cannot write ({e.strerror or e}); choose a writable location"
+        ) from None
 
 
 def write_jsonl(path: str | Path, examples: Iterable[Example]) -> str:
