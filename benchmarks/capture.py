@@ -50,7 +50,7 @@ def _bare_forward(lm, batches) -> float:
 
 
 def timing(args) -> dict:
-    from valueprobe.capture import _pad_id, encode, iter_batches, run_hooks
+    from valueprobe.capture import _backend_run, _pad_id, encode, iter_batches
     from valueprobe.models import load
     from valueprobe.store import capture_to_store
 
@@ -67,7 +67,7 @@ def timing(args) -> dict:
         results["bare"].append(_bare_forward(lm, batches))
         start = time.perf_counter()
         for b in batches:
-            run_hooks(lm, b, layers=layers, site="resid_post", include_embed=False)
+            _backend_run(lm, b, layers=layers, site="resid_post", include_embed=False)
         results["last_all_layers"].append(time.perf_counter() - start)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()

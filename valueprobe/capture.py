@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -147,9 +148,18 @@ def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
 
 
 def encode(
-    lm: LoadedModel, examples: Sequence[Example], *, positions: Positions, max_length: int | None = None
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    positions: Positions,
+    max_length: int | None = None,
+    span_labels: Sequence[str] | None = None,
 ) -> list[Encoded]:
-    """Tokenize examples and pick, for each, the token indices of every row it yields."""
+    """Tokenize examples and pick, for each, the token indices of every row it yields.
+
+    ``span_labels`` keeps only spans with those labels (e.g. only ``prefix``, so a probe never
+    reads the text that admits an error).
+    """
     if positions not in POSITIONS:
         raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
     tok = lm.tokenizer
@@ -175,8 +185,14 @@ def encode(
                 raise ValueprobeError(
                     f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean"
                 )
+            spans = [sp for sp in ex.spans if span_labels is None or sp.label in span_labels]
+            if not spans:
+                have = sorted({sp.label for sp in ex.spans})
+                raise ValueprobeError(
+                    f"example {ex.id!r} has no span labelled {' or '.join(span_labels or [])} (it has {have})"
+                )
             selections = []
-            for span in ex.spans:
+            for span in spans:
                 base = 0 if span.message is None else starts[span.message]
                 lo, hi = base + span.start, base + span.end
                 # A token belongs to the span holding its first character.
@@ -260,78 +276,35 @@ def iter_batches(encoded: Sequence[Encoded], *, batch_size: int, padding_side: L
         yield make_batch(encoded[i : i + batch_size], padding_side=padding_side, pad_id=pad_id)
 
 
-# ---------------------------------------------------------------- hooks
+def _backend_run(
+    lm: LoadedModel,
+    batch: Batch,
+    *,
+    layers: list[int],
+    site: Site,
+    include_embed: bool,
+    backend: str = "hooks",
+    remote: bool = False,
+) -> dict[LayerKey, Tensor]:
+    """One forward pass of a batch; returns the selected rows per layer key.
 
-
-class _StopForward(Exception):
-    """Raised by the last needed hook: later blocks and the unembedding need not run."""
-
-
-def _hidden_from_output(output: object) -> Tensor:
-    return output[0] if isinstance(output, tuple) else output  # type: ignore[return-value,index]
-
-
-def run_hooks(lm: LoadedModel, batch: Batch, *, layers: Sequence[int], site: Site,
-              include_embed: bool) -> dict[LayerKey, Tensor]:  # fmt: skip
-    """One forward pass with plain forward hooks; returns reduced rows per layer key."""
-    out: dict[LayerKey, Tensor] = {}
-    handles = []
-    blocks = lm.layers
-
-    def make_pre(key: LayerKey, stop: bool):
-        def hook(module, args, kwargs):
-            h = args[0] if args else kwargs["hidden_states"]
-            out[key] = reduce_batch(h, batch)
-            if stop:
-                raise _StopForward
-
-        return hook
-
-    def make_post(key: LayerKey, stop: bool):
-        def hook(module, args, output):
-            out[key] = reduce_batch(_hidden_from_output(output), batch)
-            if stop:
-                raise _StopForward
-
-        return hook
-
-    try:
-        if include_embed:
-            handles.append(blocks[0].register_forward_pre_hook(make_pre("embed", False), with_kwargs=True))
-        for L in layers:
-            if site == "resid_pre":
-                handles.append(
-                    blocks[L].register_forward_pre_hook(make_pre(L, max(layers) == L), with_kwargs=True)
-                )
-            else:
-                handles.append(blocks[L].register_forward_hook(make_post(L, max(layers) == L)))
-        dev = lm.device
-        try:
-            with torch.inference_mode():
-                # The base model skips the unembedding, which dominates small models' cost.
-                lm.model.base_model(
-                    input_ids=batch.input_ids.to(dev),
-                    attention_mask=batch.attention_mask.to(dev),
-                    position_ids=batch.position_ids.to(dev),
-                    use_cache=False,
-                )
-        except _StopForward:
-            pass
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out
-
-
-def _backend_run(lm: LoadedModel, batch: Batch, *, layers: list[int], site: Site, include_embed: bool,
-                 backend: str, remote: bool) -> dict[LayerKey, Tensor]:  # fmt: skip
-    if backend == "hooks":
-        return run_hooks(lm, batch, layers=layers, site=site, include_embed=include_embed)
+    With the default ``hooks`` backend the token selection runs inside the forward hook, and the
+    forward stops after the last block needed (so the unembedding never runs).
+    """
     from valueprobe.backends import residuals
 
-    full = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
-                     include_embed=include_embed, backend=backend, remote=remote)  # fmt: skip
-    return {k: reduce_batch(v, batch) for k, v in full.items()}
+    return residuals(  # type: ignore[return-value]
+        lm,
+        batch.input_ids,
+        batch.attention_mask,
+        layers=layers,
+        site=site,
+        include_embed=include_embed,
+        backend=backend,  # type: ignore[arg-type]
+        position_ids=batch.position_ids,
+        remote=remote,
+        reduce=partial(reduce_batch, batch=batch),
+    )
 
 
 def capture(
@@ -345,6 +318,7 @@ def capture(
     padding_side: Literal["left", "right"] = "right",
     include_embed: bool = False,
     max_length: int | None = None,
+    span_labels: Sequence[str] | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
     remote: bool = False,
     progress: bool = True,
@@ -358,6 +332,7 @@ def capture(
         site: ``"resid_post"`` (block output) or ``"resid_pre"`` (block input).
         positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
             span), or ``span_tokens`` (every token inside a span, labelled).
+        span_labels: with span positions, keep only spans with these labels.
         include_embed: also capture the embedding output under the key ``"embed"``.
         backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
 
@@ -371,7 +346,7 @@ def capture(
     if batch_size < 1:
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
-    encoded = encode(lm, examples, positions=positions, max_length=max_length)
+    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     pad_id = _pad_id(lm)
     parts: dict[LayerKey, list[Tensor]] = {}
     rows: list[Rows] = []

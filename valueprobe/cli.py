@@ -79,6 +79,9 @@ def capture(
     dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
     padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
     max_length: int | None = None,
+    span_labels: Annotated[
+        str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
+    ] = None,
     backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
@@ -112,6 +115,120 @@ def capture(
         [[store.model_id, store.fingerprint, _layers_str(store.layers), store.site, store.positions,
           len(set(rows.example_id)), store.n_rows, len(store.manifest["shards"]), store.manifest["dtype"]]],
     )  # fmt: skip
+
+
+# --- datasets commands ---
+
+
+@datasets_app.command("build")
+def datasets_build(
+    out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
+    family: Annotated[
+        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | all")
+    ] = "all",
+    seed: int = 0,
+    n: Annotated[
+        int | None, typer.Option(help="size: conversations / functions / problems / pairs per family")
+    ] = None,
+) -> None:
+    """Generate the contrast datasets deterministically (same seed, same bytes)."""
+    from valueprobe.datasets import build
+
+    files = build(family, out, seed=seed, n=n)
+    entries = json.loads((out / "MANIFEST.json").read_text())["files"]
+    rows = []
+    for path in sorted(Path(p).name for p in files.values()):
+        info = entries[path]
+        rows.append([path, info["rows"], len(info["groups"]), info["sha256"][:12]])
+    table(f"datasets -> {out} (seed {seed})", ["file", "rows", "groups", "sha256"], rows)
+
+
+# --- fit and score commands ---
+
+
+@app.command()
+def fit(
+    store: Annotated[
+        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
+    ],
+    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
+    method: Annotated[
+        str, typer.Option(help="span_diff | diff_means | lda | logistic | paired_pca")
+    ] = "diff_means",
+    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:'")] = None,
+    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
+    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
+    seed: int = 0,
+    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
+) -> None:
+    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
+    from valueprobe.plots import sweep_figure, transfer_heatmap
+    from valueprobe.probe import METHODS
+    from valueprobe.sweep import fit_probe
+
+    _choice("method", method, tuple(METHODS))
+    report = fit_probe(
+        [str(s) for s in store], method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
+        train_groups=train_groups, seed=seed, transfer=transfer,
+    )  # fmt: skip
+    report.axis.save(out)
+    headers, rows = report.sweep.table()
+    table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
+    write_html(sweep_figure(report.sweep), out / "sweep.html")
+    if report.transfer is not None:
+        headers, rows = report.transfer.table()
+        table(f"transfer matrix at layer {report.transfer.layer}", headers, rows)
+        write_html(transfer_heatmap(report.transfer), out / "transfer.html")
+    console.print(report.summary())
+    console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
+
+
+@app.command()
+def score(
+    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    data: Annotated[Path, typer.Option(help="dataset JSONL")],
+    out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
+    model: ModelOpt = "smollm2-135m",
+    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
+    tokens: Annotated[str, typer.Option(help="tokens read: all | span_tokens | last")] = "all",
+    batch_size: int = 8,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    force: Annotated[
+        bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
+    ] = False,
+    layers_path: Annotated[str | None, typer.Option(help="dotted path of the decoder blocks")] = None,
+    trust_remote_code: bool = False,
+    device: str = "cpu",
+) -> None:
+    """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+    from valueprobe.axis import ValueAxis
+    from valueprobe.datasets.io import read_jsonl
+    from valueprobe.readout import score_dataset
+
+    _choice("tokens", tokens, ("all", "span_tokens", "last"))
+    examples = read_jsonl(data)
+    axis = ValueAxis.load(probe)
+    lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    axis.check(lm, force=force)
+    res = score_dataset(
+        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
+        bootstrap=bootstrap, seed=seed, force=force,
+    )  # fmt: skip
+    files = res.write(out)
+    headers, rows = res.table()
+    table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+def write_html(fig, path: Path) -> None:
+    """Write a plotly figure as one self-contained HTML file, atomically."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
+    os.replace(tmp, path)
 
 
 def _layers_str(layers: list[int]) -> str:

@@ -47,17 +47,6 @@ __all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
-# The settings a resumed capture must share with the store it continues.
-_IDENTITY = (
-    "model_id",
-    "fingerprint",
-    "layers",
-    "include_embed",
-    "site",
-    "positions",
-    "dtype",
-    "examples_per_shard",
-)
 
 
 def _key_name(key: LayerKey, site: str) -> str:
@@ -234,6 +223,7 @@ def capture_to_store(
     include_embed: bool = True,
     padding_side: Literal["left", "right"] = "right",
     max_length: int | None = None,
+    span_labels: Sequence[str] | None = None,
     dataset_path: str | None = None,
     dataset_sha256: str | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
@@ -257,7 +247,7 @@ def capture_to_store(
         raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
     layer_list = lm.resolve_layers(layers)
     # Validate every example's token selection before writing anything.
-    encode(lm, examples, positions=positions, max_length=max_length)
+    encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     out = Path(out_dir)
     identity = {
         "model_id": lm.model_id,
@@ -266,6 +256,7 @@ def capture_to_store(
         "include_embed": include_embed,
         "site": site,
         "positions": positions,
+        "span_labels": sorted(span_labels) if span_labels else None,
         "dtype": dtype,
         "examples_per_shard": examples_per_shard,
     }
@@ -285,7 +276,11 @@ def capture_to_store(
             if start in done:
                 continue
             chunk = encode(
-                lm, examples[start : start + examples_per_shard], positions=positions, max_length=max_length
+                lm,
+                examples[start : start + examples_per_shard],
+                positions=positions,
+                max_length=max_length,
+                span_labels=span_labels,
             )
             acts: dict[LayerKey, list[torch.Tensor]] = {}
             rows: list[Rows] = []

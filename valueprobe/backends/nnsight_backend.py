@@ -1,0 +1,143 @@
+"""Capture and steering through nnsight 0.8, the route to NDIF remote execution.
+
+Local runs wrap a twin of the loaded model (sharing its weights) in
+``nnsight.modeling.transformers.TransformersModel``; ``remote=True`` instead builds an
+un-dispatched (meta) ``TransformersModel(lm.model_id)`` and ships the trace to NDIF, which
+runs it on its own copy of that checkpoint. Configure the NDIF key first
+(``NDIF_API_KEY=...`` or ``nnsight.CONFIG.set_default_api_key``); ``remote="local"``
+serializes the trace exactly as for NDIF and runs it here, a serverless dry run.
+
+>>> from valueprobe.backends import residuals
+>>> acts = residuals(lm, ids, mask, layers=[12], site="resid_post", backend="nnsight", remote=True)
+
+The bodies of the ``with model.trace(...)`` blocks below are shipped to the server as
+source: they must use only torch, builtins and values defined before the block, never
+valueprobe names (the server does not have valueprobe installed).
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import nnsight
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from valueprobe.backends._shared import Site, as_output, module_path, normalize_layers, state_signature, twin
+from valueprobe.errors import ValueprobeError
+
+if TYPE_CHECKING:
+    from valueprobe.models import LoadedModel
+
+Remote = bool | str  # False, True (NDIF), "local" (dry run), or an NDIF host URL
+
+# model -> (signature of its weights when wrapped, wrapper); rebuilt when the weights move.
+_LOCAL: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+_REMOTE: dict[str, Any] = {}
+
+
+def nnsight_model(lm: LoadedModel, *, remote: Remote = False) -> Any:
+    """The ``TransformersModel`` a trace runs on (cached per model).
+
+    Args:
+        lm: the loaded model; its module tree names the decoder blocks.
+        remote: truthy (other than ``"local"``) for NDIF: a meta model built from
+            ``lm.model_id``, which must then be a Hugging Face repo id NDIF serves.
+    """
+    from nnsight.modeling.transformers import TransformersModel
+
+    if remote and remote != "local":
+        if lm.model_id not in _REMOTE:
+            _REMOTE[lm.model_id] = TransformersModel(lm.model_id, task="text-generation")
+        return _REMOTE[lm.model_id]
+    signature = state_signature(lm.model)
+    cached = _LOCAL.get(lm.model)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    if lm.tokenizer is None:
+        raise ValueprobeError(
+            "the nnsight backend needs the model's tokenizer: load it with valueprobe.models.load"
+        )
+    # nnsight sets pad token and padding side on the tokenizer it is given: give it a copy.
+    wrapped = TransformersModel(twin(lm.model), task="text-generation", tokenizer=copy.deepcopy(lm.tokenizer))
+    _LOCAL[lm.model] = (signature, wrapped)
+    return wrapped
+
+
+def _envoys(model: Any, lm: LoadedModel, blocks: Sequence[int]) -> list[Any]:
+    return [model.get(module_path(lm.model, lm.layers[b])) for b in blocks]
+
+
+def residuals(
+    lm: LoadedModel,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    layers: Sequence[int],
+    site: Site,
+    include_embed: bool = False,
+    position_ids: Int[Tensor, "batch pos"],
+    remote: Remote = False,
+) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
+    """Residual stream at ``site`` of each layer, read in an nnsight trace. See `backends.residuals`."""
+    blocks = normalize_layers(layers, int(lm.n_layers))
+    # nnsight serves values in execution order: a block's input before its output, block 0 first.
+    reads = sorted(
+        {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set()),
+        key=lambda r: (r[0], not r[1]),
+    )
+    model = nnsight_model(lm, remote=remote)
+    envoys = _envoys(model, lm, [b for b, _ in reads])
+    reads_input = [is_input for _, is_input in reads]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    with torch.no_grad(), model.trace(**inputs, remote=remote) as tracer:
+        acts = []
+        for envoy, is_input in zip(envoys, reads_input, strict=True):
+            value = envoy.input if is_input else envoy.output
+            acts.append(value[0] if isinstance(value, tuple) else value)
+        acts = nnsight.save(acts)
+        tracer.stop()
+    got = dict(zip(reads, acts, strict=True))
+    out: dict[int | str, Tensor] = {
+        key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
+    }
+    if include_embed:
+        out["embed"] = as_output(got[(0, True)])
+    return out
+
+
+def steered_logits(
+    lm: LoadedModel,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    layer: int,
+    site: Site,
+    delta: Float[Tensor, "batch pos d_model"],
+    position_ids: Int[Tensor, "batch pos"],
+    remote: Remote = False,
+) -> Float[Tensor, "batch pos vocab"]:
+    """Logits with ``delta`` added to the residual at (layer, site), in an nnsight trace."""
+    block = normalize_layers([layer], int(lm.n_layers))[layer]
+    model = nnsight_model(lm, remote=remote)
+    (envoy,) = _envoys(model, lm, [block])
+    add_to_input = site == "resid_pre"
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    with torch.no_grad(), model.trace(**inputs, remote=remote):
+        # The delta is cast where it lands: on NDIF the residual's device and dtype are the server's.
+        if add_to_input:
+            hidden = envoy.input
+            envoy.input = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+        else:
+            hidden = envoy.output
+            if isinstance(hidden, tuple):
+                first = hidden[0]
+                envoy.output = (first + delta.to(device=first.device, dtype=first.dtype), *hidden[1:])
+            else:
+                envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+        logits = nnsight.save(model.output.logits)
+    return as_output(logits)

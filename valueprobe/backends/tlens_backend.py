@@ -1,0 +1,150 @@
+"""Capture and steering through TransformerLens 4's ``TransformerBridge``.
+
+The bridge wraps a twin of the loaded model (sharing its weights; see `_shared.twin`), built
+offline with ``build_bridge_from_module`` rather than ``boot_transformers``, which would
+re-download the checkpoint and tokenizer. No weight processing is applied (no
+``enable_compatibility_mode``, so no LayerNorm folding or centering): the bridge's
+``blocks.{L}.hook_resid_pre`` / ``hook_resid_post`` are the raw HF block input and output.
+
+>>> from valueprobe.backends import residuals
+>>> acts = residuals(lm, ids, mask, layers=[3, -1], site="resid_pre", backend="tlens")
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from valueprobe.backends._shared import Site, as_output, module_path, normalize_layers, state_signature, twin
+from valueprobe.errors import ValueprobeError
+
+if TYPE_CHECKING:
+    from valueprobe.models import LoadedModel
+
+# model -> (signature of its weights when bridged, bridge); rebuilt when the weights move.
+_BRIDGES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def bridge(lm: LoadedModel) -> Any:
+    """The ``TransformerBridge`` over a twin of ``lm.model`` (cached per model).
+
+    Raises ValueprobeError when TransformerLens has no adapter for the architecture, or when
+    its block list is not ``lm.layers`` (e.g. a custom ``layers_path``).
+    """
+    signature = state_signature(lm.model)
+    cached = _BRIDGES.get(lm.model)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    from transformer_lens.model_bridge.sources import build_bridge_from_module
+    from transformer_lens.model_bridge.sources._hf_format import determine_architecture_from_hf_config
+
+    try:
+        architecture = determine_architecture_from_hf_config(lm.model.config)
+    except ValueError:
+        names = getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__]
+        raise ValueprobeError(
+            f"TransformerLens has no TransformerBridge adapter for {', '.join(names)}: "
+            "use backend='hooks' or backend='nnsight'"
+        ) from None
+    copy_ = twin(lm.model)
+    paths = [module_path(lm.model, block) for block in lm.layers]
+    twin_blocks = [copy_.get_submodule(path) for path in paths]  # before the bridge swaps them
+    # tokenizer=None: the bridge's tokenizer setup reloads the tokenizer from the Hub by name
+    # (get_tokenizer_with_bos); we hand the bridge token ids, so it never needs one.
+    built = build_bridge_from_module(
+        copy_, architecture, hf_config=copy_.config, tokenizer=None, model_name=lm.model_id or "valueprobe"
+    )
+    bridged = [getattr(block, "original_component", None) for block in getattr(built, "blocks", [])]
+    if len(bridged) != len(twin_blocks) or any(
+        a is not b for a, b in zip(bridged, twin_blocks, strict=False)
+    ):
+        raise ValueprobeError(
+            f"TransformerBridge's blocks are not the model's decoder layers ({paths[0]}, ...): "
+            "use backend='hooks' or backend='nnsight'"
+        )
+    _BRIDGES[lm.model] = (signature, built)
+    return built
+
+
+def _hook_name(block: int, is_input: bool) -> str:
+    return f"blocks.{block}.hook_resid_{'pre' if is_input else 'post'}"
+
+
+def _forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
+    # position_ids given explicitly so the bridge does not derive its own from a left-padded
+    # mask (TransformerBridge.forward does, an HF forward does not).
+    return {
+        "attention_mask": attention_mask.to(device),
+        "position_ids": position_ids.to(device),
+        "use_cache": False,
+    }
+
+
+def residuals(
+    lm: LoadedModel,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    layers: Sequence[int],
+    site: Site,
+    include_embed: bool = False,
+    position_ids: Int[Tensor, "batch pos"],
+) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
+    """Residual stream at ``site`` of each layer, from the bridge's hook points. See `backends.residuals`."""
+    blocks = normalize_layers(layers, int(lm.n_layers))
+    names = {_hook_name(b, site == "resid_pre") for b in blocks.values()}
+    if include_embed:
+        names.add(_hook_name(0, True))
+    model = bridge(lm)
+    device = next(lm.model.parameters()).device
+    last = max(blocks.values())
+    # Stop before the first block not needed: skips the rest of the stack and the unembed.
+    stop = last + 1 if last + 1 < int(lm.n_layers) else None
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            input_ids.to(device),
+            names_filter=sorted(names),
+            stop_at_layer=stop,
+            **_forward_kwargs(attention_mask, position_ids, device),
+        )
+    out: dict[int | str, Tensor] = {
+        key: as_output(cache[_hook_name(b, site == "resid_pre")]) for key, b in blocks.items()
+    }
+    if include_embed:
+        out["embed"] = as_output(cache[_hook_name(0, True)])
+    return out
+
+
+def _add(delta: Tensor) -> Callable[..., Tensor]:
+    def hook(resid: Tensor, hook: Any) -> Tensor:
+        return resid + delta.to(device=resid.device, dtype=resid.dtype)
+
+    return hook
+
+
+def steered_logits(
+    lm: LoadedModel,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    layer: int,
+    site: Site,
+    delta: Float[Tensor, "batch pos d_model"],
+    position_ids: Int[Tensor, "batch pos"],
+) -> Float[Tensor, "batch pos vocab"]:
+    """Logits with ``delta`` added at the bridge's ``blocks.{L}.hook_resid_{pre,post}``."""
+    block = normalize_layers([layer], int(lm.n_layers))[layer]
+    model = bridge(lm)
+    device = next(lm.model.parameters()).device
+    with torch.no_grad():
+        logits = model.run_with_hooks(
+            input_ids.to(device),
+            fwd_hooks=[(_hook_name(block, site == "resid_pre"), _add(delta))],
+            **_forward_kwargs(attention_mask, position_ids, device),
+        )
+    return as_output(logits)
