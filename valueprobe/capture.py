@@ -17,7 +17,7 @@ inside the hook, so memory is one ``[rows, d_model]`` tensor per layer per batch
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
 
@@ -105,6 +105,23 @@ class Encoded:
 
 
 # ---------------------------------------------------------------- rendering and token selection
+
+
+def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
+    """Re-key each example's ``group`` by ``meta.KEY`` (falling back to its id), or keep it.
+
+    Held-out splits hold out whole groups; ``meta.pair`` keeps an original and its corrupted
+    variants (which point to it) in one group, so each group holds both classes.
+
+    >>> regroup(examples, "meta.pair")[0].group   # doctest: +SKIP
+    'code-0000'
+    """
+    if group_by is None:
+        return list(examples)
+    if not group_by.startswith("meta."):
+        raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
+    key = group_by[len("meta.") :]
+    return [replace(ex, group=str(ex.meta.get(key, ex.id))) for ex in examples]
 
 
 def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
@@ -319,6 +336,7 @@ def capture(
     include_embed: bool = False,
     max_length: int | None = None,
     span_labels: Sequence[str] | None = None,
+    group_by: str | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
     remote: bool = False,
     progress: bool = True,
@@ -333,6 +351,7 @@ def capture(
         positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
             span), or ``span_tokens`` (every token inside a span, labelled).
         span_labels: with span positions, keep only spans with these labels.
+        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
         include_embed: also capture the embedding output under the key ``"embed"``.
         backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
 
@@ -346,6 +365,7 @@ def capture(
     if batch_size < 1:
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
+    examples = regroup(examples, group_by)
     encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     pad_id = _pad_id(lm)
     parts: dict[LayerKey, list[Tensor]] = {}

@@ -27,6 +27,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
 datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datasets.")
 app.add_typer(datasets_app, name="datasets")
+replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
+app.add_typer(replicate_app, name="replicate")
 console = Console(stderr=False)
 
 ModelOpt = Annotated[
@@ -82,6 +84,10 @@ def capture(
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
+    ] = None,
     backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
@@ -106,6 +112,7 @@ def capture(
         lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,  # type: ignore[arg-type]
         examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,  # type: ignore[arg-type]
         max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
+        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
         backend=backend, remote=remote,  # type: ignore[arg-type]
     )  # fmt: skip
     rows = store.rows()
@@ -219,6 +226,44 @@ def score(
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+@replicate_app.command("axis")
+def replicate_axis(
+    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("probes/smollm2-135m-value"),
+    model: ModelOpt = "smollm2-135m",
+    data: Annotated[Path, typer.Option(help="folder with the committed datasets")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the activation stores go (resumable)")] = Path(
+        "runs/axis-smollm2-135m"
+    ),
+    splits: int = 5,
+    train_groups: Annotated[int, typer.Option(help="training rules per split (paper: 35)")] = 35,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> None:
+    """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+    from valueprobe.plots import sweep_figure, transfer_heatmap
+    from valueprobe.replicate import replicate_axis as run
+
+    lm = _load_model(model)
+    report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
+                 seed=seed, batch_size=batch_size)  # fmt: skip
+    headers, rows = report.sweep.table()
+    table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
+    assert report.transfer is not None
+    headers, rows = report.transfer.table()
+    table(f"transfer matrix at layer {report.transfer.layer} (diff_means)", headers, rows)
+    control = report.axis.metrics["icrl_matched_control"]
+    table(
+        f"ICRL matched control at layer {control['layer']}",
+        ["contrast", "AUROC", "95% CI", "Cohen's d"],
+        [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
+         for k, v in control.items() if isinstance(v, dict)],
+    )  # fmt: skip
+    write_html(sweep_figure(report.sweep), runs / "sweep.html")
+    write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
+    console.print(report.summary())
+    console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
 
 
 def write_html(fig, path: Path) -> None:

@@ -43,6 +43,22 @@ class Direction:
     n_neg: int
 
 
+class DegenerateFit(ValueprobeError):
+    """The two classes have identical statistics, so there is no direction to fit."""
+
+
+def unit_or_zero(fitter: Fitter, d_model: int) -> np.ndarray:
+    """The fitted unit direction, or zeros when the classes are indistinguishable.
+
+    For controls: the embedding output of a last-token contrast whose last token is the same
+    text in both classes carries no information, and should score AUROC 0.5 rather than fail.
+    """
+    try:
+        return fitter.fit().unit
+    except DegenerateFit:
+        return np.zeros(d_model)
+
+
 class Fitter(Protocol):
     @property
     def pair_by(self) -> PairBy | None: ...  # None: the fitter needs no pairing keys
@@ -102,7 +118,7 @@ class _ClassMeans:
     def _direction(self, raw: np.ndarray) -> Direction:
         norm = float(np.linalg.norm(raw))
         if not math.isfinite(norm) or norm == 0.0:
-            raise ValueprobeError(
+            raise DegenerateFit(
                 "fit: the fitted direction is zero; the two classes have identical statistics"
             )
         unit = raw / norm

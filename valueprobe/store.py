@@ -37,6 +37,7 @@ from valueprobe.capture import (
     _pad_id,
     encode,
     iter_batches,
+    regroup,
 )
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
@@ -224,6 +225,7 @@ def capture_to_store(
     padding_side: Literal["left", "right"] = "right",
     max_length: int | None = None,
     span_labels: Sequence[str] | None = None,
+    group_by: str | None = None,
     dataset_path: str | None = None,
     dataset_sha256: str | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
@@ -247,6 +249,7 @@ def capture_to_store(
         raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
     layer_list = lm.resolve_layers(layers)
     # Validate every example's token selection before writing anything.
+    examples = regroup(examples, group_by)
     encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     out = Path(out_dir)
     identity = {
@@ -257,6 +260,7 @@ def capture_to_store(
         "site": site,
         "positions": positions,
         "span_labels": sorted(span_labels) if span_labels else None,
+        "group_by": group_by,
         "dtype": dtype,
         "examples_per_shard": examples_per_shard,
     }

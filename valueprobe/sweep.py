@@ -23,7 +23,7 @@ import torch
 from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import _mean_sd, _oriented_auroc, _shuffle_within_group, auroc, cohens_d
-from valueprobe.probe import Fitter, Method, make_fitter
+from valueprobe.probe import Fitter, Method, make_fitter, unit_or_zero
 from valueprobe.source import LayerKey, Source, Split, Stores, Target, _resolve_layers, grouped_splits
 
 if TYPE_CHECKING:
@@ -67,10 +67,12 @@ def _run_layer(
             m = keep & train[sl]
             update(fit, x, src.y[sl], m, sl)
             update(shuf, x, y_shuf[sl], m, sl)
-    unit = full.fit().unit
+    # The embedding output and the shuffled fits are controls: no signal is a result, not an error.
+    fit_unit = (lambda f: unit_or_zero(f, src.d_model)) if layer == "embed" else (lambda f: f.fit().unit)
+    unit = fit_unit(full)
     cols = [unit]
     for (fit, shuf, _), r in zip(per_split, random_dirs, strict=True):
-        cols += [fit.fit().unit, shuf.fit().unit, r]
+        cols += [fit_unit(fit), unit_or_zero(shuf, src.d_model), r]
     w = np.stack(cols, axis=1)  # [d_model, n_cols]
     proj = np.empty((len(src.y), w.shape[1]))
     for x, sl in src.iter_layer(layer):

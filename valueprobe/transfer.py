@@ -21,7 +21,7 @@ import numpy as np
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import _mean_sd, _shuffle_within_group, auroc, cohens_d
-from valueprobe.probe import Method, make_fitter
+from valueprobe.probe import Method, make_fitter, unit_or_zero
 from valueprobe.source import LayerKey, Source, StoreArg, Target
 from valueprobe.sweep import sweep_layers
 
@@ -129,7 +129,9 @@ def _fit_family(src: Source, keys: list[LayerKey], method: Method, rng: np.rando
             sums[1] += x[m][yb].sum(axis=0)
             sums[0] += x[m][~yb].sum(axis=0)
             counts += [(~yb).sum(), yb.sum()]
-        units[key], shuffled[key] = fit.fit().unit, shuf.fit().unit
+        strict = key != "embed"  # controls: no signal is a result, not an error
+        units[key] = fit.fit().unit if strict else unit_or_zero(fit, src.d_model)
+        shuffled[key] = unit_or_zero(shuf, src.d_model)
         if key == keys[0]:
             class_diff = sums[1] / counts[1] - sums[0] / counts[0]
     r = rng.standard_normal(src.d_model)

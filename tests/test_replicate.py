@@ -1,0 +1,77 @@
+"""The one-command axis build runs end to end on a tiny model and a slice of the committed data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from valueprobe.axis import ValueAxis
+from valueprobe.datasets.io import read_jsonl, write_jsonl
+from valueprobe.errors import ValueprobeError
+from valueprobe.replicate import FAMILIES, matched_control, replicate_axis
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _slice_data(dest: Path, per_group: int = 2) -> None:
+    """A few examples of every group (pairs kept whole through meta.pair / ids)."""
+    dest.mkdir()
+    for spec in FAMILIES.values():
+        examples = read_jsonl(DATA / spec.file)
+        seen: dict[str, int] = {}
+        keep_pairs: set[str] = set()
+        for ex in examples:
+            pair = str(ex.meta.get("pair", ex.id))
+            if seen.get(ex.group, 0) < per_group and pair not in keep_pairs:
+                seen[ex.group] = seen.get(ex.group, 0) + 1
+                keep_pairs.add(pair)
+        picked = [ex for ex in examples if str(ex.meta.get("pair", ex.id)) in keep_pairs or ex.id in keep_pairs]
+        write_jsonl(dest / spec.file, picked)
+
+
+def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    _slice_data(tmp_path / "data")
+    report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", out=tmp_path / "probe",
+                            n_splits=2, train_groups=30, progress=False)  # fmt: skip
+    axis = ValueAxis.load(tmp_path / "probe", lm=lm)
+    assert axis.method == "span_diff" and axis.layers == (0, 1, 2)
+    info = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert set(info["metrics"]["transfer"]["families"]) == {"icrl", "code", "backtracking", "confidence", "refusal"}
+    control = info["metrics"]["icrl_matched_control"]
+    # Identical final paragraphs have identical token embeddings: the embed control must be exactly 0.5.
+    assert control["embed_main_post_vs_control_post"]["auroc"] == pytest.approx(0.5)
+    assert 0.0 <= control["post_vs_pre_main"]["auroc"] <= 1.0
+    assert report.transfer is not None and report.transfer.layer == axis.best_layer
+    # The backtracking store read only the prefix spans, never the marker text.
+    rows = json.loads((tmp_path / "runs" / "backtracking" / "manifest.json").read_text())
+    assert rows["span_labels"] == ["prefix"] and rows["group_by"] == "meta.pair"
+
+
+def test_matched_control_on_planted_stores(tiny_lm_factory, tmp_path):
+    """A direction that separates main from control post spans gives AUROC 1 there."""
+    lm = tiny_lm_factory("llama")
+    _slice_data(tmp_path / "data", per_group=1)
+    report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", n_splits=1,
+                            train_groups=40, progress=False)  # fmt: skip
+    from valueprobe.store import ActivationStore
+
+    main, control = ActivationStore.open(tmp_path / "runs" / "icrl"), ActivationStore.open(tmp_path / "runs" / "icrl_control")
+    layer = report.axis.best_layer
+    span = np.array(main.rows().span)
+    diff = main.acts(layer)[span == "post"].mean(0) - control.acts(layer)[np.array(control.rows().span) == "post"].mean(0)
+    import torch
+
+    planted = report.axis[layer]
+    planted = type(planted)(**{**planted.__dict__, "directions": torch.tensor(diff / np.linalg.norm(diff))[None].float()})
+    got = matched_control(planted, main, control)
+    assert got["main_post_vs_control_post"]["auroc"] > 0.5
+
+
+def test_missing_data_file_is_one_line(tiny_lm_factory, tmp_path):
+    (tmp_path / "data").mkdir()
+    with pytest.raises(ValueprobeError, match="datasets build --family all"):
+        replicate_axis(tiny_lm_factory("llama"), data_dir=tmp_path / "data", runs_dir=tmp_path / "runs")

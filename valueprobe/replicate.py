@@ -1,0 +1,195 @@
+"""Rebuild the shipped value axis of a model from the committed data, in one command.
+
+    valueprobe replicate axis --model smollm2-135m --data data --runs runs/axis-smollm2-135m \\
+        --out probes/smollm2-135m-value
+
+Steps, each resumable (rerun the same command after an interruption):
+1. capture every contrast family into ``RUNS/FAMILY`` (all layers plus the embedding output);
+2. fit the axis on ICRL with the paper's construction (``span_diff``: per rule, mean of ``post``
+   spans minus mean of ``pre`` spans, averaged over rules), sweeping layers with held-out rules
+   (35 train rules, the rest split into validation and test, as in the paper);
+3. the transfer matrix between the families at the chosen layer (``diff_means`` per family);
+4. the matched ICRL control: the same final paragraph after a history that never rewarded the
+   rule. If the axis reads value, main ``post`` sits above control ``post`` (identical text); if
+   it reads wording or position, ``post`` beats ``pre`` as much in the control as in the main set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from valueprobe.axis import ValueAxis
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
+from valueprobe.models import LoadedModel
+from valueprobe.store import ActivationStore, capture_to_store
+
+__all__ = ["FamilySpec", "FAMILIES", "capture_families", "matched_control", "replicate_axis"]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """How one contrast family is read: which file, which tokens, how rows are grouped."""
+
+    file: str
+    positions: str
+    span_labels: tuple[str, ...] | None = None
+    group_by: str | None = None
+    note: str = ""
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "icrl": FamilySpec("icrl.jsonl", "spans", note="pre vs post spans of the first post-discovery paragraph"),
+    "code": FamilySpec("code.jsonl", "mean", group_by="meta.pair", note="mean over the function's tokens"),
+    "backtracking": FamilySpec(
+        "backtracking.jsonl",
+        "spans",
+        span_labels=("prefix",),
+        group_by="meta.pair",
+        note="mean over the prefix before any backtrack marker",
+    ),  # fmt: skip
+    "confidence": FamilySpec(
+        "confidence.jsonl", "last", group_by="meta.pair", note="the prefilled response token"
+    ),
+    "refusal": FamilySpec("refusal.jsonl", "last", group_by="meta.pair", note="the assistant-start token"),
+    "icrl_control": FamilySpec(
+        "icrl_control.jsonl", "spans", note="matched control for icrl (evaluation only)"
+    ),
+}
+TRANSFER_FAMILIES = ("icrl", "code", "backtracking", "confidence", "refusal")
+
+
+def capture_families(
+    lm: LoadedModel,
+    data_dir: str | Path,
+    runs_dir: str | Path,
+    *,
+    families: Mapping[str, FamilySpec] = FAMILIES,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> dict[str, ActivationStore]:
+    """Capture (or resume) one store per family under ``runs_dir``; all layers plus ``embed``."""
+    data_dir, runs_dir = Path(data_dir), Path(runs_dir)
+    stores = {}
+    for name, spec in families.items():
+        path = data_dir / spec.file
+        stores[name] = capture_to_store(
+            lm,
+            read_jsonl(path),
+            runs_dir / name,
+            layers="all",
+            positions=spec.positions,  # type: ignore[arg-type]
+            span_labels=spec.span_labels,
+            group_by=spec.group_by,
+            batch_size=batch_size,
+            dataset_path=str(path),
+            dataset_sha256=sha256_file(path),
+            progress=progress,
+        )
+    return stores
+
+
+def _post_pre(store: ActivationStore, v: np.ndarray, layer: int | str) -> dict[str, np.ndarray]:
+    rows = store.rows()
+    x = store.acts(layer).astype(np.float64)  # type: ignore[arg-type]
+    proj = x @ v
+    span = np.array(rows.span)
+    return {"post": proj[span == "post"], "pre": proj[span == "pre"]}
+
+
+def matched_control(
+    axis: ValueAxis,
+    main: ActivationStore,
+    control: ActivationStore,
+    *,
+    layer: int | None = None,
+    seed: int = 0,
+) -> dict:
+    """Compare the axis on ICRL conversations with their matched controls (see module docstring).
+
+    Returns AUROCs with bootstrap 95% CIs: ``post_vs_pre_main``, ``post_vs_pre_control`` and
+    ``main_post_vs_control_post`` at the axis layer, and the last one at the embedding output,
+    where identical text must give 0.5.
+    """
+    layer = axis.best_layer if layer is None else layer
+    v = axis.direction(layer).double().numpy()
+    out: dict = {"layer": layer}
+
+    def contrast(name: str, pos: np.ndarray, neg: np.ndarray) -> None:
+        scores = np.concatenate([pos, neg])
+        labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
+        ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
+        out[name] = {
+            "auroc": auroc(scores, labels),
+            "auroc_ci": list(ci),
+            "cohens_d": cohens_d(scores, labels),
+        }
+
+    m, c = _post_pre(main, v, layer), _post_pre(control, v, layer)
+    contrast("post_vs_pre_main", m["post"], m["pre"])
+    contrast("post_vs_pre_control", c["post"], c["pre"])
+    contrast("main_post_vs_control_post", m["post"], c["post"])
+    if main.has_embed and control.has_embed:
+        me, ce = _post_pre(main, v, "embed"), _post_pre(control, v, "embed")
+        contrast("embed_main_post_vs_control_post", me["post"], ce["post"])
+    sigma = float(axis.sigma[axis.layers.index(layer)])
+    out["main_minus_control_post_sigma"] = float((m["post"].mean() - c["post"].mean()) / sigma)
+    return out
+
+
+def replicate_axis(
+    lm: LoadedModel,
+    *,
+    data_dir: str | Path = "data",
+    runs_dir: str | Path = "runs/axis",
+    out: str | Path | None = None,
+    n_splits: int = 5,
+    train_groups: int = 35,
+    seed: int = 0,
+    batch_size: int = 8,
+    progress: bool = True,
+):
+    """Capture all families, fit on ICRL, add transfer and the matched control; save to ``out``.
+
+    Returns the :class:`valueprobe.sweep.FitReport` (its axis carries every metric).
+    """
+    from valueprobe.sweep import FitReport, fit_probe
+    from valueprobe.transfer import transfer_matrix
+
+    for spec in FAMILIES.values():
+        if not (Path(data_dir) / spec.file).exists():
+            raise ValueprobeError(
+                f"{Path(data_dir) / spec.file} is missing: run `valueprobe datasets build --family all --out {data_dir}`"
+            )
+    stores = capture_families(lm, data_dir, runs_dir, batch_size=batch_size, progress=progress)
+    report = fit_probe(
+        {"icrl": stores["icrl"]},
+        method="span_diff",
+        n_splits=n_splits,
+        train_groups=train_groups,
+        seed=seed,
+        transfer=False,
+    )
+    transfer = transfer_matrix(
+        {name: stores[name] for name in TRANSFER_FAMILIES},
+        layer=report.sweep.best_layer,
+        method="diff_means",
+        n_splits=n_splits,
+        seed=seed,
+    )
+    control = matched_control(report.axis, stores["icrl"], stores["icrl_control"], seed=seed)
+    metrics = {
+        **report.axis.metrics,
+        "transfer": transfer.to_dict(),
+        "icrl_matched_control": control,
+        "families": {name: vars(spec) for name, spec in FAMILIES.items()},
+    }
+    axis = replace(report.axis, metrics=metrics)
+    if out is not None:
+        axis.save(out)
+    return FitReport(axis, report.sweep, transfer)
