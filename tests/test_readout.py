@@ -12,6 +12,7 @@ import torch
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
+from valueprobe.metrics import auroc
 from valueprobe.readout import logit_lens, score, score_dataset, token_cos, val
 
 
@@ -80,8 +81,14 @@ def test_score_dataset_matches_hidden_states(tiny_lm_factory, tmp_path):
     assert s["n"] == 6 and s["n_pos"] == 3
     lo, hi = s["val_auroc_ci"]
     assert lo <= s["val_auroc"] <= hi and 0.5 <= s["length_auroc"] <= 1.0
-    assert "val_auroc" in summary["a"] and "val_auroc" not in summary["b"]  # one class: n/a
-    assert res.table()[1][2][2] == "n/a"
+    assert summary["a"]["contrast"] == "within group"
+    # A one-class group is contrasted with the opposite-class rows (no meta.pair here: all of them).
+    b = [r for r in res.records if r["group"] == "b"]
+    others = [r for r in res.records if (r["label"] >= 0.5) != (b[0]["label"] >= 0.5)]
+    assert summary["b"]["contrast"] == "vs all opposite-class rows"
+    want = auroc([r["val"] for r in b + others], [r["label"] for r in b + others])
+    assert summary["b"]["val_auroc"] == pytest.approx(want)
+    assert res.table()[1][2][2].startswith(f"{want:.3f} [")
     headers, rows = res.table()
     assert rows[0][0] == "all" and len(rows[0]) == len(headers)
     paths = res.write(tmp_path / "out")

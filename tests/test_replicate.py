@@ -28,7 +28,9 @@ def _slice_data(dest: Path, per_group: int = 2) -> None:
             if seen.get(ex.group, 0) < per_group and pair not in keep_pairs:
                 seen[ex.group] = seen.get(ex.group, 0) + 1
                 keep_pairs.add(pair)
-        picked = [ex for ex in examples if str(ex.meta.get("pair", ex.id)) in keep_pairs or ex.id in keep_pairs]
+        picked = [
+            ex for ex in examples if str(ex.meta.get("pair", ex.id)) in keep_pairs or ex.id in keep_pairs
+        ]
         write_jsonl(dest / spec.file, picked)
 
 
@@ -40,7 +42,13 @@ def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
     axis = ValueAxis.load(tmp_path / "probe", lm=lm)
     assert axis.method == "span_diff" and axis.layers == (0, 1, 2)
     info = json.loads((tmp_path / "probe" / "probe.json").read_text())
-    assert set(info["metrics"]["transfer"]["families"]) == {"icrl", "code", "backtracking", "confidence", "refusal"}
+    assert set(info["metrics"]["transfer"]["families"]) == {
+        "icrl",
+        "code",
+        "backtracking",
+        "confidence",
+        "refusal",
+    }
     control = info["metrics"]["icrl_matched_control"]
     # Identical final paragraphs have identical token embeddings: the embed control must be exactly 0.5.
     assert control["embed_main_post_vs_control_post"]["auroc"] == pytest.approx(0.5)
@@ -59,14 +67,21 @@ def test_matched_control_on_planted_stores(tiny_lm_factory, tmp_path):
                             train_groups=40, progress=False)  # fmt: skip
     from valueprobe.store import ActivationStore
 
-    main, control = ActivationStore.open(tmp_path / "runs" / "icrl"), ActivationStore.open(tmp_path / "runs" / "icrl_control")
+    main, control = (
+        ActivationStore.open(tmp_path / "runs" / "icrl"),
+        ActivationStore.open(tmp_path / "runs" / "icrl_control"),
+    )
     layer = report.axis.best_layer
     span = np.array(main.rows().span)
-    diff = main.acts(layer)[span == "post"].mean(0) - control.acts(layer)[np.array(control.rows().span) == "post"].mean(0)
+    diff = main.acts(layer)[span == "post"].mean(0) - control.acts(layer)[
+        np.array(control.rows().span) == "post"
+    ].mean(0)
     import torch
 
     planted = report.axis[layer]
-    planted = type(planted)(**{**planted.__dict__, "directions": torch.tensor(diff / np.linalg.norm(diff))[None].float()})
+    planted = type(planted)(
+        **{**planted.__dict__, "directions": torch.tensor(diff / np.linalg.norm(diff))[None].float()}
+    )
     got = matched_control(planted, main, control)
     assert got["main_post_vs_control_post"]["auroc"] > 0.5
 

@@ -65,6 +65,32 @@ def _load_model(model: str, *, layers_path: str | None = None, trust_remote_code
     )
 
 
+# --- demo ---
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/demo"),
+    model: ModelOpt = "smollm2-135m",
+    n: Annotated[int, typer.Option(help="ICRL conversations to generate and capture")] = 96,
+    seed: int = 0,
+    splits: int = 5,
+) -> None:
+    """The main job: offline model, ICRL data, capture, fit the value axis, held-out-rule sweep with controls."""
+    from valueprobe.demo import run_demo
+    from valueprobe.plots import sweep_figure
+
+    report = run_demo(out=out, model=model, n=n, seed=seed, splits=splits)
+    headers, rows = report.sweep.table()
+    table(
+        f"value axis on {model}: ICRL layer sweep (span_diff, held-out rules, {splits} splits)", headers, rows
+    )
+    write_json(out / "summary.json", {"summary": report.summary(), "sweep": report.sweep.to_dict()})
+    write_html(sweep_figure(report.sweep), out / "sweep.html")
+    console.print(report.summary())
+    console.print(f"wrote {out}/summary.json, {out}/sweep.html, {out}/probe/")
+
+
 # --- capture commands ---
 
 

@@ -99,7 +99,7 @@ class ScoreResult:
             length = r.get("length_auroc")
             rows.append(
                 [
-                    r["group"],
+                    r["group"] + (" (vs pairs)" if "paired" in r.get("contrast", "") else ""),
                     f"{r['n']} ({r['n_pos']}+)",
                     ci(r, "val_auroc"),
                     ci(r, "val_cohens_d"),
@@ -137,6 +137,21 @@ class ScoreResult:
         text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
         _write_atomic(paths["summary"], lambda p: p.write_text(text, encoding="utf-8"))
         return paths
+
+
+def _with_partners(sel: list[dict], scored: list[dict], pair_key: dict[str, str]) -> tuple[list[dict], str]:
+    """A one-class group (e.g. ``code/shuffled``) is contrasted with the opposite-class rows it is
+    paired with through ``meta.pair`` (its originals); failing that, with every opposite-class row."""
+    labels = {r["label"] >= 0.5 for r in sel}
+    if len(labels) != 1:
+        return sel, "within group"
+    (side,) = labels
+    keys = {pair_key[r["id"]] for r in sel}
+    others = [r for r in scored if (r["label"] >= 0.5) != side]
+    partners = [r for r in others if pair_key[r["id"]] in keys]
+    if partners:
+        return sel + partners, "vs paired opposite-class rows (meta.pair)"
+    return sel + others, "vs all opposite-class rows"
 
 
 def _group_metrics(
@@ -231,20 +246,21 @@ def score_dataset(
     if not scored:
         raise ValueprobeError(f"no example had any {tokens!r} tokens to read; use tokens='all'")
     groups: list[str] = ["all", *sorted({str(r["group"]) for r in scored})]
+    pair_key = {ex.id: str(ex.meta.get("pair", ex.id)) for ex in examples}
     summary = []
     for g in groups:
         sel = [r for r in scored if g == "all" or r["group"] == g]
-        summary.append(
-            _group_metrics(
-                g,
-                np.array([r["val"] for r in sel]),
-                np.array([r["score"] for r in sel]),
-                np.array([r["label"] for r in sel]),
-                np.array([r["n_tokens"] for r in sel], dtype=np.float64),
-                bootstrap=bootstrap,
-                seed=seed,
-            )
+        sel, contrast = _with_partners(sel, scored, pair_key)
+        row = _group_metrics(
+            g,
+            np.array([r["val"] for r in sel]),
+            np.array([r["score"] for r in sel]),
+            np.array([r["label"] for r in sel]),
+            np.array([r["n_tokens"] for r in sel], dtype=np.float64),
+            bootstrap=bootstrap,
+            seed=seed,
         )
+        summary.append({**row, "contrast": contrast})
     probe = {
         "model_id": axis.model_id,
         "fingerprint": axis.fingerprint,

@@ -1,0 +1,47 @@
+"""The main job on the default model, start to finish, in a few minutes on a laptop CPU.
+
+    valueprobe demo                      # -> runs/demo/summary.json, runs/demo/sweep.html
+
+1. load SmolLM2-135M-Instruct offline (PyPI wheel -> GGUF -> cached safetensors);
+2. generate a small ICRL construction set (48 hidden rules, ``--n`` conversations);
+3. capture the ``pre``/``post`` spans of the first post-discovery paragraph at every layer
+   (plus the embedding output) into an on-disk store;
+4. fit the axis with the paper's construction and sweep the layers on held-out rules, with the
+   controls printed beside every AUROC.
+
+The shipped, fuller build is ``valueprobe replicate axis`` (see ``probes/smollm2-135m-value``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from valueprobe.datasets import build
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.models import DEFAULT_MODEL, load
+from valueprobe.store import capture_to_store
+from valueprobe.sweep import FitReport, fit_probe
+
+__all__ = ["run_demo"]
+
+
+def run_demo(
+    *, out: str | Path = "runs/demo", model: str = DEFAULT_MODEL, n: int = 96, seed: int = 0, splits: int = 5
+) -> FitReport:
+    """Build ICRL data, capture it, fit and sweep; writes the store and probe under ``out``."""
+    out = Path(out)
+    files = build("icrl", out / "data", seed=seed, n=n)
+    data = files["icrl"]
+    lm = load(model)
+    store = capture_to_store(
+        lm,
+        read_jsonl(data),
+        out / "store-icrl",
+        layers="all",
+        positions="spans",
+        dataset_path=str(data),
+        dataset_sha256=sha256_file(data),
+    )
+    report = fit_probe({"icrl": store}, method="span_diff", n_splits=splits, seed=seed, transfer=False)
+    report.axis.save(out / "probe")
+    return report
