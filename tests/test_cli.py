@@ -1,0 +1,128 @@
+"""The CLI end to end on a tiny model saved to disk; bad input gives one line and exit 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from valueprobe.cli import main
+from valueprobe.datasets.io import read_jsonl, write_jsonl
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    path = tmp_path_factory.mktemp("model")
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def icrl_small(tmp_path_factory):
+    examples = read_jsonl(DATA / "icrl.jsonl")
+    per_rule: dict[str, int] = {}
+    keep = []
+    for ex in examples:
+        if per_rule.get(ex.group, 0) < 2:
+            per_rule[ex.group] = per_rule.get(ex.group, 0) + 1
+            keep.append(ex)
+    path = tmp_path_factory.mktemp("data") / "icrl.jsonl"
+    write_jsonl(path, keep)
+    return path
+
+
+def test_capture_fit_score(tiny_dir, icrl_small, tmp_path, capsys):
+    store = tmp_path / "store"
+    code, out, err = run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(store),
+                          "--positions", "spans", "--layers", "all"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "capture ->" in out and json.loads((store / "manifest.json").read_text())["complete"]
+
+    probe = tmp_path / "probe"
+    code, out, err = run(["fit", "--store", str(store), "--method", "span_diff", "--out", str(probe),
+                          "--splits", "2"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "best layer" in out and "margin" in out
+    info = json.loads((probe / "probe.json").read_text())
+    assert info["method"] == "span_diff" and (probe / "sweep.html").stat().st_size > 1000
+
+    scores = tmp_path / "scores"
+    code, out, err = run(["score", "--probe", str(probe), "--model", tiny_dir, "--data", str(icrl_small),
+                          "--out", str(scores), "--tokens", "span_tokens", "--bootstrap", "50"], capsys)  # fmt: skip
+    assert code == 0, err
+    with open(scores / "scores.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(read_jsonl(icrl_small))
+
+
+def one_line_error(code: int, err: str) -> str:
+    assert code == 2
+    # Progress bars (model loading) may come first; the failure itself is exactly one line.
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith(("Loading weights", "\r"))]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_bad_input_is_one_line(tiny_dir, icrl_small, tmp_path, capsys):
+    out = tmp_path / "never"
+    msg = one_line_error(*run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
+                               "--layers", "7"], capsys)[::2])  # fmt: skip
+    assert "layer 7 out of range" in msg and "0..2" in msg
+    assert not out.exists()
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "x", "label": 1, "group": "g"}\n{"id": "b", "text": \n')
+    msg = one_line_error(
+        *run(["capture", "--model", tiny_dir, "--data", str(bad), "--out", str(out)], capsys)[::2]
+    )
+    assert f"{bad}:2" in msg and not out.exists()
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    msg = one_line_error(
+        *run(["capture", "--model", tiny_dir, "--data", str(empty), "--out", str(out)], capsys)[::2]
+    )
+    assert "empty" in msg
+
+    msg = one_line_error(*run(["capture", "--model", "no/such-model", "--data", str(icrl_small), "--out", str(out)],
+                              capsys)[::2])  # fmt: skip
+    assert "cannot load model" in msg
+
+    msg = one_line_error(*run(["fit", "--store", str(tmp_path / "nostore"), "--out", str(out)], capsys)[::2])
+    assert "not an activation store" in msg
+
+    msg = one_line_error(*run(["datasets", "build", "--family", "nope", "--out", str(out)], capsys)[::2])
+    assert "unknown dataset family" in msg
+
+    msg = one_line_error(*run(["capture", "--data", str(icrl_small)], capsys)[::2])
+    assert "Missing option '--out'" in msg
+
+
+def test_score_refuses_probe_of_another_model(tiny_dir, tiny_lm_factory, icrl_small, tmp_path, capsys):
+    other = tiny_lm_factory("qwen2")
+    other_dir = tmp_path / "other"
+    other.model.save_pretrained(other_dir)
+    other.tokenizer.save_pretrained(other_dir)
+    store, probe = tmp_path / "s", tmp_path / "p"
+    assert run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(store), "--positions",
+                "spans"], capsys)[0] == 0  # fmt: skip
+    assert run(["fit", "--store", str(store), "--out", str(probe), "--splits", "1"], capsys)[0] == 0
+    msg = one_line_error(*run(["score", "--probe", str(probe), "--model", str(other_dir), "--data",
+                               str(icrl_small), "--out", str(tmp_path / "sc")], capsys)[::2])  # fmt: skip
+    assert "fingerprint" in msg and "--force" in msg
