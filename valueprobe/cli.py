@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -36,7 +37,7 @@ ModelOpt = Annotated[
 ]
 
 
-def table(title: str, columns: list[str], rows: list[list[object]]) -> None:
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """Print one summary table."""
     t = Table(title=title, title_justify="left")
     for c in columns:

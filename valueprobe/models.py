@@ -26,6 +26,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -104,8 +105,8 @@ class LoadedModel:
         layers_path: dotted path of the decoder-block list inside ``model``.
     """
 
-    model: nn.Module
-    tokenizer: object
+    model: Any  # a transformers PreTrainedModel (a causal LM)
+    tokenizer: Any  # its (fast) tokenizer
     model_id: str
     fingerprint: str
     layers_path: str
@@ -208,7 +209,7 @@ _CONFIG_KEYS = (
 )
 
 
-def fingerprint(model: nn.Module) -> str:
+def fingerprint(model: Any) -> str:
     """Hash the architecture and a few weights into 16 hex digits.
 
     The config part uses only shape-defining keys, and weights are hashed after casting to
@@ -252,7 +253,7 @@ def find_layers_path(model: nn.Module, override: str | None = None) -> str:
 
 
 def wrap(
-    model: nn.Module, tokenizer: object, *, model_id: str | None = None, layers_path: str | None = None
+    model: Any, tokenizer: Any, *, model_id: str | None = None, layers_path: str | None = None
 ) -> LoadedModel:
     """Wrap an in-memory model (e.g. a tiny random test model) as a :class:`LoadedModel`."""
     model.eval()
@@ -326,7 +327,7 @@ def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
 
     _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are plain fp32 now, but a GGUF-loaded model keeps its quantizer and
     # quantization_config: save_pretrained refuses to write it and trainers (TRL, peft) refuse it.
     model.hf_quantizer = None
@@ -367,16 +368,16 @@ def _gguf_dir(path: Path) -> Path:
 
 
 def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool,
-                     device_map: str | None) -> tuple[nn.Module, object]:  # fmt: skip
+                     device_map: str | None) -> tuple[Any, Any]:  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device_map:
         kwargs["device_map"] = device_map
-    model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     if not device_map:
-        model.to(device)
+        model = model.to(device)
     return model, tok
 
 
@@ -402,8 +403,7 @@ def load(
     Raises:
         ValueprobeError: listing the routes tried when none works.
     """
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:
@@ -426,7 +426,7 @@ def load(
             raise ValueprobeError(f"cannot load model {spec!r}: {'; '.join(tried)}; and it is not a hub id")
         where = spec
     try:
-        model, tok = _from_pretrained(where, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+        model, tok = _from_pretrained(where, dtype=torch_dtype, device=device, trust_remote_code=trust_remote_code,
                                       device_map=device_map)  # fmt: skip
     except ValueprobeError:
         raise

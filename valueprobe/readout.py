@@ -251,7 +251,7 @@ def score_dataset(
     for g in groups:
         sel = [r for r in scored if g == "all" or r["group"] == g]
         sel, contrast = _with_partners(sel, scored, pair_key)
-        row = _group_metrics(
+        metrics = _group_metrics(
             g,
             np.array([r["val"] for r in sel]),
             np.array([r["score"] for r in sel]),
@@ -260,7 +260,7 @@ def score_dataset(
             bootstrap=bootstrap,
             seed=seed,
         )
-        summary.append({**row, "contrast": contrast})
+        summary.append({**metrics, "contrast": contrast})
     probe = {
         "model_id": axis.model_id,
         "fingerprint": axis.fingerprint,
