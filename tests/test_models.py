@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from valueprobe.capture import capture
+from valueprobe.capture import capture, encode
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import find_layers_path, fingerprint, load
+from valueprobe.models import find_layers_path, fingerprint, load, wrap
 
 
 def test_fingerprint_ignores_dtype_but_not_weights(tiny_lm_factory):
@@ -35,6 +35,36 @@ def test_layer_detection(tiny_lm_factory, arch, path):
     lm = tiny_lm_factory(arch)
     assert lm.layers_path == path and lm.n_layers == 3 and lm.d_model == 64
     assert lm.final_norm is not None
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "kw"),
+    [
+        ("Qwen3Config", {"head_dim": 16}),
+        ("MistralConfig", {}),
+        ("Phi3Config", {}),
+        ("PhiConfig", {}),
+        ("GemmaConfig", {"head_dim": 16}),
+        ("Gemma3TextConfig", {"head_dim": 16}),
+    ],
+)
+def test_layer_detection_more_families(tiny_tokenizer, config_cls, kw):
+    """The families the capture engine promises, built tiny from their configs."""
+    import transformers as tf
+
+    cfg = getattr(tf, config_cls)(
+        vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, **kw,
+    )  # fmt: skip
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    lm = wrap(model, tiny_tokenizer, model_id=config_cls)
+    assert lm.n_layers == 2 and lm.d_model == 64 and lm.final_norm is not None
+    ex = Example(id="x", label=1, group="g", text="Paris is nice")
+    ids = torch.tensor([encode(lm, [ex], positions="last")[0].input_ids])
+    with torch.no_grad():
+        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+    res = capture(lm, [ex], layers=[0], positions="last", progress=False)
+    torch.testing.assert_close(res.acts[0][0], hs[1][0, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_undetected_layers_say_how_to_override(tiny_tokenizer):

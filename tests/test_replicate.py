@@ -49,6 +49,7 @@ def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
         "confidence",
         "refusal",
     }
+    assert len(info["metrics"]["logit_lens"]["promoted"]) == 20
     control = info["metrics"]["icrl_matched_control"]
     # Identical final paragraphs have identical token embeddings: the embed control must be exactly 0.5.
     assert control["embed_main_post_vs_control_post"]["auroc"] == pytest.approx(0.5)

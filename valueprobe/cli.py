@@ -287,6 +287,9 @@ def replicate_axis(
         [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
          for k, v in control.items() if isinstance(v, dict)],
     )  # fmt: skip
+    lens = report.axis.metrics["logit_lens"]
+    console.print("logit lens, promoted:   " + " ".join(repr(t) for t, _ in lens["promoted"][:12]))
+    console.print("logit lens, suppressed: " + " ".join(repr(t) for t, _ in lens["suppressed"][:12]))
     write_html(sweep_figure(report.sweep), runs / "sweep.html")
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())

@@ -9,7 +9,8 @@ Steps, each resumable (rerun the same command after an interruption):
    spans minus mean of ``pre`` spans, averaged over rules), sweeping layers with held-out rules
    (35 train rules, the rest split into validation and test, as in the paper);
 3. the transfer matrix between the families at the chosen layer (``diff_means`` per family);
-4. the matched ICRL control: the same final paragraph after a history that never rewarded the
+4. the logit lens of the axis at the chosen layer (top promoted and suppressed tokens);
+5. the matched ICRL control: the same final paragraph after a history that never rewarded the
    rule. If the axis reads value, main ``post`` sits above control ``post`` (identical text); if
    it reads wording or position, ``post`` beats ``pre`` as much in the control as in the main set.
 """
@@ -158,6 +159,7 @@ def replicate_axis(
 
     Returns the :class:`valueprobe.sweep.FitReport` (its axis carries every metric).
     """
+    from valueprobe.readout import logit_lens
     from valueprobe.sweep import FitReport, fit_probe
     from valueprobe.transfer import transfer_matrix
 
@@ -183,10 +185,12 @@ def replicate_axis(
         seed=seed,
     )
     control = matched_control(report.axis, stores["icrl"], stores["icrl_control"], seed=seed)
+    lens = logit_lens(report.axis, lm, k=20)
     metrics = {
         **report.axis.metrics,
         "transfer": transfer.to_dict(),
         "icrl_matched_control": control,
+        "logit_lens": lens,
         "families": {name: vars(spec) for name, spec in FAMILIES.items()},
     }
     axis = replace(report.axis, metrics=metrics)
