@@ -78,6 +78,22 @@ def build_model(arch: str, vocab_size: int, *, n_layers: int = 3, d_model: int =
     return model.eval()
 
 
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """No code path may reach another host: any Python socket connect beyond loopback fails the test."""
+    import socket
+
+    real_connect = socket.socket.connect
+
+    def guarded(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if self.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "localhost", "::1"):
+            raise AssertionError(f"test tried to reach {address}: valueprobe must stay offline")
+        return real_connect(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     return build_tokenizer()
