@@ -181,3 +181,16 @@ def test_duplicate_ids_and_unknown_keys(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueprobeError, match="cannot read dataset"):
         read_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_linked_groups_join_both_link_conventions():
+    from valueprobe.datasets.io import linked_groups
+
+    mk = lambda i, **meta: Example(id=i, label=1, group="g", text="t", meta=meta)  # noqa: E731
+    hub = [mk("code-1"), mk("code-1-shuffled", pair="code-1"), mk("code-1-syntax", pair="code-1")]
+    mutual = [mk("bt-1-correct", pair="bt-1-backtrack"), mk("bt-1-backtrack", pair="bt-1-correct")]
+    shared = [mk("r-1-harmful", pair="r-1"), mk("r-1-benign", pair="r-1"), mk("r-2-benign", pair="r-2")]
+    groups = linked_groups(hub + mutual + shared)
+    assert {groups[e.id] for e in hub} == {"code-1"}
+    assert {groups[e.id] for e in mutual} == {"bt-1-backtrack"}
+    assert groups["r-1-harmful"] == groups["r-1-benign"] == "r-1" != groups["r-2-benign"]

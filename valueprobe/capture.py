@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.datasets.io import Example
+from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
 
@@ -108,10 +108,11 @@ class Encoded:
 
 
 def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
-    """Re-key each example's ``group`` by ``meta.KEY`` (falling back to its id), or keep it.
+    """Re-key each example's ``group`` by the rows it is linked to through ``meta.KEY``.
 
-    Held-out splits hold out whole groups; ``meta.pair`` keeps an original and its corrupted
-    variants (which point to it) in one group, so each group holds both classes.
+    Held-out splits hold out whole groups; ``"meta.pair"`` keeps an original and its corrupted
+    variants (or two matched rollouts) in one group, so each group holds both classes. See
+    :func:`valueprobe.datasets.io.linked_groups`.
 
     >>> regroup(examples, "meta.pair")[0].group   # doctest: +SKIP
     'code-0000'
@@ -120,8 +121,8 @@ def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
         return list(examples)
     if not group_by.startswith("meta."):
         raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
-    key = group_by[len("meta.") :]
-    return [replace(ex, group=str(ex.meta.get(key, ex.id))) for ex in examples]
+    groups = linked_groups(examples, group_by[len("meta.") :])
+    return [replace(ex, group=groups[ex.id]) for ex in examples]
 
 
 def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:

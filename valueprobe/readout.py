@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from valueprobe.axis import ValueAxis, _jsonable, _write_atomic
+from valueprobe.datasets.io import linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 
@@ -246,7 +247,7 @@ def score_dataset(
     if not scored:
         raise ValueprobeError(f"no example had any {tokens!r} tokens to read; use tokens='all'")
     groups: list[str] = ["all", *sorted({str(r["group"]) for r in scored})]
-    pair_key = {ex.id: str(ex.meta.get("pair", ex.id)) for ex in examples}
+    pair_key = linked_groups(examples, "pair")
     summary = []
     for g in groups:
         sel = [r for r in scored if g == "all" or r["group"] == g]

@@ -29,6 +29,7 @@ __all__ = [
     "Span",
     "example_from_dict",
     "example_to_dict",
+    "linked_groups",
     "read_jsonl",
     "sha256_file",
     "write_jsonl",
@@ -290,3 +291,35 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def linked_groups(examples: Iterable[Example], key: str = "pair") -> dict[str, str]:
+    """Map each example id to the name of its linked set through ``meta[key]``.
+
+    Datasets link matched rows in two ways: to a shared value (``refusal-0007``), or to each
+    other's ids (a corrupted function names its original; two rollouts name each other). Both are
+    edges of one graph; a set is a connected component, named by its smallest member, so an
+    original and all its variants land in one group whatever the convention.
+
+    >>> linked_groups([Example(id="a", label=1, group="g", text="x"),
+    ...                Example(id="b", label=0, group="g", text="y", meta={"pair": "a"})])
+    {'a': 'a', 'b': 'a'}
+    """
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    ids = []
+    for ex in examples:
+        ids.append(ex.id)
+        a = find(ex.id)
+        if key in ex.meta:
+            b = find(str(ex.meta[key]))
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {i: find(i) for i in ids}
