@@ -30,7 +30,8 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
-console = Console(stderr=False)
+# Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
