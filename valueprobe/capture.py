@@ -16,7 +16,7 @@ inside the hook, so memory is one ``[rows, d_model]`` tensor per layer per batch
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
@@ -368,19 +368,38 @@ def capture(
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
     encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
-    pad_id = _pad_id(lm)
-    parts: dict[LayerKey, list[Tensor]] = {}
-    rows: list[Rows] = []
     from tqdm.auto import tqdm
 
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
-        for batch in iter_batches(encoded, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id):
-            got = _backend_run(lm, batch, layers=layer_list, site=site, include_embed=include_embed,
-                               backend=backend, remote=remote)  # fmt: skip
-            for k, v in got.items():
-                parts.setdefault(k, []).append(v)
-            rows.append(batch.rows)
-            bar.update(batch.input_ids.shape[0])
+        return run_encoded(lm, encoded, layers=layer_list, site=site, include_embed=include_embed,
+                           batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
+                           on_batch=bar.update)  # fmt: skip
+
+
+def run_encoded(
+    lm: LoadedModel,
+    encoded: Sequence[Encoded],
+    *,
+    layers: list[int],
+    site: Site,
+    include_embed: bool,
+    batch_size: int,
+    padding_side: Literal["left", "right"],
+    backend: str = "hooks",
+    remote: bool = False,
+    on_batch: Callable[[int], object] | None = None,
+) -> CaptureResult:
+    """Batch, run and concatenate already-encoded examples; ``on_batch(n)`` reports progress."""
+    parts: dict[LayerKey, list[Tensor]] = {}
+    rows: list[Rows] = []
+    for batch in iter_batches(encoded, batch_size=batch_size, padding_side=padding_side, pad_id=_pad_id(lm)):
+        got = _backend_run(lm, batch, layers=layers, site=site, include_embed=include_embed,
+                           backend=backend, remote=remote)  # fmt: skip
+        for k, v in got.items():
+            parts.setdefault(k, []).append(v)
+        rows.append(batch.rows)
+        if on_batch is not None:
+            on_batch(batch.input_ids.shape[0])
     return CaptureResult(rows=Rows.concat(rows), acts={k: torch.cat(v) for k, v in parts.items()})
 
 

@@ -33,11 +33,9 @@ from valueprobe.capture import (
     Positions,
     Rows,
     Site,
-    _backend_run,
-    _pad_id,
     encode,
-    iter_batches,
     regroup,
+    run_encoded,
 )
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
@@ -177,9 +175,9 @@ class ActivationStore:
         return out
 
 
-def _shard_tensors(acts: dict[LayerKey, list[torch.Tensor]], rows: Rows, *, site: str,
+def _shard_tensors(acts: dict[LayerKey, torch.Tensor], rows: Rows, *, site: str,
                    dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:  # fmt: skip
-    tensors = {_key_name(k, site): torch.cat(v).to(dtype).contiguous() for k, v in acts.items()}
+    tensors = {_key_name(k, site): v.to(dtype).contiguous() for k, v in acts.items()}
     tensors["row.label"] = torch.from_numpy(rows.label.astype(np.float64))
     tensors["row.token_index"] = torch.from_numpy(rows.token_index.astype(np.int64))
     tensors["row.n_tokens"] = torch.from_numpy(rows.n_tokens.astype(np.int64))
@@ -268,7 +266,6 @@ def capture_to_store(
                               dataset_sha256=dataset_sha256)  # fmt: skip
     done = {s["examples"][0] for s in manifest["shards"]}
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
-    pad_id = _pad_id(lm)
     from tqdm.auto import tqdm
 
     n = len(examples)
@@ -286,17 +283,11 @@ def capture_to_store(
                 max_length=max_length,
                 span_labels=span_labels,
             )
-            acts: dict[LayerKey, list[torch.Tensor]] = {}
-            rows: list[Rows] = []
-            for batch in iter_batches(chunk, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id):
-                got = _backend_run(lm, batch, layers=layer_list, site=site, include_embed=include_embed,
-                                   backend=backend, remote=remote)  # fmt: skip
-                for k, v in got.items():
-                    acts.setdefault(k, []).append(v)
-                rows.append(batch.rows)
-                bar.update(batch.input_ids.shape[0])
-            all_rows = Rows.concat(rows)
-            tensors, meta = _shard_tensors(acts, all_rows, site=site, dtype=torch_dtype)
+            got = run_encoded(lm, chunk, layers=layer_list, site=site, include_embed=include_embed,
+                              batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
+                              on_batch=bar.update)  # fmt: skip
+            all_rows = got.rows
+            tensors, meta = _shard_tensors(got.acts, all_rows, site=site, dtype=torch_dtype)
             name = f"shard-{index:05d}.safetensors"
             _write_shard(out / name, tensors, meta)
             manifest["shards"].append(
