@@ -67,3 +67,21 @@ def test_metric_errors():
         cohens_d([1, 2, 3], [0, 1])
     with pytest.raises(ValueprobeError, match="non-finite scores at rows \\[1\\]"):
         auroc([0, np.nan, 1], [0, 1, 1])
+
+
+def test_shuffle_control_moves_single_class_groups():
+    """Within-group shuffling cannot move one-class groups; they swap labels as whole groups."""
+    from valueprobe.metrics import _shuffle_within_group
+
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.array([f"g{i}" for i in range(20)]), 5)
+    y = np.repeat(np.arange(20) % 2 == 0, 5)  # every group holds one class
+    keep = np.ones_like(y)
+    out = _shuffle_within_group(y, groups, keep, rng)
+    assert out.sum() == y.sum() and not np.array_equal(out, y)
+    for g in np.unique(groups):  # still constant within each group
+        assert len(set(out[groups == g].tolist())) == 1
+    mixed = np.tile([True, False], 50)
+    shuffled = _shuffle_within_group(mixed, groups, keep, rng)
+    for g in np.unique(groups):
+        assert shuffled[groups == g].sum() == mixed[groups == g].sum()

@@ -38,7 +38,19 @@ def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     _slice_data(tmp_path / "data")
     report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", out=tmp_path / "probe",
-                            n_splits=2, train_groups=30, progress=False)  # fmt: skip
+                            n_splits=2, train_groups=30, history_out=tmp_path / "history", progress=False)  # fmt: skip
+    history = ValueAxis.load(tmp_path / "history", lm=lm)
+    assert set(history.metrics["evaluated_on"]) == {"icrl", "code", "backtracking", "confidence", "refusal"}
+    # Main and control final paragraphs are identical text: at the embedding output nothing separates them.
+    assert history.metrics["sweep"]["controls"]["embed"]["mean"] == pytest.approx(0.5)
+    # evaluate_axis against a hand computation on the refusal store (labels: benign 1, harmful 0).
+    from valueprobe.metrics import auroc
+    from valueprobe.store import ActivationStore
+
+    refusal = ActivationStore.open(tmp_path / "runs" / "refusal")
+    proj = refusal.acts(history.best_layer) @ history.direction().numpy()
+    want = auroc(proj, refusal.rows().label)
+    assert history.metrics["evaluated_on"]["refusal"]["auroc"] == pytest.approx(want, abs=1e-6)
     axis = ValueAxis.load(tmp_path / "probe", lm=lm)
     assert axis.method == "span_diff" and axis.layers == (0, 1, 2)
     info = json.loads((tmp_path / "probe" / "probe.json").read_text())

@@ -195,6 +195,13 @@ def fit(
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
     transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
+    target: Annotated[
+        str, typer.Option(help="auto (pre/post spans if present, else labels) | span | label")
+    ] = "auto",
+    share_groups: Annotated[
+        bool,
+        typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
+    ] = False,
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
     from valueprobe.plots import sweep_figure, transfer_heatmap
@@ -202,9 +209,11 @@ def fit(
     from valueprobe.sweep import fit_probe
 
     _choice("method", method, tuple(METHODS))
+    _choice("target", target, ("auto", "span", "label"))
     report = fit_probe(
         [str(s) for s in store], method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
-        train_groups=train_groups, seed=seed, transfer=transfer,
+        train_groups=train_groups, seed=seed, transfer=transfer, target=target,  # type: ignore[arg-type]
+        share_groups=share_groups,
     )  # fmt: skip
     report.axis.save(out)
     headers, rows = report.sweep.table()
@@ -268,6 +277,9 @@ def replicate_axis(
     train_groups: Annotated[int, typer.Option(help="training rules per split (paper: 35)")] = 35,
     seed: int = 0,
     batch_size: int = 8,
+    history_out: Annotated[
+        Path | None, typer.Option(help="also fit the matched-control (reward history) axis and save it here")
+    ] = None,
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
     from valueprobe.plots import sweep_figure, transfer_heatmap
@@ -275,7 +287,7 @@ def replicate_axis(
 
     lm = _load_model(model)
     report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                 seed=seed, batch_size=batch_size)  # fmt: skip
+                 seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -294,6 +306,18 @@ def replicate_axis(
     write_html(sweep_figure(report.sweep), runs / "sweep.html")
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
+    if history_out is not None:
+        from valueprobe.axis import ValueAxis
+
+        history = ValueAxis.load(history_out)
+        sweep = history.metrics["sweep"]
+        table(
+            f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
+            f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
+            ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
+            [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"], v.get("embed_auroc")]
+             for k, v in history.metrics["evaluated_on"].items()],
+        )  # fmt: skip
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
 
 

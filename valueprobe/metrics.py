@@ -129,9 +129,21 @@ def _oriented_auroc(score: np.ndarray, y: np.ndarray, fit_rows: np.ndarray, eval
 def _shuffle_within_group(
     y: np.ndarray, groups: np.ndarray, keep: np.ndarray, rng: np.random.Generator
 ) -> np.ndarray:
-    """Label-shuffled control: permute targets within each group (keeps group class balance)."""
+    """Label-shuffled control: permute targets within each group (keeps group class balance).
+
+    A group that holds one class (all of a store's rows, or a rule in one condition) would be left
+    unchanged by that, and the control would silently equal the real measurement; such groups
+    instead swap whole-group labels among themselves, which keeps the class balance too.
+    """
     out = y.copy()
+    single: list[np.ndarray] = []
     for g in np.unique(groups[keep]):
         idx = np.flatnonzero(keep & (groups == g))
-        out[idx] = y[idx][rng.permutation(idx.size)]
+        if y[idx].all() or not y[idx].any():
+            single.append(idx)
+        else:
+            out[idx] = y[idx][rng.permutation(idx.size)]
+    labels = [bool(y[idx[0]]) for idx in single]
+    for idx, label in zip(single, rng.permutation(labels) if labels else [], strict=True):
+        out[idx] = label
     return out

@@ -12,7 +12,10 @@ Steps, each resumable (rerun the same command after an interruption):
 4. the logit lens of the axis at the chosen layer (top promoted and suppressed tokens);
 5. the matched ICRL control: the same final paragraph after a history that never rewarded the
    rule. If the axis reads value, main ``post`` sits above control ``post`` (identical text); if
-   it reads wording or position, ``post`` beats ``pre`` as much in the control as in the main set.
+   it reads wording or position, ``post`` beats ``pre`` as much in the control as in the main set;
+6. with ``history_out``, a second axis fitted on that matched contrast itself (rewarded vs never
+   rewarded history, identical final text, rules held out in both conditions), scored without
+   refitting on every other family.
 """
 
 from __future__ import annotations
@@ -153,11 +156,13 @@ def replicate_axis(
     train_groups: int = 35,
     seed: int = 0,
     batch_size: int = 8,
+    history_out: str | Path | None = None,
     progress: bool = True,
 ):
     """Capture all families, fit on ICRL, add transfer and the matched control; save to ``out``.
 
-    Returns the :class:`valueprobe.sweep.FitReport` (its axis carries every metric).
+    Returns the :class:`valueprobe.sweep.FitReport` of the main axis (its axis carries every
+    metric); with ``history_out`` also fits and saves the matched-control axis (see module doc).
     """
     from valueprobe.readout import logit_lens
     from valueprobe.sweep import FitReport, fit_probe
@@ -196,4 +201,25 @@ def replicate_axis(
     axis = replace(report.axis, metrics=metrics)
     if out is not None:
         axis.save(out)
+    if history_out is not None:
+        fit_history_axis(stores, n_splits=n_splits, seed=seed).save(history_out)
     return FitReport(axis, report.sweep, transfer)
+
+
+def fit_history_axis(stores: Mapping[str, ActivationStore], *, n_splits: int = 5, seed: int = 0) -> ValueAxis:
+    """Fit rewarded-vs-never-rewarded history at identical text, then score it on every family."""
+    from valueprobe.sweep import fit_probe
+    from valueprobe.transfer import evaluate_axis
+
+    report = fit_probe(
+        {"icrl": stores["icrl"], "icrl_control": stores["icrl_control"]},
+        method="diff_means",
+        target="label",
+        share_groups=True,
+        n_splits=n_splits,
+        seed=seed,
+        transfer=False,
+    )
+    others = {name: stores[name] for name in TRANSFER_FAMILIES}
+    evaluated = evaluate_axis(report.axis, others, seed=seed)
+    return replace(report.axis, metrics={**report.axis.metrics, "evaluated_on": evaluated})

@@ -59,10 +59,14 @@ def _open(store: StoreArg) -> StoreLike:
 class Source:
     """One or more stores seen as one table: targets, groups and a per-layer shard stream.
 
-    With several stores, groups and example ids are prefixed ``name:`` so they never collide.
+    With several stores, groups and example ids are prefixed ``name:`` so they never collide;
+    ``share_groups=True`` keeps group names as they are, for stores that hold matched rows of the
+    same groups (ICRL and its control), so a held-out rule is held out in every store.
     """
 
-    def __init__(self, stores: Stores, *, target: Target = "auto", need_both: bool = True) -> None:
+    def __init__(
+        self, stores: Stores, *, target: Target = "auto", need_both: bool = True, share_groups: bool = False
+    ) -> None:
         if isinstance(stores, Mapping):
             named = [(str(k), _open(v)) for k, v in stores.items()]
         else:
@@ -91,10 +95,18 @@ class Source:
         )  # for negative layer indices
         parts, self.offsets = [], [0]
         for name, s in named:
-            parts.append(self._table(name, s, target, prefix=len(named) > 1, need_both=need_both))
+            parts.append(self._table(name, s, target, prefix=len(named) > 1, share_groups=share_groups))
             self.offsets.append(self.offsets[-1] + len(parts[-1]["y"]))
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         self.y, self.keep, self.group = cols["y"], cols["keep"], cols["group"]
+        n_pos, n_neg = int((self.y & self.keep).sum()), int((~self.y & self.keep).sum())
+        if need_both and (n_pos == 0 or n_neg == 0):
+            what = "post/pre spans" if set(cols["mode"]) == {"span"} else "labels"
+            where = ", ".join(f"{n} ({s.path})" for n, s in named)
+            raise ValueprobeError(
+                f"store {where} has a single class: {n_pos} success and {n_neg} failure rows by {what};"
+                " a probe needs both (add the other class, or fit on several stores together)"
+            )
         self.example_id, self.token_index, self.n_tokens = (
             cols["example_id"],
             cols["token_index"],
@@ -104,7 +116,7 @@ class Source:
 
     @staticmethod
     def _table(
-        name: str, store: StoreLike, target: Target, *, prefix: bool, need_both: bool
+        name: str, store: StoreLike, target: Target, *, prefix: bool, share_groups: bool
     ) -> dict[str, np.ndarray]:
         rows = store.rows()
         span = np.asarray(rows.span, dtype=str)
@@ -114,22 +126,16 @@ class Source:
             keep, y = is_span, span == "post"
         else:
             keep, y = np.ones(len(span), dtype=bool), np.asarray(rows.label, dtype=np.float64) >= 0.5
-        n_pos, n_neg = int((y & keep).sum()), int((~y & keep).sum())
-        if need_both and (n_pos == 0 or n_neg == 0):
-            what = "post/pre spans" if mode == "span" else "labels"
-            raise ValueprobeError(
-                f"store {name} ({store.path}) has a single class: {n_pos} success and {n_neg} failure rows"
-                f" by {what}; a probe needs both (add the other class, or fit on several stores together)"
-            )
         pre = f"{name}:" if prefix else ""
         return {
             "y": y,
             "keep": keep,
-            "group": np.asarray([pre + g for g in rows.group], dtype=str),
+            "group": np.asarray([("" if share_groups else pre) + g for g in rows.group], dtype=str),
             "example_id": np.asarray([pre + e for e in rows.example_id], dtype=str),
             "token_index": np.asarray(rows.token_index, dtype=np.float64),
             "n_tokens": np.asarray(rows.n_tokens, dtype=np.float64),
             "family": np.full(len(span), name, dtype=object),
+            "mode": np.full(len(span), mode, dtype=object),
         }
 
     def check_layer(self, layer: LayerKey) -> None:

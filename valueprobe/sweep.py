@@ -418,6 +418,7 @@ def fit_probe(
     seed: int = 0,
     transfer: bool = True,
     target: Target = "auto",
+    share_groups: bool = False,
 ) -> FitReport:
     """Sweep layers on the union of the stores, then (with two or more stores) the transfer matrix
     between them at the chosen layer; the returned axis carries both in ``metrics``.
@@ -425,7 +426,7 @@ def fit_probe(
     >>> report = fit_probe({"icrl": "runs/icrl", "code": "runs/code"}, method="diff_means")
     >>> report.axis.save("probes/value"); print(report.summary())
     """
-    src = Source(stores, target=target)
+    src = Source(stores, target=target, share_groups=share_groups)
     sweep = sweep_layers(
         src,
         method=method,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import _mean_sd, _shuffle_within_group, auroc, cohens_d
 from valueprobe.probe import Method, make_fitter, unit_or_zero
@@ -232,3 +233,44 @@ def transfer_matrix(
                 controls[name][i, i] = float(np.mean(v))
     units = np.stack([fits[n].units[layer] for n in names])
     return TransferResult(names, layer, str(method), auc, d, units @ units.T, controls, tuple(notes))
+
+
+def _project(src: Source, key: LayerKey, v: np.ndarray) -> np.ndarray:
+    return np.concatenate([x @ v for x, _ in src.iter_layer(key)])[src.keep]
+
+
+def evaluate_axis(
+    axis: ValueAxis,
+    stores: Mapping[str, StoreArg],
+    *,
+    layer: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, dict]:
+    """Score a fixed axis on other families: AUROC (with a bootstrap 95% CI) and Cohen's d per store.
+
+    Nothing is refitted, so every number is out of sample; the same direction's projection at the
+    embedding output is reported beside it as the control.
+
+    >>> evaluate_axis(ValueAxis.load("probes/x"), {"refusal": "runs/refusal"})["refusal"]["auroc"]
+    """
+    from valueprobe.metrics import bootstrap_ci
+
+    layer = axis.best_layer if layer is None else layer
+    v = axis.direction(layer).double().numpy()
+    out: dict[str, dict] = {}
+    for name, store in stores.items():
+        src = Source({name: store})
+        if src.fingerprint != axis.fingerprint:
+            raise ValueprobeError(
+                f"store {name} is from {src.model_id} ({src.fingerprint}), the axis from {axis.model_id}"
+                f" ({axis.fingerprint}): evaluate on stores of the axis's model"
+            )
+        y = src.y[src.keep]
+        p = _project(src, layer, v)
+        row = {"auroc": auroc(p, y), "auroc_ci": list(bootstrap_ci(auroc, p, y, n_boot=n_boot, seed=seed))}
+        row["cohens_d"] = cohens_d(p, y)
+        if src.has_embed:
+            row["embed_auroc"] = auroc(_project(src, "embed", v), y)
+        out[name] = row
+    return out
