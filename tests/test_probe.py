@@ -198,7 +198,7 @@ def test_artifact_round_trips_exactly(tmp_path):
     axis = 3 * -make_axis()
     axis.save(tmp_path / "p")
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["axis.safetensors", "probe.json"]
-    info = json.loads((tmp_path / "p" / "probe.json").read_text())  # strict JSON, no pickle anywhere
+    info = json.loads((tmp_path / "p" / "probe.json").read_text())  # strict JSON
     assert info["format_version"] == 1 and info["d_model"] == 8 and info["best_layer"] == 3
     assert_same_axis(ValueAxis.load(tmp_path / "p", lm=fake_lm()), axis)
 

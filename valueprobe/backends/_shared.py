@@ -130,3 +130,16 @@ def twin(model: torch.nn.Module) -> torch.nn.Module:
     """
     shared: dict[int, Any] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     return copy.deepcopy(model, shared)
+
+
+def forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
+    """Keyword arguments of one forward pass: the mask, explicit positions, no KV cache.
+
+    Positions are always given: an HF forward counts 0..pos-1 whatever the mask, while nnsight and
+    TransformerBridge derive their own from a left-padded mask.
+    """
+    return {
+        "attention_mask": attention_mask.to(device),
+        "position_ids": position_ids.to(device),
+        "use_cache": False,
+    }

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Site, as_output, normalize_layers
+from valueprobe.backends._shared import Site, as_output, forward_kwargs, normalize_layers
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -82,14 +82,6 @@ def _hooked(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[None]:
             handle.remove()
 
 
-def _forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
-    return {
-        "attention_mask": attention_mask.to(device),
-        "position_ids": position_ids.to(device),
-        "use_cache": False,
-    }
-
-
 def residuals(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
@@ -127,7 +119,7 @@ def residuals(
             handles.append(module.register_forward_hook(_save_output(store, (block, False), last, keep)))
     device = next(lm.model.parameters()).device
     with _hooked(handles), torch.no_grad(), suppress(_StopForward):
-        lm.model(input_ids=input_ids.to(device), **_forward_kwargs(attention_mask, position_ids, device))
+        lm.model(input_ids=input_ids.to(device), **forward_kwargs(attention_mask, position_ids, device))
     out: dict[int | str, Tensor] = {
         key: as_output(store[(block, site == "resid_pre")]) for key, block in blocks.items()
     }
@@ -158,6 +150,6 @@ def steered_logits(
         handle = module.register_forward_hook(_add_to_output(delta))
     with _hooked([handle]), torch.no_grad():
         output = lm.model(
-            input_ids=input_ids.to(device), **_forward_kwargs(attention_mask, position_ids, device)
+            input_ids=input_ids.to(device), **forward_kwargs(attention_mask, position_ids, device)
         )
     return as_output(output.logits)

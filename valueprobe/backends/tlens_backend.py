@@ -20,7 +20,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Site, as_output, module_path, normalize_layers, state_signature, twin
+from valueprobe.backends._shared import (
+    Site,
+    as_output,
+    forward_kwargs,
+    module_path,
+    normalize_layers,
+    state_signature,
+    twin,
+)
 from valueprobe.errors import ValueprobeError
 
 if TYPE_CHECKING:
@@ -75,16 +83,6 @@ def _hook_name(block: int, is_input: bool) -> str:
     return f"blocks.{block}.hook_resid_{'pre' if is_input else 'post'}"
 
 
-def _forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
-    # position_ids given explicitly so the bridge does not derive its own from a left-padded
-    # mask (TransformerBridge.forward does, an HF forward does not).
-    return {
-        "attention_mask": attention_mask.to(device),
-        "position_ids": position_ids.to(device),
-        "use_cache": False,
-    }
-
-
 def residuals(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
@@ -110,7 +108,7 @@ def residuals(
             input_ids.to(device),
             names_filter=sorted(names),
             stop_at_layer=stop,
-            **_forward_kwargs(attention_mask, position_ids, device),
+            **forward_kwargs(attention_mask, position_ids, device),
         )
     out: dict[int | str, Tensor] = {
         key: as_output(cache[_hook_name(b, site == "resid_pre")]) for key, b in blocks.items()
@@ -145,6 +143,6 @@ def steered_logits(
         logits = model.run_with_hooks(
             input_ids.to(device),
             fwd_hooks=[(_hook_name(block, site == "resid_pre"), _add(delta))],
-            **_forward_kwargs(attention_mask, position_ids, device),
+            **forward_kwargs(attention_mask, position_ids, device),
         )
     return as_output(logits)
