@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -72,31 +73,36 @@ def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
     assert rows["span_labels"] == ["prefix"] and rows["group_by"] == "meta.pair"
 
 
-def test_matched_control_on_planted_stores(tiny_lm_factory, tmp_path):
-    """A direction that separates main from control post spans gives AUROC 1 there."""
+def test_matched_control_matches_hand_computation(tiny_lm_factory, tmp_path):
+    """Each contrast of matched_control is the AUROC of the stated rows' projections, computed by hand."""
+    import torch
+
+    from valueprobe.metrics import auroc
+    from valueprobe.store import ActivationStore
+
     lm = tiny_lm_factory("llama")
     _slice_data(tmp_path / "data", per_group=1)
     report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", n_splits=1,
                             train_groups=40, progress=False)  # fmt: skip
-    from valueprobe.store import ActivationStore
-
-    main, control = (
-        ActivationStore.open(tmp_path / "runs" / "icrl"),
-        ActivationStore.open(tmp_path / "runs" / "icrl_control"),
-    )
+    main = ActivationStore.open(tmp_path / "runs" / "icrl")
+    control = ActivationStore.open(tmp_path / "runs" / "icrl_control")
     layer = report.axis.best_layer
-    span = np.array(main.rows().span)
-    diff = main.acts(layer)[span == "post"].mean(0) - control.acts(layer)[
-        np.array(control.rows().span) == "post"
-    ].mean(0)
-    import torch
-
-    planted = report.axis[layer]
-    planted = type(planted)(
-        **{**planted.__dict__, "directions": torch.tensor(diff / np.linalg.norm(diff))[None].float()}
-    )
+    main_span, control_span = np.array(main.rows().span), np.array(control.rows().span)
+    # Plant the direction that best separates main from control post spans.
+    diff = main.acts(layer)[main_span == "post"].mean(0) - control.acts(layer)[control_span == "post"].mean(0)
+    one = report.axis[layer]
+    planted = replace(one, directions=torch.tensor(diff / np.linalg.norm(diff))[None].float())
     got = matched_control(planted, main, control)
-    assert got["main_post_vs_control_post"]["auroc"] > 0.5
+    v = diff.astype(np.float64) / np.linalg.norm(diff)
+    m, c = main.acts(layer) @ v, control.acts(layer) @ v
+
+    def by_hand(pos: np.ndarray, neg: np.ndarray) -> float:
+        return auroc(np.concatenate([pos, neg]), np.r_[np.ones(len(pos)), np.zeros(len(neg))])
+
+    want = by_hand(m[main_span == "post"], c[control_span == "post"])
+    assert got["main_post_vs_control_post"]["auroc"] == pytest.approx(want, abs=1e-6) and want > 0.5
+    want_pre = by_hand(c[control_span == "post"], c[control_span == "pre"])
+    assert got["post_vs_pre_control"]["auroc"] == pytest.approx(want_pre, abs=1e-6)
 
 
 def test_missing_data_file_is_one_line(tiny_lm_factory, tmp_path):
