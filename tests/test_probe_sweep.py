@@ -138,7 +138,14 @@ def test_sweep_finds_the_planted_layer_with_controls_at_chance():
     assert sweep.heldout_auroc.mean() == pytest.approx(norm.cdf(2.0 / np.sqrt(2)), abs=0.04)
     assert abs(sweep.test_auroc[0].mean() - 0.5) < 0.1  # layer 0 carries no signal
     controls = sweep.controls()
-    assert set(controls) == {"shuffled", "random", "embed", "position:token_index", "position:n_tokens"}
+    assert set(controls) == {
+        "shuffled",
+        "random",
+        "embed",
+        "position:token_index",
+        "position:relative_index",
+        "position:n_tokens",
+    }
     for name in ("shuffled", "embed", "position:n_tokens"):
         assert abs(controls[name].mean() - 0.5) < 0.12, name
     assert sweep.margin > 0.2
@@ -238,7 +245,14 @@ def test_transfer_matrix_separates_shared_and_unrelated_directions():
     assert np.all(np.diag(tr.auroc) > 0.8)  # held-out within family
     assert tr.cosine[0, 1] > 0.8 and abs(tr.cosine[0, 2]) < 0.4
     np.testing.assert_allclose(np.diag(tr.cosine), 1.0)
-    assert set(tr.controls) == {"embed", "shuffled", "random", "position:token_index", "position:n_tokens"}
+    assert set(tr.controls) == {
+        "embed",
+        "shuffled",
+        "random",
+        "position:token_index",
+        "position:relative_index",
+        "position:n_tokens",
+    }
     assert np.isfinite(np.stack(list(tr.controls.values()))).all()
     assert tr.margin[0, 1] > 0.2
     headers, rows = tr.table()
@@ -302,3 +316,19 @@ def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
     axis = ValueAxis.load(tmp_path / "probe", lm=lm)
     assert axis.layers == tuple(store.layers) and axis.d_model == lm.d_model
     assert axis.fingerprint == lm.fingerprint
+
+
+def test_relative_position_control_catches_within_paragraph_order():
+    """Post spans always follow pre spans in the same conversation, but conversations differ in
+    length: absolute token index barely separates them, position within the example does."""
+    store = icrl_store(n_groups=12, delta=(0.0, 0.0))
+    rng = np.random.default_rng(1)
+    r = store._rows
+    base = {e: int(rng.integers(0, 2000)) for e in r.example_id}
+    tok = np.array([base[e] + (30 if s == "post" else 0) for e, s in zip(r.example_id, r.span, strict=True)])
+    store._rows = Rows(r.example_id, r.label, r.group, r.span, tok, r.n_tokens)
+    sweep = sweep_layers(store, method="span_diff", n_splits=3)
+    controls = {k: v.mean() for k, v in sweep.controls().items()}
+    assert controls["position:relative_index"] == 1.0
+    assert controls["position:token_index"] < 0.7
+    assert sweep.strongest_control[0] == "position:relative_index" and sweep.margin < -0.3

@@ -56,6 +56,10 @@ def _open(store: StoreArg) -> StoreLike:
     return store
 
 
+# 1-D position-only scores reported as controls (attributes of Source).
+POSITION_CONTROLS: tuple[str, ...] = ("token_index", "relative_index", "n_tokens")
+
+
 class Source:
     """One or more stores seen as one table: targets, groups and a per-layer shard stream.
 
@@ -113,6 +117,11 @@ class Source:
             cols["n_tokens"],
         )
         self.family = cols["family"]
+        # Position within the example: a row's token index minus the mean over the example's rows.
+        # Pre/post spans of one paragraph differ in it by construction, whatever the history.
+        _, inverse = np.unique(self.example_id, return_inverse=True)
+        sums = np.bincount(inverse, weights=self.token_index)
+        self.relative_index = self.token_index - (sums / np.bincount(inverse))[inverse]
 
     @staticmethod
     def _table(

@@ -24,7 +24,16 @@ from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import _mean_sd, _oriented_auroc, _shuffle_within_group, auroc, cohens_d
 from valueprobe.probe import Fitter, Method, make_fitter, unit_or_zero
-from valueprobe.source import LayerKey, Source, Split, Stores, Target, _resolve_layers, grouped_splits
+from valueprobe.source import (
+    POSITION_CONTROLS,
+    LayerKey,
+    Source,
+    Split,
+    Stores,
+    Target,
+    _resolve_layers,
+    grouped_splits,
+)
 
 if TYPE_CHECKING:
     from valueprobe.transfer import TransferResult
@@ -89,7 +98,7 @@ class SweepResult:
     AUROC at the layer each split chose on its own validation groups (nested, never tuned on test).
     Controls: (a) ``embed`` the same fit at the embedding output, (b) ``shuffled`` the whole
     measurement with labels permuted within group (fit and scored against the permuted labels:
-    the permutation null of the pipeline), (c) ``position:token_index`` / ``position:n_tokens`` as 1-D scores, (d) ``random``
+    the permutation null of the pipeline), (c) ``position:token_index`` / ``position:relative_index`` / ``position:n_tokens`` as 1-D scores, (d) ``random``
     a random unit direction; sign-only choices are made on the training groups.
     """
 
@@ -329,7 +338,7 @@ def sweep_layers(
         embed = evaluate(_run_layer(src, "embed", method, splits, shuffled, random_dirs()))[1]
     position = {
         name: np.array([_oriented_auroc(getattr(src, name), y, m["train"], m["test"]) for m in masks])
-        for name in ("token_index", "n_tokens")
+        for name in POSITION_CONTROLS
     }
     best = layers[int(np.argmax(st[:, 0].mean(axis=1)))]
     chosen = tuple(layers[int(i)] for i in np.argmax(st[:, 0], axis=0))

@@ -23,7 +23,7 @@ from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import _mean_sd, _shuffle_within_group, auroc, cohens_d
 from valueprobe.probe import Method, make_fitter, unit_or_zero
-from valueprobe.source import LayerKey, Source, StoreArg, Target
+from valueprobe.source import POSITION_CONTROLS, LayerKey, Source, StoreArg, Target
 from valueprobe.sweep import sweep_layers
 
 
@@ -34,7 +34,7 @@ class TransferResult:
     ``controls`` holds the AUROC of each control per cell: ``embed`` (same fit at the embedding
     output), ``shuffled`` (fit on A and scored on B with both families' labels permuted within
     group: the permutation null), ``random`` (random direction, sign
-    chosen on the fitting family), ``position:token_index`` / ``position:n_tokens`` (1-D scores,
+    chosen on the fitting family), ``position:token_index`` / ``position:relative_index`` / ``position:n_tokens`` (1-D scores,
     sign chosen on the fitting family).
     """
 
@@ -141,7 +141,7 @@ def _fit_family(src: Source, keys: list[LayerKey], method: Method, rng: np.rando
     k = src.keep
     signs = {
         name: 1.0 if getattr(src, name)[k & src.y].mean() >= getattr(src, name)[k & ~src.y].mean() else -1.0
-        for name in ("token_index", "n_tokens")
+        for name in POSITION_CONTROLS
     }
     return _FamilyFit(units, shuffled, r, signs)
 
@@ -183,8 +183,7 @@ def transfer_matrix(
         "embed": nan(),
         "shuffled": nan(),
         "random": nan(),
-        "position:token_index": nan(),
-        "position:n_tokens": nan(),
+        **{f"position:{name}": nan() for name in POSITION_CONTROLS},
     }
     if "embed" not in keys:
         del controls["embed"]
@@ -208,7 +207,7 @@ def transfer_matrix(
                 auc[i, j], d[i, j] = auroc(proj[:, 3 * i], y), cohens_d(proj[:, 3 * i], y)
                 controls["shuffled"][i, j] = auroc(proj[:, 3 * i + 1], y_null)
                 controls["random"][i, j] = auroc(proj[:, 3 * i + 2], y)
-                for name in ("token_index", "n_tokens"):
+                for name in POSITION_CONTROLS:
                     controls[f"position:{name}"][i, j] = auroc(
                         fits[a].position_sign[name] * getattr(src, name)[k], y
                     )
