@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -125,3 +126,16 @@ def test_logit_lens_matches_manual_unembedding(tiny_lm_factory, arch):
     assert out["promoted"][0][1] == pytest.approx(logits[top[0]].item(), rel=1e-5)
     flipped = logit_lens(-axis, lm, k=5)
     assert [t for t, _ in flipped["promoted"]] == [t for t, _ in out["suppressed"]]
+
+
+def test_score_dataset_streams_in_chunks_with_same_result(tiny_lm_factory):
+    """batch_size=1 reads 32-example chunks (several here); the records equal one big batch."""
+    lm = tiny_lm_factory("llama")
+    axis = tiny_axis(lm)
+    many = [replace(ex, id=f"{ex.id}-{k}") for k in range(7) for ex in examples()]  # 42 examples
+    small = score_dataset(axis, lm, many, batch_size=1, bootstrap=0, progress=False)
+    big = score_dataset(axis, lm, many, batch_size=64, bootstrap=0, progress=False)
+    assert [r["id"] for r in small.records] == [ex.id for ex in many]
+    for a, b in zip(small.records, big.records, strict=True):
+        assert a["n_readout_tokens"] == b["n_readout_tokens"]
+        assert a["val"] == pytest.approx(b["val"], abs=1e-5)

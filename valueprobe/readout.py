@@ -212,22 +212,27 @@ def score_dataset(
     v = axis.direction(layer).double().numpy()
     i = axis.layers.index(layer)
     mu, sigma = float(axis.mu[i]), float(axis.sigma[i])
-    res = capture(
-        lm,
-        examples,
-        layers=[layer],
-        site=axis.site,  # type: ignore[arg-type]
-        positions=tokens,
-        batch_size=batch_size,
-        progress=progress,
-    )
-    h = res.acts[layer].double().numpy()  # [rows, d_model]
-    cos, proj = token_cos(h, v), h @ v
-    ids = np.asarray(res.rows.example_id, dtype=object)
+    # Stream in chunks: only one chunk's token activations (one layer) are held at a time.
+    cos_parts, proj_parts, ids_seen, ntok_parts = [], [], [], []
+    chunk = 32 * batch_size
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
+        for start in range(0, len(examples), chunk):
+            part = examples[start : start + chunk]
+            res = capture(lm, part, layers=[layer], site=axis.site, positions=tokens,  # type: ignore[arg-type]
+                          batch_size=batch_size, progress=False)  # fmt: skip
+            h = res.acts[layer].double().numpy()  # [rows, d_model]
+            cos_parts.append(token_cos(h, v))
+            proj_parts.append(h @ v)
+            ids_seen.extend(res.rows.example_id)
+            ntok_parts.append(res.rows.n_tokens)
+            bar.update(len(part))
+    cos, proj = np.concatenate(cos_parts), np.concatenate(proj_parts)
     by_id: dict[str, list[int]] = {}
-    for row, ex_id in enumerate(ids):
+    for row, ex_id in enumerate(ids_seen):
         by_id.setdefault(ex_id, []).append(row)
-    seq_len = dict(zip(res.rows.example_id, res.rows.n_tokens.tolist(), strict=True))
+    seq_len = dict(zip(ids_seen, np.concatenate(ntok_parts).tolist(), strict=True))
     calibrated = math.isfinite(sigma) and sigma > 0
     records = []
     for ex in examples:
