@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -54,12 +54,6 @@ def _jsonable(obj: object) -> object:
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     return obj
-
-
-def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True, eq=False)
@@ -244,7 +238,7 @@ class ValueAxis:
             "mean_norm": self.mean_norm.float().contiguous(),
             "layers": torch.tensor(self.layers, dtype=torch.int64),
         }
-        _write_atomic(
+        atomic_write(
             path / "axis.safetensors",
             lambda p: save_file(tensors, str(p), metadata={"format": "valueprobe.axis"}),
         )
@@ -266,7 +260,7 @@ class ValueAxis:
             "valueprobe_version": self.version,
         }
         text = json.dumps(_jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        _write_atomic(path / "probe.json", lambda p: p.write_text(text, encoding="utf-8"))
+        atomic_write_text(path / "probe.json", text)
         return path
 
     @classmethod

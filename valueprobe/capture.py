@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from valueprobe.backends._shared import position_ids_from_mask
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
@@ -238,6 +239,12 @@ class Batch:
     row_slots: tuple[Tensor, Tensor]  # (batch idx, row idx) of the valid rows, in output order
     rows: Rows
 
+    def selection_on(self, device: torch.device) -> Batch:
+        """The token selection moved to ``device`` once, not once per layer inside the hook."""
+        slots = (self.row_slots[0].to(device), self.row_slots[1].to(device))
+        gather = None if self.gather is None else (self.gather[0].to(device), self.gather[1].to(device))
+        return replace(self, weights=self.weights.to(device), gather=gather, row_slots=slots)
+
 
 def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right"], pad_id: int) -> Batch:
     """Pad a batch, with explicit position ids so a left-padded row sees the same positions as alone."""
@@ -252,7 +259,7 @@ def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right
         ids[i, shift : shift + n] = torch.tensor(e.input_ids)
         mask[i, shift : shift + n] = 1
         shifts.append(shift)
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    position_ids = position_ids_from_mask(mask)
     one_token = all(len(toks) == 1 for e in items for _, toks in e.selections)
     max_rows = max(len(e.selections) for e in items)
     weights = torch.zeros((b, 0 if one_token else max_rows, width))
@@ -281,7 +288,11 @@ def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right
 
 
 def reduce_batch(h: Float[Tensor, "batch pos d_model"], batch: Batch) -> Float[Tensor, "row d_model"]:
-    """Apply a batch's token selection to one layer's hidden states, in fp32 on the CPU."""
+    """Apply a batch's token selection to one layer's hidden states, in fp32 on the CPU.
+
+    Runs inside the forward hook: the selection is already on the model's device
+    (:meth:`Batch.selection_on`), so the ``.to`` calls below are no-ops there.
+    """
     if batch.gather is not None:
         return h[batch.gather[0].to(h.device), batch.gather[1].to(h.device)].float().cpu()
     pooled = torch.bmm(batch.weights.to(h.device, torch.float32), h.float())  # [batch, row, d]
@@ -311,6 +322,8 @@ def _backend_run(
     """
     from valueprobe.backends import residuals
 
+    if not remote:
+        batch = batch.selection_on(lm.device)
     return residuals(  # type: ignore[return-value]
         lm,
         batch.input_ids,

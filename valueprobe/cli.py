@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -33,6 +34,9 @@ app.add_typer(replicate_app, name="replicate")
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
+LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
+TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
 ]
@@ -49,22 +53,16 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
 
 
 def write_json(path: Path, obj: object) -> None:
-    """Atomic JSON write."""
-    import os
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=float) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
 
 
-def _load_model(model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu",
-                dtype: str = "float32"):  # fmt: skip
-    from valueprobe.models import load
+def _load_model(
+    model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu"
+):
+    from valueprobe.models import load  # imported late: `valueprobe --help` stays fast
 
-    return load(
-        model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device, dtype=dtype
-    )
+    return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
 
 
 # --- demo ---
@@ -120,11 +118,9 @@ def capture(
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
     ] = False,
-    layers_path: Annotated[
-        str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")
-    ] = None,
-    trust_remote_code: bool = False,
-    device: str = "cpu",
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store."""
     from valueprobe.datasets.io import read_jsonl, sha256_file
@@ -241,9 +237,9 @@ def score(
     force: Annotated[
         bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
     ] = False,
-    layers_path: Annotated[str | None, typer.Option(help="dotted path of the decoder blocks")] = None,
-    trust_remote_code: bool = False,
-    device: str = "cpu",
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
     from valueprobe.axis import ValueAxis
@@ -252,9 +248,8 @@ def score(
 
     _choice("tokens", tokens, ("all", "span_tokens", "last"))
     examples = read_jsonl(data)
-    axis = ValueAxis.load(probe)
+    axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    axis.check(lm, force=force)
     res = score_dataset(
         axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
         bootstrap=bootstrap, seed=seed, force=force,
@@ -280,12 +275,15 @@ def replicate_axis(
     history_out: Annotated[
         Path | None, typer.Option(help="also fit the matched-control (reward history) axis and save it here")
     ] = None,
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
     from valueprobe.plots import sweep_figure, transfer_heatmap
     from valueprobe.replicate import replicate_axis as run
 
-    lm = _load_model(model)
+    lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
                  seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
     headers, rows = report.sweep.table()
@@ -322,13 +320,9 @@ def replicate_axis(
 
 
 def write_html(fig, path: Path) -> None:
-    """Write a plotly figure as one self-contained HTML file, atomically."""
-    import os
-
+    """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
 
 def _layers_str(layers: list[int]) -> str:

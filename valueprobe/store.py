@@ -15,9 +15,7 @@ that opens and resumes, and never a half-written shard that reads.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import shutil
 import struct
 from collections.abc import Iterator, Sequence
@@ -39,6 +37,7 @@ from valueprobe.capture import (
 )
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.models import LoadedModel
 
 __all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
@@ -50,15 +49,6 @@ _NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np
 
 def _key_name(key: LayerKey, site: str) -> str:
     return "embed" if key == "embed" else f"{site}.{key}"
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -186,7 +176,6 @@ def _shard_tensors(acts: dict[LayerKey, torch.Tensor], rows: Rows, *, site: str,
 
 
 def _write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     need = sum(t.numel() * t.element_size() for t in tensors.values()) + len(meta["rows"]) + (1 << 16)
     free = shutil.disk_usage(path.parent).free
     if free < need:
@@ -194,18 +183,7 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
             f"no space left for {path.name} ({need / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free in {path.parent}): "
             "free space and rerun the same command to resume"
         )
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if exc.errno == errno.ENOSPC:
-            raise ValueprobeError(
-                f"no space left on device writing {path}: free space and rerun the same command to resume"
-            ) from None
-        raise
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
 def capture_to_store(
@@ -246,8 +224,9 @@ def capture_to_store(
     if examples_per_shard < 1 or batch_size < 1:
         raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
     layer_list = lm.resolve_layers(layers)
-    # Validate every example's token selection before writing anything.
     examples = regroup(examples, group_by)
+    # Validate every example's token selection before writing anything. The token ids are not
+    # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
     encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     out = Path(out_dir)
     identity = {
@@ -295,7 +274,7 @@ def capture_to_store(
             )
             manifest["shards"].sort(key=lambda s: s["examples"][0])
             manifest["complete"] = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"]) == n
-            _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+            atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
     return ActivationStore.open(out)
 
 
@@ -339,5 +318,5 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
         "shards": [],
         "complete": False,
     }
-    _atomic_write_text(mpath, json.dumps(manifest, indent=1))
+    atomic_write_text(mpath, json.dumps(manifest, indent=1))
     return manifest

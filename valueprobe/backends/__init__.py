@@ -33,7 +33,9 @@ from torch import Tensor
 
 from valueprobe.backends._shared import (
     Site,
+    as_output,
     check_inputs,
+    plan_reads,
     position_ids_from_mask,
     steering_delta,
 )
@@ -96,45 +98,30 @@ def residuals(
     check_inputs(input_ids, attention_mask, position_ids, site)
     _check_backend(backend, remote)
     positions = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
+    blocks, reads = plan_reads(lm, layers, site, include_embed)
     if backend == "hooks":
         from valueprobe.backends import hooks
 
-        return hooks.residuals(
-            lm,
-            input_ids,
-            attention_mask,
-            layers=layers,
-            site=site,
-            include_embed=include_embed,
-            position_ids=positions,
-            reduce=reduce,
-        )
-    if backend == "nnsight":
-        from valueprobe.backends import nnsight_backend
-
-        full = nnsight_backend.residuals(
-            lm,
-            input_ids,
-            attention_mask,
-            layers=layers,
-            site=site,
-            include_embed=include_embed,
-            position_ids=positions,
-            remote=remote,
-        )
+        got = hooks.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce)
     else:
-        from valueprobe.backends import tlens_backend
+        if backend == "nnsight":
+            from valueprobe.backends import nnsight_backend
 
-        full = tlens_backend.residuals(
-            lm,
-            input_ids,
-            attention_mask,
-            layers=layers,
-            site=site,
-            include_embed=include_embed,
-            position_ids=positions,
-        )
-    return full if reduce is None else {k: reduce(v) for k, v in full.items()}
+            got = nnsight_backend.read(
+                lm, input_ids, attention_mask, reads=reads, position_ids=positions, remote=remote
+            )
+        else:
+            from valueprobe.backends import tlens_backend
+
+            got = tlens_backend.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions)
+        if reduce is not None:
+            got = {r: reduce(h) for r, h in got.items()}
+    out: dict[int | str, Tensor] = {
+        key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
+    }
+    if include_embed:
+        out["embed"] = as_output(got[(0, True)])
+    return out
 
 
 def steered_logits(
@@ -178,11 +165,12 @@ def steered_logits(
     dtype, device = (torch.float32, torch.device("cpu")) if remote else (param.dtype, param.device)
     delta = steering_delta(vector, alpha, positions, (batch, pos), dtype=dtype, device=device)
     fixed = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
+    (block,) = plan_reads(lm, [layer], site, include_embed=False)[0].values()
     if backend == "hooks":
         from valueprobe.backends import hooks
 
         return hooks.steered_logits(
-            lm, input_ids, attention_mask, layer=layer, site=site, delta=delta, position_ids=fixed
+            lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=fixed
         )
     if backend == "nnsight":
         from valueprobe.backends import nnsight_backend
@@ -191,7 +179,7 @@ def steered_logits(
             lm,
             input_ids,
             attention_mask,
-            layer=layer,
+            block=block,
             site=site,
             delta=delta,
             position_ids=fixed,
@@ -200,5 +188,5 @@ def steered_logits(
     from valueprobe.backends import tlens_backend
 
     return tlens_backend.steered_logits(
-        lm, input_ids, attention_mask, layer=layer, site=site, delta=delta, position_ids=fixed
+        lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=fixed
     )

@@ -1,4 +1,4 @@
-"""Pieces the three backends share: input checks, layer indices, the steering delta, the twin.
+"""Pieces the three backends share: input checks, the read plan, the steering delta, the twin.
 
 Used by :mod:`valueprobe.backends`; nothing here is public API.
 """
@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+
+if TYPE_CHECKING:
+    from valueprobe.models import LoadedModel
 
 Site = Literal["resid_pre", "resid_post"]
 SITES: tuple[str, ...] = ("resid_pre", "resid_post")
@@ -43,16 +46,18 @@ def check_inputs(
         )
 
 
-def normalize_layers(layers: Sequence[int], n_layers: int) -> dict[int, int]:
-    """Map each requested layer (negative counts from the end) to its 0-based block index."""
-    out: dict[int, int] = {}
-    for layer in layers:
-        if not -n_layers <= int(layer) < n_layers:
-            raise ValueprobeError(
-                f"layer {layer} out of range: this model has layers 0..{n_layers - 1} (or -{n_layers}..-1)"
-            )
-        out[int(layer)] = int(layer) % n_layers
-    return out
+Read = tuple[int, bool]  # (block, reads the block's input?): input is resid_pre, output resid_post
+
+
+def plan_reads(
+    lm: LoadedModel, layers: Sequence[int], site: str, include_embed: bool
+) -> tuple[dict[int, int], list[Read]]:
+    """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
+    execution order: block by block, a block's input before its output. nnsight must be read in
+    that order, and the hooks route stops the forward after the last read."""
+    blocks = {int(layer): lm.resolve_layers([int(layer)])[0] for layer in layers}
+    wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
+    return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
 
 
 def position_ids_from_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:

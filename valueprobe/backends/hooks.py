@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Site, as_output, forward_kwargs, normalize_layers
+from valueprobe.backends._shared import Read, Site, as_output, forward_kwargs
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -82,50 +82,34 @@ def _hooked(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[None]:
             handle.remove()
 
 
-def residuals(
+def read(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layers: Sequence[int],
-    site: Site,
-    include_embed: bool = False,
+    reads: Sequence[Read],
     position_ids: Int[Tensor, "batch pos"],
     reduce: Callable[[Tensor], Tensor] | None = None,
-) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
-    """Residual stream at ``site`` of each layer, read by forward hooks. See `backends.residuals`.
+) -> dict[Read, Tensor]:
+    """The residual at each read, by forward hooks; the last read stops the forward.
 
     ``reduce`` runs inside the hook (capture's token selection), so only its result is kept.
     """
     keep = reduce or (lambda h: h)
-    blocks = normalize_layers(layers, int(lm.n_layers))
-    # (block, reads input?) in execution order; the last one stops the forward.
-    reads = sorted(
-        {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set()),
-        key=lambda r: (r[0], not r[1]),
-    )
-    store: dict[tuple[int, bool], Tensor] = {}
+    store: dict[Read, Tensor] = {}
     handles = []
     for i, (block, is_input) in enumerate(reads):
         last = i == len(reads) - 1
         module = lm.layers[block]
         if is_input:
-            handles.append(
-                module.register_forward_pre_hook(
-                    _save_input(store, (block, True), last, keep), with_kwargs=True
-                )
-            )
+            hook = _save_input(store, (block, True), last, keep)
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
         else:
             handles.append(module.register_forward_hook(_save_output(store, (block, False), last, keep)))
-    device = next(lm.model.parameters()).device
+    device = lm.device
     with _hooked(handles), torch.no_grad(), suppress(_StopForward):
         lm.model(input_ids=input_ids.to(device), **forward_kwargs(attention_mask, position_ids, device))
-    out: dict[int | str, Tensor] = {
-        key: as_output(store[(block, site == "resid_pre")]) for key, block in blocks.items()
-    }
-    if include_embed:
-        out["embed"] = as_output(store[(0, True)])
-    return out
+    return store
 
 
 def steered_logits(
@@ -133,23 +117,21 @@ def steered_logits(
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layer: int,
+    block: int,
     site: Site,
     delta: Float[Tensor, "batch pos d_model"],
     position_ids: Int[Tensor, "batch pos"],
 ) -> Float[Tensor, "batch pos vocab"]:
-    """Logits with ``delta`` added to the residual at (layer, site). See `backends.steered_logits`."""
-    block = normalize_layers([layer], int(lm.n_layers))[layer]
+    """Logits with ``delta`` added to the residual at (block, site). See `backends.steered_logits`."""
     module = lm.layers[block]
-    device = next(lm.model.parameters()).device
     param = next(lm.model.parameters())
-    delta = delta.to(device=device, dtype=param.dtype)
+    delta = delta.to(device=param.device, dtype=param.dtype)
     if site == "resid_pre":
         handle = module.register_forward_pre_hook(_add_to_input(delta), with_kwargs=True)
     else:
         handle = module.register_forward_hook(_add_to_output(delta))
     with _hooked([handle]), torch.no_grad():
         output = lm.model(
-            input_ids=input_ids.to(device), **forward_kwargs(attention_mask, position_ids, device)
+            input_ids=input_ids.to(param.device), **forward_kwargs(attention_mask, position_ids, param.device)
         )
     return as_output(output.logits)

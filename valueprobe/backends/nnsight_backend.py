@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Site, as_output, module_path, normalize_layers, state_signature, twin
+from valueprobe.backends._shared import Read, Site, as_output, module_path, state_signature, twin
 from valueprobe.errors import ValueprobeError
 
 if TYPE_CHECKING:
@@ -72,24 +72,16 @@ def _envoys(model: Any, lm: LoadedModel, blocks: Sequence[int]) -> list[Any]:
     return [model.get(module_path(lm.model, lm.layers[b])) for b in blocks]
 
 
-def residuals(
+def read(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layers: Sequence[int],
-    site: Site,
-    include_embed: bool = False,
+    reads: Sequence[Read],
     position_ids: Int[Tensor, "batch pos"],
     remote: Remote = False,
-) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
-    """Residual stream at ``site`` of each layer, read in an nnsight trace. See `backends.residuals`."""
-    blocks = normalize_layers(layers, int(lm.n_layers))
-    # nnsight serves values in execution order: a block's input before its output, block 0 first.
-    reads = sorted(
-        {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set()),
-        key=lambda r: (r[0], not r[1]),
-    )
+) -> dict[Read, Tensor]:
+    """The residual at each read (in execution order, as nnsight requires), in one trace."""
     model = nnsight_model(lm, remote=remote)
     envoys = _envoys(model, lm, [b for b, _ in reads])
     reads_input = [is_input for _, is_input in reads]
@@ -101,13 +93,7 @@ def residuals(
             acts.append(value[0] if isinstance(value, tuple) else value)
         acts = nnsight.save(acts)
         tracer.stop()
-    got = dict(zip(reads, acts, strict=True))
-    out: dict[int | str, Tensor] = {
-        key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
-    }
-    if include_embed:
-        out["embed"] = as_output(got[(0, True)])
-    return out
+    return dict(zip(reads, acts, strict=True))
 
 
 def steered_logits(
@@ -115,14 +101,13 @@ def steered_logits(
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layer: int,
+    block: int,
     site: Site,
     delta: Float[Tensor, "batch pos d_model"],
     position_ids: Int[Tensor, "batch pos"],
     remote: Remote = False,
 ) -> Float[Tensor, "batch pos vocab"]:
-    """Logits with ``delta`` added to the residual at (layer, site), in an nnsight trace."""
-    block = normalize_layers([layer], int(lm.n_layers))[layer]
+    """Logits with ``delta`` added to the residual at (block, site), in an nnsight trace."""
     model = nnsight_model(lm, remote=remote)
     (envoy,) = _envoys(model, lm, [block])
     add_to_input = site == "resid_pre"

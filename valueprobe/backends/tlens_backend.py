@@ -21,11 +21,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from valueprobe.backends._shared import (
+    Read,
     Site,
     as_output,
     forward_kwargs,
     module_path,
-    normalize_layers,
     state_signature,
     twin,
 )
@@ -83,39 +83,29 @@ def _hook_name(block: int, is_input: bool) -> str:
     return f"blocks.{block}.hook_resid_{'pre' if is_input else 'post'}"
 
 
-def residuals(
+def read(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layers: Sequence[int],
-    site: Site,
-    include_embed: bool = False,
+    reads: Sequence[Read],
     position_ids: Int[Tensor, "batch pos"],
-) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
-    """Residual stream at ``site`` of each layer, from the bridge's hook points. See `backends.residuals`."""
-    blocks = normalize_layers(layers, int(lm.n_layers))
-    names = {_hook_name(b, site == "resid_pre") for b in blocks.values()}
-    if include_embed:
-        names.add(_hook_name(0, True))
+) -> dict[Read, Tensor]:
+    """The residual at each read, from the bridge's ``blocks.{L}.hook_resid_{pre,post}`` points."""
+    names = {r: _hook_name(*r) for r in reads}
     model = bridge(lm)
-    device = next(lm.model.parameters()).device
-    last = max(blocks.values())
+    device = lm.device
+    last = max(b for b, _ in reads)
     # Stop before the first block not needed: skips the rest of the stack and the unembed.
     stop = last + 1 if last + 1 < int(lm.n_layers) else None
     with torch.no_grad():
         _, cache = model.run_with_cache(
             input_ids.to(device),
-            names_filter=sorted(names),
+            names_filter=sorted(set(names.values())),
             stop_at_layer=stop,
             **forward_kwargs(attention_mask, position_ids, device),
         )
-    out: dict[int | str, Tensor] = {
-        key: as_output(cache[_hook_name(b, site == "resid_pre")]) for key, b in blocks.items()
-    }
-    if include_embed:
-        out["embed"] = as_output(cache[_hook_name(0, True)])
-    return out
+    return {r: cache[name] for r, name in names.items()}
 
 
 def _add(delta: Tensor) -> Callable[..., Tensor]:
@@ -130,13 +120,12 @@ def steered_logits(
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
     *,
-    layer: int,
+    block: int,
     site: Site,
     delta: Float[Tensor, "batch pos d_model"],
     position_ids: Int[Tensor, "batch pos"],
 ) -> Float[Tensor, "batch pos vocab"]:
     """Logits with ``delta`` added at the bridge's ``blocks.{L}.hook_resid_{pre,post}``."""
-    block = normalize_layers([layer], int(lm.n_layers))[layer]
     model = bridge(lm)
     device = next(lm.model.parameters()).device
     with torch.no_grad():

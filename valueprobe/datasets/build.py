@@ -30,9 +30,9 @@ from valueprobe.datasets.io import (
     dumps_jsonl,
     example_from_dict,
     example_to_dict,
-    write_bytes_atomic,
 )
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_bytes
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
@@ -156,9 +156,9 @@ def build(family: str, out_dir: str | Path, *, seed: int = 0, n: int | None = No
     written: dict[str, Path] = {}
     for name, data in payloads.items():
         path = out_dir / f"{name}.jsonl"
-        write_bytes_atomic(path, data)
+        atomic_write_bytes(path, data)
         written[name] = path
-    write_bytes_atomic(manifest_path, manifest_bytes)
+    atomic_write_bytes(manifest_path, manifest_bytes)
     return written
 
 

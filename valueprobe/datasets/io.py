@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_bytes, sha256_file
 
 __all__ = [
     "Example",
@@ -263,34 +263,11 @@ def dumps_jsonl(examples: Iterable[Example]) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary sibling and a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise ValueprobeError(
-            f"{path}: cannot write ({e.strerror or e}); choose a writable location"
-        ) from None
-
-
 def write_jsonl(path: str | Path, examples: Iterable[Example]) -> str:
     """Validate and write ``examples`` atomically with deterministic bytes; returns their sha256 hex."""
     data = dumps_jsonl(examples)
-    write_bytes_atomic(path, data)
+    atomic_write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | Path) -> str:
-    """The sha256 hex digest of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def linked_groups(examples: Iterable[Example], key: str = "pair") -> dict[str, str]:
