@@ -5,6 +5,7 @@
     valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl
     valueprobe fit --store runs/icrl --method span_diff --out probes/smollm2-135m-value
     valueprobe score --probe probes/smollm2-135m-value --model smollm2-135m --data data/code.jsonl --out runs/score-code
+    valueprobe report --from runs/demo
 
 Every command prints a short summary table and writes JSON/CSV next to any HTML. Bad input ends
 in one line on stderr (``error: ...``) and exit status 2.
@@ -319,6 +320,29 @@ def replicate_axis(
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
 
 
+# --- report ---
+
+
+@app.command()
+def report(
+    from_: Annotated[
+        Path, typer.Option("--from", help="folder with results.json (valueprobe demo) or a probe folder")
+    ],
+    out: Annotated[Path | None, typer.Option(help="HTML file to write (default: FROM/report.html)")] = None,
+) -> None:
+    """Rebuild one self-contained HTML report (plotly inlined, opens offline) from saved results."""
+    from valueprobe.report import SECTIONS, load_results, write_report
+
+    results = load_results(from_)
+    path = write_report(results, out or from_ / "report.html")
+    present = {s.key for s in SECTIONS if s.key in results["sections"]}
+    table(
+        f"report -> {path}",
+        ["section", "in report"],
+        [[key, "yes" if key in present else "absent"] for key in dict.fromkeys(s.key for s in SECTIONS)],
+    )
+
+
 def write_html(fig, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,3 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         print(f"error: {msg} (see valueprobe --help)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

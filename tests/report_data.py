@@ -1,0 +1,52 @@
+"""Synthetic result sections for report tests: every section present, numbers made up for layout only."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ms(x: float, sd: float = 0.02) -> dict:
+    return {"mean": x, "sd": sd}
+
+
+def sweep_section(n_layers: int = 4) -> dict:
+    by = {
+        str(i): {k: _ms(v) for k, v in
+                 {"val_auroc": 0.6 + 0.05 * i, "test_auroc": 0.6 + 0.05 * i, "cohens_d": 0.5,
+                  "shuffled_auroc": 0.5, "random_auroc": 0.55}.items()}
+        for i in range(n_layers)
+    }  # fmt: skip
+    rng = np.random.default_rng(0)
+    cos = np.clip(np.eye(n_layers) + 0.3 * rng.random((n_layers, n_layers)), -1, 1)
+    return {
+        "method": "span_diff", "best_layer": n_layers - 1, "n_splits": 3, "by_layer": by,
+        "heldout_auroc": _ms(0.75), "controls": {"embed": _ms(0.6), "position:token_index": _ms(0.52),
+                                                  "shuffled": _ms(0.5), "random": _ms(0.55)},
+        "strongest_control": "embed", "margin": 0.15, "cosine_layers": list(range(n_layers)),
+        "cosine": cos.tolist(),
+    }  # fmt: skip
+
+
+def all_sections() -> dict:
+    fams = ["icrl", "code"]
+    alphas = [-4.0, 0.0, 4.0]
+    return {
+        "model": "tiny",
+        "summary": ["axis: AUROC 0.75 vs control 0.60"],
+        "sections": {
+            "sweep": sweep_section(),
+            "history": sweep_section(),
+            "transfer": {"families": fams, "layer": 3, "auroc": [[0.9, 0.6], [0.55, 0.8]],
+                         "margin": [[0.1, 0.05], [0.0, 0.2]], "off_diagonal_auroc": _ms(0.575)},
+            "matched_control": {"layer": 3, "main_post_vs_control_post": {"auroc": 0.6, "auroc_ci": [0.5, 0.7]},
+                                "post_vs_pre_control": {"auroc": 0.9, "auroc_ci": [0.85, 0.95]}},
+            "logit_lens": {"layer": 3, "promoted": [["<b>", 2.0], ["yes", 1.0]], "suppressed": [["no", 1.5]]},
+            "trace": {"layer": 3, "tokens": ["Hi", " <there>", "!"], "score": [0.1, -1.5, 2.5], "n_prompt": 1},
+            "steer": {"alphas": alphas, "metrics": {"sentiment": {"mean": [0.1, 0.2, 0.4], "lo": [0, 0.1, 0.3],
+                                                                  "hi": [0.2, 0.3, 0.5]}},
+                      "null": {"sentiment": {"mean": [0.2] * 3, "lo": [0.1] * 3, "hi": [0.3] * 3}}},
+            "shift": {"groups": {"words": {"base": [0.0, 0.1, -0.2], "tuned": [0.5, 0.7, 0.4]}},
+                      "layers": [0, 1, 2, 3], "d": [0.1, 0.3, 0.8, 1.0], "d_lo": [0, 0.1, 0.5, 0.7],
+                      "d_hi": [0.2, 0.5, 1.1, 1.3], "null_lo": [-0.2] * 4, "null_hi": [0.2] * 4},
+        },
+    }  # fmt: skip

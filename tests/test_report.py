@@ -1,0 +1,88 @@
+"""The report: every section drawn from saved JSON, absent ones noted, plotly inlined once, bad input one line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from report_data import all_sections
+
+from valueprobe.cli import main
+from valueprobe.errors import ValueprobeError
+from valueprobe.report import RESULTS_FILE, SECTIONS, load_results, render_report, write_report
+
+
+def test_every_section_drawn_and_plotly_inlined_once(tmp_path):
+    results = all_sections()
+    page = render_report(results)
+    for sec in SECTIONS:
+        assert sec.title.replace("'", "&#x27;") in page
+    # 9 section figures + the shift pair + the trace's token strip (HTML, not a figure)
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 10
+    assert page.count("plotly.js v") == 1  # the library's own banner: inlined exactly once
+    assert not re.search(r'src="https?://', page), "a script or image would be fetched from the network"
+    assert "Not in this run" not in page
+    # token text is escaped, and coloured by its value (the -1.5 σ token is blue)
+    assert "&lt;there&gt;" in page and 'rgba(69,117,180,0.56)" title="-1.50 σ"' in page
+    # captions carry the measured figure and its control
+    assert "0.750 ± 0.020" in page and "embed" in page
+
+
+def test_absent_sections_are_noted_not_faked(tmp_path):
+    results = all_sections()
+    for key in ("steer", "shift", "trace"):
+        del results["sections"][key]
+    results["missing"] = {"steer": "steering is not available in this build"}
+    page = render_report(results)
+    assert "Not in this run" in page
+    assert "steering is not available in this build" in page
+    assert "`valueprobe demo` or `valueprobe shift` writes them" in page
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 6
+
+
+def test_load_results_from_results_json_and_from_probe(tmp_path):
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(all_sections()))
+    assert set(load_results(tmp_path)["sections"]) >= {"sweep", "steer", "shift"}
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "probe.json").write_text(
+        json.dumps({"model_id": "m", "metrics": {"icrl_matched_control": {"layer": 1}}})
+    )
+    assert load_results(probe)["sections"] == {"matched_control": {"layer": 1}}
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"sections": 3}'])
+def test_folder_without_results_is_one_line(tmp_path, content):
+    if content is not None:
+        (tmp_path / RESULTS_FILE).write_text(content)
+    with pytest.raises(ValueprobeError) as exc:
+        load_results(tmp_path)
+    assert "\n" not in str(exc.value)
+
+
+def test_cli_report(tmp_path, capsys):
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(all_sections()))
+    main(["report", "--from", str(tmp_path)])
+    assert (tmp_path / "report.html").stat().st_size > 1_000_000  # plotly.js is in the file
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--from", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "valueprobe demo" in err
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    (tmp_path / RESULTS_FILE).write_text(json.dumps(all_sections()))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--from", str(tmp_path), "--out", str(blocker / "report.html")])
+    assert exc.value.code == 2
+    assert "\n" not in capsys.readouterr().err.strip()
+
+
+def test_write_report_is_atomic(tmp_path):
+    path = write_report(all_sections(), tmp_path / "r.html")
+    assert path.read_text().startswith("<!DOCTYPE html>")
+    assert not list(tmp_path.glob("*.tmp"))

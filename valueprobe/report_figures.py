@@ -1,0 +1,214 @@
+"""Plotly figures drawn from saved result JSON (the ``.to_dict()`` forms), for the report.
+
+    from valueprobe.report_figures import sweep_figure_from_dict
+    sweep_figure_from_dict(json.load(open("probes/smollm2-135m-value/probe.json"))["metrics"]["sweep"])
+
+:mod:`valueprobe.plots` draws from live results (per-split arrays); these draw from what was
+saved, so ``valueprobe report`` can rebuild every figure without a model or a store.
+Expected keys (beyond the sweep/transfer ``to_dict`` forms):
+
+- trace: ``layer``, ``tokens`` [T], ``score`` [T] (σ units), optional ``n_prompt`` (tokens of prompt);
+- steer: ``alphas`` [A], ``metrics`` {name: {``mean``, ``lo``, ``hi``} [A]}, ``null`` {same names};
+- shift: ``groups`` {name: {``base``, ``tuned``} score lists}, ``layers`` [L], ``d`` [L], ``d_lo``/``d_hi``
+  [L], optional ``null_lo``/``null_hi`` [L].
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+__all__ = [
+    "cosine_figure",
+    "dose_response_figure",
+    "logit_lens_figure",
+    "matched_control_figure",
+    "shift_distribution_figure",
+    "shift_layers_figure",
+    "sweep_figure_from_dict",
+    "trace_figure",
+    "trace_tokens_html",
+    "transfer_figure",
+]
+
+_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "title_font_size": 13}
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
+
+
+def _band(
+    fig: go.Figure, x: Sequence, lo: Sequence, hi: Sequence, color: str, name: str, *, legend: bool = False
+) -> None:
+    """A filled band between lo and hi (drawn as one closed polygon)."""
+    x = list(x)
+    fig.add_trace(
+        go.Scatter(
+            x=x + x[::-1],
+            y=list(hi) + list(lo)[::-1],
+            fill="toself",
+            fillcolor=color,
+            opacity=0.18,
+            line={"width": 0},
+            hoverinfo="skip",
+            name=name,
+            showlegend=legend,
+        )
+    )
+
+
+def sweep_figure_from_dict(d: dict) -> go.Figure:
+    """AUROC by layer from ``SweepResult.to_dict()``: test mean with an sd band, val, and the controls."""
+    by = d["by_layer"]
+    layers = sorted(int(k) for k in by if k.lstrip("-").isdigit())
+    fig = go.Figure()
+    series = [("test AUROC", "test_auroc", _PALETTE[0], None), ("val AUROC", "val_auroc", _PALETTE[0], "dot"),
+              ("control: shuffled labels", "shuffled_auroc", "#7f7f7f", "dash"),
+              ("control: random direction", "random_auroc", "#bcbd22", "dash")]  # fmt: skip
+    for name, key, color, dash in series:
+        mean = np.array([by[str(layer)][key]["mean"] for layer in layers])
+        sd = np.array([by[str(layer)][key]["sd"] for layer in layers])
+        if dash is None:
+            _band(fig, layers, mean - sd, mean + sd, color, f"{name} ± sd", legend=True)
+        fig.add_trace(go.Scatter(x=layers, y=mean, name=name, mode="lines+markers",
+                                 line={"dash": dash, "color": color}))  # fmt: skip
+    for i, (name, ms) in enumerate(sorted(d.get("controls", {}).items())):
+        if name == "embed" or name.startswith("position:"):
+            fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[ms["mean"]] * 2, mode="lines",
+                                     name=f"control: {name}",
+                                     line={"dash": "dashdot", "color": _PALETTE[(i + 2) % len(_PALETTE)]}))  # fmt: skip
+    fig.add_vline(x=d["best_layer"], line_dash="dot", annotation_text=f"chosen layer {d['best_layer']}")
+    fig.update_layout(xaxis_title="layer", yaxis_title="AUROC (held-out groups)", yaxis_range=[0.0, 1.02],
+                      title=f"{d.get('method', '')}: held-out AUROC by layer", **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def cosine_figure(d: dict) -> go.Figure:
+    """Inter-layer cosine heatmap from ``SweepResult.to_dict()`` (``cosine``, ``cosine_layers``)."""
+    labels = [str(x) for x in d["cosine_layers"]]
+    fig = go.Figure(go.Heatmap(z=d["cosine"], x=labels, y=labels, zmin=-1, zmax=1, colorscale="RdBu",
+                               reversescale=True, colorbar={"title": "cos"}))  # fmt: skip
+    fig.update_layout(
+        title="cos(v_i, v_j) between layers", xaxis_title="layer", yaxis_title="layer", **_LAYOUT
+    )
+    return fig
+
+
+def transfer_figure(d: dict) -> go.Figure:
+    """Transfer AUROC heatmap from ``TransferResult.to_dict()``, cells annotated with AUROC and margin."""
+    names = list(d["families"])
+    z = np.array(d["auroc"], dtype=float)
+    margin = np.array(d.get("margin", np.full_like(z, np.nan)), dtype=float)
+    text = [
+        [
+            f"{v:.2f}" + ("" if not np.isfinite(m) else f"<br>({m:+.2f})")
+            for v, m in zip(row, mrow, strict=True)
+        ]
+        for row, mrow in zip(z, margin, strict=True)
+    ]
+    fig = go.Figure(go.Heatmap(z=z, x=names, y=names, text=text, texttemplate="%{text}", colorscale="RdBu",
+                               reversescale=True, zmid=0.5, zmin=0, zmax=1, colorbar={"title": "AUROC"}))  # fmt: skip
+    fig.update_layout(title=f"transfer at layer {d['layer']}: AUROC (margin over strongest control)",
+                      xaxis_title="evaluated on", yaxis_title="fitted on", yaxis_autorange="reversed", **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def matched_control_figure(d: dict) -> go.Figure:
+    """AUROC with bootstrap CIs of each matched-control contrast (``replicate.matched_control``)."""
+    names = [k for k, v in d.items() if isinstance(v, dict) and "auroc" in v]
+    auc = [d[k]["auroc"] for k in names]
+    lo = [d[k]["auroc"] - d[k]["auroc_ci"][0] for k in names]
+    hi = [d[k]["auroc_ci"][1] - d[k]["auroc"] for k in names]
+    fig = go.Figure(go.Bar(x=auc, y=names, orientation="h", marker_color=_PALETTE[0],
+                           error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}))  # fmt: skip
+    fig.add_vline(x=0.5, line_dash="dash", annotation_text="chance")
+    fig.update_layout(title=f"matched control at layer {d['layer']}", xaxis_title="AUROC [95% CI]",
+                      xaxis_range=[0, 1.02], **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def logit_lens_figure(d: dict, *, k: int = 15) -> go.Figure:
+    """Top promoted and suppressed tokens of the axis, as a diverging bar chart."""
+    promoted, suppressed = d["promoted"][:k], d["suppressed"][:k]
+    tokens = [repr(t) for t, _ in suppressed[::-1]] + [repr(t) for t, _ in promoted[::-1]]
+    logits = [-abs(v) for _, v in suppressed[::-1]] + [abs(v) for _, v in promoted[::-1]]
+    colors = ["#4575b4"] * len(suppressed) + ["#d73027"] * len(promoted)
+    fig = go.Figure(go.Bar(x=logits, y=list(range(len(tokens))), orientation="h", marker_color=colors,
+                           text=tokens, textposition="outside", hovertext=tokens, hoverinfo="text+x"))  # fmt: skip
+    fig.update_layout(title=f"logit lens at layer {d['layer']}", xaxis_title="logit change (suppressed < 0 < promoted)",
+                      yaxis={"showticklabels": False}, height=520, **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def trace_figure(d: dict) -> go.Figure:
+    """The value (σ units) at each token of one generation; the prompt/generation boundary marked."""
+    score = np.asarray(d["score"], dtype=float)
+    tokens = list(d["tokens"])
+    x = np.arange(len(score))
+    fig = go.Figure(go.Scatter(x=x, y=score, mode="lines+markers", marker={"size": 4}, name="value (σ)",
+                               hovertext=[repr(t) for t in tokens], hoverinfo="text+y"))  # fmt: skip
+    for y in (-1.0, 1.0):
+        fig.add_hline(y=y, line_dash="dot", line_color="#999")
+    if d.get("n_prompt"):
+        fig.add_vline(x=int(d["n_prompt"]) - 0.5, line_dash="dash", annotation_text="generation starts")
+    fig.update_layout(title=f"value trace at layer {d.get('layer', '?')}", xaxis_title="token",
+                      yaxis_title="score (σ)", **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def trace_tokens_html(d: dict) -> str:
+    """The trace's tokens as HTML spans coloured by value: red above the mean, blue below, ±2 σ saturates."""
+    spans = []
+    for tok, s in zip(d["tokens"], d["score"], strict=True):
+        a = min(abs(float(s)) / 2.0, 1.0) * 0.75
+        rgb = "215,48,39" if s > 0 else "69,117,180"
+        spans.append(
+            f'<span style="background: rgba({rgb},{a:.2f})" title="{float(s):+.2f} σ">{html.escape(str(tok))}</span>'
+        )
+    return '<div class="tokens">' + "".join(spans) + "</div>"
+
+
+def dose_response_figure(d: dict) -> go.Figure:
+    """Each behavioural metric against α with its CI band, and the random-direction null band in grey."""
+    alphas = list(d["alphas"])
+    fig = go.Figure()
+    null = d.get("null", {})
+    for i, (name, m) in enumerate(d["metrics"].items()):
+        color = _PALETTE[i % len(_PALETTE)]
+        if name in null:
+            n = null[name]
+            _band(fig, alphas, n["lo"], n["hi"], "#7f7f7f", f"null: {name}", legend=True)
+        _band(fig, alphas, m["lo"], m["hi"], color, f"{name} 95% CI")
+        fig.add_trace(
+            go.Scatter(x=alphas, y=m["mean"], mode="lines+markers", name=name, line={"color": color})
+        )
+    fig.update_layout(title="dose-response (axis) vs random directions (grey)", xaxis_title="α (σ units)",
+                      yaxis_title="metric", **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def shift_distribution_figure(d: dict) -> go.Figure:
+    """Per-group score distributions of base and tuned models on the base axis (violins)."""
+    fig = go.Figure()
+    for i, (group, g) in enumerate(d["groups"].items()):
+        for side, which, color in (("negative", "base", "#7f7f7f"), ("positive", "tuned", _PALETTE[i % 7])):
+            fig.add_trace(go.Violin(x=[group] * len(g[which]), y=g[which], side=side, name=f"{group}: {which}",
+                                    line_color=color, meanline_visible=True, points=False))  # fmt: skip
+    fig.update_layout(title="scores before (left) and after (right) tuning", yaxis_title="score (σ, base axis)",
+                      violinmode="overlay", **_LAYOUT)  # fmt: skip
+    return fig
+
+
+def shift_layers_figure(d: dict) -> go.Figure:
+    """Cohen's d of the shift by layer with its CI band, and the random-direction null band."""
+    layers = list(d["layers"])
+    fig = go.Figure()
+    if "null_lo" in d and "null_hi" in d:
+        _band(fig, layers, d["null_lo"], d["null_hi"], "#7f7f7f", "null: random directions", legend=True)
+    _band(fig, layers, d["d_lo"], d["d_hi"], _PALETTE[1], "95% CI", legend=True)
+    fig.add_trace(go.Scatter(x=layers, y=d["d"], mode="lines+markers", name="d (tuned − base)",
+                             line={"color": _PALETTE[1]}))  # fmt: skip
+    fig.add_hline(y=0, line_color="#999")
+    fig.update_layout(title="shift by layer", xaxis_title="layer", yaxis_title="Cohen's d", **_LAYOUT)
+    return fig
