@@ -225,5 +225,12 @@ def steered_logits(
     fixed = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     (block,) = plan_reads(lm, [layer], site, include_embed=False)[0].values()
     return route(backend, remote=remote).steered_logits(
-        lm, input_ids, attention_mask, block=block, site=Site(site), delta=delta, position_ids=fixed, remote=remote
+        lm,
+        input_ids,
+        attention_mask,
+        block=block,
+        site=Site(site),
+        delta=delta,
+        position_ids=fixed,
+        remote=remote,
     )

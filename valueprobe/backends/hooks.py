@@ -73,6 +73,7 @@ class HooksRoute:
         delta = delta.to(device=param.device, dtype=param.dtype)
         with intervene(lm, Point(block, site), lambda h, step: h + delta), torch.no_grad():
             output = lm.model(
-                input_ids=input_ids.to(param.device), **forward_kwargs(attention_mask, position_ids, param.device)
+                input_ids=input_ids.to(param.device),
+                **forward_kwargs(attention_mask, position_ids, param.device),
             )
         return as_output(output.logits)

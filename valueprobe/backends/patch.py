@@ -266,7 +266,9 @@ def record(
         order = sorted(by_hook, key=lambda k: (k[0], not k[1]))  # execution order
         for i, key in enumerate(order):
             module, on_input = lm.layers[key[0]], key[1]
-            _attach(rec, module, on_input, _saver(rec, reader, by_hook[key], keep, stop and i == len(order) - 1))
+            _attach(
+                rec, module, on_input, _saver(rec, reader, by_hook[key], keep, stop and i == len(order) - 1)
+            )
     except BaseException:
         rec.remove()
         raise
