@@ -155,7 +155,7 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | all")
+        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all")
     ] = "all",
     seed: int = 0,
     n: Annotated[
@@ -354,3 +354,7 @@ def main(argv: list[str] | None = None) -> None:
         msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         print(f"error: {msg} (see valueprobe --help)", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
