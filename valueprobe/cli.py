@@ -93,28 +93,28 @@ def _load_model(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("runs/demo"),
+    out: Annotated[Path, typer.Option(help="output folder (rerun to reuse finished stages)")] = Path(
+        "runs/demo"
+    ),
     model: ModelOpt = "smollm2-135m",
-    n: Annotated[int, typer.Option(help="ICRL conversations to generate and capture")] = 96,
+    quick: Annotated[
+        bool, typer.Option(help="smaller sets and 3 splits: about 3 minutes on 2 cores")
+    ] = False,
     seed: int = 0,
-    splits: int = 5,
+    device: DeviceOpt = "cpu",
 ) -> None:
-    """The main job: offline model, ICRL data, capture, fit the value axis, held-out-rule sweep with controls."""
-    from valueprobe.demo import MIN_N, run_demo
-    from valueprobe.plots import sweep_figure
+    """The main job: datasets, capture, fit with controls (two constructions), transfer, a live trace, report."""
+    from valueprobe.demo import run_demo
 
     check_output_dir(out, holds="demo")
-    check_at_least("--n", n, MIN_N, " (a held-out split needs a train, a validation and a test rule)")
-    check_at_least("--splits", splits, 1)
-    report = run_demo(out=out, model=model, n=n, seed=seed, splits=splits)
-    headers, rows = report.sweep.table()
-    table(
-        f"value axis on {model}: ICRL layer sweep (span_diff, held-out rules, {splits} splits)", headers, rows
+    check_device(device)
+    result = run_demo(out=out, model=model, quick=quick, seed=seed, device=device, console=console)
+    verb = f"ran {len(result.ran)} stages, reused {len(result.reused)}"
+    console.print(
+        f"\n[bold]report: {result.report}[/bold]  ({verb}; results: {result.results}, probe: {result.probe})"
     )
-    write_json(out / "summary.json", {"summary": report.summary(), "sweep": report.sweep.to_dict()})
-    write_html(sweep_figure(report.sweep), out / "sweep.html")
-    console.print(report.summary())
-    console.print(f"wrote {out}/summary.json, {out}/sweep.html, {out}/probe/")
+    for line in result.summary:
+        console.print(f"  {line}")
 
 
 # --- capture commands ---

@@ -1,50 +1,240 @@
-"""The main job on the default model, start to finish, in a few minutes on a laptop CPU.
+"""The main job, end to end: find the value axis, check it against controls, read it live, report.
 
-    valueprobe demo                      # -> runs/demo/summary.json, runs/demo/sweep.html
+    valueprobe demo                    # ~15 min on 2 CPU cores -> runs/demo/report.html, results.json
+    valueprobe demo --quick            # ~3 min, smaller sets, 3 splits
 
-1. load SmolLM2-135M-Instruct offline (PyPI wheel -> GGUF -> cached safetensors);
-2. generate a small ICRL construction set (48 hidden rules, ``--n`` conversations);
-3. capture the ``pre``/``post`` spans of the first post-discovery paragraph at every layer
-   (plus the embedding output) into an on-disk store;
-4. fit the axis with the paper's construction and sweep the layers on held-out rules, with the
-   controls printed beside every AUROC.
+Stages (each cached by its inputs under ``OUT/stages``: a re-run reuses them, an interrupted run
+resumes; captures also resume shard by shard):
 
-The shipped, fuller build is ``valueprobe replicate axis`` (see ``probes/smollm2-135m-value``).
+1. ``datasets``: generate the contrast sets (ICRL with its matched control, code, confidence, refusal);
+2. ``capture``: every layer plus the embedding output into on-disk stores;
+3. ``fit``: the paper's pre/post construction, layer sweep on held-out rules with controls; saves ``OUT/probe``;
+4. ``history``: the reward-history construction (identical text, different history), same sweep;
+5. ``transfer``: fit on each family, score on every other, with controls;
+6. ``matched_control`` and ``logit_lens`` of the pre/post axis;
+7. ``trace``: one greedy generation with the value read at every token;
+8. ``steer``, ``tune``, ``shift``: plug in through :data:`LATER_STAGES` when those modules exist.
+
+Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.html``.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from rich.console import Console
+
+from valueprobe.axis import ValueAxis
 from valueprobe.datasets import build
+from valueprobe.datasets.io import sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import DEFAULT_MODEL, load
-from valueprobe.replicate import FAMILIES, capture_families
-from valueprobe.sweep import FitReport, fit_probe
+from valueprobe.files import atomic_write_text
+from valueprobe.generation import generate
+from valueprobe.models import DEFAULT_MODEL, LoadedModel, load
+from valueprobe.readout import logit_lens
+from valueprobe.replicate import FAMILIES, capture_families, fit_history_axis, matched_control
+from valueprobe.report import RESULTS_FILE, write_report
+from valueprobe.stages import StageCache
+from valueprobe.store import ActivationStore
+from valueprobe.sweep import fit_probe
+from valueprobe.transfer import transfer_matrix
 
-__all__ = ["MIN_N", "run_demo"]
+__all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
 
-# Each conversation has its own rule (up to 48); a held-out split needs a train, a validation and a
-# test rule, so fewer than 3 conversations would fail only after the capture.
-MIN_N = 3
+
+@dataclass(frozen=True)
+class DemoSize:
+    """Dataset sizes (``n`` as ``valueprobe datasets build`` reads it) and the number of splits."""
+
+    icrl: int
+    code: int
+    confidence: int
+    refusal: int
+    splits: int
+    trace_tokens: int
+
+
+FULL = DemoSize(icrl=96, code=40, confidence=20, refusal=64, splits=5, trace_tokens=48)
+QUICK = DemoSize(icrl=36, code=12, confidence=6, refusal=24, splits=3, trace_tokens=32)
+TRANSFER = ("icrl", "code", "confidence", "refusal")
+TRACE_PROMPT = [{"role": "user", "content": "Is 91 a prime number? Answer, then explain in one sentence."}]
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """Where the demo wrote its outputs, its summary lines, and which stages ran or were reused."""
+
+    out: Path
+    report: Path
+    results: Path
+    probe: Path
+    summary: tuple[str, ...]
+    ran: tuple[str, ...]
+    reused: tuple[str, ...]
+
+
+class _Model:
+    """Loads the model on first use, so a fully cached re-run never loads it."""
+
+    def __init__(self, name: str, device: str) -> None:
+        self.name, self.device = name, device
+        self._lm: LoadedModel | None = None
+
+    def __call__(self) -> LoadedModel:
+        if self._lm is None:
+            self._lm = load(self.name, device=self.device)
+        return self._lm
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe: NaN/inf (e.g. the last generated token, never fed back) become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+# Stages other helpers own plug in here: name -> fn(lm, axis_path, out, seed, quick) -> section dict.
+# Until one is registered its section is reported as missing, with the reason below.
+LATER_STAGES: dict[str, Callable[..., dict]] = {}
+MISSING_WHY = {
+    "steer": "the steering sweep with behavioural metrics and its random-direction null is not in this build yet",
+    "tune": "DPO tuning (valueprobe.tune) is not in this build yet",
+    "shift": "the checkpoint shift (valueprobe.shift) needs a tuned model, and tuning is not in this build yet",
+}
 
 
 def run_demo(
-    *, out: str | Path = "runs/demo", model: str = DEFAULT_MODEL, n: int = 96, seed: int = 0, splits: int = 5
-) -> FitReport:
-    """Build ICRL data, capture it, fit and sweep; writes the store and probe under ``out``.
+    *,
+    out: str | Path = "runs/demo",
+    model: str = DEFAULT_MODEL,
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    console: Console | None = None,
+) -> DemoResult:
+    """Run (or resume) every stage and write ``results.json`` and ``report.html`` under ``out``."""
+    out, size = Path(out), QUICK if quick else FULL
+    console = console or Console()
+    cache = StageCache(out / "stages", console=console)
+    lm = _Model(model, device)
+    data_dir, runs_dir, probe_dir = out / "data", out / "stores", out / "probe"
 
-    Raises:
-        ValueprobeError: ``n`` below :data:`MIN_N` or ``splits`` below 1, before any work.
-    """
-    if n < MIN_N or splits < 1:
-        raise ValueprobeError(
-            f"demo needs n >= {MIN_N} conversations and splits >= 1 (got n={n}, splits={splits})"
-        )
-    out = Path(out)
-    build("icrl", out / "data", seed=seed, n=n)
-    lm = load(model)
-    store = capture_families(lm, out / "data", out, families={"icrl": FAMILIES["icrl"]})["icrl"]
-    report = fit_probe({"icrl": store}, method="span_diff", n_splits=splits, seed=seed, transfer=False)
-    report.axis.save(out / "probe")
-    return report
+    def datasets() -> dict:
+        files: dict[str, Path] = {}
+        for family, n in (("icrl", size.icrl), ("code", size.code), ("confidence", size.confidence),
+                          ("refusal", size.refusal)):  # fmt: skip
+            files.update(build(family, data_dir, seed=seed, n=n))
+        return {name: sha256_file(path) for name, path in sorted(files.items())}
+
+    shas = cache.run("datasets", {**asdict(size), "seed": seed}, datasets, label="contrast sets")
+    families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
+
+    def stores() -> dict[str, ActivationStore]:
+        return capture_families(lm(), data_dir, runs_dir, families=families)
+
+    capture_key = {"model": model, "data": shas}
+    cache.run("capture", capture_key, lambda: {k: str(v.path) for k, v in stores().items()},
+              label=f"{len(families)} families, all layers + embedding")  # fmt: skip
+    opened = {k: ActivationStore.open(runs_dir / k) for k in families}
+    base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
+
+    def fit() -> dict:
+        report = fit_probe({"icrl": opened["icrl"]}, method="span_diff", n_splits=size.splits, seed=seed,
+                           transfer=False)  # fmt: skip
+        report.axis.save(probe_dir)
+        return report.sweep.to_dict()
+
+    if not (probe_dir / "axis.safetensors").is_file():  # no probe on disk: its cached sweep is stale
+        (out / "stages" / "fit.json").unlink(missing_ok=True)
+    sweep = cache.run("fit", base, fit, label="pre/post construction, held-out rules, controls")
+    axis = ValueAxis.load(probe_dir)
+    history = cache.run(
+        "history", base, lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
+        label="reward-history construction (identical text)",
+    )  # fmt: skip
+    transfer = cache.run(
+        "transfer", {**base, "layer": axis.best_layer},
+        lambda: transfer_matrix({k: opened[k] for k in TRANSFER}, layer=axis.best_layer, method="diff_means",
+                                n_splits=size.splits, seed=seed).to_dict(),
+        label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
+    )  # fmt: skip
+    fit_key = {"fit": cache.keys["fit"]}
+    control = cache.run("matched_control", fit_key,
+                        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed))  # fmt: skip
+    lens = cache.run("logit_lens", {**fit_key, "model": model}, lambda: logit_lens(axis, lm(), k=20))
+
+    def trace() -> dict:
+        (gen,) = generate(lm(), axis, [TRACE_PROMPT], alphas=[0.0], greedy=True, trace=True,
+                          max_new_tokens=size.trace_tokens, seed=seed, progress=False)  # fmt: skip
+        assert gen.trace is not None
+        return _finite({"text": gen.text, **gen.trace.to_dict()})
+
+    traced = cache.run("trace", {**fit_key, "model": model, "tokens": size.trace_tokens}, trace,
+                       label="one greedy generation, value read at every token")  # fmt: skip
+    sections = {"sweep": sweep, "history": history, "transfer": transfer, "matched_control": control,
+                "logit_lens": lens, "trace": traced}  # fmt: skip
+    missing = {}
+    for name, why in MISSING_WHY.items():
+        if (stage := LATER_STAGES.get(name)) is not None:
+            sections[name] = cache.run(name, {**fit_key, "model": model, "quick": quick},
+                                       functools.partial(stage, lm, probe_dir, out, seed, quick))  # fmt: skip
+        else:
+            missing[name] = why
+    summary = summarize(sections)
+    results = {"format": "valueprobe.results", "format_version": 1, "model": model, "quick": quick,
+               "summary": summary, "sections": sections, "missing": missing, "stages": cache.keys}  # fmt: skip
+    results_path = out / RESULTS_FILE
+    atomic_write_text(results_path, _json(results))
+    report = write_report(results, out / "report.html", title=f"valueprobe demo: {model}")
+    return DemoResult(
+        out, report, results_path, probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
+    )
+
+
+def _json(obj: object) -> str:
+    return json.dumps(obj, indent=1, default=float) + "\n"
+
+
+def _sweep_line(name: str, d: dict) -> str:
+    c = d["controls"][d["strongest_control"]]["mean"]
+    return (
+        f"{name} (layer {d['best_layer']}): held-out AUROC {d['heldout_auroc']['mean']:.3f} vs strongest control"
+        f" {d['strongest_control']} {c:.3f} (margin {d['margin']:+.3f})"
+    )
+
+
+def summarize(sections: dict) -> list[str]:
+    """At most six lines, each a headline figure beside its control."""
+    lines = [
+        _sweep_line("pre/post axis", sections["sweep"]),
+        _sweep_line("reward-history axis", sections["history"]),
+    ]
+    t = sections["transfer"]
+    n = len(t["families"])
+    off = [(i, j) for i in range(n) for j in range(n) if i != j]
+    strongest = [t["auroc"][i][j] - t["margin"][i][j] for i, j in off]
+    lines.append(
+        f"transfer (layer {t['layer']}): off-diagonal AUROC {t['off_diagonal_auroc']['mean']:.3f} vs strongest"
+        f" control {sum(strongest) / len(strongest):.3f} (mean over {len(off)} cells)"
+    )
+    mc = sections["matched_control"]
+    lines.append(
+        f"matched control: main vs control post (identical text) AUROC {mc['main_post_vs_control_post']['auroc']:.3f};"
+        f" post vs pre in never-rewarded control {mc['post_vs_pre_control']['auroc']:.3f}"
+    )
+    for name in ("steer", "shift"):
+        if name in sections and "headline" in sections[name]:
+            lines.append(str(sections[name]["headline"]))
+    if len(lines) > 6:
+        raise ValueprobeError("internal: the demo summary has more than six lines")
+    return lines

@@ -34,6 +34,7 @@ from valueprobe.report_figures import (
     shift_layers_figure,
     sweep_figure_from_dict,
     trace_figure,
+    trace_series,
     trace_tokens_html,
     transfer_figure,
 )
@@ -119,7 +120,7 @@ def _lens_caption(d: dict) -> str:
 
 def _trace_caption(d: dict) -> str:
     return (
-        f"The value read at layer {d.get('layer', '?')} (σ units) at each token of one generation, and the"
+        f"The value read at {trace_series(d)[0]} (σ units) at each token of one generation, and the"
         " tokens coloured by it (red high, blue low). The dotted lines are ±1 σ of the reference set: a"
         " swing inside them is within the spread of ordinary text."
     )
@@ -140,11 +141,14 @@ def _steer_caption(d: dict) -> str:
 
 
 def _shift_caption(d: dict) -> str:
+    moved = [
+        f"{g['group']} {g['shift']:+.2f} σ [{g['ci'][0]:+.2f}, {g['ci'][1]:+.2f}] (random directions: {g['null_percentile']:.0f}th pct)"
+        for g in d["groups"]
+    ]
     return (
-        "Scores on the base model's axis before and after tuning, on the same token ids, σ from the base"
-        " reference set: distributions per group (left) and Cohen's d of the shift by layer (right) with"
-        " 95% CIs and the random-direction null band. A shift outside the null band is one tuning caused"
-        " along the axis."
+        f"Scores on the base model's axis (layer {d['layer']}) before and after tuning, same token ids, σ from the"
+        " base reference set (grey bar: central 95% of random directions), and the separation between groups"
+        " at every layer. Shift per group with 95% CI: " + "; ".join(moved) + "."
     )
 
 

@@ -7,10 +7,11 @@
 saved, so ``valueprobe report`` can rebuild every figure without a model or a store.
 Expected keys (beyond the sweep/transfer ``to_dict`` forms):
 
-- trace: ``layer``, ``tokens`` [T], ``score`` [T] (σ units), optional ``n_prompt`` (tokens of prompt);
+- trace: ``Trace.to_dict()`` of :mod:`valueprobe.generation` (``tokens``, ``n_prompt``, ``values``
+  {point: [T] σ-scores}, ``steered``), or simply ``layer``, ``tokens`` [T], ``score`` [T];
 - steer: ``alphas`` [A], ``metrics`` {name: {``mean``, ``lo``, ``hi``} [A]}, ``null`` {same names};
-- shift: ``groups`` {name: {``base``, ``tuned``} score lists}, ``layers`` [L], ``d`` [L], ``d_lo``/``d_hi``
-  [L], optional ``null_lo``/``null_hi`` [L].
+- shift: ``ShiftResult.to_dict()`` of :mod:`valueprobe.shift` (``records``, ``groups``, ``layers``,
+  ``pairs``, ``shift_by_layer``, ``layer``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "shift_layers_figure",
     "sweep_figure_from_dict",
     "trace_figure",
+    "trace_series",
     "trace_tokens_html",
     "transfer_figure",
 ]
@@ -141,10 +143,23 @@ def logit_lens_figure(d: dict, *, k: int = 15) -> go.Figure:
     return fig
 
 
+def trace_series(d: dict) -> tuple[str, list[str], np.ndarray]:
+    """(where it was read, tokens, σ-score per token) from either trace form; null scores become NaN."""
+    if "values" in d:
+        where = d.get("steered") or next(iter(d["values"]))
+        raw = d["values"][where]
+    else:
+        where, raw = f"layer {d.get('layer', '?')}", d["score"]
+    return (
+        where,
+        [str(t) for t in d["tokens"]],
+        np.array([np.nan if v is None else v for v in raw], dtype=float),
+    )
+
+
 def trace_figure(d: dict) -> go.Figure:
     """The value (σ units) at each token of one generation; the prompt/generation boundary marked."""
-    score = np.asarray(d["score"], dtype=float)
-    tokens = list(d["tokens"])
+    where, tokens, score = trace_series(d)
     x = np.arange(len(score))
     fig = go.Figure(go.Scatter(x=x, y=score, mode="lines+markers", marker={"size": 4}, name="value (σ)",
                                hovertext=[repr(t) for t in tokens], hoverinfo="text+y"))  # fmt: skip
@@ -152,7 +167,7 @@ def trace_figure(d: dict) -> go.Figure:
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
     if d.get("n_prompt"):
         fig.add_vline(x=int(d["n_prompt"]) - 0.5, line_dash="dash", annotation_text="generation starts")
-    fig.update_layout(title=f"value trace at layer {d.get('layer', '?')}", xaxis_title="token",
+    fig.update_layout(title=f"value trace at {where}", xaxis_title="token",
                       yaxis_title="score (σ)", **_LAYOUT)  # fmt: skip
     return fig
 
@@ -160,8 +175,8 @@ def trace_figure(d: dict) -> go.Figure:
 def trace_tokens_html(d: dict) -> str:
     """The trace's tokens as HTML spans coloured by value: red above the mean, blue below, ±2 σ saturates."""
     spans = []
-    for tok, s in zip(d["tokens"], d["score"], strict=True):
-        a = min(abs(float(s)) / 2.0, 1.0) * 0.75
+    for tok, s in zip(*trace_series(d)[1:], strict=True):
+        a = 0.0 if not np.isfinite(s) else min(abs(float(s)) / 2.0, 1.0) * 0.75
         rgb = "215,48,39" if s > 0 else "69,117,180"
         spans.append(
             f'<span style="background: rgba({rgb},{a:.2f})" title="{float(s):+.2f} σ">{html.escape(str(tok))}</span>'
@@ -189,26 +204,44 @@ def dose_response_figure(d: dict) -> go.Figure:
 
 
 def shift_distribution_figure(d: dict) -> go.Figure:
-    """Per-group score distributions of base and tuned models on the base axis (violins)."""
+    """Per-group score distributions of base and tuned on the base axis (``ShiftResult.to_dict()``)."""
+    by_group: dict[str, dict[str, list[float]]] = {}
+    for r in d["records"]:
+        g = by_group.setdefault(str(r["group"]), {"base": [], "tuned": []})
+        g["base"].append(r["base"])
+        g["tuned"].append(r["tuned"])
     fig = go.Figure()
-    for i, (group, g) in enumerate(d["groups"].items()):
-        for side, which, color in (("negative", "base", "#7f7f7f"), ("positive", "tuned", _PALETTE[i % 7])):
-            fig.add_trace(go.Violin(x=[group] * len(g[which]), y=g[which], side=side, name=f"{group}: {which}",
-                                    line_color=color, meanline_visible=True, points=False))  # fmt: skip
-    fig.update_layout(title="scores before (left) and after (right) tuning", yaxis_title="score (σ, base axis)",
-                      violinmode="overlay", **_LAYOUT)  # fmt: skip
+    for side, which, color in (("negative", "base", "#7f7f7f"), ("positive", "tuned", _PALETTE[1])):
+        xs = [g for g, v in by_group.items() for _ in v[which]]
+        ys = [y for v in by_group.values() for y in v[which]]
+        fig.add_trace(go.Violin(x=xs, y=ys, side=side, name=which, line_color=color, meanline_visible=True,
+                                points=False, scalemode="width"))  # fmt: skip
+    for g in d.get("groups", []):  # the random-direction null at the headline layer, as a grey bar
+        lo, hi = g["null_range"]
+        if lo is not None and hi is not None:
+            fig.add_trace(go.Scatter(x=[g["group"]] * 2, y=[g["base_mean"] + lo, g["base_mean"] + hi], mode="lines",
+                                     line={"color": "#bbb", "width": 8}, name="null: random directions",
+                                     showlegend=g is d["groups"][0], opacity=0.6))  # fmt: skip
+    fig.update_layout(title=f"scores at layer {d['layer']}: base (left) vs tuned (right)",
+                      yaxis_title="score (σ of the base axis)", violinmode="overlay", **_LAYOUT)  # fmt: skip
     return fig
 
 
 def shift_layers_figure(d: dict) -> go.Figure:
-    """Cohen's d of the shift by layer with its CI band, and the random-direction null band."""
+    """Cohen's d between groups at every layer, base (dashed) and tuned (solid): where tuning moved them."""
     layers = list(d["layers"])
     fig = go.Figure()
-    if "null_lo" in d and "null_hi" in d:
-        _band(fig, layers, d["null_lo"], d["null_hi"], "#7f7f7f", "null: random directions", legend=True)
-    _band(fig, layers, d["d_lo"], d["d_hi"], _PALETTE[1], "95% CI", legend=True)
-    fig.add_trace(go.Scatter(x=layers, y=d["d"], mode="lines+markers", name="d (tuned − base)",
-                             line={"color": _PALETTE[1]}))  # fmt: skip
+    for i, p in enumerate(d.get("pairs", [])):
+        color = _PALETTE[i % len(_PALETTE)]
+        for which, dash in (("d_base", "dash"), ("d_tuned", None)):
+            fig.add_trace(go.Scatter(x=layers, y=p[which], mode="lines+markers", line={"color": color, "dash": dash},
+                                     name=f"{p['a']} vs {p['b']}: {which[2:]}"))  # fmt: skip
+    if not d.get("pairs"):
+        for i, (group, ys) in enumerate(d["shift_by_layer"].items()):
+            fig.add_trace(go.Scatter(x=layers, y=ys, mode="lines+markers", name=f"{group}: shift (σ)",
+                                     line={"color": _PALETTE[i % len(_PALETTE)]}))  # fmt: skip
     fig.add_hline(y=0, line_color="#999")
-    fig.update_layout(title="shift by layer", xaxis_title="layer", yaxis_title="Cohen's d", **_LAYOUT)
+    fig.add_vline(x=d["layer"], line_dash="dot", annotation_text=f"axis layer {d['layer']}")
+    fig.update_layout(title="separation by layer before (dashed) and after (solid) tuning", xaxis_title="layer",
+                      yaxis_title="Cohen's d" if d.get("pairs") else "shift (σ)", **_LAYOUT)  # fmt: skip
     return fig
