@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+# What each notebook must print once it has really run (a notebook without an entry fails).
+EXPECTED = {
+    "01_find_the_value_axis.ipynb": ("held-out-rule AUROC", "promoted:"),
+    "02_steering.ipynb": ("'yes' rate along the axis", "along a random direction", "trace points:"),
+    "03_tuning_shift.ipynb": ("shift along the axis", "random directions"),
+}
 
 
 @pytest.mark.slow
@@ -22,4 +28,5 @@ def test_notebook_runs(path):
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "held-out-rule AUROC" in text and "promoted:" in text
+    for expected in EXPECTED[path.name]:
+        assert expected in text, f"{path.name} did not print {expected!r}"
