@@ -6,7 +6,8 @@
 Stages (each cached by its inputs under ``OUT/stages``: a re-run reuses them, an interrupted run
 resumes; captures also resume shard by shard):
 
-1. ``datasets``: generate the contrast sets (ICRL with its matched control, code, confidence, refusal);
+1. ``datasets``: generate the contrast sets (ICRL with its matched control, code, backtracking,
+   confidence, refusal);
 2. ``capture``: every layer plus the embedding output into on-disk stores;
 3. ``fit``: the paper's pre/post construction, layer sweep on held-out rules with controls; saves ``OUT/probe``;
 4. ``history``: the reward-history construction (identical text, different history), same sweep;
@@ -38,7 +39,13 @@ from valueprobe.files import atomic_write_text
 from valueprobe.generation import generate
 from valueprobe.models import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.readout import logit_lens
-from valueprobe.replicate import FAMILIES, capture_families, fit_history_axis, matched_control
+from valueprobe.replicate import (
+    FAMILIES,
+    TRANSFER_FAMILIES,
+    capture_families,
+    fit_history_axis,
+    matched_control,
+)
 from valueprobe.report import RESULTS_FILE, write_report
 from valueprobe.stages import StageCache
 from valueprobe.store import ActivationStore
@@ -54,15 +61,17 @@ class DemoSize:
 
     icrl: int
     code: int
+    backtracking: int
     confidence: int
     refusal: int
     splits: int
     trace_tokens: int
 
 
-FULL = DemoSize(icrl=96, code=40, confidence=20, refusal=64, splits=5, trace_tokens=48)
-QUICK = DemoSize(icrl=36, code=12, confidence=6, refusal=24, splits=3, trace_tokens=32)
-TRANSFER = ("icrl", "code", "confidence", "refusal")
+# Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
+FULL = DemoSize(icrl=60, code=16, backtracking=16, confidence=8, refusal=40, splits=5, trace_tokens=48)
+QUICK = DemoSize(icrl=18, code=4, backtracking=6, confidence=2, refusal=12, splits=3, trace_tokens=24)
+TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
 TRACE_PROMPT = [{"role": "user", "content": "Is 91 a prime number? Answer, then explain in one sentence."}]
 
 
@@ -131,8 +140,8 @@ def run_demo(
 
     def datasets() -> dict:
         files: dict[str, Path] = {}
-        for family, n in (("icrl", size.icrl), ("code", size.code), ("confidence", size.confidence),
-                          ("refusal", size.refusal)):  # fmt: skip
+        for family in ("icrl", "code", "backtracking", "confidence", "refusal"):
+            n = getattr(size, family)
             files.update(build(family, data_dir, seed=seed, n=n))
         return {name: sha256_file(path) for name, path in sorted(files.items())}
 
