@@ -127,16 +127,18 @@ def _trace_caption(d: dict) -> str:
 
 
 def _steer_caption(d: dict) -> str:
-    null = d.get("null", {})
+    k = d.get("slope_step", 1.0)
+    parts = [
+        f"{e['metric']} ({e['subset']}): slope {e['axis']['slope'] * k:+.3f}, null [{e['null_range'][0] * k:+.3f},"
+        f" {e['null_range'][1] * k:+.3f}]" + (" outside" if e.get("outside_null") else " inside")
+        for e in d["effects"][:4]
+    ]
     return (
-        "Behavioural metrics as the steering strength α (σ units) grows along the axis, mean with 95% CI,"
-        " against the same strengths along random directions (grey band: null). A dose-response that"
-        " leaves the grey band is the axis's effect; one inside it is what any direction of that size does."
-        + (
-            f" Slope {d['slope']:+.3f} vs null {null['slope']:+.3f}."
-            if "slope" in d and "slope" in null
-            else ""
-        )
+        "Behavioural metrics as the steering strength α grows along the axis (mean, 95% CI over prompts), against"
+        " the same strengths along random directions (grey: the null) and the other axis. An effect counts only"
+        f" where the axis's slope leaves the null range. Slopes per {k:g} {d.get('unit', 'sigma')}: "
+        + "; ".join(parts)
+        + "."
     )
 
 

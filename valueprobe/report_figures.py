@@ -9,7 +9,8 @@ Expected keys (beyond the sweep/transfer ``to_dict`` forms):
 
 - trace: ``Trace.to_dict()`` of :mod:`valueprobe.generation` (``tokens``, ``n_prompt``, ``values``
   {point: [T] σ-scores}, ``steered``), or simply ``layer``, ``tokens`` [T], ``score`` [T];
-- steer: ``alphas`` [A], ``metrics`` {name: {``mean``, ``lo``, ``hi``} [A]}, ``null`` {same names};
+- steer: ``SteerSweep.to_dict()`` of :mod:`valueprobe.dose` (``unit``, ``effects`` with ``curves``
+  {``axis``, ``other``, ``null``: {``alpha``, ``mean``, ``lo``, ``hi``}} and slopes);
 - shift: ``ShiftResult.to_dict()`` of :mod:`valueprobe.shift` (``records``, ``groups``, ``layers``,
   ``pairs``, ``shift_by_layer``, ``layer``).
 """
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 __all__ = [
     "cosine_figure",
@@ -185,22 +187,40 @@ def trace_tokens_html(d: dict) -> str:
 
 
 def dose_response_figure(d: dict) -> go.Figure:
-    """Each behavioural metric against α with its CI band, and the random-direction null band in grey."""
-    alphas = list(d["alphas"])
-    fig = go.Figure()
-    null = d.get("null", {})
-    for i, (name, m) in enumerate(d["metrics"].items()):
-        color = _PALETTE[i % len(_PALETTE)]
-        if name in null:
-            n = null[name]
-            _band(fig, alphas, n["lo"], n["hi"], "#7f7f7f", f"null: {name}", legend=True)
-        _band(fig, alphas, m["lo"], m["hi"], color, f"{name} 95% CI")
-        fig.add_trace(
-            go.Scatter(x=alphas, y=m["mean"], mode="lines+markers", name=name, line={"color": color})
-        )
-    fig.update_layout(title="dose-response (axis) vs random directions (grey)", xaxis_title="α (σ units)",
-                      yaxis_title="metric", **_LAYOUT)  # fmt: skip
+    """One panel per (metric, prompt subset) of ``SteerSweep.to_dict()``: the axis with its 95% CI over
+    prompts, the other axis, and the central 95% of random directions as a grey band (the null)."""
+    effects = d["effects"]
+    cols = min(3, max(len(effects), 1))
+    rows = (len(effects) + cols - 1) // cols
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=[f"{e['metric']} ({e['subset']})" for e in effects]
+    )
+    for i, e in enumerate(effects):
+        r, c, first = i // cols + 1, i % cols + 1, i == 0
+        curves = e["curves"]
+        if "null" in curves:
+            n = curves["null"]
+            fig.add_trace(go.Scatter(x=[*n["alpha"], *n["alpha"][::-1]], y=[*n["hi"], *n["lo"][::-1]], fill="toself",
+                                     fillcolor="rgba(150,150,150,0.3)", line={"width": 0}, legendgroup="null",
+                                     name="random directions (95%)", showlegend=first), row=r, col=c)  # fmt: skip
+        if "other" in curves:
+            o = curves["other"]
+            fig.add_trace(go.Scatter(x=o["alpha"], y=o["mean"], mode="lines+markers", line={"color": "#e69f00"},
+                                     name=e.get("other_name") or "other axis", legendgroup="other",
+                                     showlegend=first), row=r, col=c)  # fmt: skip
+        a = curves["axis"]
+        _band_on(fig, a["alpha"], a["lo"], a["hi"], _PALETTE[0], r, c)
+        fig.add_trace(go.Scatter(x=a["alpha"], y=a["mean"], mode="lines+markers", line={"color": _PALETTE[0]},
+                                 name="axis (95% CI)", legendgroup="axis", showlegend=first), row=r, col=c)  # fmt: skip
+    fig.update_xaxes(title_text=f"α ({d.get('unit', 'sigma')})")
+    fig.update_layout(title="steering dose-response: axis vs random directions", height=330 * rows, **_LAYOUT)
     return fig
+
+
+def _band_on(fig: go.Figure, x: Sequence, lo: Sequence, hi: Sequence, color: str, row: int, col: int) -> None:
+    x = list(x)
+    fig.add_trace(go.Scatter(x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill="toself", fillcolor=color, opacity=0.18,
+                             line={"width": 0}, hoverinfo="skip", showlegend=False), row=row, col=col)  # fmt: skip
 
 
 def shift_distribution_figure(d: dict) -> go.Figure:
