@@ -155,7 +155,8 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all")
+        str,
+        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
     ] = "all",
     seed: int = 0,
     n: Annotated[
@@ -356,5 +357,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
 
 
+# The steering commands live in their own module, which uses this module's app and helpers: a real
+# import cycle, so the import comes last, once everything it needs is defined.
+from valueprobe import cli_steer  # noqa: E402, F401
+
 if __name__ == "__main__":
-    main()
+    # `python -m valueprobe.cli` runs this file as __main__, a second copy of the module: run the
+    # imported one, whose app holds every command.
+    from valueprobe.cli import main as _main
+
+    _main()
