@@ -557,5 +557,13 @@ def _log_warnings_as_lines() -> None:
         log.propagate = False
 
 
+# The steering commands live in their own module, which uses this module's app and helpers: a real
+# import cycle, so the import comes last, once everything it needs is defined.
+from valueprobe import cli_steer  # noqa: E402, F401
+
 if __name__ == "__main__":
-    main()
+    # `python -m valueprobe.cli` runs this file as __main__, a second copy of the module: run the
+    # imported one, whose app holds every command.
+    from valueprobe.cli import main as _main
+
+    _main()

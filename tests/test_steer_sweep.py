@@ -1,0 +1,289 @@
+"""Steering sweeps: P(yes) against a hand computation, resumption, the controls' null, the CLI.
+
+HF_HUB_OFFLINE=1 python -m pytest -q tests/test_steer_sweep.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from valueprobe import generation
+from valueprobe.axis import ValueAxis
+from valueprobe.backends import steered_logits
+from valueprobe.cli import main
+from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
+from valueprobe.dose import SweepRow, summarise
+from valueprobe.errors import ValueprobeError
+from valueprobe.generation import encode_prompts
+from valueprobe.steer_sweep import (
+    GENERATIONS,
+    SweepSettings,
+    answer_tokens,
+    p_yes,
+    parse_alphas,
+    random_directions,
+    run_sweep,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def tiny_axis(lm, *, d_model: int | None = None, mean_norm: float = 10.0, seed: int = 0) -> ValueAxis:
+    d = d_model or lm.d_model
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(lm.n_layers, d, generator=g)
+    return ValueAxis(
+        directions=v / v.norm(dim=1, keepdim=True), layers=tuple(range(lm.n_layers)),
+        mu=torch.zeros(lm.n_layers), sigma=torch.full((lm.n_layers,), 2.0),
+        mean_norm=torch.full((lm.n_layers,), mean_norm), best_layer=1, site="resid_post", method="test",
+        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=d,
+    )  # fmt: skip
+
+
+def chats(n: int, *, yes_no: bool = False) -> list[Example]:
+    ask = " Answer yes or no." if yes_no else ""
+    return [
+        Example(id=f"p{i}", label=1, group="g", messages=({"role": "user", "content": f"Is {i} + 1 = {i + 1}?{ask}"},))
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def settings_for(tmp: Path, **kw) -> SweepSettings:
+    base = dict(probe="tiny", probe_fingerprint="x", model="tiny", prompts=str(tmp / "p.jsonl"),
+                prompts_sha256="0", alphas=(-2.0, 0.0, 2.0), max_new_tokens=4, controls=2, greedy=True,
+                chunk_prompts=2, metrics=("length", "degenerate"))  # fmt: skip
+    return SweepSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+# --- P(yes) ----------------------------------------------------------------------------------------
+
+
+def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    axis = tiny_axis(lm)
+    prompts = [list(ex.messages or ()) for ex in chats(3, yes_no=True)]
+    alphas = [-3.0, 0.0, 1.5]
+    got = p_yes(lm, axis, prompts, alphas, unit="sigma", batch_size=2)
+    tok = lm.tokenizer
+    # This tokenizer has no single "yes" token: the first tokens of the forms, less any shared one.
+    yes = {tok(w, add_special_tokens=False)["input_ids"][0] for w in ("yes", "Yes", "YES", " yes", " Yes")}
+    no = {tok(w, add_special_tokens=False)["input_ids"][0] for w in ("no", "No", "NO", " no", " No")}
+    yes, no = sorted(yes - no), sorted(no - yes)
+    assert yes and no and answer_tokens(tok) == (yes, no)
+    for row, (prompt, a) in enumerate(zip(encode_prompts(lm, prompts), alphas, strict=True)):
+        ids = torch.tensor([prompt])
+        # The trusted route: h += α·σ·v̂ at the axis layer on every position, one unbatched forward.
+        logits = steered_logits(
+            lm, ids, torch.ones_like(ids), layer=1, vector=axis.direction(1) * 2.0, alpha=a
+        )
+        probs = torch.softmax(logits[0, -1], dim=-1)
+        want = probs[yes].sum() / (probs[yes].sum() + probs[no].sum())
+        assert got[row] == pytest.approx(float(want), abs=1e-5)
+    assert got[0] != pytest.approx(got[1], abs=1e-6)  # steering moved it
+
+
+# --- sweeps -----------------------------------------------------------------------------------------
+
+
+def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
+    lm = tiny_lm_factory("llama")
+    axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
+    examples = chats(5, yes_no=True)
+    settings = settings_for(tmp_path, other_probe="other", metrics=("yes", "p_yes", "length"))
+    full = run_sweep(lm, axis, examples, tmp_path / "full", settings, other=other, n_boot=50, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "full" / GENERATIONS).read_text().splitlines()]
+    # 5 prompts × 3 α × 1 sample × (axis + other + 2 random), each key once
+    assert len(rows) == 5 * 3 * 4 == full.n_rows
+    assert len({(r["prompt_id"], r["alpha"], r["direction"], r["sample"]) for r in rows}) == len(rows)
+    assert {r["direction"] for r in rows} == {"axis", "other:other", "random-0", "random-1"}
+    assert all(0.0 <= r["metrics"]["p_yes"] <= 1.0 for r in rows)
+    assert {e.metric for e in full.effects} == {"yes", "p_yes", "length"} or {
+        e.metric for e in full.effects
+    } >= {"p_yes", "length"}
+    assert all(len(e.null) == 2 for e in full.effects)
+
+    # Interrupt after two chunks, then resume: finished chunks are not generated again.
+    calls: list[int] = []
+    stop_at = [3]
+    real = generation.generate
+
+    def counting(*args, **kw):
+        calls.append(len(args[2]))
+        if len(calls) == stop_at[0]:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr("valueprobe.steer_sweep.generate", counting)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(lm, axis, examples, tmp_path / "resumed", settings, other=other, n_boot=50, progress=False)
+    path = tmp_path / "resumed" / GENERATIONS
+    assert len(path.read_text().splitlines()) == 2 * 2 * 3  # two chunks of 2 prompts × 3 α
+    with path.open("a") as f:
+        f.write('{"prompt_id": "p4", "alph')  # a line cut by the interruption
+    calls.clear()
+    stop_at[0] = -1
+    again = run_sweep(
+        lm, axis, examples, tmp_path / "resumed", settings, other=other, n_boot=50, progress=False
+    )
+    assert len(calls) == 4 * 3 - 2  # 3 blocks per direction, 4 directions, 2 blocks already done
+    resumed = [json.loads(x) for x in path.read_text().splitlines()]
+    key = lambda r: (r["prompt_id"], r["alpha"], r["direction"], r["sample"])  # noqa: E731
+    assert sorted(map(key, resumed)) == sorted(map(key, rows))
+    # Greedy rows are the same whatever chunk or run produced them.
+    assert {key(r): r["text"] for r in resumed} == {key(r): r["text"] for r in rows}
+    assert again.to_dict()["effects"][0]["axis"]["slope"] == pytest.approx(
+        full.to_dict()["effects"][0]["axis"]["slope"]
+    )
+
+
+def test_sweep_refuses_a_folder_with_another_sweep(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    axis = tiny_axis(lm)
+    run_sweep(lm, axis, chats(2), tmp_path / "s", settings_for(tmp_path), n_boot=10, progress=False)
+    with pytest.raises(ValueprobeError, match="different sweep"):
+        run_sweep(
+            lm, axis, chats(2), tmp_path / "s", settings_for(tmp_path, alphas=(-1.0, 1.0)), progress=False
+        )
+
+
+def test_random_directions_are_unit_and_seeded():
+    a, b = random_directions(64, 8, seed=0), random_directions(64, 8, seed=0)
+    assert torch.equal(a, b) and torch.allclose(a.norm(dim=1), torch.ones(8))
+    assert not torch.equal(a, random_directions(64, 8, seed=1))
+
+
+@pytest.mark.parametrize("text", ["", " , ", "1,x", "1,nan", "2,2"])
+def test_parse_alphas_rejects(text):
+    with pytest.raises(ValueprobeError):
+        parse_alphas(text)
+
+
+# --- summary on planted rows ----------------------------------------------------------------------------
+
+
+def planted_rows(axis_slope: float, *, degenerate_at: float | None = None) -> list[SweepRow]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for d, slope in [
+        ("axis", axis_slope),
+        ("other:h", 0.0),
+        *((f"random-{k}", rng.normal(0, 0.05)) for k in range(8)),
+    ]:
+        for p in range(20):
+            offset = rng.normal(0, 1)
+            for a in (-2.0, -1.0, 0.0, 1.0, 2.0):
+                deg = d == "axis" and a == degenerate_at and p < 15
+                value = 1000.0 if deg else slope * a + offset + rng.normal(0, 0.1)
+                rows.append(
+                    SweepRow(f"p{p}", "g", a, d, 0, 1, "x", {"length": value, "degenerate": float(deg)})
+                )
+    return rows
+
+
+def test_summary_null_and_drop_rule():
+    res = summarise(planted_rows(1.0, degenerate_at=2.0), unit="sigma", metrics=["length"], n_boot=200)
+    (e,) = res.effects
+    assert e.dropped == (2.0,)  # 15 of 20 outputs degenerate at α = 2: the whole strength goes
+    assert e.axis.slope == pytest.approx(1.0, abs=0.05) and e.axis.ci[0] < 1.0 < e.axis.ci[1]
+    assert len(e.null) == 8 and e.outside is True and e.other_outside is False
+    assert e.curves["axis"].alphas == (-2.0, -1.0, 0.0, 1.0)
+    flat = summarise(planted_rows(0.0), unit="norm", metrics=["length"], n_boot=200)
+    assert flat.effects[0].outside is False and flat.step == 25.0
+    headers, table = flat.table()
+    assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
+    json.dumps(flat.to_dict())
+    assert len(flat.figure().data) == 3  # null band, other axis, axis
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory, tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    root = tmp_path_factory.mktemp("steer")
+    lm.model.save_pretrained(root / "model")
+    lm.tokenizer.save_pretrained(root / "model")
+    tiny_axis(lm).save(root / "probe")
+    tiny_axis(lm, seed=1).save(root / "other")
+    ax = tiny_axis(lm)
+    ValueAxis(**{**ax.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))}).save(root / "no-norm")
+    wide = tiny_axis(lm, d_model=32)
+    wide.save(root / "wide")
+    write_jsonl(root / "p.jsonl", chats(4, yes_no=True))
+    (root / "empty.jsonl").write_text("")
+    (root / "bad.jsonl").write_text('{"id": "a", "label": 1}\n')
+    return root
+
+
+def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
+    r = tiny_files
+    argv = ["steer", "--probe", str(r / "probe"), "--model", str(r / "model"), "--prompts", str(r / "p.jsonl"),
+            "--alphas", "-2,0,2", "--max-new-tokens", "3", "--controls", "2", "--greedy",
+            "--other-probe", str(r / "other"), "--out", str(tmp_path / "out"), "--bootstrap", "50"]  # fmt: skip
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    for name in ("settings.json", "generations.jsonl", "metrics.json", "metrics.csv", "dose.html"):
+        assert (tmp_path / "out" / name).is_file(), name
+    html = (tmp_path / "out" / "dose.html").read_text()
+    assert '<script src="http' not in html and len(html) > 1_000_000  # plotly.js inlined, no CDN
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert {e["metric"] for e in metrics["effects"]} >= {"p_yes"}
+    before = (tmp_path / "out" / "generations.jsonl").read_bytes()
+    assert len(before.splitlines()) == 4 * 3 * 4
+    code, _, err = run(argv, capsys)  # everything done: nothing regenerated, nothing appended
+    assert code == 0, err and (tmp_path / "out" / "generations.jsonl").read_bytes() == before
+
+
+def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("valueprobe.cli_steer._load_model", no_load)
+    r = tiny_files
+    (tmp_path / "other-sweep").mkdir()
+    (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
+    base = {"--probe": str(r / "probe"), "--model": str(r / "model"), "--prompts": str(r / "p.jsonl"),
+            "--out": str(tmp_path / "o")}  # fmt: skip
+    cases = [
+        ({"--alphas": "1,x"}, "does not parse"),
+        ({"--alphas": ""}, "empty"),
+        ({"--probe": str(r / "wide")}, "d_model"),
+        ({"--layer": "7"}, "no such layer"),
+        ({"--probe": str(r / "no-norm"), "--unit": "norm"}, "norm statistics"),
+        ({"--prompts": str(r / "empty.jsonl")}, "empty"),
+        ({"--prompts": str(r / "bad.jsonl")}, "bad.jsonl"),
+        ({"--prompts": str(r / "missing.jsonl")}, "does not exist"),
+        ({"--max-new-tokens": "0"}, "max-new-tokens"),
+        ({"--max-new-tokens": "-3"}, "max-new-tokens"),
+        ({"--out": str(tmp_path / "other-sweep")}, "different sweep"),
+    ]
+    for change, words in cases:
+        args = {**base, **change}
+        code, out, err = run(["steer", *[x for kv in args.items() for x in kv]], capsys)
+        assert code == 2, (change, err)
+        assert err.startswith("error: ") and err.count("\n") == 1 and words in err, (change, err)
+        assert not (tmp_path / "o").exists()
+
+
+def test_shipped_steering_sets_parse_and_pick_metrics():
+    from valueprobe.steer_sweep import metrics_for
+
+    conf = read_jsonl(DATA / "steer_confidence.jsonl")
+    assert metrics_for(DATA / "steer_confidence.jsonl", conf) == ("yes", "p_yes")
+    assert metrics_for(DATA / "steer_code.jsonl", read_jsonl(DATA / "steer_code.jsonl"))[0] == "code_lines"
