@@ -31,6 +31,8 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
+tune_app = typer.Typer(no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably.")
+app.add_typer(tune_app, name="tune")
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -317,6 +319,57 @@ def replicate_axis(
              for k, v in history.metrics["evaluated_on"].items()],
         )  # fmt: skip
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
+
+
+# --- tune ---
+
+TuneData = Annotated[Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")]
+TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
+TuneGroup = Annotated[str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")]
+TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
+TuneLora = Annotated[bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")]
+TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
+TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
+
+
+def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
+          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
+          beta: float = 0.1) -> None:  # fmt: skip
+    from valueprobe.tune import TuneSettings, check_out, data_record, read_pairs, train
+
+    check_out(out, overwrite=overwrite)
+    groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
+    pairs = read_pairs(data, groups=groups, split=split)
+    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,  # type: ignore[arg-type]
+                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
+    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
+                data=data_record(data, groups=groups, split=split))  # fmt: skip
+    headers, rows = res.table()
+    table(f"tune {method} -> {out}", headers, rows)
+    console.print(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
+
+
+@tune_app.command("dpo")
+def tune_dpo(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 6.0, seed: int = 0,
+    lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
+    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+
+
+@tune_app.command("sft")
+def tune_sft(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 6.0,
+    seed: int = 0, lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
+    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
 
 
 def write_html(fig, path: Path) -> None:
