@@ -14,6 +14,7 @@ import torch
 
 from valueprobe.cli import main
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import Fingerprint
 from valueprobe.models import load
 from valueprobe.tune import TUNE_FILE, Pair, TuneSettings, read_pairs, train
 
@@ -60,7 +61,8 @@ def test_train_changes_weights_and_reloads(method, base_dir, pairs, tmp_path):
     # LoRA touches the linear layers of the blocks, never the embeddings or the norms
     assert changed and all("proj" in k for k in changed)
     assert not any("embed" in k or "norm" in k for k in changed)
-    assert tuned.fingerprint != base.fingerprint
+    fp_base, fp_tuned = Fingerprint.parse(base.fingerprint), Fingerprint.parse(tuned.fingerprint)
+    assert fp_tuned.arch == fp_base.arch and fp_tuned.weights != fp_base.weights
     assert (tuned.n_layers, tuned.d_model) == (base.n_layers, base.d_model)
     ids = base.tokenizer("Pick one word", return_tensors="pt").input_ids
     with torch.no_grad():

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 from datasets import Dataset
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.files import atomic_write_text, sha256_file
 from valueprobe.models import LoadedModel, load, wrap
 
@@ -229,7 +229,7 @@ def train(
         base: a model spec for :func:`valueprobe.load` (recorded, so the checkpoint reloads), or a
             :class:`LoadedModel` whose ``model_id`` is a loadable folder.
         data: provenance recorded in ``valueprobe-tune.json`` (path, sha256, groups, ...).
-        overwrite: replace an existing ``out``.
+        overwrite: replace an existing ``out`` and discard an interrupted run with other settings.
 
     Returns:
         The checkpoint folder and its record. An interrupted call leaves only ``out.partial``;
@@ -246,11 +246,12 @@ def train(
     run = {"format": FORMAT, "settings": asdict(settings), "data": data}
     run_file = partial / "run.json"
     resume: Path | None = None
-    if run_file.exists():
-        if json.loads(run_file.read_text()) != json.loads(json.dumps(run, default=str)):
-            raise ValueprobeError(
-                f"{partial} holds an interrupted run with other settings or data: delete it to start over"
-            )
+    same = run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run, default=str))
+    if run_file.exists() and not same and not overwrite:
+        raise ValueprobeError(
+            f"{partial} holds an interrupted run with other settings or data: delete it or pass --overwrite"
+        )
+    if same:
         resume = _last_checkpoint(partial)
     else:
         if partial.exists():
@@ -327,7 +328,8 @@ def load_tuned(path: str | Path, **load_kwargs: Any) -> LoadedModel:
     """Load a LoRA checkpoint from :func:`train`: its recorded base, the adapter merged in.
 
     Raises:
-        ValueprobeError: the record is unreadable, or the base now loads with another architecture.
+        ValueprobeError: the record is unreadable, or the base now loads with another architecture
+            (other base weights give a ``FingerprintWarning``).
     """
     from peft import PeftModel  # optional heavy dependency: only adapter checkpoints need it
 
@@ -338,16 +340,8 @@ def load_tuned(path: str | Path, **load_kwargs: Any) -> LoadedModel:
     except (OSError, ValueError, KeyError) as exc:
         raise ValueprobeError(f"{path / TUNE_FILE} is unreadable ({exc}); retrain or restore it") from None
     base = load(spec, **load_kwargs)
-    arch = _arch(base)
-    expected = {k: record["base"].get(k) for k in arch}
-    if arch != expected:
-        raise ValueprobeError(f"{path}: its base {spec} now loads as {arch}, but it was trained on {expected}")
-    if base.fingerprint != record["base"]["fingerprint"]:
-        warnings.warn(
-            f"{path}: base {spec} fingerprint {base.fingerprint} differs from the one trained on "
-            f"({record['base']['fingerprint']}); the adapter is applied anyway",
-            stacklevel=2,
-        )
+    # architecture must match (else ValueprobeError); other base weights only warn
+    check_records(record["base"]["fingerprint"], base.fingerprint, what=f"adapter {path} and its base {spec}")
     merged = PeftModel.from_pretrained(base.model, str(path)).merge_and_unload()
     lm = wrap(merged, base.tokenizer, model_id=str(path), layers_path=load_kwargs.get("layers_path"))
     lm.meta["tune"] = record
