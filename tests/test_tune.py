@@ -122,7 +122,12 @@ def test_read_pairs_forms_and_errors(tmp_path):
     assert [p.chosen for p in got] == ["dolphin", "a"]
     assert got[0].prompt == ({"role": "user", "content": "Pick one"},)
     assert got[0].flipped().chosen == "spoon"
-    f.write_text(json.dumps({"prompt": "x", "chosen": "y", "rejected": "z"}) + "\n" + json.dumps({"prompt": "x", "chosen": "y"}) + "\n")
+    f.write_text(
+        json.dumps({"prompt": "x", "chosen": "y", "rejected": "z"})
+        + "\n"
+        + json.dumps({"prompt": "x", "chosen": "y"})
+        + "\n"
+    )
     with pytest.raises(ValueprobeError, match=r"p\.jsonl:2: missing 'rejected'"):
         read_pairs(f)
     with pytest.raises(ValueprobeError, match="no pairs in groups"):

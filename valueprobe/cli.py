@@ -34,9 +34,9 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no
 
 from valueprobe.capture import CHAT_TEMPLATES
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 from valueprobe.models import check_device
 from valueprobe.vocab import parse_layers
-from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -44,7 +44,9 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
-tune_app = typer.Typer(no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably.")
+tune_app = typer.Typer(
+    no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
+)
 app.add_typer(tune_app, name="tune")
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -54,7 +56,9 @@ TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own cod
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 ChatTemplateOpt = Annotated[
     str,
-    typer.Option(help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"),
+    typer.Option(
+        help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
 ]
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
@@ -130,7 +134,8 @@ def capture(
     batch_size: int = 8,
     examples_per_shard: int = 256,
     checkpoint_seconds: Annotated[
-        float, typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much")
+        float,
+        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
     ] = 60.0,
     dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
     padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
@@ -200,7 +205,8 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all")
+        str,
+        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
     ] = "all",
     seed: int = 0,
     n: Annotated[
@@ -393,11 +399,17 @@ def replicate_axis(
 
 # --- tune ---
 
-TuneData = Annotated[Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")]
+TuneData = Annotated[
+    Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
+]
 TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
-TuneGroup = Annotated[str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")]
+TuneGroup = Annotated[
+    str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
+]
 TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
-TuneLora = Annotated[bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")]
+TuneLora = Annotated[
+    bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+]
 TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
 TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
 
@@ -442,6 +454,96 @@ def tune_sft(
           batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
 
 
+ShippedAxes = Annotated[
+    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
+]
+SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
+
+
+def _axes(spec: str) -> dict:
+    from valueprobe.axis import ValueAxis
+
+    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
+    return {p.name: ValueAxis.load(p) for p in paths}
+
+
+def _tune_settings(*, epochs: float, lr: float, max_steps: int):
+    from valueprobe.tune import TuneSettings
+
+    if epochs <= 0 or lr <= 0:
+        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
+    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
+
+
+@replicate_app.command("dpo-words")
+def replicate_dpo_words(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
+        "runs/dpo-words-smollm2-135m"
+    ),
+    k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
+    avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    epochs: float = 6.0,
+    lr: float = 5e-5,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
+    from valueprobe.dpo_words import replicate_dpo_words as run
+    from valueprobe.dpo_words import write_report
+
+    if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
+        raise ValueprobeError(
+            f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
+        )
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = _load_model(model)
+    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
+                 settings=settings, seed=seed, progress=console.print)  # fmt: skip
+    headers, rows = report.table()
+    table(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
+
+
+@replicate_app.command("safety")
+def replicate_safety(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[
+        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
+    ] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
+        "runs/safety-smollm2-135m"
+    ),
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
+    epochs: float = 6.0,
+    lr: float = 5e-5,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
+    from valueprobe.safety import replicate_safety as run
+    from valueprobe.safety import write_report
+
+    if n_random < 1 or (per_group is not None and per_group < 2):
+        raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = _load_model(model)
+    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
+                 per_group=per_group, seed=seed, progress=console.print)  # fmt: skip
+    headers, rows = report.table()
+    table("safety DPO: refusal and shift", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
+
+
 def write_html(fig, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -460,7 +562,9 @@ def check_layer_spec(option: str, spec: str | None) -> None:
         try:
             parse_layers(spec, n_layers=1 << 20)
         except ValueprobeError:
-            raise ValueprobeError(f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'") from None
+            raise ValueprobeError(
+                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'"
+            ) from None
 
 
 def open_store(path: Path, *, allow_partial: bool = False):
@@ -508,7 +612,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         _fail(EXIT_INTERRUPTED, "aborted")
-    except NoArgsIsHelpError as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
+    except (
+        NoArgsIsHelpError
+    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except typer.TyperException as exc:  # unknown command, missing or bad option
@@ -528,9 +634,15 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, ValueprobeError):
         return EXIT_BAD_INPUT, _one_line(str(exc))
     if isinstance(exc, SafetensorError):
-        return EXIT_BAD_INPUT, f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again"
+        return (
+            EXIT_BAD_INPUT,
+            f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again",
+        )
     if isinstance(exc, json.JSONDecodeError):
-        return EXIT_BAD_INPUT, f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file"
+        return (
+            EXIT_BAD_INPUT,
+            f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
+        )
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:
             return EXIT_BAD_INPUT, "no space left on device: free space and rerun"
@@ -555,7 +667,9 @@ def _write_traceback(exc: BaseException) -> Path:
     folder = Path(os.environ.get("VALUEPROBE_LOG_DIR") or Path(tempfile.gettempdir()) / "valueprobe-logs")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text("valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc)))
+    path.write_text(
+        "valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc))
+    )
     return path
 
 

@@ -35,8 +35,8 @@ import torch
 from datasets import Dataset
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.fingerprint import check_records
 from valueprobe.files import atomic_write_text, sha256_file
+from valueprobe.fingerprint import check_records
 from valueprobe.models import LoadedModel, load, wrap
 
 __all__ = ["Pair", "TuneSettings", "TuneResult", "read_pairs", "train", "load_tuned", "TUNE_FILE"]
@@ -156,11 +156,20 @@ def read_pairs(
                     f"{where}: missing {', '.join(repr(m) for m in missing)}; each row needs a prompt "
                     "(or messages) and chosen/rejected (top level or in meta)"
                 )
-            if not isinstance(prompt, list) or not all(isinstance(m, dict) and "content" in m for m in prompt):
-                raise ValueprobeError(f"{where}: 'prompt' must be a string or a list of {{role, content}} messages")
-            chosen, rejected = row.get("chosen", meta.get("chosen")), row.get("rejected", meta.get("rejected"))
+            if not isinstance(prompt, list) or not all(
+                isinstance(m, dict) and "content" in m for m in prompt
+            ):
+                raise ValueprobeError(
+                    f"{where}: 'prompt' must be a string or a list of {{role, content}} messages"
+                )
+            chosen, rejected = (
+                row.get("chosen", meta.get("chosen")),
+                row.get("rejected", meta.get("rejected")),
+            )
             if not isinstance(chosen, str) or not isinstance(rejected, str):
-                raise ValueprobeError(f"{where}: 'chosen' and 'rejected' must be strings (the assistant's reply)")
+                raise ValueprobeError(
+                    f"{where}: 'chosen' and 'rejected' must be strings (the assistant's reply)"
+                )
             group = str(row.get("group", ""))
             if groups is not None and group not in groups:
                 continue
@@ -350,4 +359,8 @@ def load_tuned(path: str | Path, **load_kwargs: Any) -> LoadedModel:
 
 def data_record(path: str | Path, **selection: Any) -> dict[str, Any]:
     """Provenance of a pairs file and the rows taken from it."""
-    return {"path": str(path), "sha256": sha256_file(path), **{k: v for k, v in selection.items() if v is not None}}
+    return {
+        "path": str(path),
+        "sha256": sha256_file(path),
+        **{k: v for k, v in selection.items() if v is not None},
+    }
