@@ -122,7 +122,7 @@ def _items(evals: list[Example]) -> list[Example]:
     out = []
     for e in evals:
         for o in e.meta["options"]:
-            out.append(item_example(f"{e.id}|{o}", e.messages, o, o, group=e.group, label=int(o == e.meta["target"]),
+            out.append(item_example(f"{e.id}|{o}", e.messages or (), o, o, group=e.group, label=int(o == e.meta["target"]),
                                     meta={"prompt": e.id, "option": o, "target": e.meta["target"]}))  # fmt: skip
     return out
 
@@ -138,7 +138,7 @@ def _measure(lm: LoadedModel, evals: list[Example], items: list[Example], sents:
     """Choices, item scores and sentence scores of one model."""
     scores, _ = read_items(lm, items, dirs)
     sent_scores, _ = read_items(lm, sents, dirs)
-    picks = {e.id: e.meta["options"][choose(lm, e.messages, e.meta["options"])] for e in evals}
+    picks = {e.id: e.meta["options"][choose(lm, e.messages or (), e.meta["options"])] for e in evals}
     return {"scores": scores, "sent_scores": sent_scores, "picks": picks}
 
 

@@ -60,7 +60,7 @@ def replies(
     out: list[str] = []
     try:
         for i in range(0, len(prompts), batch_size):
-            texts = [tok.apply_chat_template(list(e.messages), add_generation_prompt=True, tokenize=False)
+            texts = [tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False)
                      for e in prompts[i : i + batch_size]]  # fmt: skip
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(lm.device)
             gen = lm.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
@@ -144,7 +144,7 @@ def replicate_safety(
     tuned = load(str(out))
     refusal = read_jsonl(data_dir / "refusal.jsonl")
     held = [e for e in refusal if e.meta.get("split") == "eval"]
-    rates: dict[str, dict[str, float]] = {}
+    rates: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     progress(f"refusal rate on {len(held)} held-out prompts, before and after")
     before, after = replies(lm, held), replies(tuned, held)
@@ -155,17 +155,22 @@ def replicate_safety(
         rates[g] = {"before": float(b.mean()), "after": float(a.mean()), "n": len(idx),
                     "before_ci": hier_boot([b])[1:], "after_ci": hier_boot([a])[1:]}  # fmt: skip
         samples[g] = [
-            {"prompt": held[i].messages[0]["content"], "before": before[i], "after": after[i]}
+            {
+                "prompt": (held[i].messages or ({"content": ""},))[0]["content"],
+                "before": before[i],
+                "after": after[i],
+            }
             for i in idx[:4]
         ]
     examples = refusal + read_jsonl(data_dir / "sensitive.jsonl")
     if per_group is not None:
         seen: dict[str, int] = {}
-        examples = [
-            e
-            for e in examples
-            if (seen.__setitem__(e.group, seen.get(e.group, 0) + 1) or seen[e.group]) <= per_group
-        ]
+        kept = []
+        for e in examples:
+            seen[e.group] = seen.get(e.group, 0) + 1
+            if seen[e.group] <= per_group:
+                kept.append(e)
+        examples = kept
     shifts = {}
     for name, axis in axes.items():
         progress(f"shift along {name} on {len(examples)} prompts")
@@ -196,9 +201,10 @@ def write_report(report: SafetyReport, out: Path) -> list[Path]:
     atomic_write_text(files[1], "\n".join(md) + "\n")
     for name, res in report.shifts.items():
         path = out / f"shift-{name}.html"
-        fig = res.figure()
-        atomic_write(
-            path, lambda tmp, fig=fig: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
-        )
+        _write_html(res.figure(), path)
         files.append(path)
     return files
+
+
+def _write_html(fig: Any, path: Path) -> None:
+    atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))

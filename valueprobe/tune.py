@@ -145,7 +145,7 @@ def read_pairs(
                 raise ValueprobeError(f"{where}: not JSON ({exc.msg}); one object per line") from None
             if not isinstance(row, dict):
                 raise ValueprobeError(f"{where}: expected a JSON object with prompt, chosen, rejected")
-            meta = row.get("meta") if isinstance(row.get("meta"), dict) else {}
+            meta: dict[str, Any] = row["meta"] if isinstance(row.get("meta"), dict) else {}
             prompt = row.get("prompt", row.get("messages"))
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
