@@ -45,6 +45,10 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
+tune_app = typer.Typer(
+    no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
+)
+app.add_typer(tune_app, name="tune")
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -416,6 +420,153 @@ def report(
         ["section", "in report"],
         [[key, "yes" if key in present else "absent"] for key in dict.fromkeys(s.key for s in SECTIONS)],
     )
+
+
+# --- tune ---
+
+TuneData = Annotated[
+    Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
+]
+TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
+TuneGroup = Annotated[
+    str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
+]
+TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
+TuneLora = Annotated[
+    bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+]
+TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
+TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
+
+
+def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
+          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
+          beta: float = 0.1) -> None:  # fmt: skip
+    from valueprobe.tune import TuneSettings, check_out, data_record, read_pairs, train
+
+    check_out(out, overwrite=overwrite)
+    groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
+    pairs = read_pairs(data, groups=groups, split=split)
+    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,  # type: ignore[arg-type]
+                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
+    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
+                data=data_record(data, groups=groups, split=split))  # fmt: skip
+    headers, rows = res.table()
+    table(f"tune {method} -> {out}", headers, rows)
+    console.print(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
+
+
+@tune_app.command("dpo")
+def tune_dpo(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 6.0, seed: int = 0,
+    lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
+    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+
+
+@tune_app.command("sft")
+def tune_sft(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 6.0,
+    seed: int = 0, lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
+    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+
+
+ShippedAxes = Annotated[
+    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
+]
+SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
+
+
+def _axes(spec: str) -> dict:
+    from valueprobe.axis import ValueAxis
+
+    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
+    return {p.name: ValueAxis.load(p) for p in paths}
+
+
+def _tune_settings(*, epochs: float, lr: float, max_steps: int):
+    from valueprobe.tune import TuneSettings
+
+    if epochs <= 0 or lr <= 0:
+        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
+    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
+
+
+@replicate_app.command("dpo-words")
+def replicate_dpo_words(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
+        "runs/dpo-words-smollm2-135m"
+    ),
+    k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
+    avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    epochs: float = 6.0,
+    lr: float = 5e-5,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
+    from valueprobe.dpo_words import replicate_dpo_words as run
+    from valueprobe.dpo_words import write_report
+
+    if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
+        raise ValueprobeError(
+            f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
+        )
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = _load_model(model)
+    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
+                 settings=settings, seed=seed, progress=console.print)  # fmt: skip
+    headers, rows = report.table()
+    table(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
+
+
+@replicate_app.command("safety")
+def replicate_safety(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[
+        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
+    ] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
+        "runs/safety-smollm2-135m"
+    ),
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
+    epochs: float = 6.0,
+    lr: float = 5e-5,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
+    from valueprobe.safety import replicate_safety as run
+    from valueprobe.safety import write_report
+
+    if n_random < 1 or (per_group is not None and per_group < 2):
+        raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = _load_model(model)
+    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
+                 per_group=per_group, seed=seed, progress=console.print)  # fmt: skip
+    headers, rows = report.table()
+    table("safety DPO: refusal and shift", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
 
 
 def write_html(fig, path: Path) -> None:
