@@ -14,7 +14,8 @@ resumes; captures also resume shard by shard):
 5. ``transfer``: fit on each family, score on every other, with controls;
 6. ``matched_control`` and ``logit_lens`` of the pre/post axis;
 7. ``trace``: one greedy generation with the value read at every token;
-8. ``steer``, ``tune``, ``shift``: plug in through :data:`LATER_STAGES` when those modules exist.
+8. ``steer``: a steering sweep on yes/no confidence prompts with its random-direction null;
+9. ``shift`` (one short DPO model and its shift): plugs in through :data:`LATER_STAGES` (not yet).
 
 Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.html``.
 """
@@ -33,7 +34,7 @@ from rich.console import Console
 
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets import build
-from valueprobe.datasets.io import sha256_file
+from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
 from valueprobe.generation import generate
@@ -48,6 +49,7 @@ from valueprobe.replicate import (
 )
 from valueprobe.report import RESULTS_FILE, write_report
 from valueprobe.stages import StageCache
+from valueprobe.steer_sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.store import ActivationStore
 from valueprobe.sweep import fit_probe
 from valueprobe.transfer import transfer_matrix
@@ -71,6 +73,7 @@ class DemoSize:
 # Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
 FULL = DemoSize(icrl=60, code=16, backtracking=16, confidence=8, refusal=40, splits=5, trace_tokens=48)
 QUICK = DemoSize(icrl=18, code=4, backtracking=6, confidence=2, refusal=12, splits=3, trace_tokens=24)
+CONTRASTS = ("icrl", "code", "backtracking", "confidence", "refusal")
 TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
 TRACE_PROMPT = [{"role": "user", "content": "Is 91 a prime number? Answer, then explain in one sentence."}]
 
@@ -112,13 +115,37 @@ def _finite(x: Any) -> Any:
     return x
 
 
-# Stages other helpers own plug in here: name -> fn(lm, axis_path, out, seed, quick) -> section dict.
-# Until one is registered its section is reported as missing, with the reason below.
-LATER_STAGES: dict[str, Callable[..., dict]] = {}
+def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
+    """The steering sweep (valueprobe.steer_sweep) on the yes/no confidence prompts, random-direction null."""
+    prompts = out / "data" / "steer_confidence.jsonl"
+    examples = read_jsonl(prompts)[: 8 if quick else 24]
+    axis = ValueAxis.load(probe_dir)
+    settings = SweepSettings(
+        probe=str(probe_dir), probe_fingerprint=axis.fingerprint, model=lm().model_id, prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts), alphas=(-4.0, -2.0, 0.0, 2.0, 4.0), max_new_tokens=6,
+        controls=4 if quick else 8, seed=seed, greedy=True, metrics=metrics_for(prompts, examples),
+        limit=len(examples),
+    )  # fmt: skip
+    sweep = run_sweep(
+        lm(), axis, examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False
+    )
+    d = sweep.to_dict()
+    e = next((x for x in d["effects"] if x["metric"] == "p_yes"), d["effects"][0])
+    where = {True: "outside", False: "inside", None: "undetermined vs"}[e["outside_null"]]
+    d["headline"] = (
+        f"steering ({e['metric']}, {e['subset']}): slope {e['axis']['slope']:+.4f} per σ, {where} the"
+        f" random-direction null [{e['null_range'][0]:+.4f}, {e['null_range'][1]:+.4f}]"
+    )
+    return d
+
+
+# Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.
+# A section with no registered stage is reported as missing, with the reason below.
+LATER_STAGES: dict[str, Callable[..., dict]] = {"steer": steer_stage}
 MISSING_WHY = {
-    "steer": "the steering sweep with behavioural metrics and its random-direction null is not in this build yet",
-    "tune": "DPO tuning (valueprobe.tune) is not in this build yet",
-    "shift": "the checkpoint shift (valueprobe.shift) needs a tuned model, and tuning is not in this build yet",
+    "steer": "the steering sweep is not registered in this build",
+    "shift": "one short DPO model and its shift are not wired into the demo yet: run `valueprobe tune dpo`,"
+    " then valueprobe.shift.shift(axis, base, tuned, examples)",
 }
 
 
@@ -140,18 +167,22 @@ def run_demo(
 
     def datasets() -> dict:
         files: dict[str, Path] = {}
-        for family in ("icrl", "code", "backtracking", "confidence", "refusal"):
-            n = getattr(size, family)
-            files.update(build(family, data_dir, seed=seed, n=n))
+        for family in CONTRASTS:
+            files.update(build(family, data_dir, seed=seed, n=getattr(size, family)))
+        files.update(build("steering", data_dir, seed=seed))
         return {name: sha256_file(path) for name, path in sorted(files.items())}
 
-    shas = cache.run("datasets", {**asdict(size), "seed": seed}, datasets, label="contrast sets")
+    inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering"]}
+    shas = cache.run("datasets", inputs, datasets, label="contrast sets and steering prompts")
     families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
 
     def stores() -> dict[str, ActivationStore]:
         return capture_families(lm(), data_dir, runs_dir, families=families)
 
-    capture_key = {"model": model, "data": shas}
+    captured = {
+        k: shas[Path(spec.file).stem] for k, spec in families.items()
+    }  # steering prompts are not captured
+    capture_key = {"model": model, "data": captured}
     cache.run("capture", capture_key, lambda: {k: str(v.path) for k, v in stores().items()},
               label=f"{len(families)} families, all layers + embedding")  # fmt: skip
     opened = {k: ActivationStore.open(runs_dir / k) for k in families}
