@@ -118,12 +118,12 @@ def _finite(x: Any) -> Any:
 def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
     """The steering sweep (valueprobe.steer_sweep) on the yes/no confidence prompts, random-direction null."""
     prompts = out / "data" / "steer_confidence.jsonl"
-    examples = read_jsonl(prompts)[: 8 if quick else 24]
+    examples = read_jsonl(prompts)[: 4 if quick else 16]
     axis = ValueAxis.load(probe_dir)
     settings = SweepSettings(
         probe=str(probe_dir), probe_fingerprint=axis.fingerprint, model=lm().model_id, prompts=str(prompts),
-        prompts_sha256=sha256_file(prompts), alphas=(-4.0, -2.0, 0.0, 2.0, 4.0), max_new_tokens=6,
-        controls=4 if quick else 8, seed=seed, greedy=True, metrics=metrics_for(prompts, examples),
+        prompts_sha256=sha256_file(prompts), alphas=(-4.0, 0.0, 4.0) if quick else (-4.0, -2.0, 0.0, 2.0, 4.0),
+        max_new_tokens=6, controls=2 if quick else 6, seed=seed, greedy=True, metrics=metrics_for(prompts, examples),
         limit=len(examples),
     )  # fmt: skip
     sweep = run_sweep(
