@@ -176,14 +176,12 @@ def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
 
 
 def _answer_ids(tokenizer: object, word: str) -> set[int]:
-    """First tokens of the word's forms (yes, Yes, YES, " yes", " Yes"): on tokenizers that have
-    them, these are the single tokens the answer starts with."""
-    ids: set[int] = set()
-    for form in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize()):
-        got = tokenizer(form, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
-        if got:
-            ids.add(int(got[0]))
-    return ids
+    """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
+    where the tokenizer has any, else the first token of each form."""
+    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+             for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())]  # fmt: skip
+    single = {int(ids[0]) for ids in forms if len(ids) == 1}
+    return single or {int(ids[0]) for ids in forms if ids}
 
 
 def answer_tokens(tokenizer: object) -> tuple[list[int], list[int]]:
@@ -205,8 +203,8 @@ def p_yes(
 ) -> np.ndarray:
     """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
 
-    "yes" and "no" each pool the first tokens of the word's forms (yes, Yes, YES, " yes", " Yes";
-    single tokens on the default model), see `answer_tokens`.
+    "yes" and "no" each pool the single-token forms of the word (on the default model: yes, Yes,
+    " yes", " Yes"; "YES" is two tokens and is left out), see `answer_tokens`.
 
     Args:
         prompts: one prompt per row (chats get the assistant turn opened).
