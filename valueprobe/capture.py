@@ -233,7 +233,9 @@ def encode(
     if positions not in POSITIONS:
         raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
     if chat_template not in CHAT_TEMPLATES:
-        raise ValueprobeError(f"unknown chat template {chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}")
+        raise ValueprobeError(
+            f"unknown chat template {chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}"
+        )
     limit = context_length(lm)
     if max_length is not None and limit is not None and max_length > limit:
         raise ValueprobeError(

@@ -56,6 +56,9 @@ SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_open": ("length", "degenerate"),
 }
 DEFAULT_METRICS = ("length", "degenerate")
+# Sets whose groups are conditions to compare (the question and its inverted control; harmful and
+# benign requests): their effects are reported per group. Other files pool their groups.
+BY_GROUP = ("steer_confidence", "steer_refusal")
 
 
 @dataclass(frozen=True)
@@ -352,8 +355,9 @@ def run_sweep(
                 rows.append(row)
         _append(path, rows)
         done.update(r.key() for r in rows)
-    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, n_boot=n_boot,
-                       seed=settings.seed, settings=settings.to_dict())  # fmt: skip
+    by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
+    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, by_group=by_group,
+                       n_boot=n_boot, seed=settings.seed, settings=settings.to_dict())  # fmt: skip
     atomic_write_text(
         out / "metrics.json", json.dumps(_jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )
