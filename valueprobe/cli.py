@@ -434,8 +434,8 @@ def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs:
 @tune_app.command("dpo")
 def tune_dpo(
     data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
-    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 6.0, seed: int = 0,
-    lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 1.0, seed: int = 0,
+    lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
     max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
 ) -> None:  # fmt: skip
     """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
@@ -445,8 +445,8 @@ def tune_dpo(
 
 @tune_app.command("sft")
 def tune_sft(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 6.0,
-    seed: int = 0, lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 1.0,
+    seed: int = 0, lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
     max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
 ) -> None:  # fmt: skip
     """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
@@ -487,8 +487,8 @@ def replicate_dpo_words(
     k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
     avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
     n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
-    epochs: float = 6.0,
-    lr: float = 5e-5,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
     max_steps: TuneSteps = -1,
     seed: int = 0,
 ) -> None:
@@ -523,8 +523,8 @@ def replicate_safety(
     ),
     n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
     per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
-    epochs: float = 6.0,
-    lr: float = 5e-5,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
     max_steps: TuneSteps = -1,
     seed: int = 0,
 ) -> None:
