@@ -19,34 +19,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Literal
 
 import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
+from valueprobe.backends import residuals
 from valueprobe.backends._shared import position_ids_from_mask
-from valueprobe.datasets.io import Example, linked_groups
+from valueprobe.datasets.io import Example, regroup
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
+from valueprobe.vocab import Backend, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
 
-__all__ = [
-    "Rows",
-    "CaptureResult",
-    "Encoded",
-    "capture",
-    "encode",
-    "iter_batches",
-    "Positions",
-    "Site",
-    "LayerKey",
-]
-
-Positions = Literal["last", "mean", "all", "spans", "span_tokens"]
-Site = Literal["resid_pre", "resid_post"]
-LayerKey = int | Literal["embed"]
-POSITIONS: tuple[str, ...] = ("last", "mean", "all", "spans", "span_tokens")
+__all__ = ["Rows", "CaptureResult", "Encoded", "capture", "encode", "iter_batches"]
 
 
 @dataclass(frozen=True)
@@ -108,24 +95,6 @@ class Encoded:
 # ---------------------------------------------------------------- rendering and token selection
 
 
-def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
-    """Re-key each example's ``group`` by the rows it is linked to through ``meta.KEY``.
-
-    Held-out splits hold out whole groups; ``"meta.pair"`` keeps an original and its corrupted
-    variants (or two matched rollouts) in one group, so each group holds both classes. See
-    :func:`valueprobe.datasets.io.linked_groups`.
-
-    >>> regroup(examples, "meta.pair")[0].group   # doctest: +SKIP
-    'code-0000'
-    """
-    if group_by is None:
-        return list(examples)
-    if not group_by.startswith("meta."):
-        raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
-    groups = linked_groups(examples, group_by[len("meta.") :])
-    return [replace(ex, group=groups[ex.id]) for ex in examples]
-
-
 def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
     """Text the model reads, and the character offset of each message's content in it.
 
@@ -179,8 +148,7 @@ def encode(
     ``span_labels`` keeps only spans with those labels (e.g. only ``prefix``, so a probe never
     reads the text that admits an error).
     """
-    if positions not in POSITIONS:
-        raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
+    positions = choice(Positions, positions, what="positions")
     tok = lm.tokenizer
     out: list[Encoded] = []
     for ex in examples:
@@ -246,7 +214,7 @@ class Batch:
         return replace(self, weights=self.weights.to(device), gather=gather, row_slots=slots)
 
 
-def make_batch(items: Sequence[Encoded], *, padding_side: Literal["left", "right"], pad_id: int) -> Batch:
+def make_batch(items: Sequence[Encoded], *, padding_side: PaddingSide, pad_id: int) -> Batch:
     """Pad a batch, with explicit position ids so a left-padded row sees the same positions as alone."""
     width = max(len(e.input_ids) for e in items)
     b = len(items)
@@ -299,7 +267,7 @@ def reduce_batch(h: Float[Tensor, "batch pos d_model"], batch: Batch) -> Float[T
     return pooled[batch.row_slots[0].to(h.device), batch.row_slots[1].to(h.device)].cpu()
 
 
-def iter_batches(encoded: Sequence[Encoded], *, batch_size: int, padding_side: Literal["left", "right"],
+def iter_batches(encoded: Sequence[Encoded], *, batch_size: int, padding_side: PaddingSide,
                  pad_id: int) -> Iterator[Batch]:  # fmt: skip
     for i in range(0, len(encoded), batch_size):
         yield make_batch(encoded[i : i + batch_size], padding_side=padding_side, pad_id=pad_id)
@@ -312,7 +280,7 @@ def _backend_run(
     layers: list[int],
     site: Site,
     include_embed: bool,
-    backend: str = "hooks",
+    backend: Backend = Backend.hooks,
     remote: bool = False,
 ) -> dict[LayerKey, Tensor]:
     """One forward pass of a batch; returns the selected rows per layer key.
@@ -320,18 +288,16 @@ def _backend_run(
     With the default ``hooks`` backend the token selection runs inside the forward hook, and the
     forward stops after the last block needed (so the unembedding never runs).
     """
-    from valueprobe.backends import residuals
-
     if not remote:
         batch = batch.selection_on(lm.device)
-    return residuals(  # type: ignore[return-value]
+    return residuals(
         lm,
         batch.input_ids,
         batch.attention_mask,
         layers=layers,
         site=site,
         include_embed=include_embed,
-        backend=backend,  # type: ignore[arg-type]
+        backend=backend,
         position_ids=batch.position_ids,
         remote=remote,
         reduce=partial(reduce_batch, batch=batch),
@@ -342,16 +308,16 @@ def capture(
     lm: LoadedModel,
     examples: Sequence[Example],
     *,
-    layers: str | int | Sequence[int] | None = "all",
-    site: Site = "resid_post",
-    positions: Positions = "last",
+    layers: LayerSpec = "all",
+    site: Site = Site.resid_post,
+    positions: Positions = Positions.last,
     batch_size: int = 8,
-    padding_side: Literal["left", "right"] = "right",
+    padding_side: PaddingSide = PaddingSide.right,
     include_embed: bool = False,
     max_length: int | None = None,
     span_labels: Sequence[str] | None = None,
     group_by: str | None = None,
-    backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
+    backend: Backend = Backend.hooks,
     remote: bool = False,
     progress: bool = True,
 ) -> CaptureResult:
@@ -365,7 +331,7 @@ def capture(
         positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
             span), or ``span_tokens`` (every token inside a span, labelled).
         span_labels: with span positions, keep only spans with these labels.
-        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
+        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`valueprobe.datasets.io.regroup`).
         include_embed: also capture the embedding output under the key ``"embed"``.
         backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
 
@@ -374,15 +340,12 @@ def capture(
     """
     if not examples:
         raise ValueprobeError("no examples to capture: the dataset is empty")
-    if site not in ("resid_pre", "resid_post"):
-        raise ValueprobeError(f"unknown site {site!r}: use resid_pre or resid_post")
+    site = choice(Site, site, what="site")
     if batch_size < 1:
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
     encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
-    from tqdm.auto import tqdm
-
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
         return run_encoded(lm, encoded, layers=layer_list, site=site, include_embed=include_embed,
                            batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
@@ -397,8 +360,8 @@ def run_encoded(
     site: Site,
     include_embed: bool,
     batch_size: int,
-    padding_side: Literal["left", "right"],
-    backend: str = "hooks",
+    padding_side: PaddingSide,
+    backend: Backend = Backend.hooks,
     remote: bool = False,
     on_batch: Callable[[int], object] | None = None,
 ) -> CaptureResult:

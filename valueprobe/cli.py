@@ -18,12 +18,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
+import plotly.graph_objects as go
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from valueprobe.axis import ValueAxis
+from valueprobe.datasets import build
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.demo import run_demo
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.fit import fit_probe
+from valueprobe.models import LoadedModel, load
+from valueprobe.plots import sweep_figure, transfer_heatmap
+from valueprobe.probe import Method
+from valueprobe.readout import score_dataset
+from valueprobe.replicate import replicate_axis as run_replicate
+from valueprobe.store import capture_to_store
+from valueprobe.vocab import Backend, Dtype, PaddingSide, Positions, Site, Target, Tokens, layer_ranges
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -59,9 +72,7 @@ def write_json(path: Path, obj: object) -> None:
 
 def _load_model(
     model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu"
-):
-    from valueprobe.models import load  # imported late: `valueprobe --help` stays fast
-
+) -> LoadedModel:
     return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
 
 
@@ -77,9 +88,6 @@ def demo(
     splits: int = 5,
 ) -> None:
     """The main job: offline model, ICRL data, capture, fit the value axis, held-out-rule sweep with controls."""
-    from valueprobe.demo import run_demo
-    from valueprobe.plots import sweep_figure
-
     report = run_demo(out=out, model=model, n=n, seed=seed, splits=splits)
     headers, rows = report.sweep.table()
     table(
@@ -96,16 +104,22 @@ def demo(
 
 @app.command()
 def capture(
-    data: Annotated[Path, typer.Option(help="dataset JSONL (see DESIGN.md)")],
+    data: Annotated[
+        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
+    ],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     layers: Annotated[str, typer.Option(help="'all', '0:10', '-1', '3,5,-2'")] = "all",
-    positions: Annotated[str, typer.Option(help="last | mean | all | spans | span_tokens")] = "last",
-    site: Annotated[str, typer.Option(help="resid_post | resid_pre")] = "resid_post",
+    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
+    site: Annotated[
+        Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
+    ] = Site.resid_post,
     batch_size: int = 8,
     examples_per_shard: int = 256,
-    dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
-    padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
+    dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
+    padding_side: Annotated[
+        PaddingSide, typer.Option(help="side of the batch that is padded")
+    ] = PaddingSide.right,
     max_length: int | None = None,
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
@@ -114,7 +128,7 @@ def capture(
         str | None,
         typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
     ] = None,
-    backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
+    backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
     ] = False,
@@ -123,28 +137,21 @@ def capture(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store."""
-    from valueprobe.datasets.io import read_jsonl, sha256_file
-    from valueprobe.store import capture_to_store
-
-    _choice("positions", positions, ("last", "mean", "all", "spans", "span_tokens"))
-    _choice("site", site, ("resid_post", "resid_pre"))
-    _choice("backend", backend, ("hooks", "nnsight", "tlens"))
-    _choice("padding-side", padding_side, ("right", "left"))
     examples = read_jsonl(data)
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
-        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,  # type: ignore[arg-type]
-        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,  # type: ignore[arg-type]
+        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
+        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
         max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
         span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote,  # type: ignore[arg-type]
+        backend=backend, remote=remote,
     )  # fmt: skip
-    rows = store.rows()
+    rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
         ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [[store.model_id, store.fingerprint, _layers_str(store.layers), store.site, store.positions,
-          len(set(rows.example_id)), store.n_rows, len(store.manifest["shards"]), store.manifest["dtype"]]],
+        [[m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(rows.example_id)),
+          m.n_rows, len(m.shards), m.dtype]],
     )  # fmt: skip
 
 
@@ -163,8 +170,6 @@ def datasets_build(
     ] = None,
 ) -> None:
     """Generate the contrast datasets deterministically (same seed, same bytes)."""
-    from valueprobe.datasets import build
-
     files = build(family, out, seed=seed, n=n)
     entries = json.loads((out / "MANIFEST.json").read_text())["files"]
     rows = []
@@ -183,32 +188,24 @@ def fit(
         list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
     ],
     out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
-    method: Annotated[
-        str, typer.Option(help="span_diff | diff_means | lda | logistic | paired_pca")
-    ] = "diff_means",
-    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:'")] = None,
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:', '::2'")] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
     transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
     target: Annotated[
-        str, typer.Option(help="auto (pre/post spans if present, else labels) | span | label")
-    ] = "auto",
+        Target, typer.Option(help="auto: pre/post spans if present, else labels")
+    ] = Target.auto,
     share_groups: Annotated[
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
     ] = False,
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.probe import METHODS
-    from valueprobe.sweep import fit_probe
-
-    _choice("method", method, tuple(METHODS))
-    _choice("target", target, ("auto", "span", "label"))
     report = fit_probe(
-        [str(s) for s in store], method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
-        train_groups=train_groups, seed=seed, transfer=transfer, target=target,  # type: ignore[arg-type]
+        [str(s) for s in store], method=method, layers=layers, n_splits=splits,
+        train_groups=train_groups, seed=seed, transfer=transfer, target=target,
         share_groups=share_groups,
     )  # fmt: skip
     report.axis.save(out)
@@ -230,7 +227,7 @@ def score(
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    tokens: Annotated[str, typer.Option(help="tokens read: all | span_tokens | last")] = "all",
+    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all,
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
@@ -242,16 +239,11 @@ def score(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
-    from valueprobe.axis import ValueAxis
-    from valueprobe.datasets.io import read_jsonl
-    from valueprobe.readout import score_dataset
-
-    _choice("tokens", tokens, ("all", "span_tokens", "last"))
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
+        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
         bootstrap=bootstrap, seed=seed, force=force,
     )  # fmt: skip
     files = res.write(out)
@@ -280,12 +272,9 @@ def replicate_axis(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.replicate import replicate_axis as run
-
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                 seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
+    report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
+                           seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -305,8 +294,6 @@ def replicate_axis(
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
     if history_out is not None:
-        from valueprobe.axis import ValueAxis
-
         history = ValueAxis.load(history_out)
         sweep = history.metrics["sweep"]
         table(
@@ -319,21 +306,10 @@ def replicate_axis(
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
 
 
-def write_html(fig, path: Path) -> None:
+def write_html(fig: go.Figure, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
-
-
-def _layers_str(layers: list[int]) -> str:
-    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 2:
-        return f"{layers[0]}..{layers[-1]}"
-    return ",".join(map(str, layers))
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueprobeError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Atomic writes and file hashes: every file valueprobe writes goes through :func:`atomic_write`.
+"""Atomic writes, file hashes and the JSON edge: every file valueprobe writes goes through :func:`atomic_write`.
 
     >>> atomic_write(Path("probes/x/axis.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
 
@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from valueprobe.errors import ValueprobeError
 
@@ -61,3 +64,18 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def jsonable(obj: object) -> object:
+    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj

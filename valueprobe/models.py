@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from torch import nn
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, sha256_file
+from valueprobe.vocab import LayerSpec, parse_layers
 
 __all__ = ["LoadedModel", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -142,54 +142,13 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def resolve_layers(self, spec: str | int | Sequence[int] | None) -> list[int]:
-        """Turn a layer spec into sorted, unique, 0-based block indices.
-
-        Accepts ``"all"``/None, an int, a list of ints, ``"3,5,-1"``, or slices ``"0:10"``,
-        ``"10:"``, ``"::2"``. Negative indices count from the end.
+    def resolve_layers(self, spec: LayerSpec) -> list[int]:
+        """This model's blocks named by ``spec`` (see :func:`valueprobe.vocab.parse_layers`).
 
         >>> lm.resolve_layers("-2:")   # doctest: +SKIP
         [28, 29]
         """
-        n = self.n_layers
-        valid = f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
-        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
-            return list(range(n))
-        items: list[int] = []
-        if isinstance(spec, int):
-            parts: list[str | int] = [spec]
-        elif isinstance(spec, str):
-            parts = [p.strip() for p in spec.split(",") if p.strip()]
-        else:
-            parts = list(spec)
-        if not parts:
-            raise ValueprobeError(f"empty layer spec {spec!r}: {valid}")
-        for part in parts:
-            if isinstance(part, str) and ":" in part:
-                try:
-                    bounds = [int(b) if b.strip() else None for b in part.split(":")]
-                except ValueError:
-                    raise ValueprobeError(
-                        f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'"
-                    ) from None
-                for b in bounds[:2]:
-                    if b is not None and not -n <= b <= n:
-                        raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
-                picked = list(range(n))[slice(*bounds)]
-                if not picked:
-                    raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
-                items.extend(picked)
-                continue
-            try:
-                i = int(part)
-            except (TypeError, ValueError):
-                raise ValueprobeError(
-                    f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'"
-                ) from None
-            if not -n <= i < n:
-                raise ValueprobeError(f"layer {i} out of range: {valid}")
-            items.append(i % n)
-        return sorted(set(items))
+        return parse_layers(spec, n_layers=self.n_layers)
 
 
 # ---------------------------------------------------------------- fingerprint

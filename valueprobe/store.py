@@ -19,30 +19,25 @@ import json
 import shutil
 import struct
 from collections.abc import Iterator, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
-from valueprobe.capture import (
-    LayerKey,
-    Positions,
-    Rows,
-    Site,
-    encode,
-    regroup,
-    run_encoded,
-)
-from valueprobe.datasets.io import Example
+from valueprobe.capture import Rows, encode, run_encoded
+from valueprobe.datasets.io import Example, regroup
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.manifest import FORMAT_VERSION, DatasetInfo, Shard, StoreManifest
 from valueprobe.models import LoadedModel
+from valueprobe.version import __version__
+from valueprobe.vocab import Backend, Dtype, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
 
 __all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 _NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
 
@@ -74,13 +69,9 @@ def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]
 
 
 class ActivationStore:
-    """A captured activation store on disk (read side).
+    """A captured activation store on disk (read side): its folder and its :class:`StoreManifest`."""
 
-    Attributes mirror the manifest: ``model_id``, ``fingerprint``, ``layers``, ``site``,
-    ``positions``, ``d_model``, ``n_rows`` (complete shards only), ``dataset_path``, ``dataset_sha256``.
-    """
-
-    def __init__(self, path: Path, manifest: dict) -> None:
+    def __init__(self, path: Path, manifest: StoreManifest) -> None:
         self.path = path
         self.manifest = manifest
 
@@ -93,53 +84,32 @@ class ActivationStore:
                 f"{path} is not an activation store (no {MANIFEST}): run `valueprobe capture --out {path}`"
             )
         try:
-            manifest = json.loads(mpath.read_text())
+            raw = json.loads(mpath.read_text())
         except json.JSONDecodeError as exc:
             raise ValueprobeError(f"{mpath}:{exc.lineno}: manifest is not valid JSON ({exc.msg})") from None
-        if manifest.get("format") != "valueprobe.store" or manifest.get("version") != FORMAT_VERSION:
-            raise ValueprobeError(
-                f"{mpath}: store format {manifest.get('format')!r} v{manifest.get('version')} is not "
-                f"valueprobe.store v{FORMAT_VERSION}: capture it again with this valueprobe"
-            )
-        return cls(path, manifest)
-
-    # manifest fields
-    model_id = property(lambda self: self.manifest["model_id"])
-    fingerprint = property(lambda self: self.manifest["fingerprint"])
-    layers = property(lambda self: list(self.manifest["layers"]))
-    has_embed = property(lambda self: bool(self.manifest["include_embed"]))
-    site = property(lambda self: self.manifest["site"])
-    positions = property(lambda self: self.manifest["positions"])
-    d_model = property(lambda self: int(self.manifest["d_model"]))
-    n_rows = property(lambda self: sum(s["rows"] for s in self.manifest["shards"]))
-    complete = property(lambda self: bool(self.manifest.get("complete")))
-    dataset_path = property(lambda self: (self.manifest.get("dataset") or {}).get("path"))
-    dataset_sha256 = property(lambda self: (self.manifest.get("dataset") or {}).get("sha256"))
-
-    @property
-    def keys(self) -> list[LayerKey]:
-        return (["embed"] if self.has_embed else []) + self.layers
+        return cls(path, StoreManifest.from_dict(raw, where=mpath))
 
     def _check_key(self, layer: LayerKey) -> None:
-        if layer not in self.keys:
-            have = ", ".join(str(k) for k in self.keys)
+        if layer not in self.manifest.keys:
+            have = ", ".join(str(k) for k in self.manifest.keys)
             raise ValueprobeError(
                 f"store {self.path} has no layer {layer!r} (it holds {have}): capture that layer with --layers"
             )
 
     def __repr__(self) -> str:
-        return (f"ActivationStore({str(self.path)!r}, model={self.model_id!r}, layers={len(self.layers)}, "
-                f"site={self.site}, positions={self.positions}, rows={self.n_rows})")  # fmt: skip
+        m = self.manifest
+        return (f"ActivationStore({str(self.path)!r}, model={m.model_id!r}, layers={len(m.layers)}, "
+                f"site={m.site}, positions={m.positions}, rows={m.n_rows})")  # fmt: skip
 
     def iter_shards(
         self, layers: Sequence[LayerKey] | None = None
     ) -> Iterator[tuple[dict[LayerKey, np.ndarray], Rows]]:
         """Yield ``({layer: memmap [rows, d_model]}, rows)`` per complete shard, in order."""
-        keys = list(layers) if layers is not None else self.keys
+        keys = list(layers) if layers is not None else self.manifest.keys
         for k in keys:
             self._check_key(k)
-        for shard in self.manifest["shards"]:
-            arrays, meta = _mmap_safetensors(self.path / shard["file"])
+        for shard in self.manifest.shards:
+            arrays, meta = _mmap_safetensors(self.path / shard.file)
             strings = json.loads(meta["rows"])
             rows = Rows(
                 example_id=strings["example_id"],
@@ -149,7 +119,7 @@ class ActivationStore:
                 token_index=np.asarray(arrays["row.token_index"], np.int64),
                 n_tokens=np.asarray(arrays["row.n_tokens"], np.int64),
             )
-            yield {k: arrays[_key_name(k, self.site)] for k in keys}, rows
+            yield {k: arrays[_key_name(k, self.manifest.site)] for k in keys}, rows
 
     def rows(self) -> Rows:
         return Rows.concat([rows for _, rows in self.iter_shards(layers=[])])
@@ -157,7 +127,7 @@ class ActivationStore:
     def acts(self, layer: LayerKey) -> np.ndarray:
         """All rows of one layer as float32 ``[n_rows, d_model]`` (materialized in RAM)."""
         self._check_key(layer)
-        out = np.empty((self.n_rows, self.d_model), np.float32)
+        out = np.empty((self.manifest.n_rows, self.manifest.d_model), np.float32)
         i = 0
         for arrays, rows in self.iter_shards(layers=[layer]):
             out[i : i + len(rows)] = arrays[layer]
@@ -191,20 +161,20 @@ def capture_to_store(
     examples: Sequence[Example],
     out_dir: str | Path,
     *,
-    layers: str | int | Sequence[int] | None = "all",
-    site: Site = "resid_post",
-    positions: Positions = "last",
+    layers: LayerSpec = "all",
+    site: Site = Site.resid_post,
+    positions: Positions = Positions.last,
     batch_size: int = 8,
     examples_per_shard: int = 256,
-    dtype: Literal["float16", "float32"] = "float16",
+    dtype: Dtype = Dtype.float16,
     include_embed: bool = True,
-    padding_side: Literal["left", "right"] = "right",
+    padding_side: PaddingSide = PaddingSide.right,
     max_length: int | None = None,
     span_labels: Sequence[str] | None = None,
     group_by: str | None = None,
     dataset_path: str | None = None,
     dataset_sha256: str | None = None,
-    backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
+    backend: Backend = Backend.hooks,
     remote: bool = False,
     progress: bool = True,
 ) -> ActivationStore:
@@ -219,8 +189,9 @@ def capture_to_store(
     """
     if not examples:
         raise ValueprobeError("no examples to capture: the dataset is empty")
-    if dtype not in ("float16", "float32"):
-        raise ValueprobeError(f"unknown dtype {dtype!r}: use float16 or float32")
+    dtype = choice(Dtype, dtype, what="dtype")
+    site = choice(Site, site, what="site")
+    positions = choice(Positions, positions, what="positions")
     if examples_per_shard < 1 or batch_size < 1:
         raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
     layer_list = lm.resolve_layers(layers)
@@ -229,28 +200,32 @@ def capture_to_store(
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
     encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
     out = Path(out_dir)
-    identity = {
-        "model_id": lm.model_id,
-        "fingerprint": lm.fingerprint,
-        "layers": layer_list,
-        "include_embed": include_embed,
-        "site": site,
-        "positions": positions,
-        "span_labels": sorted(span_labels) if span_labels else None,
-        "group_by": group_by,
-        "dtype": dtype,
-        "examples_per_shard": examples_per_shard,
-    }
-    manifest = _open_or_start(out, identity, lm=lm, n_examples=len(examples), dataset_path=dataset_path,
-                              dataset_sha256=dataset_sha256)  # fmt: skip
-    done = {s["examples"][0] for s in manifest["shards"]}
-    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
-    from tqdm.auto import tqdm
-
+    wanted = StoreManifest(
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        layers=tuple(layer_list),
+        include_embed=include_embed,
+        site=site,
+        positions=positions,
+        span_labels=tuple(sorted(span_labels)) if span_labels else None,
+        group_by=group_by,
+        dtype=dtype,
+        examples_per_shard=examples_per_shard,
+        d_model=lm.d_model,
+        n_layers=lm.n_layers,
+        dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
+        valueprobe_version=__version__,
+    )
+    manifest = _open_or_start(out, wanted)
+    done = {s.examples[0] for s in manifest.shards}
+    torch_dtype = torch.float16 if dtype == Dtype.float16 else torch.float32
     n = len(examples)
-    already = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"])
     with tqdm(
-        total=n, initial=already, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+        total=n,
+        initial=manifest.n_examples_done,
+        desc=f"capture -> {out.name}",
+        unit="ex",
+        disable=not progress,
     ) as bar:
         for index, start in enumerate(range(0, n, examples_per_shard)):
             if start in done:
@@ -265,38 +240,31 @@ def capture_to_store(
             got = run_encoded(lm, chunk, layers=layer_list, site=site, include_embed=include_embed,
                               batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
                               on_batch=bar.update)  # fmt: skip
-            all_rows = got.rows
-            tensors, meta = _shard_tensors(got.acts, all_rows, site=site, dtype=torch_dtype)
+            tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
             name = f"shard-{index:05d}.safetensors"
             _write_shard(out / name, tensors, meta)
-            manifest["shards"].append(
-                {"file": name, "examples": [start, start + len(chunk)], "rows": len(all_rows)}
-            )
-            manifest["shards"].sort(key=lambda s: s["examples"][0])
-            manifest["complete"] = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"]) == n
-            atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+            manifest = manifest.with_shard(Shard(name, (start, start + len(chunk)), len(got.rows)))
+            atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
     return ActivationStore.open(out)
 
 
-def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: int, dataset_path: str | None,
-                   dataset_sha256: str | None) -> dict:  # fmt: skip
-    from valueprobe import __version__
-
-    dataset = {"path": dataset_path, "sha256": dataset_sha256, "n_examples": n_examples}
+def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:
+    """The manifest of the store at ``out`` if it was captured the way ``wanted`` says, else a new one."""
     mpath = out / MANIFEST
     if mpath.exists():
         manifest = ActivationStore.open(out).manifest
-        for key, want in identity.items():
-            if manifest.get(key) != want:
-                raise ValueprobeError(
-                    f"store {out} was captured with {key}={manifest.get(key)!r}, not {want!r}: "
-                    "resume with the same settings, or capture into a new --out"
-                )
-        old = manifest.get("dataset") or {}
-        if (old.get("sha256"), old.get("n_examples")) != (dataset_sha256, n_examples):
+        differ = manifest.settings_differ(wanted)
+        if differ is not None:
+            key, have, want = differ
             raise ValueprobeError(
-                f"store {out} was captured from another dataset ({old.get('path')}, sha256 "
-                f"{str(old.get('sha256'))[:12]}, {old.get('n_examples')} examples): use a new --out"
+                f"store {out} was captured with {key}={_plain(have)!r}, not {_plain(want)!r}: "
+                "resume with the same settings, or capture into a new --out"
+            )
+        old, new = manifest.dataset, wanted.dataset
+        if (old.sha256, old.n_examples) != (new.sha256, new.n_examples):
+            raise ValueprobeError(
+                f"store {out} was captured from another dataset ({old.path}, sha256 "
+                f"{str(old.sha256)[:12]}, {old.n_examples} examples): use a new --out"
             )
         for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
             stray.unlink()
@@ -307,16 +275,12 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueprobeError(f"cannot create store folder {out}: {exc.strerror}") from None
-    manifest = {
-        "format": "valueprobe.store",
-        "version": FORMAT_VERSION,
-        **identity,
-        "d_model": lm.d_model,
-        "n_layers": lm.n_layers,
-        "dataset": dataset,
-        "valueprobe_version": __version__,
-        "shards": [],
-        "complete": False,
-    }
-    atomic_write_text(mpath, json.dumps(manifest, indent=1))
-    return manifest
+    atomic_write_text(mpath, json.dumps(wanted.to_dict(), indent=1))
+    return wanted
+
+
+def _plain(value: object) -> object:
+    """A setting as the manifest spells it (lists, not tuples; strings, not enums)."""
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value) if isinstance(value, StrEnum) else value

@@ -25,14 +25,13 @@ the bridge each derive positions from a left-padded mask.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.backends._shared import (
-    Site,
     as_output,
     check_inputs,
     plan_reads,
@@ -40,12 +39,12 @@ from valueprobe.backends._shared import (
     steering_delta,
 )
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Backend, LayerKey, Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
 
-Backend = Literal["hooks", "nnsight", "tlens"]
-BACKENDS: tuple[str, ...] = ("hooks", "nnsight", "tlens")
+BACKENDS: tuple[str, ...] = tuple(Backend)
 
 __all__ = ["BACKENDS", "Backend", "Site", "position_ids_from_mask", "residuals", "steered_logits"]
 
@@ -67,11 +66,11 @@ def residuals(
     layers: Sequence[int],
     site: Site,
     include_embed: bool = False,
-    backend: Backend = "hooks",
+    backend: Backend = Backend.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
     reduce: Callable[[Tensor], Tensor] | None = None,
-) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
+) -> dict[LayerKey, Float[Tensor, "batch pos d_model"]]:
     """Residual-stream activations at ``site`` for each of ``layers``, in one forward pass.
 
     Args:
@@ -116,9 +115,7 @@ def residuals(
             got = tlens_backend.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions)
         if reduce is not None:
             got = {r: reduce(h) for r, h in got.items()}
-    out: dict[int | str, Tensor] = {
-        key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
-    }
+    out: dict[LayerKey, Tensor] = {key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()}
     if include_embed:
         out["embed"] = as_output(got[(0, True)])
     return out
@@ -132,9 +129,9 @@ def steered_logits(
     layer: int,
     vector: Float[Tensor, " d_model"],
     alpha: float | Float[Tensor, " batch"] = 1.0,
-    site: Site = "resid_post",
+    site: Site = Site.resid_post,
     positions: Bool[Tensor, "batch pos"] | None = None,
-    backend: Backend = "hooks",
+    backend: Backend = Backend.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
 ) -> Float[Tensor, "batch pos vocab"]:

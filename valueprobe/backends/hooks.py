@@ -17,7 +17,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Read, Site, as_output, forward_kwargs
+from valueprobe.backends._shared import Read, as_output, forward_kwargs
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
