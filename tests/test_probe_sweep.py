@@ -14,13 +14,14 @@ from scipy.stats import norm
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import Rows
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import FingerprintWarning
 from valueprobe.fit import calibrate, fit_probe
 from valueprobe.manifest import DatasetInfo, StoreManifest
 from valueprobe.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
 from valueprobe.source import Source, grouped_splits
 from valueprobe.sweep import fit_store, sweep_layers
 from valueprobe.transfer import transfer_matrix
-from valueprobe.vocab import Dtype, Positions, Site
+from valueprobe.vocab import ChatTemplate, Dtype, Positions, Site
 
 D = 16
 V = np.linalg.qr(np.random.default_rng(99).standard_normal((D, 2)))[0].T  # two orthonormal directions
@@ -45,6 +46,7 @@ class FakeStore:
             group_by=None,
             dtype=Dtype.float16,
             examples_per_shard=shard_rows,
+            chat_template=ChatTemplate.model,
             d_model=next(iter(acts.values())).shape[1],
             n_layers=max(layers) + 1,
             dataset=DatasetInfo(f"data/{name}.jsonl", "0" * 64, len(rows)),
@@ -239,8 +241,15 @@ def test_store_bad_input_is_one_clear_error():
         fit_store(one_class)
     with pytest.raises(ValueprobeError, match="only 2 groups"):
         sweep_layers(icrl_store(n_groups=2))
-    with pytest.raises(ValueprobeError, match="stores disagree"):
+    with pytest.warns(FingerprintWarning, match="other weights"):  # e.g. a base and a fine-tuned model
         Source([icrl_store("a"), icrl_store("b", fingerprint="e" * 16)])
+    with pytest.raises(ValueprobeError, match="different architectures"):
+        Source(
+            [
+                icrl_store("a", fingerprint="a" * 16 + "-" + "f" * 16),
+                icrl_store("b", fingerprint="b" * 16 + "-" + "f" * 16),
+            ]
+        )
     no_embed = icrl_store()
     del no_embed._acts["embed"]
     no_embed.manifest = replace(no_embed.manifest, include_embed=False)

@@ -16,6 +16,7 @@ from valueprobe.datasets import build as build_datasets
 from valueprobe.datasets.io import Example, Span, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.fit import FitReport, calibrate, fit_probe
+from valueprobe.generation import Generation, generate
 from valueprobe.metrics import auroc, cohens_d
 from valueprobe.models import LoadedModel, load, wrap
 from valueprobe.plots import sweep_figure, transfer_heatmap
@@ -31,6 +32,7 @@ __all__ = [
     "Backend",
     "Example",
     "FitReport",
+    "Generation",
     "LoadedModel",
     "Positions",
     "ScoreResult",
@@ -49,10 +51,12 @@ __all__ = [
     "capture_to_store",
     "cohens_d",
     "fit_probe",
+    "generate",
     "load",
     "logit_lens",
     "read_jsonl",
     "score_dataset",
+    "steer",
     "sweep_figure",
     "transfer_heatmap",
     "transfer_matrix",

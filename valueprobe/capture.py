@@ -26,14 +26,14 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from valueprobe.backends import residuals
-from valueprobe.backends._shared import position_ids_from_mask
+from valueprobe.backends import position_ids_from_mask, residuals
 from valueprobe.datasets.io import Example, regroup
+from valueprobe.encode import Encoded, encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
-from valueprobe.vocab import Backend, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
+from valueprobe.vocab import Backend, ChatTemplate, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
 
-__all__ = ["Rows", "CaptureResult", "Encoded", "capture", "encode", "iter_batches"]
+__all__ = ["Rows", "CaptureResult", "capture", "iter_batches", "run_encoded"]
 
 
 @dataclass(frozen=True)
@@ -80,121 +80,6 @@ class Rows:
 class CaptureResult:
     rows: Rows
     acts: dict[LayerKey, Float[Tensor, "row d_model"]]
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One tokenized example and the token rows it contributes."""
-
-    example: Example
-    input_ids: list[int]
-    # (span label, token indices) for every row this example yields under the chosen positions
-    selections: list[tuple[str, list[int]]]
-
-
-# ---------------------------------------------------------------- rendering and token selection
-
-
-def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
-    """Text the model reads, and the character offset of each message's content in it.
-
-    Chat examples go through the model's chat template: a final assistant message is continued
-    (so the last token is the assistant's, e.g. a prefilled "Yes"); otherwise the generation
-    prompt is added (the last token is where the assistant is about to answer).
-    """
-    if ex.messages is None:
-        return ex.text or "", []
-    messages = [dict(m) for m in ex.messages]
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueprobeError(
-            f"example {ex.id!r} is a chat (messages) but the tokenizer has no chat template: "
-            "use a chat model or give the example as text"
-        )
-    final_assistant = messages[-1].get("role") == "assistant"
-    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-        messages,
-        tokenize=False,
-        add_generation_prompt=not final_assistant,
-        continue_final_message=final_assistant,
-    )
-    starts: list[int] = []
-    cursor = 0
-    for i, m in enumerate(messages):
-        content = m.get("content", "")
-        at = text.find(content, cursor)
-        if at < 0:  # templates may strip a message's surrounding whitespace
-            stripped = content.strip()
-            at = text.find(stripped, cursor)
-            if at < 0:
-                raise ValueprobeError(
-                    f"example {ex.id!r}: message {i} not found in the rendered chat template"
-                )
-            at -= len(content) - len(content.lstrip())
-        starts.append(at)
-        cursor = max(at, 0) + len(content.strip())
-    return text, starts
-
-
-def encode(
-    lm: LoadedModel,
-    examples: Sequence[Example],
-    *,
-    positions: Positions,
-    max_length: int | None = None,
-    span_labels: Sequence[str] | None = None,
-) -> list[Encoded]:
-    """Tokenize examples and pick, for each, the token indices of every row it yields.
-
-    ``span_labels`` keeps only spans with those labels (e.g. only ``prefix``, so a probe never
-    reads the text that admits an error).
-    """
-    positions = choice(Positions, positions, what="positions")
-    tok = lm.tokenizer
-    out: list[Encoded] = []
-    for ex in examples:
-        text, starts = render(tok, ex)
-        enc = tok(text, add_special_tokens=ex.messages is None, return_offsets_mapping=True)  # type: ignore[operator]
-        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-        if max_length is not None and len(ids) > max_length:
-            ids, offsets = ids[:max_length], offsets[:max_length]
-        n = len(ids)
-        if n == 0:
-            raise ValueprobeError(f"example {ex.id!r} tokenizes to no tokens: give it some text")
-        selections: list[tuple[str, list[int]]]
-        if positions == "last":
-            selections = [("", [n - 1])]
-        elif positions == "mean":
-            selections = [("", list(range(n)))]
-        elif positions == "all":
-            selections = [("", [t]) for t in range(n)]
-        else:
-            if not ex.spans:
-                raise ValueprobeError(
-                    f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean"
-                )
-            spans = [sp for sp in ex.spans if span_labels is None or sp.label in span_labels]
-            if not spans:
-                have = sorted({sp.label for sp in ex.spans})
-                raise ValueprobeError(
-                    f"example {ex.id!r} has no span labelled {' or '.join(span_labels or [])} (it has {have})"
-                )
-            selections = []
-            for span in spans:
-                base = 0 if span.message is None else starts[span.message]
-                lo, hi = base + span.start, base + span.end
-                # A token belongs to the span holding its first character.
-                toks = [t for t, (a, b) in enumerate(offsets) if b > a and lo <= a < hi]
-                if not toks:
-                    raise ValueprobeError(
-                        f"example {ex.id!r}: span {span.label!r} [{span.start}, {span.end}) covers no token"
-                        + (f" (truncated at max_length={max_length})" if max_length else "")
-                    )
-                if positions == "spans":
-                    selections.append((span.label, toks))
-                else:
-                    selections.extend((span.label, [t]) for t in toks)
-        out.append(Encoded(example=ex, input_ids=ids, selections=selections))
-    return out
 
 
 @dataclass(frozen=True)
@@ -290,18 +175,10 @@ def _backend_run(
     """
     if not remote:
         batch = batch.selection_on(lm.device)
-    return residuals(
-        lm,
-        batch.input_ids,
-        batch.attention_mask,
-        layers=layers,
-        site=site,
-        include_embed=include_embed,
-        backend=backend,
-        position_ids=batch.position_ids,
-        remote=remote,
-        reduce=partial(reduce_batch, batch=batch),
-    )
+    got = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
+                    include_embed=include_embed, backend=backend, position_ids=batch.position_ids,
+                    remote=remote, reduce=partial(reduce_batch, batch=batch))  # fmt: skip
+    return {("embed" if k == "embed" else int(k)): v for k, v in got.items()}
 
 
 def capture(
@@ -319,6 +196,7 @@ def capture(
     group_by: str | None = None,
     backend: Backend = Backend.hooks,
     remote: bool = False,
+    chat_template: ChatTemplate = ChatTemplate.model,
     progress: bool = True,
 ) -> CaptureResult:
     """Capture residual activations of ``examples`` in memory.
@@ -331,9 +209,12 @@ def capture(
         positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
             span), or ``span_tokens`` (every token inside a span, labelled).
         span_labels: with span positions, keep only spans with these labels.
-        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`valueprobe.datasets.io.regroup`).
+        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
         include_embed: also capture the embedding output under the key ``"embed"``.
         backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
+        max_length: truncate longer texts (with a warning); without it a text over the model's
+            context is an error.
+        chat_template: ``model`` (the tokenizer's) or ``plain`` (a transcript, for base models).
 
     Returns:
         rows (metadata) and one float32 ``[rows, d_model]`` tensor per layer.
@@ -345,7 +226,8 @@ def capture(
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
-    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
+    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels,
+                     chat_template=chat_template)  # fmt: skip
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
         return run_encoded(lm, encoded, layers=layer_list, site=site, include_embed=include_embed,
                            batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,

@@ -6,13 +6,16 @@
     valueprobe fit --store runs/icrl --method span_diff --out probes/smollm2-135m-value
     valueprobe score --probe probes/smollm2-135m-value --model smollm2-135m --data data/code.jsonl --out runs/score-code
 
-Every command prints a short summary table and writes JSON/CSV next to any HTML. Bad input ends
-in one line on stderr (``error: ...``) and exit status 2.
+Every command prints a short summary table and writes JSON/CSV next to any HTML. Every command
+checks its output path and parameters before it loads a model or reads data. Any failure ends in
+one line on stderr (``error: ...``): exit status 2 for bad input (including unreadable or corrupt
+files), 130 for Ctrl-C, 1 for an internal error (the line names a log file with the traceback).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,19 +27,30 @@ from rich.console import Console
 from rich.table import Table
 
 from valueprobe.axis import ValueAxis
+from valueprobe.boundary import check_at_least, check_layer_spec, run_app
 from valueprobe.datasets import build
-from valueprobe.datasets.io import read_jsonl, sha256_file
-from valueprobe.demo import run_demo
+from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
+from valueprobe.demo import MIN_N, run_demo
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 from valueprobe.fit import fit_probe
-from valueprobe.models import LoadedModel, load
+from valueprobe.models import check_device, load
 from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.probe import Method
 from valueprobe.readout import score_dataset
 from valueprobe.replicate import replicate_axis as run_replicate
-from valueprobe.store import capture_to_store
-from valueprobe.vocab import Backend, Dtype, PaddingSide, Positions, Site, Target, Tokens, layer_ranges
+from valueprobe.store import ActivationStore, capture_to_store, check_store_out
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    Dtype,
+    PaddingSide,
+    Positions,
+    Site,
+    Target,
+    Tokens,
+    layer_ranges,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -50,6 +64,15 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
 TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+ChatTemplateOpt = Annotated[
+    ChatTemplate,
+    typer.Option(
+        help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
+]
+AllowPartialOpt = Annotated[
+    bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
+]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
 ]
@@ -72,7 +95,8 @@ def write_json(path: Path, obj: object) -> None:
 
 def _load_model(
     model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu"
-) -> LoadedModel:
+):
+
     return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
 
 
@@ -88,6 +112,10 @@ def demo(
     splits: int = 5,
 ) -> None:
     """The main job: offline model, ICRL data, capture, fit the value axis, held-out-rule sweep with controls."""
+
+    check_output_dir(out, holds="demo")
+    check_at_least("--n", n, MIN_N, " (a held-out split needs a train, a validation and a test rule)")
+    check_at_least("--splits", splits, 1)
     report = run_demo(out=out, model=model, n=n, seed=seed, splits=splits)
     headers, rows = report.sweep.table()
     table(
@@ -116,11 +144,18 @@ def capture(
     ] = Site.resid_post,
     batch_size: int = 8,
     examples_per_shard: int = 256,
+    checkpoint_seconds: Annotated[
+        float,
+        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
+    ] = 60.0,
     dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
     padding_side: Annotated[
         PaddingSide, typer.Option(help="side of the batch that is padded")
     ] = PaddingSide.right,
-    max_length: int | None = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None,
@@ -137,14 +172,26 @@ def capture(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store."""
+
+    check_store_out(out)
+    check_layer_spec("--layers", layers)
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--examples-per-shard", examples_per_shard, 1)
+    check_at_least("--max-length", max_length, 1)
+    check_at_least("--checkpoint-seconds", checkpoint_seconds, 1)
+    check_device(device)
+    if remote and backend != "nnsight":
+        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
     examples = read_jsonl(data)
+    regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
         lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
         examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
         max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
         span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote,
+        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,
+        chat_template=chat_template,
     )  # fmt: skip
     rows, m = store.rows(), store.manifest
     table(
@@ -162,7 +209,8 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | all")
+        str,
+        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
     ] = "all",
     seed: int = 0,
     n: Annotated[
@@ -170,6 +218,9 @@ def datasets_build(
     ] = None,
 ) -> None:
     """Generate the contrast datasets deterministically (same seed, same bytes)."""
+
+    check_output_dir(out, holds="datasets")
+    check_at_least("--n", n, 1)
     files = build(family, out, seed=seed, n=n)
     entries = json.loads((out / "MANIFEST.json").read_text())["files"]
     rows = []
@@ -201,10 +252,17 @@ def fit(
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
     ] = False,
+    allow_partial: AllowPartialOpt = False,
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
+
+    check_output_dir(out, holds="probe")
+    check_layer_spec("--layers", layers)
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    stores = [open_store(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
-        [str(s) for s in store], method=method, layers=layers, n_splits=splits,
+        stores, method=method, layers=layers, n_splits=splits,
         train_groups=train_groups, seed=seed, transfer=transfer, target=target,
         share_groups=share_groups,
     )  # fmt: skip
@@ -234,17 +292,28 @@ def score(
     force: Annotated[
         bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
     ] = False,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+
+    check_output_dir(out, holds="scores")
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--max-length", max_length, 1)
+    check_device(device)
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
         axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-        bootstrap=bootstrap, seed=seed, force=force,
+        bootstrap=bootstrap, seed=seed, force=force, max_length=max_length,
+        chat_template=chat_template,
     )  # fmt: skip
     files = res.write(out)
     headers, rows = res.table()
@@ -272,6 +341,15 @@ def replicate_axis(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+
+    check_output_dir(out, holds="probe")
+    check_output_dir(runs, holds="runs", option="--runs")
+    if history_out is not None:
+        check_output_dir(history_out, holds="probe", option="--history-out")
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
                            seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
@@ -312,21 +390,23 @@ def write_html(fig: go.Figure, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
 
+def open_store(path: Path, *, allow_partial: bool = False) -> ActivationStore:
+    """Open and verify a store; a partial one only with ``--allow-partial``, and then say how partial."""
+
+    store = ActivationStore.open(path, allow_partial=allow_partial)
+    m = store.manifest
+    if not m.complete:
+        logging.getLogger("valueprobe").warning(
+            f"{path} is a partial store: using its {m.n_rows} rows ({m.n_examples_done} of"
+            f" {m.dataset.n_examples} examples)"
+        )
+    return store
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning a ValueprobeError into one line and exit 2."""
-    try:
-        app(args=argv, standalone_mode=False)
-    except ValueprobeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("error: interrupted; rerun the same command to resume where supported", file=sys.stderr)
-        raise SystemExit(130) from None
-    except typer.Exit as exc:  # --help and friends
-        raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        raise SystemExit(1) from None
-    except typer.TyperException as exc:  # usage errors: unknown command, missing or bad option
-        msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        print(f"error: {msg} (see valueprobe --help)", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Entry point: the app under the one error boundary (:func:`valueprobe.boundary.run_app`)."""
+    run_app(app, argv)
+
+
+if __name__ == "__main__":
+    main()

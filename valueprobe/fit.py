@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from valueprobe.axis import ValueAxis
-from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.probe import Method, MethodArg
 from valueprobe.project import layer_moments
 from valueprobe.source import Source, Stores
@@ -105,11 +105,8 @@ def calibrate(axis: ValueAxis, stores: Stores | Source, *, force: bool = False) 
     >>> axis = calibrate(axis_a - axis_b, "runs/neutral-smollm2")
     """
     src = stores if isinstance(stores, Source) else Source(stores, target=Target.label, need_both=False)
-    if src.fingerprint != axis.fingerprint and not force:
-        raise ValueprobeError(
-            f"store model {src.model_id} ({src.fingerprint}) is not the axis model"
-            f" {axis.model_id} ({axis.fingerprint}); pass force=True to calibrate anyway"
-        )
+    check_records(src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}",
+                  force=force)  # fmt: skip
     moments = [layer_moments(src, layer, axis.direction(layer).double().numpy()) for layer in axis.layers]
     mu, sigma, norm = (torch.tensor(col, dtype=torch.float32) for col in zip(*moments, strict=True))
     return replace(

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Dtype, LayerKey, Positions, Site
+from valueprobe.vocab import ChatTemplate, Dtype, LayerKey, Positions, Site
 
 FORMAT = "valueprobe.store"
 FORMAT_VERSION = 1
@@ -57,6 +57,7 @@ class StoreManifest:
     group_by: str | None
     dtype: Dtype
     examples_per_shard: int
+    chat_template: ChatTemplate
     d_model: int
     n_layers: int
     dataset: DatasetInfo
@@ -84,17 +85,19 @@ class StoreManifest:
         return sum(s.examples[1] - s.examples[0] for s in self.shards)
 
     def with_shard(self, shard: Shard) -> StoreManifest:
-        """This manifest with one more complete shard (kept in dataset order)."""
+        """This manifest with one more complete shard (kept in dataset order); complete once they
+        cover the dataset."""
         shards = tuple(sorted((*self.shards, shard), key=lambda s: s.examples[0]))
         done = sum(s.examples[1] - s.examples[0] for s in shards)
         return replace(self, shards=shards, complete=done == self.dataset.n_examples)
 
     def settings_differ(self, other: StoreManifest) -> tuple[str, object, object] | None:
-        """The first capture setting in which ``other`` differs: (name, ours, theirs), or None."""
+        """The first capture setting in which ``other`` differs: (name, ours, theirs) as the manifest
+        spells them (lists, strings), or None."""
+        ours, theirs = self.to_dict(), other.to_dict()
         for name in _SETTINGS:
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine != theirs:
-                return name, mine, theirs
+            if ours[name] != theirs[name]:
+                return name, ours[name], theirs[name]
         return None
 
     def to_dict(self) -> dict:
@@ -103,7 +106,7 @@ class StoreManifest:
         body["layers"] = list(self.layers)
         body["span_labels"] = list(self.span_labels) if self.span_labels is not None else None
         body["shards"] = [{**asdict(s), "examples": list(s.examples)} for s in self.shards]
-        for name in ("site", "positions", "dtype"):
+        for name in ("site", "positions", "dtype", "chat_template"):
             body[name] = str(body[name])
         return {"format": FORMAT, "version": FORMAT_VERSION, **body}
 
@@ -129,6 +132,8 @@ class StoreManifest:
                 group_by=raw.get("group_by"),
                 dtype=Dtype(raw.get("dtype", "float16")),
                 examples_per_shard=int(raw.get("examples_per_shard", 0)),
+                # added after format v1 stores were made; those were rendered with the model's template
+                chat_template=ChatTemplate(raw.get("chat_template", "model")),
                 d_model=int(raw["d_model"]),
                 n_layers=int(raw.get("n_layers") or max(raw["layers"], default=-1) + 1),
                 dataset=DatasetInfo(dataset.get("path"), dataset.get("sha256"), dataset.get("n_examples")),

@@ -24,13 +24,14 @@ import torch
 from tqdm.auto import tqdm
 
 from valueprobe.axis import ValueAxis
-from valueprobe.capture import capture
+from valueprobe.capture import run_encoded
 from valueprobe.datasets.io import Example, linked_groups
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.models import LoadedModel
-from valueprobe.vocab import Positions, Tokens, choice
+from valueprobe.vocab import ChatTemplate, PaddingSide, Positions, Tokens, choice
 
 
 def token_cos(h_tokens: torch.Tensor | np.ndarray, v: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -192,26 +193,31 @@ def read_examples(
     layer: int,
     tokens: Tokens,
     batch_size: int = 8,
+    max_length: int | None = None,
+    chat_template: ChatTemplate = ChatTemplate.model,
     progress: bool = True,
 ) -> Readouts:
     """Capture ``tokens`` of every example at ``layer`` and project them on the axis.
 
-    Streams in chunks: only one chunk's token activations (one layer) are held at a time.
+    Every example is checked (and warned about) first; then the examples stream in chunks, so
+    only one chunk's token activations (one layer) are held at a time.
     """
     v = axis.direction(layer).double().numpy()
+    positions = Positions(tokens)
+    encode(lm, examples, positions=positions, max_length=max_length, chat_template=chat_template)
     cos, proj, ids, n_tokens = [], [], [], []
     chunk = 32 * batch_size
     with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
         for start in range(0, len(examples), chunk):
-            part = examples[start : start + chunk]
-            res = capture(lm, part, layers=[layer], site=axis.site, positions=Positions(tokens),
-                          batch_size=batch_size, progress=False)  # fmt: skip
+            part = encode(lm, examples[start : start + chunk], positions=positions, max_length=max_length,
+                          chat_template=chat_template, warn=False)  # fmt: skip
+            res = run_encoded(lm, part, layers=[layer], site=axis.site, include_embed=False,
+                              batch_size=batch_size, padding_side=PaddingSide.right, on_batch=bar.update)  # fmt: skip
             h = res.acts[layer].double().numpy()  # [rows, d_model]
             cos.append(token_cos(h, v))
             proj.append(axis.project(h, layer))
             ids.extend(res.rows.example_id)
             n_tokens.append(res.rows.n_tokens)
-            bar.update(len(part))
     return Readouts(ids, np.concatenate(cos), np.concatenate(proj), np.concatenate(n_tokens))
 
 
@@ -279,6 +285,8 @@ def score_dataset(
     bootstrap: int = 1000,
     seed: int = 0,
     force: bool = False,
+    max_length: int | None = None,
+    chat_template: ChatTemplate = ChatTemplate.model,
     progress: bool = True,
 ) -> ScoreResult:
     """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
@@ -292,6 +300,9 @@ def score_dataset(
             spans (``span_tokens``), or the ``last`` token.
         bootstrap: resamples for the 95% CIs (0 to skip).
         force: skip the model-fingerprint check (d_model is always checked).
+        max_length: truncate longer texts (with a warning); without it, a text over the model's
+            context is an error naming the example.
+        chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
 
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
     """
@@ -299,7 +310,7 @@ def score_dataset(
     axis.check(lm, force=force)
     layer = axis.best_layer if layer is None else layer
     readouts = read_examples(axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-                             progress=progress)  # fmt: skip
+                             max_length=max_length, chat_template=chat_template, progress=progress)  # fmt: skip
     records = per_example(axis, examples, readouts, layer=layer)
     if not any(r["n_readout_tokens"] for r in records):
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")

@@ -24,6 +24,7 @@ import numpy as np
 from valueprobe.capture import Rows
 from valueprobe.controls import PositionScores
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.manifest import StoreManifest
 from valueprobe.store import ActivationStore
 from valueprobe.vocab import LayerKey, LayerSpec, Target, layer_ranges, parse_layers
@@ -82,12 +83,13 @@ class Source:
         first = self.stores[0].manifest
         for name, store in named[1:]:
             m = store.manifest
-            if (m.fingerprint, m.d_model, m.site) != (first.fingerprint, first.d_model, first.site):
+            if (m.d_model, m.site) != (first.d_model, first.site):
                 raise ValueprobeError(
-                    f"stores disagree: {self.names[0]} is {first.model_id} ({first.fingerprint}, {first.site},"
-                    f" d_model {first.d_model}) but {name} is {m.model_id} ({m.fingerprint}, {m.site},"
-                    f" d_model {m.d_model}); capture every store with the same model and site"
+                    f"stores disagree: {self.names[0]} is {first.model_id} ({first.site}, d_model"
+                    f" {first.d_model}) but {name} is {m.model_id} ({m.site}, d_model {m.d_model});"
+                    " capture every store with the same model and site"
                 )
+            check_records(first.fingerprint, m.fingerprint, what=f"stores {self.names[0]} and {name}")
         self.model_id, self.fingerprint = first.model_id, first.fingerprint
         self.d_model, self.site = first.d_model, first.site
         self.layers = [x for x in first.layers if all(x in s.manifest.layers for s in self.stores)]

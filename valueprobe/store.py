@@ -5,21 +5,22 @@
     >>> store = vp.ActivationStore.open("runs/icrl")
     >>> X, rows = store.acts(20), store.rows()      # float32 [n_rows, d_model], row metadata
 
-Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a fixed range of
-examples: one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
+Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a range of
+examples (``examples_per_shard``, or fewer when ``checkpoint_seconds`` pass first): one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
 numeric row columns (``row.label``, ``row.token_index``, ``row.n_tokens``) and the string columns as
 JSON in the safetensors metadata. A shard is written under a temporary name and renamed when
 complete, then the manifest is rewritten (also atomically): a kill -9 at any point leaves a store
-that opens and resumes, and never a half-written shard that reads.
+that resumes, and never a half-written shard that reads. Opening a store verifies it: every listed
+shard present with the size its header promises, and ``complete`` true unless ``allow_partial``.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import struct
-from collections.abc import Iterator, Sequence
-from enum import StrEnum
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,45 +28,39 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from valueprobe.capture import Rows, encode, run_encoded
+from valueprobe.capture import CaptureResult, Rows, run_encoded
 from valueprobe.datasets.io import Example, regroup
+from valueprobe.encode import Encoded, encode
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import (
+    atomic_write,
+    atomic_write_text,
+    check_output_dir,
+    mmap_safetensors,
+    read_safetensors_header,
+)
 from valueprobe.manifest import FORMAT_VERSION, DatasetInfo, Shard, StoreManifest
 from valueprobe.models import LoadedModel
 from valueprobe.version import __version__
-from valueprobe.vocab import Backend, Dtype, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    Dtype,
+    LayerKey,
+    LayerSpec,
+    PaddingSide,
+    Positions,
+    Site,
+    choice,
+)
 
-__all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
+__all__ = ["ActivationStore", "capture_to_store", "check_store_out", "FORMAT_VERSION"]
 
 MANIFEST = "manifest.json"
-_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
 
 
 def _key_name(key: LayerKey, site: str) -> str:
     return "embed" if key == "embed" else f"{site}.{key}"
-
-
-def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    meta = header.pop("__metadata__", {}) or {}
-    arrays: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        dtype = _NP_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ValueprobeError(
-                f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use"
-            )
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end == start:
-            arrays[name] = np.zeros(shape, dtype)
-            continue
-        arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + start, shape=shape)
-    return arrays, meta
 
 
 class ActivationStore:
@@ -76,8 +71,49 @@ class ActivationStore:
         self.manifest = manifest
 
     @classmethod
-    def open(cls, path: str | Path) -> ActivationStore:
-        path = Path(path)
+    def open(cls, path: str | Path, *, allow_partial: bool = False) -> ActivationStore:
+        """Open and verify a store: listed shards present, sizes matching their headers, complete.
+
+        Args:
+            path: the store folder.
+            allow_partial: accept a capture that did not finish (read the rows it has).
+
+        Raises:
+            ValueprobeError: not a store, a missing or truncated shard, or (without
+                ``allow_partial``) an unfinished capture; each says how to fix it.
+        """
+        store = cls._read(Path(path))
+        problem = store._first_bad_shard()
+        if problem is not None:
+            raise ValueprobeError(
+                f"store {store.path}: {problem}; rerun the same `valueprobe capture --out {store.path}` to recapture it"
+            )
+        m = store.manifest
+        if not m.complete and not allow_partial:
+            raise ValueprobeError(
+                f"store {store.path} is partial: its capture stopped after {m.n_examples_done} of"
+                f" {m.dataset.n_examples} examples; rerun the same `valueprobe capture`"
+                " to finish it, or pass --allow-partial to use the rows it has"
+            )
+        return store
+
+    def _first_bad_shard(self) -> str | None:
+        m = self.manifest
+        names = {_key_name(k, m.site) for k in m.keys} | {"row.label", "row.token_index", "row.n_tokens"}
+        for shard in m.shards:
+            try:
+                _, header = read_safetensors_header(self.path / shard.file)
+            except ValueprobeError as exc:
+                return f"shard {exc}"
+            if missing := names - header.keys():
+                return f"shard {shard.file} lacks {', '.join(sorted(missing))}"
+            if header["row.label"]["shape"] != [shard.rows]:
+                return f"shard {shard.file} holds {header['row.label']['shape']} rows, the manifest says {shard.rows}"
+        return None
+
+    @classmethod
+    def _read(cls, path: Path) -> ActivationStore:
+        """The manifest, unverified (resuming a capture repairs what :meth:`open` would refuse)."""
         mpath = path / MANIFEST
         if not mpath.exists():
             raise ValueprobeError(
@@ -109,7 +145,7 @@ class ActivationStore:
         for k in keys:
             self._check_key(k)
         for shard in self.manifest.shards:
-            arrays, meta = _mmap_safetensors(self.path / shard.file)
+            arrays, meta = mmap_safetensors(self.path / shard.file)
             strings = json.loads(meta["rows"])
             rows = Rows(
                 example_id=strings["example_id"],
@@ -176,12 +212,17 @@ def capture_to_store(
     dataset_sha256: str | None = None,
     backend: Backend = Backend.hooks,
     remote: bool = False,
+    chat_template: ChatTemplate = ChatTemplate.model,
+    checkpoint_seconds: float = 60.0,
     progress: bool = True,
 ) -> ActivationStore:
     """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
 
     Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
-    of the dataset. Rerunning the same call after an interruption skips the complete shards.
+    of the dataset. A shard is also closed after ``checkpoint_seconds`` of work (at a batch
+    boundary), so an interruption loses at most about that much. Rerunning the same call after an
+    interruption skips the complete shards and gives the same store as an uninterrupted run. A
+    capture that fails before its first shard leaves no store behind.
 
     Raises:
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
@@ -192,13 +233,15 @@ def capture_to_store(
     dtype = choice(Dtype, dtype, what="dtype")
     site = choice(Site, site, what="site")
     positions = choice(Positions, positions, what="positions")
-    if examples_per_shard < 1 or batch_size < 1:
-        raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
+    chat_template = choice(ChatTemplate, chat_template, what="chat template")
+    if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
+        raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
     # Validate every example's token selection before writing anything. The token ids are not
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
-    encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
+    encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels,
+           chat_template=chat_template)  # fmt: skip
     out = Path(out_dir)
     wanted = StoreManifest(
         model_id=lm.model_id,
@@ -211,53 +254,71 @@ def capture_to_store(
         group_by=group_by,
         dtype=dtype,
         examples_per_shard=examples_per_shard,
+        chat_template=chat_template,
         d_model=lm.d_model,
         n_layers=lm.n_layers,
         dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
         valueprobe_version=__version__,
     )
+    created = not out.exists()
     manifest = _open_or_start(out, wanted)
-    done = {s.examples[0] for s in manifest.shards}
     torch_dtype = torch.float16 if dtype == Dtype.float16 else torch.float32
     n = len(examples)
-    with tqdm(
-        total=n,
-        initial=manifest.n_examples_done,
-        desc=f"capture -> {out.name}",
-        unit="ex",
-        disable=not progress,
-    ) as bar:
-        for index, start in enumerate(range(0, n, examples_per_shard)):
-            if start in done:
-                continue
-            chunk = encode(
-                lm,
-                examples[start : start + examples_per_shard],
-                positions=positions,
-                max_length=max_length,
-                span_labels=span_labels,
-            )
-            got = run_encoded(lm, chunk, layers=layer_list, site=site, include_embed=include_embed,
-                              batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
-                              on_batch=bar.update)  # fmt: skip
-            tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
-            name = f"shard-{index:05d}.safetensors"
-            _write_shard(out / name, tensors, meta)
-            manifest = manifest.with_shard(Shard(name, (start, start + len(chunk)), len(got.rows)))
-            atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+    start = manifest.n_examples_done  # shards are contiguous from 0
+    try:
+        with tqdm(
+            total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+        ) as bar:
+            while start < n:
+                chunk = encode(lm, examples[start : start + examples_per_shard], positions=positions,
+                               max_length=max_length, span_labels=span_labels, chat_template=chat_template,
+                               warn=False)  # fmt: skip
+                deadline = time.monotonic() + checkpoint_seconds
+                got, done = _run_until(lm, chunk, deadline=deadline, on_batch=bar.update, layers=layer_list,
+                                       site=site, include_embed=include_embed, batch_size=batch_size,
+                                       padding_side=padding_side, backend=backend, remote=remote)  # fmt: skip
+                tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
+                name = f"shard-{len(manifest.shards):05d}.safetensors"
+                _write_shard(out / name, tensors, meta)
+                manifest = manifest.with_shard(Shard(name, (start, start + done), len(got.rows)))
+                start += done
+                atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+    except BaseException:
+        if created and not manifest.shards:  # nothing was captured: leave no empty store behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return ActivationStore.open(out)
 
 
+def _run_until(lm: LoadedModel, chunk: list[Encoded], *, deadline: float, batch_size: int,
+               on_batch: Callable[[int], object], layers: list[int], site: Site, include_embed: bool,
+               padding_side: PaddingSide, backend: Backend, remote: bool) -> tuple[CaptureResult, int]:  # fmt: skip
+    """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
+    boundary past ``deadline``; returns the result and how many examples of ``chunk`` it covers."""
+    parts, done = [], 0
+    while done < len(chunk):
+        batch = chunk[done : done + batch_size]
+        parts.append(run_encoded(lm, batch, layers=layers, site=site, include_embed=include_embed,
+                                 batch_size=batch_size, padding_side=padding_side, backend=backend,
+                                 remote=remote, on_batch=on_batch))  # fmt: skip
+        done += len(batch)
+        if time.monotonic() >= deadline:
+            break
+    acts = {k: torch.cat([p.acts[k] for p in parts]) for k in parts[0].acts}
+    return CaptureResult(rows=Rows.concat([p.rows for p in parts]), acts=acts), done
+
+
 def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:
-    """The manifest of the store at ``out`` if it was captured the way ``wanted`` says, else a new one."""
-    mpath = out / MANIFEST
-    if mpath.exists():
-        manifest = ActivationStore.open(out).manifest
+    """The manifest of the store at ``out`` if it was captured the way ``wanted`` says, else a new
+    one (written with the first shard: a capture that fails before it leaves no store)."""
+    if (out / MANIFEST).exists():
+        store = ActivationStore._read(out)
+        manifest = store.manifest
         differ = manifest.settings_differ(wanted)
         if differ is not None:
             key, have, want = differ
             raise ValueprobeError(
-                f"store {out} was captured with {key}={_plain(have)!r}, not {_plain(want)!r}: "
+                f"store {out} was captured with {key}={have!r}, not {want!r}: "
                 "resume with the same settings, or capture into a new --out"
             )
         old, new = manifest.dataset, wanted.dataset
@@ -268,19 +329,32 @@ def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:
             )
         for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
             stray.unlink()
+        if store._first_bad_shard() is not None:  # keep the good prefix; recapture from the first bad shard
+            good: list[Shard] = []
+            for shard in manifest.shards:
+                store.manifest = replace(manifest, shards=(*good, shard))
+                if store._first_bad_shard() is not None:
+                    break
+                good.append(shard)
+            manifest = replace(manifest, shards=tuple(good), complete=False)
         return manifest
-    if out.exists() and any(out.iterdir()):
-        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    check_store_out(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueprobeError(f"cannot create store folder {out}: {exc.strerror}") from None
-    atomic_write_text(mpath, json.dumps(wanted.to_dict(), indent=1))
     return wanted
 
 
-def _plain(value: object) -> object:
-    """A setting as the manifest spells it (lists, not tuples; strings, not enums)."""
-    if isinstance(value, tuple):
-        return list(value)
-    return str(value) if isinstance(value, StrEnum) else value
+def check_store_out(out: str | Path) -> Path:
+    """Fail before any work unless ``out`` can hold a store: new, empty, or a store to resume.
+
+    >>> check_store_out("runs/icrl")   # valueprobe capture calls this before loading the model
+    PosixPath('runs/icrl')
+    """
+    out = check_output_dir(out, holds="store")
+    if (out / MANIFEST).exists():
+        ActivationStore._read(out)  # a manifest of another format fails here, not after the model loads
+    elif out.exists() and any(out.iterdir()):
+        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    return out

@@ -22,6 +22,7 @@ import numpy as np
 from valueprobe.axis import ValueAxis
 from valueprobe.controls import position_sign, shuffle_within_group
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d, mean_sd
 from valueprobe.probe import Method, MethodArg, make_fitter, method_name, unit_or_zero
 from valueprobe.project import project_layer
@@ -293,11 +294,7 @@ def evaluate_axis(
     out: dict[str, AxisEvaluation] = {}
     for name, store in stores.items():
         src = Source({name: store})
-        if src.fingerprint != axis.fingerprint:
-            raise ValueprobeError(
-                f"store {name} is from {src.model_id} ({src.fingerprint}), the axis from {axis.model_id}"
-                f" ({axis.fingerprint}): evaluate on stores of the axis's model"
-            )
+        check_records(src.fingerprint, axis.fingerprint, what=f"store {name} and axis {axis.model_id}")
         y = src.y[src.keep]
         (p,) = project_layer(src, layer, v)
         p = p[src.keep]

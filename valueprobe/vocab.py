@@ -25,6 +25,7 @@ from valueprobe.errors import ValueprobeError
 
 __all__ = [
     "Backend",
+    "ChatTemplate",
     "Dtype",
     "LayerKey",
     "LayerSpec",
@@ -78,6 +79,14 @@ class Unit(StrEnum):
     sigma = "sigma"
     norm = "norm"
     raw = "raw"
+
+
+class ChatTemplate(StrEnum):
+    """How chat examples become text: the tokenizer's own template (``model``), or a plain
+    transcript (``plain``, for base models without one)."""
+
+    model = "model"
+    plain = "plain"
 
 
 class Tokens(StrEnum):
