@@ -15,7 +15,6 @@ files), 130 for Ctrl-C, 1 for an internal error (the line names a log file with 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -260,7 +259,7 @@ def fit(
     check_layer_spec("--layers", layers)
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
-    stores = [open_store(s, allow_partial=allow_partial) for s in store]
+    stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
         stores, method=method, layers=layers, n_splits=splits,
         train_groups=train_groups, seed=seed, transfer=transfer, target=target,
@@ -388,19 +387,6 @@ def write_html(fig: go.Figure, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
-
-
-def open_store(path: Path, *, allow_partial: bool = False) -> ActivationStore:
-    """Open and verify a store; a partial one only with ``--allow-partial``, and then say how partial."""
-
-    store = ActivationStore.open(path, allow_partial=allow_partial)
-    m = store.manifest
-    if not m.complete:
-        logging.getLogger("valueprobe").warning(
-            f"{path} is a partial store: using its {m.n_rows} rows ({m.n_examples_done} of"
-            f" {m.dataset.n_examples} examples)"
-        )
-    return store
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ shard present with the size its header promises, and ``complete`` true unless ``
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -94,6 +95,11 @@ class ActivationStore:
                 f"store {store.path} is partial: its capture stopped after {m.n_examples_done} of"
                 f" {m.dataset.n_examples} examples; rerun the same `valueprobe capture`"
                 " to finish it, or pass --allow-partial to use the rows it has"
+            )
+        if not m.complete:
+            logging.getLogger("valueprobe").warning(
+                f"{store.path} is a partial store: using its {m.n_rows} rows ({m.n_examples_done} of"
+                f" {m.dataset.n_examples} examples)"
             )
         return store
 
