@@ -29,8 +29,15 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import parse_layers
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "check_at_least", "check_layer_spec",
-           "describe_error", "run_app"]  # fmt: skip
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "check_at_least",
+    "check_layer_spec",
+    "describe_error",
+    "run_app",
+]
 
 
 def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:

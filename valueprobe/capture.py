@@ -16,6 +16,7 @@ inside the hook, so memory is one ``[rows, d_model]`` tensor per layer per batch
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -33,7 +34,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
 from valueprobe.vocab import Backend, ChatTemplate, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
 
-__all__ = ["Rows", "CaptureResult", "capture", "iter_batches", "run_encoded"]
+__all__ = ["Rows", "CaptureResult", "capture", "iter_batches", "run_encoded", "run_until"]
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,9 @@ def reduce_batch(h: Float[Tensor, "batch pos d_model"], batch: Batch) -> Float[T
     return pooled[batch.row_slots[0].to(h.device), batch.row_slots[1].to(h.device)].cpu()
 
 
-def iter_batches(encoded: Sequence[Encoded], *, batch_size: int, padding_side: PaddingSide,
-                 pad_id: int) -> Iterator[Batch]:  # fmt: skip
+def iter_batches(
+    encoded: Sequence[Encoded], *, batch_size: int, padding_side: PaddingSide, pad_id: int
+) -> Iterator[Batch]:
     for i in range(0, len(encoded), batch_size):
         yield make_batch(encoded[i : i + batch_size], padding_side=padding_side, pad_id=pad_id)
 
@@ -175,9 +177,18 @@ def _backend_run(
     """
     if not remote:
         batch = batch.selection_on(lm.device)
-    got = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
-                    include_embed=include_embed, backend=backend, position_ids=batch.position_ids,
-                    remote=remote, reduce=partial(reduce_batch, batch=batch))  # fmt: skip
+    got = residuals(
+        lm,
+        batch.input_ids,
+        batch.attention_mask,
+        layers=layers,
+        site=site,
+        include_embed=include_embed,
+        backend=backend,
+        position_ids=batch.position_ids,
+        remote=remote,
+        reduce=partial(reduce_batch, batch=batch),
+    )
     return {("embed" if k == "embed" else int(k)): v for k, v in got.items()}
 
 
@@ -226,12 +237,27 @@ def capture(
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
-    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels,
-                     chat_template=chat_template)  # fmt: skip
+    encoded = encode(
+        lm,
+        examples,
+        positions=positions,
+        max_length=max_length,
+        span_labels=span_labels,
+        chat_template=chat_template,
+    )
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
-        return run_encoded(lm, encoded, layers=layer_list, site=site, include_embed=include_embed,
-                           batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
-                           on_batch=bar.update)  # fmt: skip
+        return run_encoded(
+            lm,
+            encoded,
+            layers=layer_list,
+            site=site,
+            include_embed=include_embed,
+            batch_size=batch_size,
+            padding_side=padding_side,
+            backend=backend,
+            remote=remote,
+            on_batch=bar.update,
+        )
 
 
 def run_encoded(
@@ -251,8 +277,9 @@ def run_encoded(
     parts: dict[LayerKey, list[Tensor]] = {}
     rows: list[Rows] = []
     for batch in iter_batches(encoded, batch_size=batch_size, padding_side=padding_side, pad_id=_pad_id(lm)):
-        got = _backend_run(lm, batch, layers=layers, site=site, include_embed=include_embed,
-                           backend=backend, remote=remote)  # fmt: skip
+        got = _backend_run(
+            lm, batch, layers=layers, site=site, include_embed=include_embed, backend=backend, remote=remote
+        )
         for k, v in got.items():
             parts.setdefault(k, []).append(v)
         rows.append(batch.rows)
@@ -267,3 +294,43 @@ def _pad_id(lm: LoadedModel) -> int:
     if pad is None:
         pad = getattr(tok, "eos_token_id", None)
     return int(pad) if pad is not None else 0
+
+
+def run_until(
+    lm: LoadedModel,
+    chunk: list[Encoded],
+    *,
+    deadline: float,
+    batch_size: int,
+    on_batch: Callable[[int], object],
+    layers: list[int],
+    site: Site,
+    include_embed: bool,
+    padding_side: PaddingSide,
+    backend: Backend,
+    remote: bool,
+) -> tuple[CaptureResult, int]:
+    """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
+    boundary past ``deadline``; returns the result and how many examples of ``chunk`` it covers."""
+    parts, done = [], 0
+    while done < len(chunk):
+        batch = chunk[done : done + batch_size]
+        parts.append(
+            run_encoded(
+                lm,
+                batch,
+                layers=layers,
+                site=site,
+                include_embed=include_embed,
+                batch_size=batch_size,
+                padding_side=padding_side,
+                backend=backend,
+                remote=remote,
+                on_batch=on_batch,
+            )
+        )
+        done += len(batch)
+        if time.monotonic() >= deadline:
+            break
+    acts = {k: torch.cat([p.acts[k] for p in parts]) for k in parts[0].acts}
+    return CaptureResult(rows=Rows.concat([p.rows for p in parts]), acts=acts), done

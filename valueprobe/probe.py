@@ -216,7 +216,7 @@ class Logistic(_ClassMeans):
         return self
 
     def fit(self) -> Direction:
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import LogisticRegression  # slow to import; only this fitter needs it
 
         self._means()  # both classes present
         x, y = np.concatenate(self._x), np.concatenate(self._y)

@@ -209,10 +209,24 @@ def read_examples(
     chunk = 32 * batch_size
     with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
         for start in range(0, len(examples), chunk):
-            part = encode(lm, examples[start : start + chunk], positions=positions, max_length=max_length,
-                          chat_template=chat_template, warn=False)  # fmt: skip
-            res = run_encoded(lm, part, layers=[layer], site=axis.site, include_embed=False,
-                              batch_size=batch_size, padding_side=PaddingSide.right, on_batch=bar.update)  # fmt: skip
+            part = encode(
+                lm,
+                examples[start : start + chunk],
+                positions=positions,
+                max_length=max_length,
+                chat_template=chat_template,
+                warn=False,
+            )
+            res = run_encoded(
+                lm,
+                part,
+                layers=[layer],
+                site=axis.site,
+                include_embed=False,
+                batch_size=batch_size,
+                padding_side=PaddingSide.right,
+                on_batch=bar.update,
+            )
             h = res.acts[layer].double().numpy()  # [rows, d_model]
             cos.append(token_cos(h, v))
             proj.append(axis.project(h, layer))
@@ -309,8 +323,17 @@ def score_dataset(
     tokens = choice(Tokens, tokens, what="tokens")
     axis.check(lm, force=force)
     layer = axis.best_layer if layer is None else layer
-    readouts = read_examples(axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-                             max_length=max_length, chat_template=chat_template, progress=progress)  # fmt: skip
+    readouts = read_examples(
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        max_length=max_length,
+        chat_template=chat_template,
+        progress=progress,
+    )
     records = per_example(axis, examples, readouts, layer=layer)
     if not any(r["n_readout_tokens"] for r in records):
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")

@@ -20,7 +20,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,9 +29,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from valueprobe.capture import CaptureResult, Rows, run_encoded
+from valueprobe.capture import Rows, run_until
 from valueprobe.datasets.io import Example, regroup
-from valueprobe.encode import Encoded, encode
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import (
     atomic_write,
@@ -140,8 +140,10 @@ class ActivationStore:
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"ActivationStore({str(self.path)!r}, model={m.model_id!r}, layers={len(m.layers)}, "
-                f"site={m.site}, positions={m.positions}, rows={m.n_rows})")  # fmt: skip
+        return (
+            f"ActivationStore({str(self.path)!r}, model={m.model_id!r}, layers={len(m.layers)}, "
+            f"site={m.site}, positions={m.positions}, rows={m.n_rows})"
+        )
 
     def iter_shards(
         self, layers: Sequence[LayerKey] | None = None
@@ -177,8 +179,9 @@ class ActivationStore:
         return out
 
 
-def _shard_tensors(acts: dict[LayerKey, torch.Tensor], rows: Rows, *, site: str,
-                   dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, str]]:  # fmt: skip
+def _shard_tensors(
+    acts: dict[LayerKey, torch.Tensor], rows: Rows, *, site: str, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = {_key_name(k, site): v.to(dtype).contiguous() for k, v in acts.items()}
     tensors["row.label"] = torch.from_numpy(rows.label.astype(np.float64))
     tensors["row.token_index"] = torch.from_numpy(rows.token_index.astype(np.int64))
@@ -246,8 +249,14 @@ def capture_to_store(
     examples = regroup(examples, group_by)
     # Validate every example's token selection before writing anything. The token ids are not
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
-    encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels,
-           chat_template=chat_template)  # fmt: skip
+    encode(
+        lm,
+        examples,
+        positions=positions,
+        max_length=max_length,
+        span_labels=span_labels,
+        chat_template=chat_template,
+    )
     out = Path(out_dir)
     wanted = StoreManifest(
         model_id=lm.model_id,
@@ -276,13 +285,29 @@ def capture_to_store(
             total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
         ) as bar:
             while start < n:
-                chunk = encode(lm, examples[start : start + examples_per_shard], positions=positions,
-                               max_length=max_length, span_labels=span_labels, chat_template=chat_template,
-                               warn=False)  # fmt: skip
+                chunk = encode(
+                    lm,
+                    examples[start : start + examples_per_shard],
+                    positions=positions,
+                    max_length=max_length,
+                    span_labels=span_labels,
+                    chat_template=chat_template,
+                    warn=False,
+                )
                 deadline = time.monotonic() + checkpoint_seconds
-                got, done = _run_until(lm, chunk, deadline=deadline, on_batch=bar.update, layers=layer_list,
-                                       site=site, include_embed=include_embed, batch_size=batch_size,
-                                       padding_side=padding_side, backend=backend, remote=remote)  # fmt: skip
+                got, done = run_until(
+                    lm,
+                    chunk,
+                    deadline=deadline,
+                    on_batch=bar.update,
+                    layers=layer_list,
+                    site=site,
+                    include_embed=include_embed,
+                    batch_size=batch_size,
+                    padding_side=padding_side,
+                    backend=backend,
+                    remote=remote,
+                )
                 tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
                 name = f"shard-{len(manifest.shards):05d}.safetensors"
                 _write_shard(out / name, tensors, meta)
@@ -294,24 +319,6 @@ def capture_to_store(
             shutil.rmtree(out, ignore_errors=True)
         raise
     return ActivationStore.open(out)
-
-
-def _run_until(lm: LoadedModel, chunk: list[Encoded], *, deadline: float, batch_size: int,
-               on_batch: Callable[[int], object], layers: list[int], site: Site, include_embed: bool,
-               padding_side: PaddingSide, backend: Backend, remote: bool) -> tuple[CaptureResult, int]:  # fmt: skip
-    """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
-    boundary past ``deadline``; returns the result and how many examples of ``chunk`` it covers."""
-    parts, done = [], 0
-    while done < len(chunk):
-        batch = chunk[done : done + batch_size]
-        parts.append(run_encoded(lm, batch, layers=layers, site=site, include_embed=include_embed,
-                                 batch_size=batch_size, padding_side=padding_side, backend=backend,
-                                 remote=remote, on_batch=on_batch))  # fmt: skip
-        done += len(batch)
-        if time.monotonic() >= deadline:
-            break
-    acts = {k: torch.cat([p.acts[k] for p in parts]) for k in parts[0].acts}
-    return CaptureResult(rows=Rows.concat([p.rows for p in parts]), acts=acts), done
 
 
 def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:

@@ -1,10 +1,10 @@
-"""Fit the value axis on activation stores and sweep layers with held-out groups and controls.
+"""Sweep layers with held-out groups and controls; fit one direction per layer.
 
-``valueprobe fit --store runs/icrl --method diff_means --out probes/value`` calls :func:`fit_probe`::
+Called by :func:`valueprobe.fit.fit_probe` (``valueprobe fit``), or directly::
 
-    from valueprobe.sweep import fit_probe
-    report = fit_probe(["runs/icrl", "runs/code"], method="diff_means")
-    report.axis.save("probes/value")
+    from valueprobe.sweep import sweep_layers
+    sweep = sweep_layers("runs/icrl", method="span_diff", layers="::2", n_splits=5)
+    print(sweep.summary()); sweep.axis.save("probes/value")
 
 Targets: in a store whose rows carry ``pre``/``post`` span labels (ICRL), positive = ``post``
 rows and negative = ``pre`` rows, other rows are ignored; otherwise the example label
