@@ -1,6 +1,6 @@
 """The ``ValueAxis`` artifact: one unit direction per layer, with σ calibration and provenance.
 
-Fitted by :func:`valueprobe.sweep.fit_store` / :func:`valueprobe.sweep.fit_probe`, saved as a
+Fitted by :func:`valueprobe.sweep.fit_store` / :func:`valueprobe.fit.fit_probe`, saved as a
 folder (``axis.safetensors`` + ``probe.json``), and read back checked against the model::
 
     from valueprobe.axis import ValueAxis
