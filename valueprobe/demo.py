@@ -18,9 +18,10 @@ from pathlib import Path
 
 from valueprobe.datasets import build
 from valueprobe.errors import ValueprobeError
+from valueprobe.fit import FitReport, fit_probe
 from valueprobe.models import DEFAULT_MODEL, load
+from valueprobe.probe import Method
 from valueprobe.replicate import FAMILIES, capture_families
-from valueprobe.sweep import FitReport, fit_probe
 
 __all__ = ["MIN_N", "run_demo"]
 
@@ -38,11 +39,13 @@ def run_demo(
         ValueprobeError: ``n`` below :data:`MIN_N` or ``splits`` below 1, before any work.
     """
     if n < MIN_N or splits < 1:
-        raise ValueprobeError(f"demo needs n >= {MIN_N} conversations and splits >= 1 (got n={n}, splits={splits})")
+        raise ValueprobeError(
+            f"demo needs n >= {MIN_N} conversations and splits >= 1 (got n={n}, splits={splits})"
+        )
     out = Path(out)
     build("icrl", out / "data", seed=seed, n=n)
     lm = load(model)
     store = capture_families(lm, out / "data", out, families={"icrl": FAMILIES["icrl"]})["icrl"]
-    report = fit_probe({"icrl": store}, method="span_diff", n_splits=splits, seed=seed, transfer=False)
+    report = fit_probe({"icrl": store}, method=Method.span_diff, n_splits=splits, seed=seed, transfer=False)
     report.axis.save(out / "probe")
     return report
