@@ -233,7 +233,9 @@ def encode(
     if positions not in POSITIONS:
         raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
     if chat_template not in CHAT_TEMPLATES:
-        raise ValueprobeError(f"unknown chat template {chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}")
+        raise ValueprobeError(
+            f"unknown chat template {chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}"
+        )
     limit = context_length(lm)
     if max_length is not None and limit is not None and max_length > limit:
         raise ValueprobeError(
@@ -396,18 +398,28 @@ def _backend_run(
 
     if not remote:
         batch = batch.selection_on(lm.device)
-    return residuals(  # type: ignore[return-value]
-        lm,
-        batch.input_ids,
-        batch.attention_mask,
-        layers=layers,
-        site=site,
-        include_embed=include_embed,
-        backend=backend,  # type: ignore[arg-type]
-        position_ids=batch.position_ids,
-        remote=remote,
-        reduce=partial(reduce_batch, batch=batch),
-    )
+    try:
+        return residuals(  # type: ignore[return-value]
+            lm,
+            batch.input_ids,
+            batch.attention_mask,
+            layers=layers,
+            site=site,
+            include_embed=include_embed,
+            backend=backend,  # type: ignore[arg-type]
+            position_ids=batch.position_ids,
+            remote=remote,
+            reduce=partial(reduce_batch, batch=batch),
+        )
+    except Exception as exc:
+        if not remote or isinstance(exc, ValueprobeError):
+            raise
+        # NDIF failures arrive as connection errors, HTTP errors or nnsight's own, often multi-line.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ValueprobeError(
+            f"remote run on NDIF failed ({type(exc).__name__}: {first}): check the network, NDIF_API_KEY,"
+            f" and that NDIF serves {lm.model_id!r} (a hub id); or drop --remote to run locally"
+        ) from None
 
 
 def capture(

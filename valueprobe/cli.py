@@ -34,9 +34,9 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no
 
 from valueprobe.capture import CHAT_TEMPLATES
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 from valueprobe.models import check_device
 from valueprobe.vocab import parse_layers
-from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -52,7 +52,9 @@ TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own cod
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 ChatTemplateOpt = Annotated[
     str,
-    typer.Option(help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"),
+    typer.Option(
+        help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
 ]
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
@@ -128,7 +130,8 @@ def capture(
     batch_size: int = 8,
     examples_per_shard: int = 256,
     checkpoint_seconds: Annotated[
-        float, typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much")
+        float,
+        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
     ] = 60.0,
     dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
     padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
@@ -407,7 +410,9 @@ def check_layer_spec(option: str, spec: str | None) -> None:
         try:
             parse_layers(spec, n_layers=1 << 20)
         except ValueprobeError:
-            raise ValueprobeError(f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'") from None
+            raise ValueprobeError(
+                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'"
+            ) from None
 
 
 def open_store(path: Path, *, allow_partial: bool = False):
@@ -455,7 +460,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         _fail(EXIT_INTERRUPTED, "aborted")
-    except NoArgsIsHelpError as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
+    except (
+        NoArgsIsHelpError
+    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except typer.TyperException as exc:  # unknown command, missing or bad option
@@ -475,9 +482,15 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, ValueprobeError):
         return EXIT_BAD_INPUT, _one_line(str(exc))
     if isinstance(exc, SafetensorError):
-        return EXIT_BAD_INPUT, f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again"
+        return (
+            EXIT_BAD_INPUT,
+            f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again",
+        )
     if isinstance(exc, json.JSONDecodeError):
-        return EXIT_BAD_INPUT, f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file"
+        return (
+            EXIT_BAD_INPUT,
+            f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
+        )
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:
             return EXIT_BAD_INPUT, "no space left on device: free space and rerun"
@@ -502,7 +515,9 @@ def _write_traceback(exc: BaseException) -> Path:
     folder = Path(os.environ.get("VALUEPROBE_LOG_DIR") or Path(tempfile.gettempdir()) / "valueprobe-logs")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text("valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc)))
+    path.write_text(
+        "valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc))
+    )
     return path
 
 

@@ -38,7 +38,9 @@ def run_demo(
         ValueprobeError: ``n`` below :data:`MIN_N` or ``splits`` below 1, before any work.
     """
     if n < MIN_N or splits < 1:
-        raise ValueprobeError(f"demo needs n >= {MIN_N} conversations and splits >= 1 (got n={n}, splits={splits})")
+        raise ValueprobeError(
+            f"demo needs n >= {MIN_N} conversations and splits >= 1 (got n={n}, splits={splits})"
+        )
     out = Path(out)
     build("icrl", out / "data", seed=seed, n=n)
     lm = load(model)

@@ -382,7 +382,9 @@ def check_device(device: str) -> None:
     """
     kind = device.split(":")[0]
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueprobeError(f"--device {device}: no CUDA device on this machine (torch sees none); use --device cpu")
+        raise ValueprobeError(
+            f"--device {device}: no CUDA device on this machine (torch sees none); use --device cpu"
+        )
     index = device.partition(":")[2]
     if kind == "cuda" and index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
         raise ValueprobeError(

@@ -75,7 +75,9 @@ def _read_header(path: Path) -> tuple[int, dict]:
         raise ValueprobeError(f"{path.name} is not a safetensors file (unreadable header, {size} bytes)")
     end = max((info["data_offsets"][1] for k, info in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end != size:
-        raise ValueprobeError(f"{path.name} is truncated or padded: {size} bytes, its header says {8 + n + end}")
+        raise ValueprobeError(
+            f"{path.name} is truncated or padded: {size} bytes, its header says {8 + n + end}"
+        )
     return n, header
 
 
@@ -137,7 +139,11 @@ class ActivationStore:
         return store
 
     def _first_bad_shard(self) -> str | None:
-        names = {_key_name(k, self.site) for k in self.keys} | {"row.label", "row.token_index", "row.n_tokens"}
+        names = {_key_name(k, self.site) for k in self.keys} | {
+            "row.label",
+            "row.token_index",
+            "row.n_tokens",
+        }
         for shard in self.manifest["shards"]:
             try:
                 _, header = _read_header(self.path / shard["file"])
@@ -325,11 +331,15 @@ def capture_to_store(
     from tqdm.auto import tqdm
 
     n = len(examples)
-    start = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"])  # shards are contiguous from 0
-    run = {"layers": layer_list, "site": site, "include_embed": include_embed, "batch_size": batch_size,
-           "padding_side": padding_side, "backend": backend, "remote": remote}  # fmt: skip
+    start = sum(
+        s["examples"][1] - s["examples"][0] for s in manifest["shards"]
+    )  # shards are contiguous from 0
+    run: dict[str, Any] = {"layers": layer_list, "site": site, "include_embed": include_embed, "batch_size": batch_size,
+                           "padding_side": padding_side, "backend": backend, "remote": remote}  # fmt: skip
     try:
-        with tqdm(total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress) as bar:
+        with tqdm(
+            total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+        ) as bar:
             while start < n:
                 chunk = encode(lm, examples[start : start + examples_per_shard], warn=False, **options)  # type: ignore[arg-type]
                 deadline = time.monotonic() + checkpoint_seconds
@@ -337,7 +347,9 @@ def capture_to_store(
                 tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
                 name = f"shard-{len(manifest['shards']):05d}.safetensors"
                 _write_shard(out / name, tensors, meta)
-                manifest["shards"].append({"file": name, "examples": [start, start + done], "rows": len(got.rows)})
+                manifest["shards"].append(
+                    {"file": name, "examples": [start, start + done], "rows": len(got.rows)}
+                )
                 start += done
                 manifest["complete"] = start == n
                 atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
@@ -387,7 +399,7 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
         for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
             stray.unlink()
         if store._first_bad_shard() is not None:  # keep the good prefix; recapture from the first bad shard
-            good = []
+            good: list[dict] = []
             for shard in manifest["shards"]:
                 store.manifest = {**manifest, "shards": [*good, shard]}
                 if store._first_bad_shard() is not None:
