@@ -8,7 +8,6 @@ progress, and the smaller ones), on a tiny model saved to disk. Exit status: 2 b
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -126,10 +125,8 @@ def looks_complete(folder: Path) -> bool:
 def test_ctrl_c_exits_130_and_resumes_bit_identically(tiny_dir, tmp_path, capsys):
     """A real SIGINT to a real capture: exit 130, one line, a partial store that `fit` refuses and
     that a rerun completes to the same bytes as an uninterrupted capture."""
-    examples = read_jsonl(DATA / "icrl.jsonl")
-    big = [
-        dataclasses.replace(ex, id=f"{ex.id}-{k}") for k in range(4) for ex in examples
-    ]  # long enough to interrupt
+    # Thousands of short texts: a run of some seconds, with a checkpoint every second.
+    big = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 7}", text=f"x = {i}\n" * (1 + i % 5)) for i in range(4000)]
     data = tmp_path / "big.jsonl"
     write_jsonl(data, big)
     out = tmp_path / "store"
