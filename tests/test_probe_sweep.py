@@ -13,6 +13,7 @@ from scipy.stats import norm
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import Rows
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import FingerprintWarning
 from valueprobe.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
 from valueprobe.source import Source, grouped_splits
 from valueprobe.sweep import calibrate, fit_probe, fit_store, sweep_layers
@@ -224,8 +225,15 @@ def test_store_bad_input_is_one_clear_error():
         fit_store(one_class)
     with pytest.raises(ValueprobeError, match="only 2 groups"):
         sweep_layers(icrl_store(n_groups=2))
-    with pytest.raises(ValueprobeError, match="stores disagree"):
+    with pytest.warns(FingerprintWarning, match="other weights"):  # e.g. a base and a fine-tuned model
         Source([icrl_store("a"), icrl_store("b", fingerprint="e" * 16)])
+    with pytest.raises(ValueprobeError, match="different architectures"):
+        Source(
+            [
+                icrl_store("a", fingerprint="a" * 16 + "-" + "f" * 16),
+                icrl_store("b", fingerprint="b" * 16 + "-" + "f" * 16),
+            ]
+        )
     no_embed = icrl_store()
     del no_embed._acts["embed"]
     no_embed.has_embed = False

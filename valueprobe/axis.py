@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.fingerprint import check_model, check_records
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -172,11 +173,14 @@ class ValueAxis:
     def _combine(self, other: ValueAxis, sign: float) -> ValueAxis:
         if not isinstance(other, ValueAxis):
             return NotImplemented
-        if other.d_model != self.d_model or other.fingerprint != self.fingerprint:
+        if other.d_model != self.d_model:
             raise ValueprobeError(
-                f"cannot combine axes of different models: {self.model_id} ({self.fingerprint}, d_model"
-                f" {self.d_model}) and {other.model_id} ({other.fingerprint}, d_model {other.d_model})"
+                f"cannot combine axes of different widths: {self.model_id} (d_model {self.d_model})"
+                f" and {other.model_id} (d_model {other.d_model})"
             )
+        check_records(
+            self.fingerprint, other.fingerprint, what=f"axes of {self.model_id} and {other.model_id}"
+        )
         shared = [layer for layer in self.layers if layer in other.layers]
         if not shared:
             raise ValueprobeError(f"axes share no layer: {_ranges(self.layers)} vs {_ranges(other.layers)}")
@@ -212,7 +216,12 @@ class ValueAxis:
         return self._combine(other, 1.0)
 
     def check(self, lm: LoadedModel, *, force: bool = False) -> None:
-        """Fail unless ``lm`` is the model this axis was fitted on. ``force`` skips the fingerprint check only."""
+        """Refuse ``lm`` unless it has this axis's width, layers and architecture; warn if only its weights differ.
+
+        A fine-tuned descendant of the axis's model (same config shape and vocabulary, other
+        weights) is read with a :class:`~valueprobe.fingerprint.FingerprintWarning`. ``force``
+        reads a model of another architecture too (d_model and layers are always checked).
+        """
         if lm.d_model != self.d_model:
             raise ValueprobeError(
                 f"probe has d_model {self.d_model} ({self.model_id}) but the model has d_model {lm.d_model}"
@@ -222,11 +231,7 @@ class ValueAxis:
             raise ValueprobeError(
                 f"probe uses layer {max(self.layers)} but the model has layers 0..{lm.n_layers - 1}"
             )
-        if lm.fingerprint != self.fingerprint and not force:
-            raise ValueprobeError(
-                f"probe was fitted on {self.model_id} (fingerprint {self.fingerprint}) but the model is"
-                f" {lm.model_id} (fingerprint {lm.fingerprint}); refit, or pass --force to use it anyway"
-            )
+        check_model(self.fingerprint, lm, what="probe", model_id=self.model_id, force=force)
 
     def save(self, path: str | Path) -> Path:
         """Write ``path/axis.safetensors`` and ``path/probe.json`` (each atomically; JSON last)."""

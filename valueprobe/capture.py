@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import position_ids_from_mask
+from valueprobe.backends import position_ids_from_mask, residuals
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
@@ -394,23 +394,12 @@ def _backend_run(
     With the default ``hooks`` backend the token selection runs inside the forward hook, and the
     forward stops after the last block needed (so the unembedding never runs).
     """
-    from valueprobe.backends import residuals
-
     if not remote:
         batch = batch.selection_on(lm.device)
     try:
-        return residuals(  # type: ignore[return-value]
-            lm,
-            batch.input_ids,
-            batch.attention_mask,
-            layers=layers,
-            site=site,
-            include_embed=include_embed,
-            backend=backend,  # type: ignore[arg-type]
-            position_ids=batch.position_ids,
-            remote=remote,
-            reduce=partial(reduce_batch, batch=batch),
-        )
+        got = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
+                        include_embed=include_embed, backend=backend, position_ids=batch.position_ids,
+                        remote=remote, reduce=partial(reduce_batch, batch=batch))  # fmt: skip
     except Exception as exc:
         if not remote or isinstance(exc, ValueprobeError):
             raise
@@ -420,6 +409,7 @@ def _backend_run(
             f"remote run on NDIF failed ({type(exc).__name__}: {first}): check the network, NDIF_API_KEY,"
             f" and that NDIF serves {lm.model_id!r} (a hub id); or drop --remote to run locally"
         ) from None
+    return {("embed" if k == "embed" else int(k)): v for k, v in got.items()}
 
 
 def capture(

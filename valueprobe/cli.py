@@ -201,7 +201,8 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | all")
+        str,
+        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
     ] = "all",
     seed: int = 0,
     n: Annotated[

@@ -14,7 +14,6 @@ that the probes shipped in ``probes/`` match its fingerprint on every machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -25,6 +24,7 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from torch import nn
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, sha256_file
+from valueprobe.fingerprint import fingerprint
+from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
 
 __all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -60,7 +62,8 @@ ALIASES: dict[str, _PypiGguf] = {
     ),
 }
 
-# Where the decoder blocks and the final norm live, per family. First match wins.
+# Where the decoder blocks and the final norm live, per family. First match wins; each path is
+# also tried under a peft wrapper (PeftModel -> LoraModel -> the causal LM).
 _LAYER_PATHS = (
     "model.layers",  # llama, mistral, qwen2/qwen3, gemma/gemma2, phi3, phi
     "model.language_model.layers",  # gemma3 (multimodal wrapper), newer VLM-style layouts
@@ -78,6 +81,7 @@ _NORM_PATHS = (
     "model.decoder.final_layer_norm",
     "transformer.norm",
 )
+_WRAPPER_PREFIXES = ("", "base_model.model.")  # plain or merged model; peft.get_peft_model(model)
 
 
 def cache_dir() -> Path:
@@ -102,7 +106,8 @@ class LoadedModel:
         model: the ``transformers`` model (``...ForCausalLM``).
         tokenizer: its tokenizer (a fast tokenizer, for offsets).
         model_id: what it was loaded from (alias, path or hub id).
-        fingerprint: 16 hex digits identifying the checkpoint (see :func:`fingerprint`).
+        fingerprint: ``"<arch>-<weights>"``, 16 hex digits each (see :mod:`valueprobe.fingerprint`):
+            a fine-tuned descendant shares the first part and differs in the second.
         layers_path: dotted path of the decoder-block list inside ``model``.
     """
 
@@ -117,6 +122,11 @@ class LoadedModel:
     def layers(self) -> nn.ModuleList:
         return _get_path(self.model, self.layers_path)  # type: ignore[return-value]
 
+    @cached_property
+    def legacy_fingerprint(self) -> str:
+        """The single hash of records written before the two-part fingerprint (computed on demand)."""
+        return _legacy_fingerprint(self.model)
+
     @property
     def n_layers(self) -> int:
         return len(self.layers)
@@ -128,10 +138,11 @@ class LoadedModel:
 
     @property
     def final_norm(self) -> nn.Module | None:
-        for path in _NORM_PATHS:
-            mod = _get_path(self.model, path)
-            if isinstance(mod, nn.Module):
-                return mod
+        for prefix in _WRAPPER_PREFIXES:
+            for path in _NORM_PATHS:
+                mod = _get_path(self.model, prefix + path)
+                if isinstance(mod, nn.Module):
+                    return mod
         return None
 
     @property
@@ -192,46 +203,6 @@ class LoadedModel:
         return sorted(set(items))
 
 
-# ---------------------------------------------------------------- fingerprint
-
-_CONFIG_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "n_embd",
-    "num_hidden_layers",
-    "n_layer",
-    "num_attention_heads",
-    "n_head",
-    "num_key_value_heads",
-    "intermediate_size",
-    "n_inner",
-    "tie_word_embeddings",
-)
-
-
-def fingerprint(model: Any) -> str:
-    """Hash the architecture and a few weights into 16 hex digits.
-
-    The config part uses only shape-defining keys, and weights are hashed after casting to
-    bfloat16, so the same checkpoint loaded in fp32 or bf16, on CPU or GPU, fingerprints alike,
-    while a fine-tuned checkpoint does not.
-    """
-    config = getattr(model, "config", None)
-    cfg = {k: getattr(config, k) for k in _CONFIG_KEYS if config is not None and hasattr(config, k)}
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
-    params = [p for _, p in model.named_parameters()]
-    if not params:
-        raise ValueprobeError("cannot fingerprint a model without parameters")
-    picks = [model.get_input_embeddings().weight] if hasattr(model, "get_input_embeddings") else []
-    picks += [params[len(params) // 2], params[-1]]
-    for p in picks:
-        flat = p.detach().reshape(-1)
-        sample = torch.cat([flat[:2048], flat[-2048:]]).to("cpu", torch.bfloat16)
-        h.update(sample.view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
     """Dotted path of the decoder-block ``ModuleList``; ``override`` wins if given."""
     if override:
@@ -242,7 +213,7 @@ def find_layers_path(model: nn.Module, override: str | None = None) -> str:
                 "pass the dotted path of the decoder blocks, e.g. 'model.layers'"
             )
         return override
-    for path in _LAYER_PATHS:
+    for path in (prefix + path for prefix in _WRAPPER_PREFIXES for path in _LAYER_PATHS):
         mod = _get_path(model, path)
         if isinstance(mod, nn.ModuleList) and len(mod) > 0:
             return path
@@ -264,7 +235,7 @@ def wrap(
         model_id=model_id
         or getattr(getattr(model, "config", None), "_name_or_path", "")
         or type(model).__name__,
-        fingerprint=fingerprint(model),
+        fingerprint=fingerprint(model, tokenizer),
         layers_path=find_layers_path(model, layers_path),
     )
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from valueprobe.axis import _ranges
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 
 LayerKey = int | Literal["embed"]
 Target = Literal["auto", "span", "label"]
@@ -84,12 +85,13 @@ class Source:
         self.stores = [s for _, s in named]
         first = self.stores[0]
         for name, s in named[1:]:
-            if (s.fingerprint, s.d_model, s.site) != (first.fingerprint, first.d_model, first.site):
+            if (s.d_model, s.site) != (first.d_model, first.site):
                 raise ValueprobeError(
-                    f"stores disagree: {self.names[0]} is {first.model_id} ({first.fingerprint}, {first.site},"
-                    f" d_model {first.d_model}) but {name} is {s.model_id} ({s.fingerprint}, {s.site},"
-                    f" d_model {s.d_model}); capture every store with the same model and site"
+                    f"stores disagree: {self.names[0]} is {first.model_id} ({first.site}, d_model"
+                    f" {first.d_model}) but {name} is {s.model_id} ({s.site}, d_model {s.d_model});"
+                    " capture every store with the same model and site"
                 )
+            check_records(first.fingerprint, s.fingerprint, what=f"stores {self.names[0]} and {name}")
         self.model_id, self.fingerprint = first.model_id, first.fingerprint
         self.d_model, self.site = int(first.d_model), first.site
         self.layers = [x for x in first.layers if all(x in s.layers for s in self.stores)]

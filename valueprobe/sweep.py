@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from valueprobe.axis import ValueAxis
-from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.metrics import _mean_sd, _oriented_auroc, _shuffle_within_group, auroc, cohens_d
 from valueprobe.probe import Fitter, Method, make_fitter, unit_or_zero
 from valueprobe.source import (
@@ -378,11 +378,8 @@ def calibrate(axis: ValueAxis, stores: Stores, *, force: bool = False) -> ValueA
     >>> axis = calibrate(axis_a - axis_b, "runs/neutral-smollm2")
     """
     src = Source(stores, target="label", need_both=False) if not isinstance(stores, Source) else stores
-    if src.fingerprint != axis.fingerprint and not force:
-        raise ValueprobeError(
-            f"store model {src.model_id} ({src.fingerprint}) is not the axis model"
-            f" {axis.model_id} ({axis.fingerprint}); pass force=True to calibrate anyway"
-        )
+    check_records(src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}",
+                  force=force)  # fmt: skip
     mu, sigma, norm = [], [], []
     for layer in axis.layers:
         v = axis.direction(layer).double().numpy()

@@ -21,6 +21,7 @@ import numpy as np
 
 from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import check_records
 from valueprobe.metrics import _mean_sd, _shuffle_within_group, auroc, cohens_d
 from valueprobe.probe import Method, make_fitter, unit_or_zero
 from valueprobe.source import POSITION_CONTROLS, LayerKey, Source, StoreArg, Target
@@ -260,11 +261,7 @@ def evaluate_axis(
     out: dict[str, dict] = {}
     for name, store in stores.items():
         src = Source({name: store})
-        if src.fingerprint != axis.fingerprint:
-            raise ValueprobeError(
-                f"store {name} is from {src.model_id} ({src.fingerprint}), the axis from {axis.model_id}"
-                f" ({axis.fingerprint}): evaluate on stores of the axis's model"
-            )
+        check_records(src.fingerprint, axis.fingerprint, what=f"store {name} and axis {axis.model_id}")
         y = src.y[src.keep]
         p = _project(src, layer, v)
         row = {"auroc": auroc(p, y), "auroc_ci": list(bootstrap_ci(auroc, p, y, n_boot=n_boot, seed=seed))}
