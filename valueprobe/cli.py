@@ -14,14 +14,8 @@ files), 130 for Ctrl-C, 1 for an internal error (the line names a log file with 
 
 from __future__ import annotations
 
-import errno
 import json
-import logging
-import os
 import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -29,14 +23,21 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
-from safetensors import SafetensorError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public name for it
 
+from valueprobe.boundary import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    describe_error,
+    log_warnings_as_lines,
+    write_traceback,
+)
 from valueprobe.capture import CHAT_TEMPLATES
+from valueprobe.checks import check_at_least, check_layer_spec
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 from valueprobe.models import check_device
-from valueprobe.vocab import parse_layers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -252,6 +253,7 @@ def fit(
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
     from valueprobe.plots import sweep_figure, transfer_heatmap
     from valueprobe.probe import METHODS
+    from valueprobe.store import ActivationStore
     from valueprobe.sweep import fit_probe
 
     check_output_dir(out, holds="probe")
@@ -260,7 +262,7 @@ def fit(
     check_layer_spec("--layers", layers)
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
-    stores = [open_store(s, allow_partial=allow_partial) for s in store]
+    stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
         stores, method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
         train_groups=train_groups, seed=seed, transfer=transfer, target=target,  # type: ignore[arg-type]
@@ -399,36 +401,6 @@ def write_html(fig, path: Path) -> None:
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
 
-def check_at_least(option: str, value: int | float | None, minimum: int | float, why: str = "") -> None:
-    """A numeric option below its minimum is refused before any work (``--splits 0`` gave a NaN probe)."""
-    if value is not None and value < minimum:
-        raise ValueprobeError(f"{option} {value} is too small: it must be >= {minimum}{why}")
-
-
-def check_layer_spec(option: str, spec: str | None) -> None:
-    """Catch a malformed layer spec before the model loads; the range is checked against the model later."""
-    if spec is not None:
-        try:
-            parse_layers(spec, n_layers=1 << 20)
-        except ValueprobeError:
-            raise ValueprobeError(
-                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'"
-            ) from None
-
-
-def open_store(path: Path, *, allow_partial: bool = False):
-    """Open and verify a store; a partial one only with ``--allow-partial``, and then say how partial."""
-    from valueprobe.store import ActivationStore
-
-    store = ActivationStore.open(path, allow_partial=allow_partial)
-    if not store.complete:
-        n = (store.manifest.get("dataset") or {}).get("n_examples")
-        logging.getLogger("valueprobe").warning(
-            f"{path} is a partial store: using its {store.n_rows} rows ({store.n_examples_done} of {n} examples)"
-        )
-    return store
-
-
 def _layers_str(layers: list[int]) -> str:
     if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 2:
         return f"{layers[0]}..{layers[-1]}"
@@ -451,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl-C into a *returned* 130 (easy to lose, and lost before), and usage errors into boxes.
     command = typer.main.get_command(app)
     args = list(sys.argv[1:] if argv is None else argv)
-    _log_warnings_as_lines()
+    log_warnings_as_lines()
     try:
         with command.make_context("valueprobe", args) as ctx:
             command.invoke(ctx)
@@ -471,70 +443,13 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 -- the boundary: everything becomes one line
         code, line = describe_error(exc)
         if code == EXIT_INTERNAL:
-            line += f"; the traceback is in {_write_traceback(exc)}: please report it"
+            line += f"; the traceback is in {write_traceback(exc)}: please report it"
         _fail(code, line)
-
-
-EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
-
-
-def describe_error(exc: BaseException) -> tuple[int, str]:
-    """(exit status, one line) for an exception reaching the CLI boundary."""
-    if isinstance(exc, ValueprobeError):
-        return EXIT_BAD_INPUT, _one_line(str(exc))
-    if isinstance(exc, SafetensorError):
-        return (
-            EXIT_BAD_INPUT,
-            f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again",
-        )
-    if isinstance(exc, json.JSONDecodeError):
-        return (
-            EXIT_BAD_INPUT,
-            f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
-        )
-    if isinstance(exc, OSError):
-        if exc.errno == errno.ENOSPC:
-            return EXIT_BAD_INPUT, "no space left on device: free space and rerun"
-        where = f"{exc.filename}: " if exc.filename else ""
-        what = exc.strerror or _one_line(str(exc)) or type(exc).__name__
-        return EXIT_BAD_INPUT, f"{where}{what}; check the path, its permissions and the network"
-    return EXIT_INTERNAL, f"internal error ({type(exc).__name__}: {_one_line(str(exc))[:300]})"
-
-
-def _one_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else ""
 
 
 def _fail(code: int, line: str) -> NoReturn:
     print(f"error: {line}", file=sys.stderr)
     raise SystemExit(code)
-
-
-def _write_traceback(exc: BaseException) -> Path:
-    """Save the traceback of an internal error; the CLI prints only its path."""
-    folder = Path(os.environ.get("VALUEPROBE_LOG_DIR") or Path(tempfile.gettempdir()) / "valueprobe-logs")
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text(
-        "valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc))
-    )
-    return path
-
-
-def _log_warnings_as_lines() -> None:
-    """Library warnings (``logging.getLogger("valueprobe")``) print as one ``warning: ...`` line each."""
-    log = logging.getLogger("valueprobe")
-    if not any(isinstance(h, _StderrLines) for h in log.handlers):
-        log.addHandler(_StderrLines())
-        log.propagate = False
-
-
-class _StderrLines(logging.Handler):
-    """``warning: <message>`` on whatever ``sys.stderr`` is now (not the one seen at set-up)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 
 
 if __name__ == "__main__":

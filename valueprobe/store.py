@@ -17,6 +17,7 @@ shard present with the size its header promises, and ``complete`` true unless ``
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import struct
 import time
@@ -129,6 +130,11 @@ class ActivationStore:
         if problem is not None:
             raise ValueprobeError(
                 f"store {store.path}: {problem}; rerun the same `valueprobe capture --out {store.path}` to recapture it"
+            )
+        if not store.complete and allow_partial:
+            logging.getLogger("valueprobe").warning(
+                f"{store.path} is a partial store: using its {store.n_rows} rows"
+                f" ({store.n_examples_done} of {store.manifest['dataset']['n_examples']} examples)"
             )
         if not store.complete and not allow_partial:
             raise ValueprobeError(
