@@ -480,3 +480,24 @@ def test_os_and_json_errors_are_bad_input(store_dir, tmp_path, capsys):
     )
     assert "cannot read dataset" in fails(["capture", "--data", str(tmp_path / "none.jsonl"), "--out",
                                            str(tmp_path / "s")], capsys)  # fmt: skip
+
+
+def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch):
+    import tqdm.auto
+
+    from valueprobe.axis import ValueAxis
+    from valueprobe.readout import score_dataset
+
+    steps: list[int] = []
+
+    class Recorder(tqdm.auto.tqdm):
+        def update(self, n=1):
+            steps.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    exs = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text=f"x = {i}\n") for i in range(10)]
+    score_dataset(
+        ValueAxis.load(probe_dir), tiny_lm_factory("llama"), exs, batch_size=3, bootstrap=0, force=True
+    )
+    assert steps == [3, 3, 3, 1]  # one step per batch, not one per 32 batches
