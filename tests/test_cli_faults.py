@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.capture import capture, render, render_plain
+from valueprobe.capture import capture
 from valueprobe.cli import main
 from valueprobe.datasets.io import Example, Span, read_jsonl, write_jsonl
+from valueprobe.encode import render, render_plain
 from valueprobe.models import load
 from valueprobe.store import ActivationStore, capture_to_store
 
@@ -155,13 +156,13 @@ def test_ctrl_c_exits_130_and_keeps_the_last_checkpoint(tiny_dir, tmp_path, caps
     assert not (tmp_path / "probe").exists()
 
     kept = ActivationStore.open(out, allow_partial=True)
-    done = kept.n_examples_done
+    done = kept.manifest.n_examples_done
     lm = load(tiny_dir)
     ref = capture(
         lm, big[:done], layers=[0, 2], positions="last", batch_size=1, include_embed=True, progress=False
     )
     assert kept.rows().example_id == [ex.id for ex in big[:done]]
-    for key in kept.keys:
+    for key in kept.manifest.keys:
         np.testing.assert_array_equal(kept.acts(key), ref.acts[key].half().float().numpy())
 
 
@@ -255,7 +256,7 @@ def test_damaged_shard_is_one_line_and_resume_repairs_it(
     code, _, err = run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(bad),
                         "--positions", "spans", "--examples-per-shard", "4"], capsys)  # fmt: skip
     assert code == 0, err
-    for key in ActivationStore.open(store_dir).keys:
+    for key in ActivationStore.open(store_dir).manifest.keys:
         np.testing.assert_array_equal(
             ActivationStore.open(bad).acts(key), ActivationStore.open(store_dir).acts(key)
         )
@@ -379,7 +380,7 @@ def test_chat_template_plain_on_a_model_without_one(tiny_lm_factory, icrl_small,
     code, _, err = run([*args, "--out", str(tmp_path / "s"), "--chat-template", "plain"], capsys)
     assert code == 0, err
     store = ActivationStore.open(tmp_path / "s")
-    assert store.manifest["chat_template"] == "plain" and store.rows().span[:2] == ["pre", "post"]
+    assert store.manifest.chat_template == "plain" and store.rows().span[:2] == ["pre", "post"]
     # Against a hand rendering: the transcript, tokenized with special tokens, read at the spans.
     ex = read_jsonl(icrl_small)[0]
     text, starts = render_plain([dict(m) for m in ex.messages or ()])
@@ -407,13 +408,9 @@ def test_time_checkpoints_give_the_same_store(tiny_lm_factory, tmp_path, monkeyp
     monkeypatch.setattr("valueprobe.store.time.monotonic", lambda: float(next(clock)))
     many = capture_to_store(lm, exs, tmp_path / "many", layers="all", dtype="float32", batch_size=2,
                             checkpoint_seconds=60, progress=False)  # fmt: skip
-    assert len(one.manifest["shards"]) == 1 and [s["examples"] for s in many.manifest["shards"]] == [
-        [0, 2],
-        [2, 4],
-        [4, 6],
-        [6, 7],
-    ]
-    for key in one.keys:
+    assert len(one.manifest.shards) == 1
+    assert [s.examples for s in many.manifest.shards] == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    for key in one.manifest.keys:
         np.testing.assert_array_equal(many.acts(key), one.acts(key))
 
 

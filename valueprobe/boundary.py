@@ -1,12 +1,12 @@
-"""The command line's error boundary: an exception becomes an exit status and one line.
+"""The CLI's one error boundary: every failure of a command ends in one line on stderr.
 
-    >>> describe_error(ValueprobeError("--splits 0 is too small: it must be >= 1"))
-    (2, '--splits 0 is too small: it must be >= 1')
+``valueprobe.cli.main`` runs the typer app through :func:`run_app`; the exit status says what went wrong::
 
-Exit status: 2 bad input (:class:`ValueprobeError`, a file that cannot be read or written, corrupt
-JSON or safetensors), 130 interrupted, 1 internal error (its traceback goes to a log file, see
-:func:`write_traceback`; ``VALUEPROBE_LOG_DIR`` chooses the folder). Library warnings go through
-``logging.getLogger("valueprobe")`` and print as one ``warning: ...`` line each.
+    0 done · 2 bad input (ValueprobeError, unreadable/corrupt files, usage) · 130 interrupted · 1 internal
+
+An internal error's traceback goes to a log file named in the line, never to the terminal.
+Also here: the checks each command runs on its options before any work (:func:`check_at_least`,
+:func:`check_layer_spec`).
 """
 
 from __future__ import annotations
@@ -20,20 +20,60 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
+import typer
 from safetensors import SafetensorError
+from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public name for it
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import parse_layers
 
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
+    "check_at_least",
+    "check_layer_spec",
     "describe_error",
-    "log_warnings_as_lines",
-    "one_line",
-    "write_traceback",
+    "run_app",
 ]
+
+
+def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
+    """Entry point and the one error boundary: every failure ends in one line on stderr.
+
+    Exit status: 0 done; 2 bad input (ValueprobeError, a file that cannot be read or written,
+    corrupt JSON or safetensors, a usage error); 130 interrupted (Ctrl-C); 1 an internal error,
+    whose traceback goes to a log file named in the line.
+    """
+    # The command runs under our own context, not typer's standalone wrapper: that one turns
+    # Ctrl-C into a *returned* 130 (easy to lose, and lost before), and usage errors into boxes.
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    log_warnings_as_lines()
+    try:
+        with command.make_context("valueprobe", args) as ctx:
+            command.invoke(ctx)
+    except KeyboardInterrupt:
+        fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun `capture` to resume it)")
+    except typer.Exit as exc:  # --help and friends
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        fail(EXIT_INTERRUPTED, "aborted")
+    except (
+        NoArgsIsHelpError
+    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
+        print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except typer.TyperException as exc:  # unknown command, missing or bad option
+        fail(EXIT_BAD_INPUT, f"{exc.format_message()} (see valueprobe --help)")
+    except Exception as exc:  # noqa: BLE001 -- the boundary: everything becomes one line
+        code, line = describe_error(exc)
+        if code == EXIT_INTERNAL:
+            line += f"; the traceback is in {write_traceback(exc)}: please report it"
+        fail(code, line)
+
 
 EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -66,6 +106,11 @@ def one_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+def fail(code: int, line: str) -> NoReturn:
+    print(f"error: {line}", file=sys.stderr)
+    raise SystemExit(code)
+
+
 def write_traceback(exc: BaseException) -> Path:
     """Save the traceback of an internal error; the CLI prints only its path."""
     folder = Path(os.environ.get("VALUEPROBE_LOG_DIR") or Path(tempfile.gettempdir()) / "valueprobe-logs")
@@ -86,7 +131,25 @@ def log_warnings_as_lines() -> None:
 
 
 class _StderrLines(logging.Handler):
-    """``warning: <message>`` on whatever ``sys.stderr`` is now (not the one seen at set-up)."""
+    """``warning: <message>`` on whatever ``sys.stderr`` is now, not the one seen at set-up
+    (a second ``main()`` in one process, as in tests, would otherwise write to a closed stream)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
+def check_at_least(option: str, value: int | float | None, minimum: int | float, why: str = "") -> None:
+    """A numeric option below its minimum is refused before any work (``--splits 0`` gave a NaN probe)."""
+    if value is not None and value < minimum:
+        raise ValueprobeError(f"{option} {value} is too small: it must be >= {minimum}{why}")
+
+
+def check_layer_spec(option: str, spec: str | None) -> None:
+    """Catch a malformed layer spec before the model loads; the range is checked against the model later."""
+    if spec is not None:
+        try:
+            parse_layers(spec, n_layers=1 << 20)
+        except ValueprobeError:
+            raise ValueprobeError(
+                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1', '::2' or '3,5,-2'"
+            ) from None
