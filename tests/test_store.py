@@ -95,6 +95,8 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert list(out.glob("*.tmp")), "the child should have died with a half-written shard"
+    with pytest.raises(ValueprobeError, match="is partial: its capture stopped after 4 of"):
+        ActivationStore.open(out)
     partial = ActivationStore.open(out, allow_partial=True)
     assert (
         not partial.manifest.complete and partial.manifest.n_rows == 2 * 2 * 2
@@ -143,4 +145,6 @@ def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkey
     monkeypatch.setattr("valueprobe.store.shutil.disk_usage", lambda p: Usage(10**6, 10**6 - 10, 10))
     with pytest.raises(ValueprobeError, match="no space left"):
         capture_to_store(lm, _examples(3), tmp_path / "s", layers="all", progress=False)
-    assert not (tmp_path / "s").exists()  # failed before its first shard: no store is left behind
+    assert not list((tmp_path / "s").glob("shard-*"))
+    # Nothing was captured, so nothing is left: no shard, and no store holding only a manifest.
+    assert not (tmp_path / "s").exists()

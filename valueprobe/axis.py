@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
@@ -280,7 +281,7 @@ class ValueAxis:
             info = json.loads(meta_path.read_text(encoding="utf-8"))
             version = int(info["format_version"])
             tensors = load_file(str(tensor_path))
-        except (json.JSONDecodeError, KeyError, ValueError, OSError) as e:
+        except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
             raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
         if version > FORMAT_VERSION:
             raise ValueprobeError(

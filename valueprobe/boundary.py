@@ -125,11 +125,17 @@ def write_traceback(exc: BaseException) -> Path:
 def log_warnings_as_lines() -> None:
     """Library warnings (``logging.getLogger("valueprobe")``) print as one ``warning: ...`` line each."""
     log = logging.getLogger("valueprobe")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("warning: %(message)s"))
-        log.addHandler(handler)
+    if not any(isinstance(h, _StderrLines) for h in log.handlers):
+        log.addHandler(_StderrLines())
         log.propagate = False
+
+
+class _StderrLines(logging.Handler):
+    """``warning: <message>`` on whatever ``sys.stderr`` is now, not the one seen at set-up
+    (a second ``main()`` in one process, as in tests, would otherwise write to a closed stream)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"{record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
 
 
 def check_at_least(option: str, value: int | float | None, minimum: int | float, why: str = "") -> None:

@@ -177,18 +177,28 @@ def _backend_run(
     """
     if not remote:
         batch = batch.selection_on(lm.device)
-    got = residuals(
-        lm,
-        batch.input_ids,
-        batch.attention_mask,
-        layers=layers,
-        site=site,
-        include_embed=include_embed,
-        backend=backend,
-        position_ids=batch.position_ids,
-        remote=remote,
-        reduce=partial(reduce_batch, batch=batch),
-    )
+    try:
+        got = residuals(
+            lm,
+            batch.input_ids,
+            batch.attention_mask,
+            layers=layers,
+            site=site,
+            include_embed=include_embed,
+            backend=backend,
+            position_ids=batch.position_ids,
+            remote=remote,
+            reduce=partial(reduce_batch, batch=batch),
+        )
+    except Exception as exc:
+        if not remote or isinstance(exc, ValueprobeError):
+            raise
+        # NDIF failures arrive as connection errors, HTTP errors or nnsight's own, often multi-line.
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ValueprobeError(
+            f"remote run on NDIF failed ({type(exc).__name__}: {first}): check the network, NDIF_API_KEY,"
+            f" and that NDIF serves {lm.model_id!r} (a hub id); or drop --remote to run locally"
+        ) from None
     return {("embed" if k == "embed" else int(k)): v for k, v in got.items()}
 
 
