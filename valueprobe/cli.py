@@ -24,6 +24,7 @@ from rich.table import Table
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.vocab import Positions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -258,6 +259,67 @@ def score(
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+@app.command("shift")
+def shift_cmd(
+    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
+    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+    tuned: Annotated[
+        str, typer.Option(help="tuned descendant: folder (merged or adapter over base) or hub id")
+    ],
+    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
+    out: Annotated[Path, typer.Option(help="new output folder: shift.json, scores.csv, shift.html")],
+    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
+    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
+    layers: Annotated[
+        str | None, typer.Option(help="layers for the by-layer curves (default: the axis's)")
+    ] = None,
+    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
+    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
+    contrast: Annotated[
+        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
+    ] = False,
+    refit: Annotated[
+        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
+    ] = False,
+    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: int = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    force: Annotated[
+        bool, typer.Option(help="read a probe of another architecture (d_model still checked)")
+    ] = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    from valueprobe.axis import ValueAxis
+    from valueprobe.datasets.io import read_jsonl
+    from valueprobe.shift import group_by, shift
+
+    if out.exists() and not overwrite:
+        raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
+    if n_random < 1:
+        raise ValueprobeError(f"--n-random must be >= 1 (32 or more for a usable null), got {n_random}")
+    examples = group_by(read_jsonl(data), by)
+    axis = ValueAxis.load(probe)
+    base_lm = _load_model(base, trust_remote_code=trust_remote_code, device=device)
+    tuned_lm = _load_model(tuned, trust_remote_code=trust_remote_code, device=device)
+    res = shift(
+        axis, base_lm, tuned_lm, examples, layers=layers, layer=layer, tokens=tokens,
+        targeted=[t.strip() for t in targeted.split(",") if t.strip()], contrast=contrast, n_random=n_random,
+        refit=refit, n_boot=bootstrap, seed=seed, batch_size=batch_size, force=force,
+    )  # fmt: skip
+    res.write(out, overwrite=overwrite)
+    headers, rows = res.table()
+    table(
+        f"shift: {tuned} vs {base} on {probe.name}, layer {res.layer} (σ of the base reference)",
+        headers,
+        rows,
+    )
+    console.print(f"wrote {out}/shift.json, scores.csv, shift.html")
 
 
 @replicate_app.command("axis")

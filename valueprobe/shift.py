@@ -29,12 +29,11 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from tqdm.auto import tqdm
 
 from valueprobe.axis import ValueAxis
@@ -45,10 +44,11 @@ from valueprobe.fingerprint import Fingerprint, FingerprintWarning
 from valueprobe.metrics import cohens_d
 from valueprobe.models import LoadedModel
 from valueprobe.null import mean_ci, null_range, percentile_in, random_directions
+from valueprobe.plots import shift_figure
 from valueprobe.probe import make_fitter
 from valueprobe.vocab import LayerSpec, Positions, Site, parse_layers
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "shift"]
+__all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
 
 
 @dataclass(frozen=True)
@@ -148,30 +148,7 @@ class ShiftResult:
 
     def figure(self) -> go.Figure:
         """Score distributions before/after per group, and d-by-layer curves (base dashed, tuned solid)."""
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(
-            f"scores at layer {self.layer} (σ of the base reference)",
-            "separation by layer (Cohen's d)" if self.pairs else "mean shift by layer (σ)"))  # fmt: skip
-        for g in self.groups:
-            rows = [r for r in self.records if r["group"] == g.group]
-            for model, side in (("base", "negative"), ("tuned", "positive")):
-                fig.add_trace(go.Violin(x=[g.group] * len(rows), y=[r[model] for r in rows], side=side,
-                                        name=model, legendgroup=model, showlegend=g is self.groups[0],
-                                        line_color="#888" if model == "base" else "#d62728",
-                                        meanline_visible=True, points=False), row=1, col=1)  # fmt: skip
-        if self.pairs:
-            for p in self.pairs:
-                for model, dash in (("base", "dash"), ("tuned", "solid")):
-                    d = p.d_base if model == "base" else p.d_tuned
-                    fig.add_trace(go.Scatter(x=list(self.layers), y=list(d), mode="lines+markers",
-                                             line_dash=dash, name=f"{p.a} vs {p.b} ({model})"), row=1, col=2)  # fmt: skip
-        else:
-            for name, ys in self.shift_by_layer.items():
-                fig.add_trace(go.Scatter(x=list(self.layers), y=list(ys), mode="lines+markers", name=name),
-                              row=1, col=2)  # fmt: skip
-        fig.update_layout(violinmode="overlay", template="plotly_white", height=480,
-                          title=f"{self.tuned_id} vs {self.base_id} on {self.probe.get('model_id', '')} axis")  # fmt: skip
-        fig.update_xaxes(title_text="layer", row=1, col=2)
-        return fig
+        return shift_figure(self)
 
 
 def _strict(obj: object) -> object:
@@ -183,6 +160,23 @@ def _strict(obj: object) -> object:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def group_by(examples: Sequence[Example], by: str) -> list[Example]:
+    """Re-key ``group`` as ``group`` (unchanged), ``label`` (``label=1``) or ``meta.KEY`` (that meta value)."""
+    if by == "group":
+        return list(examples)
+    if by == "label":
+        return [replace(ex, group=f"label={ex.label:g}") for ex in examples]
+    if by.startswith("meta.") and len(by) > 5:
+        key = by[5:]
+        missing = [ex.id for ex in examples if key not in ex.meta]
+        if missing:
+            raise ValueprobeError(
+                f"--by {by}: example {missing[0]!r} has no meta.{key}; give every example one"
+            )
+        return [replace(ex, group=str(ex.meta[key])) for ex in examples]
+    raise ValueprobeError(f"--by {by!r}: use group, label or meta.KEY")
 
 
 def check_descendant(base: LoadedModel, tuned: LoadedModel) -> None:
