@@ -17,10 +17,12 @@ from valueprobe.capture import capture
 from valueprobe.datasets import build as build_datasets
 from valueprobe.datasets.io import Example, Span, read_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.generation import Generation, generate
 from valueprobe.metrics import auroc, cohens_d
 from valueprobe.models import LoadedModel, load, wrap
 from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.readout import logit_lens, score_dataset, val
+from valueprobe.steer import steer
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import calibrate, fit_probe
 from valueprobe.transfer import transfer_matrix
@@ -28,6 +30,7 @@ from valueprobe.transfer import transfer_matrix
 __all__ = [
     "ActivationStore",
     "Example",
+    "Generation",
     "LoadedModel",
     "Span",
     "ValueAxis",
@@ -39,10 +42,12 @@ __all__ = [
     "capture_to_store",
     "cohens_d",
     "fit_probe",
+    "generate",
     "load",
     "logit_lens",
     "read_jsonl",
     "score_dataset",
+    "steer",
     "sweep_figure",
     "transfer_heatmap",
     "transfer_matrix",

@@ -16,6 +16,7 @@ inside the hook, so memory is one ``[rows, d_model]`` tensor per layer per batch
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -26,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import position_ids_from_mask
+from valueprobe.backends import position_ids_from_mask, residuals
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
@@ -35,6 +36,9 @@ __all__ = [
     "Rows",
     "CaptureResult",
     "Encoded",
+    "ChatTemplate",
+    "CHAT_TEMPLATES",
+    "context_length",
     "capture",
     "encode",
     "iter_batches",
@@ -43,6 +47,8 @@ __all__ = [
     "LayerKey",
 ]
 
+ChatTemplate = Literal["model", "plain"]
+CHAT_TEMPLATES: tuple[str, ...] = ("model", "plain")
 Positions = Literal["last", "mean", "all", "spans", "span_tokens"]
 Site = Literal["resid_pre", "resid_post"]
 LayerKey = int | Literal["embed"]
@@ -122,24 +128,36 @@ def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
         return list(examples)
     if not group_by.startswith("meta."):
         raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
-    groups = linked_groups(examples, group_by[len("meta.") :])
+    key = group_by[len("meta.") :]
+    groups = linked_groups(examples, key)
+    if len(set(groups.values())) == len(groups):
+        # Every example alone in its group would silently undo the held-out pairing.
+        seen = sorted({k for ex in examples for k in ex.meta})
+        have = sum(key in ex.meta for ex in examples)
+        raise ValueprobeError(
+            f"--group-by {group_by} links no two examples ({have} of {len(groups)} have meta.{key}); "
+            f"meta keys in this dataset: {', '.join(seen) or 'none'}"
+        )
     return [replace(ex, group=groups[ex.id]) for ex in examples]
 
 
-def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
+def render(tokenizer: object, ex: Example, *, chat_template: ChatTemplate = "model") -> tuple[str, list[int]]:
     """Text the model reads, and the character offset of each message's content in it.
 
     Chat examples go through the model's chat template: a final assistant message is continued
     (so the last token is the assistant's, e.g. a prefilled "Yes"); otherwise the generation
-    prompt is added (the last token is where the assistant is about to answer).
+    prompt is added (the last token is where the assistant is about to answer). With
+    ``chat_template="plain"`` (base models) they become a transcript, see :func:`render_plain`.
     """
     if ex.messages is None:
         return ex.text or "", []
     messages = [dict(m) for m in ex.messages]
+    if chat_template == "plain":
+        return render_plain(messages)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueprobeError(
-            f"example {ex.id!r} is a chat (messages) but the tokenizer has no chat template: "
-            "use a chat model or give the example as text"
+            f"example {ex.id!r} is a chat (messages) but the tokenizer has no chat template: pass "
+            "--chat-template plain (a 'User: ...' / 'Assistant: ...' transcript), use a chat model, or give text"
         )
     final_assistant = messages[-1].get("role") == "assistant"
     text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
@@ -166,6 +184,36 @@ def render(tokenizer: object, ex: Example) -> tuple[str, list[int]]:
     return text, starts
 
 
+def render_plain(messages: Sequence[dict]) -> tuple[str, list[int]]:
+    """A chat as a plain transcript for base models: ``"User: ...\\nAssistant: ..."``.
+
+    Each message is ``Role: content`` on its own line; a chat not ending with the assistant gets
+    ``"\\nAssistant:"`` appended, the plain form of a generation prompt. Returns the text and the
+    offset of each message's content, so spans map exactly as with a chat template.
+
+    >>> render_plain([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yes"}])
+    ('User: Hi\\nAssistant: Yes', [6, 20])
+    """
+    text, starts = "", []
+    for i, m in enumerate(messages):
+        text += ("\n" if i else "") + f"{str(m.get('role', 'user')).capitalize()}: "
+        starts.append(len(text))
+        text += str(m.get("content", ""))
+    if messages and messages[-1].get("role") != "assistant":
+        text += "\nAssistant:"
+    return text, starts
+
+
+def context_length(lm: LoadedModel) -> int | None:
+    """Positions the model was built for (``max_position_embeddings``), if its config says."""
+    cfg = getattr(lm.model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def encode(
     lm: LoadedModel,
     examples: Sequence[Example],
@@ -173,21 +221,41 @@ def encode(
     positions: Positions,
     max_length: int | None = None,
     span_labels: Sequence[str] | None = None,
+    chat_template: ChatTemplate = "model",
+    warn: bool = True,
 ) -> list[Encoded]:
     """Tokenize examples and pick, for each, the token indices of every row it yields.
 
     ``span_labels`` keeps only spans with those labels (e.g. only ``prefix``, so a probe never
-    reads the text that admits an error).
+    reads the text that admits an error). A text longer than the model's context is an error
+    naming the example; with ``max_length`` it is truncated instead, with one warning (``warn``).
     """
     if positions not in POSITIONS:
         raise ValueprobeError(f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}")
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueprobeError(
+            f"unknown chat template {chat_template!r}: use one of {', '.join(CHAT_TEMPLATES)}"
+        )
+    limit = context_length(lm)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ValueprobeError(
+            f"max_length {max_length} is over the model's context of {limit} tokens: use --max-length {limit}"
+        )
     tok = lm.tokenizer
     out: list[Encoded] = []
+    truncated: list[tuple[str, int]] = []
     for ex in examples:
-        text, starts = render(tok, ex)
-        enc = tok(text, add_special_tokens=ex.messages is None, return_offsets_mapping=True)  # type: ignore[operator]
+        text, starts = render(tok, ex, chat_template=chat_template)
+        special = ex.messages is None or chat_template == "plain"  # a chat template adds its own
+        enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)  # type: ignore[operator]
         ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        if max_length is None and limit is not None and len(ids) > limit:
+            raise ValueprobeError(
+                f"example {ex.id!r} is {len(ids)} tokens, over the model's context of {limit}: shorten it,"
+                f" or pass --max-length {limit} to truncate it"
+            )
         if max_length is not None and len(ids) > max_length:
+            truncated.append((ex.id, len(ids)))
             ids, offsets = ids[:max_length], offsets[:max_length]
         n = len(ids)
         if n == 0:
@@ -202,7 +270,7 @@ def encode(
         else:
             if not ex.spans:
                 raise ValueprobeError(
-                    f"example {ex.id!r} has no spans but positions={positions!r}: use last or mean"
+                    f"example {ex.id!r} has no spans but positions={positions!r}: use last or all instead"
                 )
             spans = [sp for sp in ex.spans if span_labels is None or sp.label in span_labels]
             if not spans:
@@ -226,6 +294,12 @@ def encode(
                 else:
                     selections.extend((span.label, [t]) for t in toks)
         out.append(Encoded(example=ex, input_ids=ids, selections=selections))
+    if truncated and warn:
+        first, n = truncated[0]
+        logging.getLogger("valueprobe").warning(
+            f"truncated {len(truncated)} of {len(examples)} examples to max_length {max_length} tokens"
+            f" (first: {first!r}, {n} tokens)"
+        )
     return out
 
 
@@ -320,22 +394,12 @@ def _backend_run(
     With the default ``hooks`` backend the token selection runs inside the forward hook, and the
     forward stops after the last block needed (so the unembedding never runs).
     """
-    from valueprobe.backends import residuals
-
     if not remote:
         batch = batch.selection_on(lm.device)
-    return residuals(  # type: ignore[return-value]
-        lm,
-        batch.input_ids,
-        batch.attention_mask,
-        layers=layers,
-        site=site,
-        include_embed=include_embed,
-        backend=backend,  # type: ignore[arg-type]
-        position_ids=batch.position_ids,
-        remote=remote,
-        reduce=partial(reduce_batch, batch=batch),
-    )
+    got = residuals(lm, batch.input_ids, batch.attention_mask, layers=layers, site=site,
+                    include_embed=include_embed, backend=backend, position_ids=batch.position_ids,
+                    remote=remote, reduce=partial(reduce_batch, batch=batch))  # fmt: skip
+    return {("embed" if k == "embed" else int(k)): v for k, v in got.items()}
 
 
 def capture(
@@ -353,6 +417,7 @@ def capture(
     group_by: str | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
     remote: bool = False,
+    chat_template: ChatTemplate = "model",
     progress: bool = True,
 ) -> CaptureResult:
     """Capture residual activations of ``examples`` in memory.
@@ -368,6 +433,9 @@ def capture(
         group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
         include_embed: also capture the embedding output under the key ``"embed"``.
         backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
+        max_length: truncate longer texts (with a warning); without it a text over the model's
+            context is an error.
+        chat_template: ``model`` (the tokenizer's) or ``plain`` (a transcript, for base models).
 
     Returns:
         rows (metadata) and one float32 ``[rows, d_model]`` tensor per layer.
@@ -380,7 +448,8 @@ def capture(
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
-    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
+    encoded = encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels,
+                     chat_template=chat_template)  # fmt: skip
     from tqdm.auto import tqdm
 
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:

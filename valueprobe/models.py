@@ -36,7 +36,7 @@ from valueprobe.files import atomic_write, sha256_file
 from valueprobe.fingerprint import fingerprint
 from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
 
-__all__ = ["LoadedModel", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
+__all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -346,6 +346,25 @@ def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remot
     return model, tok
 
 
+def check_device(device: str) -> None:
+    """Fail in one line when ``device`` names an accelerator this machine does not have.
+
+    >>> check_device("cpu")
+    """
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueprobeError(
+            f"--device {device}: no CUDA device on this machine (torch sees none); use --device cpu"
+        )
+    index = device.partition(":")[2]
+    if kind == "cuda" and index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ValueprobeError(
+            f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()}); use cuda:0"
+        )
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueprobeError(f"--device {device}: no MPS device on this machine; use --device cpu")
+
+
 def load(
     spec: str = DEFAULT_MODEL,
     *,
@@ -369,6 +388,7 @@ def load(
         ValueprobeError: listing the routes tried when none works.
     """
     torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    check_device(device if device_map is None else "cpu")
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:

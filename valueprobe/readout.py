@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from valueprobe.axis import ValueAxis, _jsonable
+from valueprobe.capture import ChatTemplate, encode, run_encoded
 from valueprobe.datasets.io import linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
@@ -193,6 +194,8 @@ def score_dataset(
     bootstrap: int = 1000,
     seed: int = 0,
     force: bool = False,
+    max_length: int | None = None,
+    chat_template: ChatTemplate = "model",
     progress: bool = True,
 ) -> ScoreResult:
     """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
@@ -203,11 +206,12 @@ def score_dataset(
             spans (``span_tokens``), or the ``last`` token.
         bootstrap: resamples for the 95% CIs (0 to skip).
         force: skip the model-fingerprint check (d_model is always checked).
+        max_length: truncate longer texts (with a warning); without it, a text over the model's
+            context is an error naming the example.
+        chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
 
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
     """
-    from valueprobe.capture import capture
-
     axis.check(lm, force=force)
     layer = axis.best_layer if layer is None else layer
     v = axis.direction(layer).double().numpy()
@@ -216,19 +220,20 @@ def score_dataset(
     # Stream in chunks: only one chunk's token activations (one layer) are held at a time.
     cos_parts, proj_parts, ids_seen, ntok_parts = [], [], [], []
     chunk = 32 * batch_size
+    options = {"positions": tokens, "max_length": max_length, "chat_template": chat_template}
+    encode(lm, examples, **options)  # type: ignore[arg-type]  # every example checked (and warned about) first
     from tqdm.auto import tqdm
 
     with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
         for start in range(0, len(examples), chunk):
-            part = examples[start : start + chunk]
-            res = capture(lm, part, layers=[layer], site=axis.site, positions=tokens,  # type: ignore[arg-type]
-                          batch_size=batch_size, progress=False)  # fmt: skip
+            part = encode(lm, examples[start : start + chunk], warn=False, **options)  # type: ignore[arg-type]
+            res = run_encoded(lm, part, layers=[layer], site=axis.site, include_embed=False,  # type: ignore[arg-type]
+                              batch_size=batch_size, padding_side="right", on_batch=bar.update)  # fmt: skip
             h = res.acts[layer].double().numpy()  # [rows, d_model]
             cos_parts.append(token_cos(h, v))
             proj_parts.append(h @ v)
             ids_seen.extend(res.rows.example_id)
             ntok_parts.append(res.rows.n_tokens)
-            bar.update(len(part))
     cos, proj = np.concatenate(cos_parts), np.concatenate(proj_parts)
     by_id: dict[str, list[int]] = {}
     for row, ex_id in enumerate(ids_seen):

@@ -5,12 +5,13 @@
     >>> store = vp.ActivationStore.open("runs/icrl")
     >>> X, rows = store.acts(20), store.rows()      # float32 [n_rows, d_model], row metadata
 
-Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a fixed range of
-examples: one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
+Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a range of
+examples (``examples_per_shard``, or fewer when ``checkpoint_seconds`` pass first): one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
 numeric row columns (``row.label``, ``row.token_index``, ``row.n_tokens``) and the string columns as
 JSON in the safetensors metadata. A shard is written under a temporary name and renamed when
 complete, then the manifest is rewritten (also atomically): a kill -9 at any point leaves a store
-that opens and resumes, and never a half-written shard that reads.
+that resumes, and never a half-written shard that reads. Opening a store verifies it: every listed
+shard present with the size its header promises, and ``complete`` true unless ``allow_partial``.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from valueprobe.capture import (
+    CaptureResult,
+    ChatTemplate,
     LayerKey,
     Positions,
     Rows,
@@ -37,10 +41,10 @@ from valueprobe.capture import (
 )
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
 from valueprobe.models import LoadedModel
 
-__all__ = ["ActivationStore", "capture_to_store", "FORMAT_VERSION"]
+__all__ = ["ActivationStore", "capture_to_store", "check_store_out", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -51,11 +55,35 @@ def _key_name(key: LayerKey, site: str) -> str:
     return "embed" if key == "embed" else f"{site}.{key}"
 
 
+def _read_header(path: Path) -> tuple[int, dict]:
+    """(header length, header) of a safetensors file, checked against the file's size.
+
+    Raises:
+        ValueprobeError: the file is missing, truncated or not safetensors.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+    except FileNotFoundError:
+        raise ValueprobeError(f"{path.name} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ValueprobeError(f"{path.name} is not a safetensors file (unreadable header, {size} bytes)")
+    end = max((info["data_offsets"][1] for k, info in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise ValueprobeError(
+            f"{path.name} is truncated or padded: {size} bytes, its header says {8 + n + end}"
+        )
+    return n, header
+
+
 def _mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+    n, header = _read_header(path)
     meta = header.pop("__metadata__", {}) or {}
     arrays: dict[str, np.ndarray] = {}
     for name, info in header.items():
@@ -85,8 +113,51 @@ class ActivationStore:
         self.manifest = manifest
 
     @classmethod
-    def open(cls, path: str | Path) -> ActivationStore:
-        path = Path(path)
+    def open(cls, path: str | Path, *, allow_partial: bool = False) -> ActivationStore:
+        """Open and verify a store: listed shards present, sizes matching their headers, complete.
+
+        Args:
+            path: the store folder.
+            allow_partial: accept a capture that did not finish (read the rows it has).
+
+        Raises:
+            ValueprobeError: not a store, a missing or truncated shard, or (without
+                ``allow_partial``) an unfinished capture; each says how to fix it.
+        """
+        store = cls._read(Path(path))
+        problem = store._first_bad_shard()
+        if problem is not None:
+            raise ValueprobeError(
+                f"store {store.path}: {problem}; rerun the same `valueprobe capture --out {store.path}` to recapture it"
+            )
+        if not store.complete and not allow_partial:
+            raise ValueprobeError(
+                f"store {store.path} is partial: its capture stopped after {store.n_examples_done} of"
+                f" {store.manifest['dataset']['n_examples']} examples; rerun the same `valueprobe capture`"
+                " to finish it, or pass --allow-partial to use the rows it has"
+            )
+        return store
+
+    def _first_bad_shard(self) -> str | None:
+        names = {_key_name(k, self.site) for k in self.keys} | {
+            "row.label",
+            "row.token_index",
+            "row.n_tokens",
+        }
+        for shard in self.manifest["shards"]:
+            try:
+                _, header = _read_header(self.path / shard["file"])
+            except ValueprobeError as exc:
+                return f"shard {exc}"
+            if missing := names - header.keys():
+                return f"shard {shard['file']} lacks {', '.join(sorted(missing))}"
+            if header["row.label"]["shape"] != [shard["rows"]]:
+                return f"shard {shard['file']} holds {header['row.label']['shape']} rows, the manifest says {shard['rows']}"
+        return None
+
+    @classmethod
+    def _read(cls, path: Path) -> ActivationStore:
+        """The manifest, unverified (resuming a capture repairs what :meth:`open` would refuse)."""
         mpath = path / MANIFEST
         if not mpath.exists():
             raise ValueprobeError(
@@ -102,6 +173,10 @@ class ActivationStore:
                 f"valueprobe.store v{FORMAT_VERSION}: capture it again with this valueprobe"
             )
         return cls(path, manifest)
+
+    @property
+    def n_examples_done(self) -> int:
+        return sum(s["examples"][1] - s["examples"][0] for s in self.manifest["shards"])
 
     # manifest fields
     model_id = property(lambda self: self.manifest["model_id"])
@@ -206,12 +281,17 @@ def capture_to_store(
     dataset_sha256: str | None = None,
     backend: Literal["hooks", "nnsight", "tlens"] = "hooks",
     remote: bool = False,
+    chat_template: ChatTemplate = "model",
+    checkpoint_seconds: float = 60.0,
     progress: bool = True,
 ) -> ActivationStore:
     """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
 
     Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
-    of the dataset. Rerunning the same call after an interruption skips the complete shards.
+    of the dataset. A shard is also closed after ``checkpoint_seconds`` of work (at a batch
+    boundary), so an interruption loses at most about that much. Rerunning the same call after an
+    interruption skips the complete shards and gives the same store as an uninterrupted run. A
+    capture that fails before its first shard leaves no store behind.
 
     Raises:
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
@@ -221,13 +301,15 @@ def capture_to_store(
         raise ValueprobeError("no examples to capture: the dataset is empty")
     if dtype not in ("float16", "float32"):
         raise ValueprobeError(f"unknown dtype {dtype!r}: use float16 or float32")
-    if examples_per_shard < 1 or batch_size < 1:
-        raise ValueprobeError("batch_size and examples_per_shard must be >= 1")
+    if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
+        raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
     layer_list = lm.resolve_layers(layers)
     examples = regroup(examples, group_by)
     # Validate every example's token selection before writing anything. The token ids are not
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
-    encode(lm, examples, positions=positions, max_length=max_length, span_labels=span_labels)
+    options = {"positions": positions, "max_length": max_length, "span_labels": span_labels,
+               "chat_template": chat_template}  # fmt: skip
+    encode(lm, examples, **options)  # type: ignore[arg-type]
     out = Path(out_dir)
     identity = {
         "model_id": lm.model_id,
@@ -240,42 +322,57 @@ def capture_to_store(
         "group_by": group_by,
         "dtype": dtype,
         "examples_per_shard": examples_per_shard,
+        "chat_template": chat_template,
     }
+    created = not out.exists()
     manifest = _open_or_start(out, identity, lm=lm, n_examples=len(examples), dataset_path=dataset_path,
                               dataset_sha256=dataset_sha256)  # fmt: skip
-    done = {s["examples"][0] for s in manifest["shards"]}
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
     from tqdm.auto import tqdm
 
     n = len(examples)
-    already = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"])
-    with tqdm(
-        total=n, initial=already, desc=f"capture -> {out.name}", unit="ex", disable=not progress
-    ) as bar:
-        for index, start in enumerate(range(0, n, examples_per_shard)):
-            if start in done:
-                continue
-            chunk = encode(
-                lm,
-                examples[start : start + examples_per_shard],
-                positions=positions,
-                max_length=max_length,
-                span_labels=span_labels,
-            )
-            got = run_encoded(lm, chunk, layers=layer_list, site=site, include_embed=include_embed,
-                              batch_size=batch_size, padding_side=padding_side, backend=backend, remote=remote,
-                              on_batch=bar.update)  # fmt: skip
-            all_rows = got.rows
-            tensors, meta = _shard_tensors(got.acts, all_rows, site=site, dtype=torch_dtype)
-            name = f"shard-{index:05d}.safetensors"
-            _write_shard(out / name, tensors, meta)
-            manifest["shards"].append(
-                {"file": name, "examples": [start, start + len(chunk)], "rows": len(all_rows)}
-            )
-            manifest["shards"].sort(key=lambda s: s["examples"][0])
-            manifest["complete"] = sum(s["examples"][1] - s["examples"][0] for s in manifest["shards"]) == n
-            atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    start = sum(
+        s["examples"][1] - s["examples"][0] for s in manifest["shards"]
+    )  # shards are contiguous from 0
+    run = {"layers": layer_list, "site": site, "include_embed": include_embed, "batch_size": batch_size,
+           "padding_side": padding_side, "backend": backend, "remote": remote}  # fmt: skip
+    try:
+        with tqdm(
+            total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+        ) as bar:
+            while start < n:
+                chunk = encode(lm, examples[start : start + examples_per_shard], warn=False, **options)  # type: ignore[arg-type]
+                deadline = time.monotonic() + checkpoint_seconds
+                got, done = _run_until(lm, chunk, deadline=deadline, on_batch=bar.update, **run)
+                tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
+                name = f"shard-{len(manifest['shards']):05d}.safetensors"
+                _write_shard(out / name, tensors, meta)
+                manifest["shards"].append(
+                    {"file": name, "examples": [start, start + done], "rows": len(got.rows)}
+                )
+                start += done
+                manifest["complete"] = start == n
+                atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    except BaseException:
+        if created and not manifest["shards"]:  # nothing was captured: leave no empty store behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return ActivationStore.open(out)
+
+
+def _run_until(lm: LoadedModel, chunk: list, *, deadline: float, batch_size: int,
+               on_batch: Callable[[int], object], **run: Any) -> tuple[CaptureResult, int]:  # fmt: skip
+    """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
+    boundary past ``deadline``; returns the result and how many examples of ``chunk`` it covers."""
+    parts, done = [], 0
+    while done < len(chunk):
+        batch = chunk[done : done + batch_size]
+        parts.append(run_encoded(lm, batch, batch_size=batch_size, on_batch=on_batch, **run))
+        done += len(batch)
+        if time.monotonic() >= deadline:
+            break
+    acts = {k: torch.cat([p.acts[k] for p in parts]) for k in parts[0].acts}
+    return CaptureResult(rows=Rows.concat([p.rows for p in parts]), acts=acts), done
 
 
 def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: int, dataset_path: str | None,
@@ -285,9 +382,10 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
     dataset = {"path": dataset_path, "sha256": dataset_sha256, "n_examples": n_examples}
     mpath = out / MANIFEST
     if mpath.exists():
-        manifest = ActivationStore.open(out).manifest
+        store = ActivationStore._read(out)
+        manifest = store.manifest
         for key, want in identity.items():
-            if manifest.get(key) != want:
+            if manifest.get(key, _IDENTITY_DEFAULTS.get(key)) != want:
                 raise ValueprobeError(
                     f"store {out} was captured with {key}={manifest.get(key)!r}, not {want!r}: "
                     "resume with the same settings, or capture into a new --out"
@@ -300,9 +398,16 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
             )
         for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
             stray.unlink()
+        if store._first_bad_shard() is not None:  # keep the good prefix; recapture from the first bad shard
+            good = []
+            for shard in manifest["shards"]:
+                store.manifest = {**manifest, "shards": [*good, shard]}
+                if store._first_bad_shard() is not None:
+                    break
+                good.append(shard)
+            manifest = {**manifest, "shards": good, "complete": False}
         return manifest
-    if out.exists() and any(out.iterdir()):
-        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    check_store_out(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -318,5 +423,22 @@ def _open_or_start(out: Path, identity: dict, *, lm: LoadedModel, n_examples: in
         "shards": [],
         "complete": False,
     }
-    atomic_write_text(mpath, json.dumps(manifest, indent=1))
-    return manifest
+    return manifest  # written with the first shard: a capture that fails before it leaves no store
+
+
+# Identity keys added after format v1 stores were made, and what those stores mean by them.
+_IDENTITY_DEFAULTS = {"chat_template": "model"}
+
+
+def check_store_out(out: str | Path) -> Path:
+    """Fail before any work unless ``out`` can hold a store: new, empty, or a store to resume.
+
+    >>> check_store_out("runs/icrl")   # valueprobe capture calls this before loading the model
+    PosixPath('runs/icrl')
+    """
+    out = check_output_dir(out, holds="store")
+    if (out / MANIFEST).exists():
+        ActivationStore._read(out)  # a manifest of another format fails here, not after the model loads
+    elif out.exists() and any(out.iterdir()):
+        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    return out

@@ -168,9 +168,13 @@ class SweepResult:
     def summary(self) -> str:
         name, value = self.strongest_control
         h = _mean_sd(self.heldout_auroc)
+        # The held-out AUROC is read at each split's own validation-chosen layer (an honest
+        # estimate of the whole procedure), so it can differ from the starred row of the table.
+        chosen = ", ".join(str(c) for c in self.chosen_layers)
         return (
             f"best layer {self.best_layer} (chosen on validation groups): held-out AUROC"
-            f" {h['mean']:.3f} ± {h['sd']:.3f} over {len(self.splits)} splits; strongest control {name}"
+            f" {h['mean']:.3f} ± {h['sd']:.3f} over {len(self.splits)} splits, each at its own"
+            f" validation-chosen layer ({chosen}); strongest control {name}"
             f" {value:.3f}; margin {self.margin:+.3f}"
         )
 

@@ -1,4 +1,9 @@
-"""Three backends, one answer: residual capture and additive steering through plain hooks,
+"""Three backends, one answer, and the public hook layer they stand on.
+
+Hook layer (`patch`): ``record(lm, points)`` and ``intervene(lm, point, fn)``, handles that are
+also context managers; ``fn(h, step)`` runs at every forward, each step of ``generate`` included.
+
+Routes: residual capture and additive steering through plain hooks,
 nnsight 0.8 (and so NDIF remote execution) and TransformerLens 4's ``TransformerBridge``.
 
 ``tests/test_backends.py`` checks the three agree with each other and with
@@ -24,39 +29,107 @@ the bridge each derive positions from a left-padded mask.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.backends._shared import (
-    Site,
+    Read,
     as_output,
     check_inputs,
     plan_reads,
     position_ids_from_mask,
     steering_delta,
 )
+from valueprobe.backends.patch import Handle, Intervention, Point, Recording, Step, intervene, record
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Backend, Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
 
-Backend = Literal["hooks", "nnsight", "tlens"]
-BACKENDS: tuple[str, ...] = ("hooks", "nnsight", "tlens")
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Handle",
+    "Intervention",
+    "Point",
+    "Recording",
+    "Route",
+    "Site",
+    "Step",
+    "intervene",
+    "position_ids_from_mask",
+    "record",
+    "residuals",
+    "route",
+    "steered_logits",
+]
 
-__all__ = ["BACKENDS", "Backend", "Site", "position_ids_from_mask", "residuals", "steered_logits"]
+
+class Route(Protocol):
+    """What each backend implements: one forward that reads, one that steers.
+
+    ``reads`` are ``(block, reads the block's input?)`` in execution order; ``reduce`` is applied
+    to each ``[batch, pos, d_model]`` read (inside the hook where the route can). ``remote``
+    means NDIF and only the nnsight route accepts it (checked before dispatch).
+    """
+
+    name: str
+
+    def read(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        reads: Sequence[Read],
+        position_ids: Int[Tensor, "batch pos"],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        remote: bool | str = False,
+    ) -> dict[Read, Tensor]: ...
+
+    def steered_logits(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        block: int,
+        site: Site,
+        delta: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "batch pos"],
+        remote: bool | str = False,
+    ) -> Float[Tensor, "batch pos vocab"]: ...
 
 
-def _check_backend(backend: str, remote: bool | str) -> None:
-    if backend not in BACKENDS:
+# The registry: backend name -> (module, class). Imported on first use: nnsight and
+# TransformerLens take seconds to import and most runs never touch them.
+_ROUTES: dict[str, tuple[str, str]] = {
+    Backend.hooks: ("valueprobe.backends.hooks", "HooksRoute"),
+    Backend.nnsight: ("valueprobe.backends.nnsight_backend", "NnsightRoute"),
+    Backend.tlens: ("valueprobe.backends.tlens_backend", "TlensRoute"),
+}
+_LOADED: dict[str, Route] = {}
+BACKENDS: tuple[str, ...] = tuple(_ROUTES)
+
+
+def route(backend: str, *, remote: bool | str = False) -> Route:
+    """The `Route` registered under ``backend``; one clear error for an unknown name or a bad remote."""
+    if backend not in _ROUTES:
         raise ValueprobeError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if remote and backend != "nnsight":
+    if remote and backend != Backend.nnsight:
         raise ValueprobeError(
             f"remote execution (NDIF) goes through nnsight: use backend='nnsight', not {backend!r}"
         )
+    if backend not in _LOADED:
+        module, cls = _ROUTES[backend]
+        _LOADED[backend] = getattr(importlib.import_module(module), cls)()
+    return _LOADED[backend]
 
 
 def residuals(
@@ -65,9 +138,9 @@ def residuals(
     attention_mask: Int[Tensor, "batch pos"],
     *,
     layers: Sequence[int],
-    site: Site,
+    site: Site | str,
     include_embed: bool = False,
-    backend: Backend = "hooks",
+    backend: Backend | str = Backend.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
     reduce: Callable[[Tensor], Tensor] | None = None,
@@ -96,26 +169,11 @@ def residuals(
     >>> acts = residuals(lm, ids, mask, layers=[0, -1], site="resid_post", backend="tlens")
     """
     check_inputs(input_ids, attention_mask, position_ids, site)
-    _check_backend(backend, remote)
+    impl = route(backend, remote=remote)
     positions = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     blocks, reads = plan_reads(lm, layers, site, include_embed)
-    if backend == "hooks":
-        from valueprobe.backends import hooks
-
-        got = hooks.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce)
-    else:
-        if backend == "nnsight":
-            from valueprobe.backends import nnsight_backend
-
-            got = nnsight_backend.read(
-                lm, input_ids, attention_mask, reads=reads, position_ids=positions, remote=remote
-            )
-        else:
-            from valueprobe.backends import tlens_backend
-
-            got = tlens_backend.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions)
-        if reduce is not None:
-            got = {r: reduce(h) for r, h in got.items()}
+    got = impl.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce,
+                    remote=remote)  # fmt: skip
     out: dict[int | str, Tensor] = {
         key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
     }
@@ -132,9 +190,9 @@ def steered_logits(
     layer: int,
     vector: Float[Tensor, " d_model"],
     alpha: float | Float[Tensor, " batch"] = 1.0,
-    site: Site = "resid_post",
+    site: Site | str = Site.resid_post,
     positions: Bool[Tensor, "batch pos"] | None = None,
-    backend: Backend = "hooks",
+    backend: Backend | str = Backend.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
 ) -> Float[Tensor, "batch pos vocab"]:
@@ -158,7 +216,7 @@ def steered_logits(
     >>> up = steered_logits(lm, ids, mask, layer=6, vector=v, alpha=4.0, backend="nnsight")
     """
     check_inputs(input_ids, attention_mask, position_ids, site)
-    _check_backend(backend, remote)
+    route(backend, remote=remote)
     batch, pos = input_ids.shape
     param = next(lm.model.parameters())
     # For NDIF the local model may be a meta skeleton; the trace casts the delta on the server.
@@ -166,27 +224,13 @@ def steered_logits(
     delta = steering_delta(vector, alpha, positions, (batch, pos), dtype=dtype, device=device)
     fixed = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     (block,) = plan_reads(lm, [layer], site, include_embed=False)[0].values()
-    if backend == "hooks":
-        from valueprobe.backends import hooks
-
-        return hooks.steered_logits(
-            lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=fixed
-        )
-    if backend == "nnsight":
-        from valueprobe.backends import nnsight_backend
-
-        return nnsight_backend.steered_logits(
-            lm,
-            input_ids,
-            attention_mask,
-            block=block,
-            site=site,
-            delta=delta,
-            position_ids=fixed,
-            remote=remote,
-        )
-    from valueprobe.backends import tlens_backend
-
-    return tlens_backend.steered_logits(
-        lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=fixed
+    return route(backend, remote=remote).steered_logits(
+        lm,
+        input_ids,
+        attention_mask,
+        block=block,
+        site=Site(site),
+        delta=delta,
+        position_ids=fixed,
+        remote=remote,
     )

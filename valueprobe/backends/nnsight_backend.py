@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import nnsight
@@ -126,3 +126,46 @@ def steered_logits(
                 envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
         logits = nnsight.save(model.output.logits)
     return as_output(logits)
+
+
+class NnsightRoute:
+    """nnsight traces over a twin of the model, locally or on NDIF (`valueprobe.backends.Route`)."""
+
+    name = "nnsight"
+
+    def read(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        reads: Sequence[Read],
+        position_ids: Int[Tensor, "batch pos"],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        remote: Remote = False,
+    ) -> dict[Read, Tensor]:
+        got = read(lm, input_ids, attention_mask, reads=reads, position_ids=position_ids, remote=remote)
+        return got if reduce is None else {r: reduce(h) for r, h in got.items()}
+
+    def steered_logits(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        block: int,
+        site: Site,
+        delta: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "batch pos"],
+        remote: Remote = False,
+    ) -> Float[Tensor, "batch pos vocab"]:
+        return steered_logits(
+            lm,
+            input_ids,
+            attention_mask,
+            block=block,
+            site=site,
+            delta=delta,
+            position_ids=position_ids,
+            remote=remote,
+        )

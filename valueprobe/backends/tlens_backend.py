@@ -135,3 +135,39 @@ def steered_logits(
             **forward_kwargs(attention_mask, position_ids, device),
         )
     return as_output(logits)
+
+
+class TlensRoute:
+    """TransformerLens 4's ``TransformerBridge`` over a twin of the model (`valueprobe.backends.Route`)."""
+
+    name = "tlens"
+
+    def read(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        reads: Sequence[Read],
+        position_ids: Int[Tensor, "batch pos"],
+        reduce: Callable[[Tensor], Tensor] | None = None,
+        remote: bool | str = False,
+    ) -> dict[Read, Tensor]:
+        got = read(lm, input_ids, attention_mask, reads=reads, position_ids=position_ids)
+        return got if reduce is None else {r: reduce(h) for r, h in got.items()}
+
+    def steered_logits(
+        self,
+        lm: LoadedModel,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Int[Tensor, "batch pos"],
+        *,
+        block: int,
+        site: Site,
+        delta: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "batch pos"],
+        remote: bool | str = False,
+    ) -> Float[Tensor, "batch pos vocab"]:
+        return steered_logits(
+            lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=position_ids
+        )

@@ -214,7 +214,7 @@ def read_jsonl(path: str | Path) -> list[Example]:
     except OSError as e:
         raise ValueprobeError(f"{path}: cannot read dataset ({e.strerror or e}); check the path") from None
     try:
-        content = raw.decode("utf-8")
+        content = raw.decode("utf-8-sig")  # a leading BOM (Windows editors) is not part of the data
     except UnicodeDecodeError as e:
         raise ValueprobeError(
             f"{path}: not UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8"
