@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -15,7 +14,6 @@ from valueprobe.cli import main
 from valueprobe.datasets.io import Example, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import wrap
-from valueprobe.null import mean_ci, percentile_in, random_directions
 from valueprobe.shift import shift
 
 TEXTS = [
@@ -115,24 +113,6 @@ def test_refit_reports_cosines(tiny_lm_factory):
     assert res.axis_cosine["refit_base_vs_refit_tuned"] == pytest.approx((1.0, 1.0))
 
 
-def test_bootstrap_ci_covers_the_mean_93_to_97_percent():
-    rng = np.random.default_rng(0)
-    hits = 0
-    n_sims = 1000
-    for s in range(n_sims):
-        x = rng.normal(0.7, 2.0, size=100)
-        lo, hi = mean_ci(x, n_boot=1000, seed=s)
-        hits += lo <= 0.7 <= hi
-    assert 0.93 <= hits / n_sims <= 0.97
-
-
-def test_null_helpers():
-    R = random_directions(16, 40, seed=3)
-    assert R.shape == (40, 16) and np.allclose(np.linalg.norm(R, axis=1), 1.0)
-    assert np.array_equal(R, random_directions(16, 40, seed=3))
-    assert percentile_in(5.0, np.arange(4.0)) == 100.0 and percentile_in(1.0, np.arange(3.0)) == 50.0
-
-
 def test_mismatched_models_are_clear_errors(tiny_lm_factory, tiny_tokenizer):
     base = tiny_lm_factory("llama")
     exs = examples()
@@ -157,7 +137,7 @@ def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
     exs = examples()
     res = shift(calibrated_axis(lm, exs), lm, lm, exs, n_boot=50, progress=False)
     out = res.write(tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["scores.csv", "shift.html", "shift.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["examples.csv", "shift.html", "shift.json"]
     assert "plotly" in (out / "shift.html").read_text()[:2_000_000]
     with pytest.raises(ValueprobeError, match="already exists"):
         res.write(tmp_path / "out")

@@ -289,6 +289,9 @@ def score(
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
+    null: Annotated[
+        int, typer.Option(help="random unit directions read at the same layer and tokens (≥ 32): the null")
+    ] = 0,
     force: Annotated[
         bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
     ] = False,
@@ -310,6 +313,7 @@ def score(
     _choice("chat-template", chat_template, CHAT_TEMPLATES)
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--null", null, 0)
     check_at_least("--max-length", max_length, 1)
     check_device(device)
     examples = read_jsonl(data)
@@ -317,7 +321,7 @@ def score(
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
         axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
-        bootstrap=bootstrap, seed=seed, force=force, max_length=max_length,
+        bootstrap=bootstrap, seed=seed, null=null, force=force, max_length=max_length,
         chat_template=chat_template,  # type: ignore[arg-type]
     )  # fmt: skip
     files = res.write(out)
@@ -334,7 +338,7 @@ def shift_cmd(
         str, typer.Option(help="tuned descendant: folder (merged or adapter over base) or hub id")
     ],
     data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
-    out: Annotated[Path, typer.Option(help="new output folder: shift.json, scores.csv, shift.html")],
+    out: Annotated[Path, typer.Option(help="new output folder: shift.json, examples.csv, shift.html")],
     by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
     targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
     layers: Annotated[
@@ -387,7 +391,7 @@ def shift_cmd(
         headers,
         rows,
     )
-    console.print(f"wrote {out}/shift.json, scores.csv, shift.html")
+    console.print(f"wrote {out}/shift.json, examples.csv, shift.html")
 
 
 @replicate_app.command("axis")

@@ -39,6 +39,7 @@ ARTIFACTS: dict[str, str] = {
     "store": "manifest.json",
     "probe": "probe.json",
     "scores": "scores.csv",
+    "shift": "shift.json",
 }
 
 

@@ -29,6 +29,7 @@ from valueprobe.datasets.io import linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
+from valueprobe.null import direction_null, random_directions
 
 if TYPE_CHECKING:
     from valueprobe.datasets.io import Example
@@ -110,6 +111,12 @@ class ScoreResult:
                     "n/a" if length is None else f"{length:.3f}",
                 ]
             )
+        if any("null_auroc_range" in r for r in self.summary):
+            headers.append("random AUROC 95% (axis %ile)")
+            for row, r in zip(rows, self.summary, strict=True):
+                lo, hi = r.get("null_auroc_range") or (None, None)
+                pct = r.get("score_auroc_null_percentile")
+                row.append("n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}] ({pct:.0f})")
         return headers, rows
 
     def to_dict(self) -> dict:
@@ -193,6 +200,7 @@ def score_dataset(
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
+    null: int = 0,
     force: bool = False,
     max_length: int | None = None,
     chat_template: ChatTemplate = "model",
@@ -205,6 +213,8 @@ def score_dataset(
         tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
             spans (``span_tokens``), or the ``last`` token.
         bootstrap: resamples for the 95% CIs (0 to skip).
+        null: random unit directions read at the same layer and tokens (0 to skip; ≥ 32 to use):
+            each group gets their AUROC and d ranges and the axis's percentile among them.
         force: skip the model-fingerprint check (d_model is always checked).
         max_length: truncate longer texts (with a warning); without it, a text over the model's
             context is an error naming the example.
@@ -219,6 +229,8 @@ def score_dataset(
     mu, sigma = float(axis.mu[i]), float(axis.sigma[i])
     # Stream in chunks: only one chunk's token activations (one layer) are held at a time.
     cos_parts, proj_parts, ids_seen, ntok_parts = [], [], [], []
+    R = random_directions(lm.d_model, null, seed=seed) if null else None  # [null, d_model]
+    rand_parts = []
     chunk = 32 * batch_size
     options = {"positions": tokens, "max_length": max_length, "chat_template": chat_template}
     encode(lm, examples, **options)  # type: ignore[arg-type]  # every example checked (and warned about) first
@@ -232,6 +244,8 @@ def score_dataset(
             h = res.acts[layer].double().numpy()  # [rows, d_model]
             cos_parts.append(token_cos(h, v))
             proj_parts.append(h @ v)
+            if R is not None:
+                rand_parts.append(h @ R.T)
             ids_seen.extend(res.rows.example_id)
             ntok_parts.append(res.rows.n_tokens)
     cos, proj = np.concatenate(cos_parts), np.concatenate(proj_parts)
@@ -240,6 +254,8 @@ def score_dataset(
         by_id.setdefault(ex_id, []).append(row)
     seq_len = dict(zip(ids_seen, np.concatenate(ntok_parts).tolist(), strict=True))
     calibrated = math.isfinite(sigma) and sigma > 0
+    rand = np.concatenate(rand_parts) if rand_parts else None  # [rows, null]
+    rand_by_id = {} if rand is None else {ex_id: rand[rows].mean(0) for ex_id, rows in by_id.items()}
     records = []
     for ex in examples:
         rows = by_id.get(ex.id, [])
@@ -272,6 +288,12 @@ def score_dataset(
             bootstrap=bootstrap,
             seed=seed,
         )
+        if rand_by_id and "score_auroc" in metrics:
+            P = np.stack([rand_by_id[str(r["id"])] for r in sel])  # [n, null]: the same mean over tokens
+            labels = np.array([r["label"] for r in sel])
+            metrics |= direction_null(
+                P, labels, auroc_axis=metrics["score_auroc"], d_axis=metrics["score_cohens_d"]
+            )
         summary.append({**metrics, "contrast": contrast})
     probe = {
         "model_id": axis.model_id,

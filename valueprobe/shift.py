@@ -85,7 +85,7 @@ class PairSeparation:
 
 @dataclass(frozen=True)
 class ShiftResult:
-    """Everything :func:`shift` measured; ``write`` puts shift.json, scores.csv and shift.html in a folder."""
+    """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
 
     base_id: str
     tuned_id: str
@@ -119,7 +119,7 @@ class ShiftResult:
         return out
 
     def write(self, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-        """Write shift.json, scores.csv and shift.html (plotly inlined) into a new folder, all or nothing.
+        """Write shift.json, examples.csv and shift.html (plotly inlined) into a new folder, all or nothing.
 
         The files go to a temporary sibling first; the folder appears under its name only when complete.
         """
@@ -133,7 +133,7 @@ class ShiftResult:
         try:
             text = json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False) + "\n"
             (tmp / "shift.json").write_text(text, encoding="utf-8")
-            with open(tmp / "scores.csv", "w", newline="", encoding="utf-8") as f:
+            with open(tmp / "examples.csv", "w", newline="", encoding="utf-8") as f:
                 writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
                 writer.writeheader()
                 writer.writerows(self.records)
