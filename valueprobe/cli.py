@@ -293,7 +293,10 @@ def score(
         int, typer.Option(help="random unit directions read at the same layer and tokens (≥ 32): the null")
     ] = 0,
     force: Annotated[
-        bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
+        bool,
+        typer.Option(
+            help="read a probe of another architecture (d_model still checked); other weights only warn"
+        ),
     ] = False,
     max_length: Annotated[
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")

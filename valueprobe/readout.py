@@ -215,7 +215,8 @@ def score_dataset(
         bootstrap: resamples for the 95% CIs (0 to skip).
         null: random unit directions read at the same layer and tokens (0 to skip; ≥ 32 to use):
             each group gets their AUROC and d ranges and the axis's percentile among them.
-        force: skip the model-fingerprint check (d_model is always checked).
+        force: read a probe of another architecture (d_model is always checked); a fine-tune of the
+            probe's model only warns.
         max_length: truncate longer texts (with a warning); without it, a text over the model's
             context is an error naming the example.
         chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
