@@ -13,10 +13,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-if TYPE_CHECKING:
+from valueprobe.sweep import SweepResult
+from valueprobe.transfer import TransferResult
+
+if TYPE_CHECKING:  # a real cycle: ShiftResult.figure() calls shift_figure
     from valueprobe.shift_result import ShiftResult
-    from valueprobe.sweep import SweepResult
-    from valueprobe.transfer import TransferResult
 
 
 def sweep_figure(sweep: SweepResult) -> go.Figure:

@@ -30,16 +30,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from valueprobe.axis import ValueAxis
-from valueprobe.capture import encode, run_encoded
+from valueprobe.capture import run_encoded
 from valueprobe.datasets.io import Example
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import Fingerprint, FingerprintWarning
 from valueprobe.metrics import cohens_d
 from valueprobe.models import LoadedModel
 from valueprobe.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.probe import make_fitter
+from valueprobe.probe import Method, make_fitter
 from valueprobe.shift_result import GroupShift, PairSeparation, ShiftResult
-from valueprobe.vocab import LayerSpec, Positions, Site, parse_layers
+from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
 
@@ -85,15 +86,14 @@ def _example_acts(
 ) -> dict[int, np.ndarray]:
     """Per-example residuals [n_examples, d_model] per layer (rows of one example averaged)."""
     with tqdm(total=len(encoded), desc=f"read {lm.model_id}", unit="ex", disable=not progress) as bar:
-        # capture still types site/positions as Literals; the vocab enums are str subclasses of the same values
         res = run_encoded(
             lm,
             encoded,
             layers=layers,
-            site=site,  # type: ignore[arg-type]
+            site=site,
             include_embed=False,
             batch_size=batch_size,
-            padding_side="right",
+            padding_side=PaddingSide.right,
             on_batch=bar.update,
         )
     pos = {e.example.id: i for i, e in enumerate(encoded)}
@@ -156,7 +156,7 @@ def _refit_cosines(
     """Diff-of-means axes fitted on ``rows`` in each model, and their cosines per layer."""
 
     def refit(h: np.ndarray) -> np.ndarray:
-        return make_fitter("diff_means").update(h[rows], labels[rows]).fit().unit
+        return make_fitter(Method.diff_means).update(h[rows], labels[rows]).fit().unit
 
     units = [
         (refit(h_base[x]), refit(h_tuned[x]), axis.direction(x).double().numpy()) for x in sorted(h_base)
@@ -227,7 +227,7 @@ def shift(
     keep = sorted({x for x in chosen if x in axis.layers} | {layer})
     if layer not in axis.layers:
         raise ValueprobeError(f"layer {layer} is not in the axis; it has layers {list(axis.layers)}")
-    encoded = encode(base, examples, positions=tokens)  # type: ignore[arg-type]  # one tokenization, both models
+    encoded = encode(base, examples, positions=tokens)  # one tokenization feeds both models
     site = Site(axis.site)
     h_base = _example_acts(base, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
     h_tuned = _example_acts(tuned, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
