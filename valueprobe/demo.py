@@ -18,9 +18,10 @@ from pathlib import Path
 
 from valueprobe.datasets import build
 from valueprobe.errors import ValueprobeError
+from valueprobe.fit import FitReport, fit_probe
 from valueprobe.models import DEFAULT_MODEL, load
+from valueprobe.probe import Method
 from valueprobe.replicate import FAMILIES, capture_families
-from valueprobe.sweep import FitReport, fit_probe
 
 __all__ = ["MIN_N", "run_demo"]
 
@@ -45,6 +46,6 @@ def run_demo(
     build("icrl", out / "data", seed=seed, n=n)
     lm = load(model)
     store = capture_families(lm, out / "data", out, families={"icrl": FAMILIES["icrl"]})["icrl"]
-    report = fit_probe({"icrl": store}, method="span_diff", n_splits=splits, seed=seed, transfer=False)
+    report = fit_probe({"icrl": store}, method=Method.span_diff, n_splits=splits, seed=seed, transfer=False)
     report.axis.save(out / "probe")
     return report

@@ -61,7 +61,7 @@ def _unit_size(axis: ValueAxis, layer: int, unit: Unit) -> float:
     if unit == Unit.raw:
         return float(axis.scale)
     stat, name, fix = (
-        (axis.sigma[i], "σ", "calibrate it with valueprobe.sweep.calibrate or use --unit raw")
+        (axis.sigma[i], "σ", "calibrate it with valueprobe.fit.calibrate or use --unit raw")
         if unit == Unit.sigma
         else (
             axis.mean_norm[i],
