@@ -120,3 +120,91 @@ def mean_sd(a: np.ndarray) -> dict[str, float]:
     """``{"mean", "sd"}`` of a metric over splits (NaN ignored; sample sd, 0 for one value)."""
     a = np.asarray(a, dtype=np.float64)
     return {"mean": float(np.nanmean(a)), "sd": float(np.nanstd(a, ddof=1)) if a.size > 1 else 0.0}
+
+
+# Dose-response: the slope of a behaviour against steering strength, with prompts as the unit.
+
+
+@dataclass(frozen=True)
+class Slope:
+    """OLS slope of a metric against α (per unit of α), with a bootstrap CI over prompts."""
+
+    slope: float
+    ci: tuple[float, float]
+    n_prompts: int
+    n_rows: int
+
+    def to_dict(self) -> dict:
+        return {"slope": self.slope, "ci": list(self.ci), "n_prompts": self.n_prompts, "n_rows": self.n_rows}
+
+
+def _weighted_slopes(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """OLS slope of y on x for each row of weights ``w`` [boot, n] (a weight = times a row was drawn)."""
+    total = w.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mx = (w * x).sum(axis=1, keepdims=True) / total
+        my = (w * y).sum(axis=1, keepdims=True) / total
+        sxx = (w * (x - mx) ** 2).sum(axis=1)
+        sxy = (w * (x - mx) * (y - my)).sum(axis=1)
+        return np.where(sxx > 1e-12, sxy / np.where(sxx > 1e-12, sxx, 1.0), np.nan)
+
+
+def dose_slope(
+    alphas: Sequence[float] | np.ndarray,
+    values: Sequence[float] | np.ndarray,
+    prompts: Sequence[str],
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Slope:
+    """OLS slope of ``values`` on ``alphas`` and its percentile bootstrap CI, resampling prompts.
+
+    Rows of one prompt (its strengths and samples) share the prompt's randomness, so they are
+    resampled together: each bootstrap draws prompts with replacement and keeps all their rows.
+    A slope is NaN when fewer than two distinct α remain.
+
+    Args:
+        alphas: [n] the strength of each row.
+        values: [n] the metric of each row (rows where it does not apply already removed).
+        prompts: [n] the prompt id of each row.
+        n_boot: bootstrap resamples.
+        level: CI coverage.
+        seed: seed of the resampling.
+
+    >>> s = dose_slope([-1, 0, 1, -1, 0, 1], [0, 1, 2, 1, 2, 3], ["a"] * 3 + ["b"] * 3)
+    >>> s.slope
+    1.0
+    """
+    x = np.asarray(alphas, dtype=np.float64).reshape(-1)
+    y = np.asarray(values, dtype=np.float64).reshape(-1)
+    if not (x.size == y.size == len(prompts)):
+        raise ValueprobeError(f"dose_slope: {x.size} alphas, {y.size} values, {len(prompts)} prompt ids")
+    names, index = np.unique(np.asarray(prompts, dtype=object).astype(str), return_inverse=True)
+    if x.size == 0:
+        return Slope(float("nan"), (float("nan"), float("nan")), 0, 0)
+    slope = float(_weighted_slopes(x, y, np.ones((1, x.size)))[0])
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(
+        names.size, np.full(names.size, 1.0 / names.size), size=n_boot
+    )  # [boot, prompts]
+    boots = _weighted_slopes(x, y, counts[:, index].astype(np.float64))
+    boots = boots[np.isfinite(boots)]
+    tail = (1 - level) / 2 * 100
+    ci = tuple(float(v) for v in np.percentile(boots, [tail, 100 - tail])) if boots.size else (np.nan, np.nan)
+    return Slope(slope, (float(ci[0]), float(ci[1])), int(names.size), int(x.size))
+
+
+def null_range(slopes: Sequence[float] | np.ndarray, *, level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` range of the null slopes (random directions), ignoring NaN.
+
+    >>> null_range([-1.0, 0.0, 1.0], level=1.0)
+    (-1.0, 1.0)
+    """
+    s = np.asarray(slopes, dtype=np.float64)
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        return (float("nan"), float("nan"))
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(s, [tail, 100 - tail])
+    return float(lo), float(hi)
