@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from valueprobe.axis import ValueAxis, _jsonable
+from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.dose import SteerSweep
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.models import LoadedModel
 from valueprobe.steer_sweep import SweepSettings, run_sweep
 
@@ -183,6 +183,6 @@ def replicate_steer(
         # Written after every benchmark, so a stopped run still shows what it finished.
         report = ReplicateSteer(sweeps=dict(sweeps), probe=str(probe), other_probe=str(other_probe))
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "results.json", json.dumps(_jsonable(report.to_dict()), indent=2) + "\n")
+        atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
         atomic_write_text(out / "summary.md", report.markdown())
     return report

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from valueprobe.axis import ValueAxis, _jsonable
+from valueprobe.axis import ValueAxis
 from valueprobe.behaviour import text_metrics
 from valueprobe.datasets.io import Example
 from valueprobe.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.generation import encode_prompts, generate
 from valueprobe.models import LoadedModel, cache_dir
 from valueprobe.steer import steer
@@ -359,7 +359,7 @@ def run_sweep(
     result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, by_group=by_group,
                        n_boot=n_boot, seed=settings.seed, settings=settings.to_dict())  # fmt: skip
     atomic_write_text(
-        out / "metrics.json", json.dumps(_jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
+        out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )
     atomic_write_text(out / "metrics.csv", result.csv())
     return result
