@@ -27,6 +27,7 @@ from rich.table import Table
 
 from valueprobe.axis import ValueAxis
 from valueprobe.boundary import check_at_least, check_layer_spec, run_app
+from valueprobe.cli_tune import replicate_dpo_words, replicate_safety, tune_app
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.demo import MIN_N, run_demo
@@ -38,6 +39,7 @@ from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.probe import Method
 from valueprobe.readout import score_dataset
 from valueprobe.replicate import replicate_axis as run_replicate
+from valueprobe.shift import group_by, shift
 from valueprobe.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.vocab import (
     Backend,
@@ -57,12 +59,19 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
+app.add_typer(tune_app, name="tune")
+replicate_app.command("dpo-words")(replicate_dpo_words)
+replicate_app.command("safety")(replicate_safety)
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
 TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(help="read a probe of another architecture (d_model still checked); other weights warn"),
+]
 ChatTemplateOpt = Annotated[
     ChatTemplate,
     typer.Option(
@@ -288,9 +297,8 @@ def score(
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
-    force: Annotated[
-        bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
-    ] = False,
+    null: Annotated[int, typer.Option(help="random unit directions at the same layer and tokens (≥ 32)")] = 0,
+    force: ForceOpt = False,
     max_length: Annotated[
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None,
@@ -304,6 +312,7 @@ def score(
     check_output_dir(out, holds="scores")
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--null", null, 0)
     check_at_least("--max-length", max_length, 1)
     check_device(device)
     examples = read_jsonl(data)
@@ -311,13 +320,70 @@ def score(
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
         axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-        bootstrap=bootstrap, seed=seed, force=force, max_length=max_length,
+        bootstrap=bootstrap, seed=seed, null=null, force=force, max_length=max_length,
         chat_template=chat_template,
     )  # fmt: skip
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+@app.command("shift")
+def shift_cmd(
+    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
+    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
+    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
+    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
+    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
+    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
+    layers: Annotated[
+        str | None, typer.Option(help="layers of the by-layer curves (default: the axis's)")
+    ] = None,
+    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
+    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
+    contrast: Annotated[
+        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
+    ] = False,
+    refit: Annotated[
+        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
+    ] = False,
+    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: int = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    force: ForceOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    if out.exists() and not overwrite:
+        raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
+    check_output_dir(out, holds="shift")
+    check_layer_spec("--layers", layers)
+    check_at_least("--n-random", n_random, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
+    examples = group_by(read_jsonl(data), by)
+    axis = ValueAxis.load(probe)
+    base_lm = _load_model(base, trust_remote_code=trust_remote_code, device=device)
+    tuned_lm = _load_model(tuned, trust_remote_code=trust_remote_code, device=device)
+    res = shift(
+        axis, base_lm, tuned_lm, examples, layers=layers, layer=layer, tokens=tokens,
+        targeted=[t.strip() for t in targeted.split(",") if t.strip()], contrast=contrast, n_random=n_random,
+        refit=refit, n_boot=bootstrap, seed=seed, batch_size=batch_size, force=force,
+    )  # fmt: skip
+    res.write(out, overwrite=overwrite)
+    headers, rows = res.table()
+    table(
+        f"shift: {tuned} vs {base} on {probe.name}, layer {res.layer} (σ of the base reference)",
+        headers,
+        rows,
+    )
+    console.print(f"wrote {out}/shift.json, examples.csv, shift.html")
 
 
 @replicate_app.command("axis")

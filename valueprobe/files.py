@@ -47,6 +47,7 @@ ARTIFACTS: dict[str, str] = {
     "store": "manifest.json",
     "probe": "probe.json",
     "scores": "scores.csv",
+    "shift": "shift.json",
 }
 
 

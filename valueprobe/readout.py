@@ -31,6 +31,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.models import LoadedModel
+from valueprobe.null import direction_null, random_directions
 from valueprobe.vocab import ChatTemplate, PaddingSide, Positions, Tokens, choice
 
 
@@ -104,6 +105,12 @@ class ScoreResult:
                     "n/a" if length is None else f"{length:.3f}",
                 ]
             )
+        if any("null_auroc_range" in r for r in self.summary):
+            headers.append("random AUROC 95% (axis %ile)")
+            for row, r in zip(rows, self.summary, strict=True):
+                lo, hi = r.get("null_auroc_range") or (None, None)
+                pct = r.get("score_auroc_null_percentile")
+                row.append("n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}] ({pct:.0f})")
         return headers, rows
 
     def to_dict(self) -> dict:
@@ -183,6 +190,7 @@ class Readouts:
     cos: np.ndarray  # [rows] cos(h, v̂)
     proj: np.ndarray  # [rows] h @ v̂
     n_tokens: np.ndarray  # [rows] the example's sequence length
+    random: np.ndarray | None = None  # [rows, k] projections on the null's random directions, if asked
 
 
 def read_examples(
@@ -195,17 +203,19 @@ def read_examples(
     batch_size: int = 8,
     max_length: int | None = None,
     chat_template: ChatTemplate = ChatTemplate.model,
+    random_dirs: np.ndarray | None = None,
     progress: bool = True,
 ) -> Readouts:
     """Capture ``tokens`` of every example at ``layer`` and project them on the axis.
 
     Every example is checked (and warned about) first; then the examples stream in chunks, so
-    only one chunk's token activations (one layer) are held at a time.
+    only one chunk's token activations (one layer) are held at a time. ``random_dirs`` [k, d_model]
+    are projected on the same rows, for the random-direction null.
     """
     v = axis.direction(layer).double().numpy()
     positions = Positions(tokens)
     encode(lm, examples, positions=positions, max_length=max_length, chat_template=chat_template)
-    cos, proj, ids, n_tokens = [], [], [], []
+    cos, proj, ids, n_tokens, random = [], [], [], [], []
     chunk = 32 * batch_size
     with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
         for start in range(0, len(examples), chunk):
@@ -230,9 +240,12 @@ def read_examples(
             h = res.acts[layer].double().numpy()  # [rows, d_model]
             cos.append(token_cos(h, v))
             proj.append(axis.project(h, layer))
+            if random_dirs is not None:
+                random.append(h @ random_dirs.T)
             ids.extend(res.rows.example_id)
             n_tokens.append(res.rows.n_tokens)
-    return Readouts(ids, np.concatenate(cos), np.concatenate(proj), np.concatenate(n_tokens))
+    rand = np.concatenate(random) if random else None
+    return Readouts(ids, np.concatenate(cos), np.concatenate(proj), np.concatenate(n_tokens), rand)
 
 
 def per_example(
@@ -264,10 +277,29 @@ def per_example(
     return records
 
 
+def _mean_by_example(readouts: Readouts) -> dict[str, np.ndarray] | None:
+    """Each example's mean projection on the null directions [k], or None without a null."""
+    if readouts.random is None:
+        return None
+    rows: dict[str, list[int]] = {}
+    for row, ex_id in enumerate(readouts.example_id):
+        rows.setdefault(ex_id, []).append(row)
+    return {ex_id: readouts.random[r].mean(0) for ex_id, r in rows.items()}
+
+
 def group_summary(
-    records: Sequence[dict], examples: Sequence[Example], *, bootstrap: int, seed: int
+    records: Sequence[dict],
+    examples: Sequence[Example],
+    *,
+    bootstrap: int,
+    seed: int,
+    random: dict[str, np.ndarray] | None = None,
 ) -> list[dict]:
-    """The metrics step: AUROC / Cohen's d of val and score, per group and for ``all``."""
+    """The metrics step: AUROC / Cohen's d of val and score, per group and for ``all``.
+
+    ``random`` maps an example id to its mean projection on each null direction [k]; each group then
+    gets the directions' AUROC and d ranges and the axis's percentile among them.
+    """
     scored = [r for r in records if r["n_readout_tokens"]]
     groups: list[str] = ["all", *sorted({str(r["group"]) for r in scored})]
     pair_key = linked_groups(examples, "pair")
@@ -284,6 +316,12 @@ def group_summary(
             bootstrap=bootstrap,
             seed=seed,
         )
+        if random and "score_auroc" in metrics:
+            P = np.stack([random[str(r["id"])] for r in sel])  # [n, k]: the same mean over tokens
+            labels = np.array([r["label"] for r in sel])
+            metrics |= direction_null(
+                P, labels, auroc_axis=metrics["score_auroc"], d_axis=metrics["score_cohens_d"]
+            )
         summary.append({**metrics, "contrast": contrast})
     return summary
 
@@ -298,6 +336,7 @@ def score_dataset(
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
+    null: int = 0,
     force: bool = False,
     max_length: int | None = None,
     chat_template: ChatTemplate = ChatTemplate.model,
@@ -313,7 +352,10 @@ def score_dataset(
         tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
             spans (``span_tokens``), or the ``last`` token.
         bootstrap: resamples for the 95% CIs (0 to skip).
-        force: skip the model-fingerprint check (d_model is always checked).
+        null: random unit directions read at the same layer and tokens (0 to skip; ≥ 32 to use):
+            each group gets their AUROC and d ranges and the axis's percentile among them.
+        force: read a probe of another architecture (d_model is always checked); a fine-tune of the
+            probe's model only warns.
         max_length: truncate longer texts (with a warning); without it, a text over the model's
             context is an error naming the example.
         chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
@@ -332,12 +374,15 @@ def score_dataset(
         batch_size=batch_size,
         max_length=max_length,
         chat_template=chat_template,
+        random_dirs=random_directions(lm.d_model, null, seed=seed) if null else None,
         progress=progress,
     )
     records = per_example(axis, examples, readouts, layer=layer)
     if not any(r["n_readout_tokens"] for r in records):
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
-    summary = group_summary(records, examples, bootstrap=bootstrap, seed=seed)
+    summary = group_summary(
+        records, examples, bootstrap=bootstrap, seed=seed, random=_mean_by_example(readouts)
+    )
     i = axis.layers.index(layer)
     probe = {
         "model_id": axis.model_id,
