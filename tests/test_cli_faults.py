@@ -21,12 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tqdm.auto
 
+from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
 from valueprobe.cli import main
 from valueprobe.datasets.io import Example, Span, read_jsonl, write_jsonl
 from valueprobe.encode import render, render_plain
 from valueprobe.models import load
+from valueprobe.readout import score_dataset
 from valueprobe.store import ActivationStore, capture_to_store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,10 +194,8 @@ def test_partial_store_refused_unless_allowed(store_dir, tmp_path, capsys):
 def test_output_path_checked_before_work(command, store_dir, probe_dir, tiny_dir, icrl_small, tmp_path, capsys,
                                          monkeypatch):  # fmt: skip
     # Any model load or store read would fail loudly here: the checks must come first.
-    monkeypatch.setattr(
-        "valueprobe.models.load", lambda *a, **k: pytest.fail("model loaded before the check")
-    )
-    monkeypatch.setattr("valueprobe.sweep.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check"))
+    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
+    monkeypatch.setattr("valueprobe.cli.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check"))
     args = {
         "fit": ["fit", "--store", str(store_dir)],
         "score": ["score", "--probe", str(probe_dir), "--data", str(icrl_small), "--model", tiny_dir],
@@ -286,9 +287,7 @@ def test_splits_below_one(splits, store_dir, tmp_path, capsys):
 
 
 def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(
-        "valueprobe.models.load", lambda *a, **k: pytest.fail("model loaded before the check")
-    )
+    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
     base = ["capture", "--data", str(icrl_small), "--out", str(tmp_path / "s")]
     assert "--batch-size 0" in fails([*base, "--batch-size", "0"], capsys)
     assert "--examples-per-shard" in fails([*base, "--examples-per-shard", "0"], capsys)
@@ -299,9 +298,7 @@ def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, caps
 
 
 def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(
-        "valueprobe.models.load", lambda *a, **k: pytest.fail("model loaded before the check")
-    )
+    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
     out = tmp_path / "s"
     line = fails(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
                   "--group-by", "meta.nope"], capsys)  # fmt: skip
@@ -328,9 +325,7 @@ def test_text_over_context_is_named_or_truncated_with_warning(tiny_dir, tmp_path
 
 
 def test_demo_n_too_small_fails_before_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(
-        "valueprobe.models.load", lambda *a, **k: pytest.fail("model loaded before the check")
-    )
+    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
     out = tmp_path / "demo"
     assert "--n 2 is too small" in fails(["demo", "--out", str(out), "--n", "2"], capsys)
     assert not out.exists()
@@ -462,7 +457,7 @@ def test_internal_error_names_a_traceback_log(store_dir, tmp_path, capsys, monke
         raise RuntimeError("a bug")
 
     monkeypatch.setenv("VALUEPROBE_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr("valueprobe.sweep.fit_probe", broken)
+    monkeypatch.setattr("valueprobe.cli.fit_probe", broken)
     line = fails(["fit", "--store", str(store_dir), "--out", str(tmp_path / "p")], capsys, want=1)
     assert "internal error (RuntimeError: a bug)" in line
     (log,) = (tmp_path / "logs").iterdir()
@@ -480,11 +475,6 @@ def test_os_and_json_errors_are_bad_input(store_dir, tmp_path, capsys):
 
 
 def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch):
-    import tqdm.auto
-
-    from valueprobe.axis import ValueAxis
-    from valueprobe.readout import score_dataset
-
     steps: list[int] = []
 
     class Recorder(tqdm.auto.tqdm):
@@ -492,7 +482,7 @@ def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch)
             steps.append(n)
             return super().update(n)
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    monkeypatch.setattr("valueprobe.readout.tqdm", Recorder)
     exs = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text=f"x = {i}\n") for i in range(10)]
     score_dataset(
         ValueAxis.load(probe_dir), tiny_lm_factory("llama"), exs, batch_size=3, bootstrap=0, force=True

@@ -317,5 +317,14 @@ def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
         return list(examples)
     if not group_by.startswith("meta."):
         raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
-    groups = linked_groups(examples, group_by[len("meta.") :])
+    key = group_by[len("meta.") :]
+    groups = linked_groups(examples, key)
+    if len(set(groups.values())) == len(groups):
+        # Every example alone in its group would silently undo the held-out pairing.
+        seen = sorted({k for ex in examples for k in ex.meta})
+        have = sum(key in ex.meta for ex in examples)
+        raise ValueprobeError(
+            f"--group-by {group_by} links no two examples ({have} of {len(groups)} have meta.{key}); "
+            f"meta keys in this dataset: {', '.join(seen) or 'none'}"
+        )
     return [replace(ex, group=groups[ex.id]) for ex in examples]
