@@ -97,9 +97,14 @@ def test_bit_identical_after_exception(tiny_lm_factory, arch):
             raise RuntimeError("inside generation")
         return h + 100.0
 
-    with pytest.raises(RuntimeError, match="inside generation"):
-        with intervene(lm, Point(0), boom), record(lm, [Point(1), Point(2, Site.resid_pre)]):
-            lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with (
+        pytest.raises(RuntimeError, match="inside generation"),
+        intervene(lm, Point(0), boom),
+        record(lm, [Point(1), Point(2, Site.resid_pre)]),
+    ):
+        lm.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0
+        )
     assert _hooks(lm) == hooks
     assert torch.equal(_logits(lm, ids, mask), before)
 
@@ -123,7 +128,11 @@ def test_intervene_changes_what_later_blocks_see(tiny_lm_factory):
     with torch.no_grad(), record(lm, [Point(0)]) as base:
         lm.model(input_ids=ids, attention_mask=mask)
     # resid_post[0] == resid_pre[1]: the recorder on block 1's input sees the intervention
-    with torch.no_grad(), intervene(lm, Point(0), lambda h, step: h + delta), record(lm, [Point(1, "resid_pre")]) as r:
+    with (
+        torch.no_grad(),
+        intervene(lm, Point(0), lambda h, step: h + delta),
+        record(lm, [Point(1, "resid_pre")]) as r,
+    ):
         lm.model(input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(r[Point(1, Site.resid_pre)], base[Point(0)] + delta, atol=1e-6, rtol=0)
 

@@ -147,7 +147,9 @@ def test_nnsight_route_equals_hooks_route(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
     axis = planted_axis(lm, sigma=3.0)
     for positions in ("all", "generated"):
-        kw = dict(alphas=[-2.0, 0.0, 2.0], samples=1, max_new_tokens=5, seed=0, progress=False, positions=positions)
+        kw = dict(
+            alphas=[-2.0, 0.0, 2.0], samples=1, max_new_tokens=5, seed=0, progress=False, positions=positions
+        )
         hooks = generate(lm, axis, PROMPTS[:2], **kw)
         nn = generate(lm, axis, PROMPTS[:2], backend="nnsight", **kw)
         assert [g.token_ids for g in hooks] == [g.token_ids for g in nn]
@@ -171,7 +173,9 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
     pre = axis.score(base[2][0], 1)  # resid_post[1] unsteered = what the hook reads before adding
     torch.testing.assert_close(torch.tensor(tr.values["resid_post[1]"][:-1]), pre[: n - 1], atol=1e-4, rtol=0)
     post2 = axis.score(rec[Point(2)][0], 2)  # resid_post[2] downstream of the steering
-    torch.testing.assert_close(torch.tensor(tr.values["resid_post[2]"][:-1]), post2[: n - 1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(tr.values["resid_post[2]"][:-1]), post2[: n - 1], atol=1e-4, rtol=0
+    )
     assert math.isnan(tr.values["resid_post[1]"][-1])
     assert tr.alpha[:-1] == (2.0,) * (n - 1)
 
