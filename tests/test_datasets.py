@@ -31,6 +31,11 @@ FILES = (
     "preference_words",
     "preference_words_eval",
     "preference_safety",
+    "steer_confidence",
+    "steer_backtracking",
+    "steer_code",
+    "steer_refusal",
+    "steer_open",
 )
 
 
@@ -333,3 +338,45 @@ def test_small_n_builds_every_family(tmp_path: Path) -> None:
     for path in files.values():
         assert read_jsonl(path)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+# --- steering prompt sets ------------------------------------------------------------------------
+
+
+def test_steering_sets_end_on_the_user_and_have_60_prompts(data: dict[str, list]) -> None:
+    for name in ("steer_backtracking", "steer_code", "steer_open"):
+        assert len(data[name]) >= 60, name
+    assert sum(r.meta["framing"] == "direct" for r in data["steer_confidence"]) >= 60
+    assert sum(r.meta["should_refuse"] for r in data["steer_refusal"]) >= 30
+    for name in ("steer_confidence", "steer_backtracking", "steer_code", "steer_refusal", "steer_open"):
+        rows = data[name]
+        assert all(r.messages[-1]["role"] == "user" for r in rows), name
+        prompts = [r.messages[-1]["content"] for r in rows if name != "steer_confidence"]
+        assert len(set(prompts)) == len(prompts), f"{name} repeats a prompt"
+
+
+def test_steering_confidence_pairs_differ_only_in_the_question(data: dict[str, list]) -> None:
+    by_pair: dict[str, list] = defaultdict(list)
+    for r in data["steer_confidence"]:
+        by_pair[r.meta["pair"]].append(r)
+    assert {len(v) for v in by_pair.values()} == {2}
+    for direct, inverted in by_pair.values():
+        assert direct.messages[:2] == inverted.messages[:2]
+        assert direct.messages[2]["content"] == "Will this answer be correct? Answer yes or no."
+        assert inverted.messages[2]["content"] == "Will this answer be incorrect? Answer yes or no."
+    # Half of the partial answers carry a slip, checked by recomputing the shown step.
+    assert sum(r.meta["partial_correct"] for r in data["steer_confidence"]) * 2 == len(
+        data["steer_confidence"]
+    )
+    for r in data["steer_confidence"]:
+        shown = r.messages[1]["content"]
+        m = re.search(r"(\d+) ([+-]) (\d+) = (\d+)\.$", shown)
+        if m:
+            a, op, b, v = int(m[1]), m[2], int(m[3]), int(m[4])
+            assert (v == (a + b if op == "+" else a - b)) == r.meta["partial_correct"], r.id
+
+
+def test_steering_backtracking_answers_are_computed(data: dict[str, list]) -> None:
+    for r in data["steer_backtracking"]:
+        assert re.search(r"\d", r.meta["answer"]), r.id
+        assert r.messages[0]["content"].endswith("Solve this step by step and give the final answer.")

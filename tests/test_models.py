@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -9,24 +10,87 @@ import pytest
 import torch
 from torch import nn
 
-from valueprobe.capture import capture, encode
+from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import find_layers_path, fingerprint, load, wrap
+from valueprobe.fingerprint import (
+    Fingerprint,
+    FingerprintWarning,
+    Match,
+    arch_fingerprint,
+    compare,
+    fingerprint,
+)
+from valueprobe.models import find_layers_path, load, wrap
 
 
 def test_fingerprint_ignores_dtype_but_not_weights(tiny_lm_factory):
-    import copy
 
     lm = tiny_lm_factory("llama")
-    fp32 = fingerprint(lm.model)
-    bf16 = fingerprint(copy.deepcopy(lm.model).to(torch.bfloat16))
+    fp32 = fingerprint(lm.model, lm.tokenizer)
+    bf16 = fingerprint(copy.deepcopy(lm.model).to(torch.bfloat16), lm.tokenizer)
     assert fp32 == bf16 == lm.fingerprint
     tuned = copy.deepcopy(lm.model)
+    with torch.no_grad():  # one small change deep inside one MLP matrix, as a fine-tune would make
+        tuned.model.layers[1].mlp.down_proj.weight.mul_(1.05)
+    a, b = Fingerprint.parse(fp32), Fingerprint.parse(fingerprint(tuned, lm.tokenizer))
+    assert a.arch == b.arch and a.weights != b.weights
+    other = Fingerprint.parse(tiny_lm_factory("qwen2").fingerprint)
+    assert other.arch != a.arch
+    assert compare(str(a), str(b)) == Match.weights and compare(str(a), str(other)) == Match.arch
+
+
+def test_architecture_part_covers_the_vocabulary(tiny_lm_factory, tiny_tokenizer):
+    lm = tiny_lm_factory("llama")
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.add_tokens(["<|new_token|>"])
+    assert arch_fingerprint(lm.model, tok) != arch_fingerprint(lm.model, tiny_tokenizer)
+
+
+def test_fine_tuned_copy_is_read_with_a_warning_other_arch_refused(tiny_lm_factory, tmp_path):
+    """Save a perturbed copy, load it from its folder: the base's probe reads it with a warning."""
+    from valueprobe.axis import ValueAxis
+
+    base = tiny_lm_factory("llama")
+    tuned = copy.deepcopy(base.model)
     with torch.no_grad():
-        tuned.get_input_embeddings().weight[0, 0] += 1.0
-    assert fingerprint(tuned) != fp32
-    assert fingerprint(tiny_lm_factory("qwen2").model) != fp32
+        for p in tuned.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    tuned.save_pretrained(tmp_path / "tuned")
+    base.tokenizer.save_pretrained(tmp_path / "tuned")
+    lm = load(str(tmp_path / "tuned"))
+    assert Fingerprint.parse(lm.fingerprint).arch == Fingerprint.parse(base.fingerprint).arch
+    axis = ValueAxis(
+        directions=torch.eye(64)[:2], layers=(0, 1), mu=torch.zeros(2), sigma=torch.ones(2),
+        mean_norm=torch.ones(2), best_layer=1, site="resid_post", method="diff_means",
+        model_id="tiny-llama", fingerprint=base.fingerprint, d_model=64,
+    )  # fmt: skip
+    with pytest.warns(FingerprintWarning, match="other weights"):
+        axis.check(lm)
+    with pytest.raises(ValueprobeError, match="another architecture"):
+        axis.check(tiny_lm_factory("qwen2"))
+
+
+def test_peft_wrapped_model_finds_its_layers(tiny_lm_factory):
+    """A LoRA-wrapped model (peft.get_peft_model) reads the same residual stream as its base."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_lm_factory("llama")
+    peft_model = get_peft_model(
+        copy.deepcopy(base.model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    lm = wrap(peft_model, base.tokenizer)
+    assert lm.layers_path == "base_model.model.model.layers" and lm.n_layers == 3
+    assert lm.final_norm is not None and lm.d_model == 64
+    assert Fingerprint.parse(lm.fingerprint).arch == Fingerprint.parse(base.fingerprint).arch
+    ex = Example(id="x", label=1, group="g", text="Paris is nice")
+    # LoRA's B starts at zero, so the wrapped model's residual stream equals the base's.
+    got = capture(lm, [ex], layers=[1], positions="last", progress=False).acts[1]
+    want = capture(base, [ex], layers=[1], positions="last", progress=False).acts[1]
+    torch.testing.assert_close(got, want)
+    merged = wrap(peft_model.merge_and_unload(), base.tokenizer)
+    assert merged.layers_path == "model.layers"
 
 
 @pytest.mark.parametrize(("arch", "path"), [("llama", "model.layers"), ("gpt2", "transformer.h"),

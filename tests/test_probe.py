@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,7 @@ from sklearn.preprocessing import StandardScaler
 
 from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
+from valueprobe.fingerprint import FingerprintWarning
 from valueprobe.metrics import auroc
 from valueprobe.probe import (
     METHODS,
@@ -146,8 +148,11 @@ def test_fitter_bad_input_is_one_clear_error():
 # ---- the artifact ----------------------------------------------------------------------------------
 
 
+ARCH = "aaaaaaaaaaaaaaaa"  # the architecture part of the fake fingerprints
+
+
 def make_axis(
-    d: int = 8, layers=(2, 3, 5), *, seed: int = 0, fingerprint: str = "0123456789abcdef"
+    d: int = 8, layers=(2, 3, 5), *, seed: int = 0, fingerprint: str = ARCH + "-0123456789abcdef"
 ) -> ValueAxis:
     rng = np.random.default_rng(seed)
     dirs = rng.standard_normal((len(layers), d))
@@ -169,8 +174,16 @@ def make_axis(
     )
 
 
-def fake_lm(*, d_model: int = 8, fingerprint: str = "0123456789abcdef", n_layers: int = 6):
-    return SimpleNamespace(d_model=d_model, fingerprint=fingerprint, n_layers=n_layers, model_id="tiny")
+def fake_lm(
+    *, d_model: int = 8, fingerprint: str = ARCH + "-0123456789abcdef", n_layers: int = 6, legacy: str = ""
+):
+    return SimpleNamespace(
+        d_model=d_model,
+        fingerprint=fingerprint,
+        n_layers=n_layers,
+        model_id="tiny",
+        legacy_fingerprint=legacy,
+    )
 
 
 def assert_same_axis(a: ValueAxis, b: ValueAxis) -> None:
@@ -205,9 +218,16 @@ def test_artifact_round_trips_exactly(tmp_path):
 
 def test_load_checks_model(tmp_path):
     make_axis().save(tmp_path / "p")
-    with pytest.raises(ValueprobeError, match="fingerprint .*--force"):
-        ValueAxis.load(tmp_path / "p", lm=fake_lm(fingerprint="ffffffffffffffff"))
-    ValueAxis.load(tmp_path / "p", lm=fake_lm(fingerprint="ffffffffffffffff"), force=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the axis's own model: no warning
+        ValueAxis.load(tmp_path / "p", lm=fake_lm())
+    with pytest.warns(FingerprintWarning, match="other weights .*descendant"):  # a fine-tune: read it
+        ValueAxis.load(tmp_path / "p", lm=fake_lm(fingerprint=ARCH + "-ffffffffffffffff"))
+    other_arch = fake_lm(fingerprint="bbbbbbbbbbbbbbbb-0123456789abcdef")
+    with pytest.raises(ValueprobeError, match="another architecture or vocabulary .*--force"):
+        ValueAxis.load(tmp_path / "p", lm=other_arch)
+    with pytest.warns(FingerprintWarning):
+        ValueAxis.load(tmp_path / "p", lm=other_arch, force=True)
     with pytest.raises(ValueprobeError, match="d_model 8 .* d_model 16"):
         ValueAxis.load(tmp_path / "p", lm=fake_lm(d_model=16), force=True)
     with pytest.raises(ValueprobeError, match="layers 0..3"):
@@ -217,6 +237,16 @@ def test_load_checks_model(tmp_path):
     (tmp_path / "p" / "probe.json").write_text("{not json")
     with pytest.raises(ValueprobeError, match="unreadable probe"):
         ValueAxis.load(tmp_path / "p")
+
+
+def test_legacy_single_hash_probe_compares_the_old_hash(tmp_path):
+    """Probes saved before the two-part fingerprint carry one hash: it is checked as the weights part."""
+    make_axis(fingerprint="0123456789abcdef").save(tmp_path / "p")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ValueAxis.load(tmp_path / "p", lm=fake_lm(legacy="0123456789abcdef"))
+    with pytest.warns(FingerprintWarning, match="other weights"):
+        ValueAxis.load(tmp_path / "p", lm=fake_lm(legacy="fedcba9876543210"))
 
 
 def test_axis_arithmetic_and_indexing():
@@ -244,8 +274,12 @@ def test_axis_arithmetic_and_indexing():
     assert torch.linalg.norm(diff.directions, dim=1).allclose(torch.ones(2))
     with pytest.raises(ValueprobeError, match="no σ calibration"):
         diff.score(h)
-    with pytest.raises(ValueprobeError, match="different models"):
-        axis - make_axis(fingerprint="ffffffffffffffff")
+    with pytest.raises(ValueprobeError, match="different architectures"):
+        axis - make_axis(fingerprint="bbbbbbbbbbbbbbbb-0123456789abcdef")
+    with pytest.warns(FingerprintWarning, match="other weights"):  # base axis minus a fine-tune's axis
+        axis - make_axis(layers=(3, 5, 7), seed=1, fingerprint=ARCH + "-ffffffffffffffff")
+    with pytest.raises(ValueprobeError, match="different widths"):
+        axis - make_axis(d=16)
     with pytest.raises(ValueprobeError, match="cancel"):
         axis - axis
 

@@ -6,8 +6,10 @@
     valueprobe fit --store runs/icrl --method span_diff --out probes/smollm2-135m-value
     valueprobe score --probe probes/smollm2-135m-value --model smollm2-135m --data data/code.jsonl --out runs/score-code
 
-Every command prints a short summary table and writes JSON/CSV next to any HTML. Bad input ends
-in one line on stderr (``error: ...``) and exit status 2.
+Every command prints a short summary table and writes JSON/CSV next to any HTML. Every command
+checks its output path and parameters before it loads a model or reads data. Any failure ends in
+one line on stderr (``error: ...``): exit status 2 for bad input (including unreadable or corrupt
+files), 130 for Ctrl-C, 1 for an internal error (the line names a log file with the traceback).
 """
 
 from __future__ import annotations
@@ -18,13 +20,38 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
+import plotly.graph_objects as go
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from valueprobe.axis import ValueAxis
+from valueprobe.boundary import check_at_least, check_layer_spec, run_app
+from valueprobe.cli_trace import trace_cmd
+from valueprobe.cli_tune import replicate_dpo_words, replicate_safety, tune_app
+from valueprobe.datasets import build
+from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
+from valueprobe.demo import MIN_N, run_demo
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
-from valueprobe.vocab import Unit, parse_layers
+from valueprobe.files import atomic_write, atomic_write_text, check_output_dir
+from valueprobe.fit import fit_probe
+from valueprobe.models import check_device, load
+from valueprobe.plots import sweep_figure, transfer_heatmap
+from valueprobe.probe import Method
+from valueprobe.readout import score_dataset
+from valueprobe.replicate import replicate_axis as run_replicate
+from valueprobe.store import ActivationStore, capture_to_store, check_store_out
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    Dtype,
+    PaddingSide,
+    Positions,
+    Site,
+    Target,
+    Tokens,
+    layer_ranges,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -32,12 +59,25 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
+app.add_typer(tune_app, name="tune")
+app.command("trace")(trace_cmd)
+replicate_app.command("dpo-words")(replicate_dpo_words)
+replicate_app.command("safety")(replicate_safety)
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
 TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+ChatTemplateOpt = Annotated[
+    ChatTemplate,
+    typer.Option(
+        help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
+]
+AllowPartialOpt = Annotated[
+    bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
+]
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
 ]
@@ -61,7 +101,6 @@ def write_json(path: Path, obj: object) -> None:
 def _load_model(
     model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu"
 ):
-    from valueprobe.models import load  # imported late: `valueprobe --help` stays fast
 
     return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
 
@@ -78,9 +117,10 @@ def demo(
     splits: int = 5,
 ) -> None:
     """The main job: offline model, ICRL data, capture, fit the value axis, held-out-rule sweep with controls."""
-    from valueprobe.demo import run_demo
-    from valueprobe.plots import sweep_figure
 
+    check_output_dir(out, holds="demo")
+    check_at_least("--n", n, MIN_N, " (a held-out split needs a train, a validation and a test rule)")
+    check_at_least("--splits", splits, 1)
     report = run_demo(out=out, model=model, n=n, seed=seed, splits=splits)
     headers, rows = report.sweep.table()
     table(
@@ -97,17 +137,30 @@ def demo(
 
 @app.command()
 def capture(
-    data: Annotated[Path, typer.Option(help="dataset JSONL (see DESIGN.md)")],
+    data: Annotated[
+        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
+    ],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     layers: Annotated[str, typer.Option(help="'all', '0:10', '-1', '3,5,-2'")] = "all",
-    positions: Annotated[str, typer.Option(help="last | mean | all | spans | span_tokens")] = "last",
-    site: Annotated[str, typer.Option(help="resid_post | resid_pre")] = "resid_post",
+    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
+    site: Annotated[
+        Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
+    ] = Site.resid_post,
     batch_size: int = 8,
     examples_per_shard: int = 256,
-    dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
-    padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
-    max_length: int | None = None,
+    checkpoint_seconds: Annotated[
+        float,
+        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
+    ] = 60.0,
+    dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
+    padding_side: Annotated[
+        PaddingSide, typer.Option(help="side of the batch that is padded")
+    ] = PaddingSide.right,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None,
@@ -115,7 +168,7 @@ def capture(
         str | None,
         typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
     ] = None,
-    backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
+    backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
     ] = False,
@@ -124,28 +177,33 @@ def capture(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store."""
-    from valueprobe.datasets.io import read_jsonl, sha256_file
-    from valueprobe.store import capture_to_store
 
-    _choice("positions", positions, ("last", "mean", "all", "spans", "span_tokens"))
-    _choice("site", site, ("resid_post", "resid_pre"))
-    _choice("backend", backend, ("hooks", "nnsight", "tlens"))
-    _choice("padding-side", padding_side, ("right", "left"))
+    check_store_out(out)
+    check_layer_spec("--layers", layers)
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--examples-per-shard", examples_per_shard, 1)
+    check_at_least("--max-length", max_length, 1)
+    check_at_least("--checkpoint-seconds", checkpoint_seconds, 1)
+    check_device(device)
+    if remote and backend != "nnsight":
+        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
     examples = read_jsonl(data)
+    regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
-        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,  # type: ignore[arg-type]
-        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,  # type: ignore[arg-type]
+        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
+        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
         max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
         span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote,  # type: ignore[arg-type]
+        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,
+        chat_template=chat_template,
     )  # fmt: skip
-    rows = store.rows()
+    rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
         ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [[store.model_id, store.fingerprint, _layers_str(store.layers), store.site, store.positions,
-          len(set(rows.example_id)), store.n_rows, len(store.manifest["shards"]), store.manifest["dtype"]]],
+        [[m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(rows.example_id)),
+          m.n_rows, len(m.shards), m.dtype]],
     )  # fmt: skip
 
 
@@ -156,7 +214,8 @@ def capture(
 def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
-        str, typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | all")
+        str,
+        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
     ] = "all",
     seed: int = 0,
     n: Annotated[
@@ -164,8 +223,9 @@ def datasets_build(
     ] = None,
 ) -> None:
     """Generate the contrast datasets deterministically (same seed, same bytes)."""
-    from valueprobe.datasets import build
 
+    check_output_dir(out, holds="datasets")
+    check_at_least("--n", n, 1)
     files = build(family, out, seed=seed, n=n)
     entries = json.loads((out / "MANIFEST.json").read_text())["files"]
     rows = []
@@ -184,32 +244,31 @@ def fit(
         list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
     ],
     out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
-    method: Annotated[
-        str, typer.Option(help="span_diff | diff_means | lda | logistic | paired_pca")
-    ] = "diff_means",
-    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:'")] = None,
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:', '::2'")] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
     transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
     target: Annotated[
-        str, typer.Option(help="auto (pre/post spans if present, else labels) | span | label")
-    ] = "auto",
+        Target, typer.Option(help="auto: pre/post spans if present, else labels")
+    ] = Target.auto,
     share_groups: Annotated[
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
     ] = False,
+    allow_partial: AllowPartialOpt = False,
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.probe import METHODS
-    from valueprobe.sweep import fit_probe
 
-    _choice("method", method, tuple(METHODS))
-    _choice("target", target, ("auto", "span", "label"))
+    check_output_dir(out, holds="probe")
+    check_layer_spec("--layers", layers)
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
-        [str(s) for s in store], method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
-        train_groups=train_groups, seed=seed, transfer=transfer, target=target,  # type: ignore[arg-type]
+        stores, method=method, layers=layers, n_splits=splits,
+        train_groups=train_groups, seed=seed, transfer=transfer, target=target,
         share_groups=share_groups,
     )  # fmt: skip
     report.axis.save(out)
@@ -231,85 +290,39 @@ def score(
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    tokens: Annotated[str, typer.Option(help="tokens read: all | span_tokens | last")] = "all",
+    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all,
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
     force: Annotated[
         bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
     ] = False,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
-    from valueprobe.axis import ValueAxis
-    from valueprobe.datasets.io import read_jsonl
-    from valueprobe.readout import score_dataset
 
-    _choice("tokens", tokens, ("all", "span_tokens", "last"))
+    check_output_dir(out, holds="scores")
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--max-length", max_length, 1)
+    check_device(device)
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
-        bootstrap=bootstrap, seed=seed, force=force,
+        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
+        bootstrap=bootstrap, seed=seed, force=force, max_length=max_length,
+        chat_template=chat_template,
     )  # fmt: skip
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
-    console.print("wrote " + ", ".join(str(p) for p in files.values()))
-
-
-@app.command("trace")
-def trace_cmd(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    prompt: Annotated[str, typer.Option(help="the text to read (sent as a user turn with --chat)")],
-    out: Annotated[Path, typer.Option(help="output folder: trace.html, trace.csv")],
-    model: ModelOpt = "smollm2-135m",
-    generate: Annotated[int | None, typer.Option(help="also generate this many tokens (greedy)")] = None,
-    alpha: Annotated[float, typer.Option(help="steering strength while generating (0: none)")] = 0.0,
-    unit: Annotated[str, typer.Option(help="unit of --alpha: sigma | norm | raw")] = "sigma",
-    layer: Annotated[
-        int | None, typer.Option(help="steered and read layer; default the probe's best")
-    ] = None,
-    read_layers: Annotated[str, typer.Option(help="more layers to read, e.g. '10,20' (resid_post)")] = "",
-    chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = True,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-) -> None:
-    """Per-token value trace of a prompt (and a steered continuation): coloured tokens + line plot."""
-    from valueprobe.axis import ValueAxis
-    from valueprobe.livetrace import value_trace, write_trace
-    from valueprobe.steer import check_unit
-
-    if not prompt.strip():
-        raise ValueprobeError("--prompt is empty: give the text to trace")
-    if generate is not None and generate < 1:
-        raise ValueprobeError(f"--generate {generate}: give a number of new tokens >= 1, or leave it out")
-    _choice("unit", unit, tuple(u.value for u in Unit))
-    if out.exists() and not out.is_dir():
-        raise ValueprobeError(f"--out {out} is a file: give a folder")
-    axis = ValueAxis.load(probe)  # a bad probe fails before the model loads
-    chosen = axis.best_layer if layer is None else layer
-    check_unit(axis, chosen, Unit(unit))
-    lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    axis.check(lm)
-    reads = parse_layers(read_layers, n_layers=lm.n_layers) if read_layers.strip() else []
-    text = (
-        [{"role": "user", "content": prompt}]
-        if chat and getattr(lm.tokenizer, "chat_template", None)
-        else prompt
-    )
-    tr = value_trace(lm, axis, text, generate_tokens=generate or 0, alpha=alpha, unit=unit, layer=chosen,
-                     read_layers=reads)  # fmt: skip
-    files = write_trace(tr, out)
-    steered = tr.values[tr.steered]
-    gen = [v for v in steered[tr.n_prompt :] if v == v]
-    table(f"trace: {probe.name} at {tr.steered}", ["tokens", "prompt mean σ", "generated mean σ", "alpha"],
-          [[len(tr.tokens), sum(steered[: tr.n_prompt]) / max(1, tr.n_prompt),
-            (sum(gen) / len(gen)) if gen else "-", f"{alpha:g} {unit}"]])  # fmt: skip
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
 
 
@@ -333,12 +346,18 @@ def replicate_axis(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.replicate import replicate_axis as run
 
+    check_output_dir(out, holds="probe")
+    check_output_dir(runs, holds="runs", option="--runs")
+    if history_out is not None:
+        check_output_dir(history_out, holds="probe", option="--history-out")
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                 seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
+    report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
+                           seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -358,8 +377,6 @@ def replicate_axis(
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
     if history_out is not None:
-        from valueprobe.axis import ValueAxis
-
         history = ValueAxis.load(history_out)
         sweep = history.metrics["sweep"]
         table(
@@ -372,38 +389,16 @@ def replicate_axis(
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
 
 
-def write_html(fig, path: Path) -> None:
+def write_html(fig: go.Figure, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
 
-def _layers_str(layers: list[int]) -> str:
-    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 2:
-        return f"{layers[0]}..{layers[-1]}"
-    return ",".join(map(str, layers))
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueprobeError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning a ValueprobeError into one line and exit 2."""
-    try:
-        app(args=argv, standalone_mode=False)
-    except ValueprobeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print("error: interrupted; rerun the same command to resume where supported", file=sys.stderr)
-        raise SystemExit(130) from None
-    except typer.Exit as exc:  # --help and friends
-        raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        raise SystemExit(1) from None
-    except typer.TyperException as exc:  # usage errors: unknown command, missing or bad option
-        msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        print(f"error: {msg} (see valueprobe --help)", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Entry point: the app under the one error boundary (:func:`valueprobe.boundary.run_app`)."""
+    run_app(app, argv)
+
+
+if __name__ == "__main__":
+    main()

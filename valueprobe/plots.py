@@ -7,14 +7,13 @@ transfer_heatmap(report.transfer).write_html("runs/fit/transfer.html")
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import plotly.graph_objects as go
 
-if TYPE_CHECKING:
-    from valueprobe.sweep import SweepResult
-    from valueprobe.transfer import TransferResult
+from valueprobe.sweep import SweepResult
+from valueprobe.transfer import TransferResult
 
 
 def sweep_figure(sweep: SweepResult) -> go.Figure:

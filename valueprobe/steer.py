@@ -65,7 +65,7 @@ def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
     if unit == Unit.raw:
         return float(axis.scale)
     stat, name, fix = (
-        (axis.sigma[i], "σ", "calibrate it with valueprobe.sweep.calibrate or use --unit raw")
+        (axis.sigma[i], "σ", "calibrate it with valueprobe.fit.calibrate or use --unit raw")
         if unit == Unit.sigma
         else (
             axis.mean_norm[i],

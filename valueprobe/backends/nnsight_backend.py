@@ -28,8 +28,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Read, Site, as_output, module_path, state_signature, twin
+from valueprobe.backends._shared import Read, as_output, module_path, state_signature, twin
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from valueprobe.datasets import backtracking, code_corruption, confidence, icrl, preference, refusal
+from valueprobe.datasets import backtracking, code_corruption, confidence, icrl, preference, refusal, steering
 from valueprobe.datasets.io import (
     Example,
     dumps_jsonl,
@@ -45,6 +45,7 @@ _GENERATORS: dict[str, Generator] = {
     "confidence": confidence.generate,
     "refusal": refusal.generate,
     "preference": preference.generate,
+    "steering": steering.generate,
 }
 FAMILIES: tuple[str, ...] = tuple(_GENERATORS)
 
@@ -56,6 +57,7 @@ N_MEANING = {
     "confidence": "questions (each 12 rows)",
     "refusal": "pairs in refusal.jsonl and in sensitive.jsonl",
     "preference": "training prompts per target word (safety: 8 n pairs)",
+    "steering": "prompts per steering set (confidence: problems asked both ways; refusal: n/2 pairs)",
 }
 
 

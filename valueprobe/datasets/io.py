@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
@@ -27,6 +27,7 @@ from valueprobe.files import atomic_write_bytes, sha256_file
 __all__ = [
     "Example",
     "Span",
+    "regroup",
     "example_from_dict",
     "example_to_dict",
     "linked_groups",
@@ -214,7 +215,7 @@ def read_jsonl(path: str | Path) -> list[Example]:
     except OSError as e:
         raise ValueprobeError(f"{path}: cannot read dataset ({e.strerror or e}); check the path") from None
     try:
-        content = raw.decode("utf-8")
+        content = raw.decode("utf-8-sig")  # a leading BOM (Windows editors) is not part of the data
     except UnicodeDecodeError as e:
         raise ValueprobeError(
             f"{path}: not UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8"
@@ -300,3 +301,21 @@ def linked_groups(examples: Iterable[Example], key: str = "pair") -> dict[str, s
             if a != b:
                 parent[max(a, b)] = min(a, b)
     return {i: find(i) for i in ids}
+
+
+def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
+    """Re-key each example's ``group`` by the rows it is linked to through ``meta.KEY``.
+
+    Held-out splits hold out whole groups; ``"meta.pair"`` keeps an original and its corrupted
+    variants (or two matched rollouts) in one group, so each group holds both classes. See
+    :func:`valueprobe.datasets.io.linked_groups`.
+
+    >>> regroup(examples, "meta.pair")[0].group   # doctest: +SKIP
+    'code-0000'
+    """
+    if group_by is None:
+        return list(examples)
+    if not group_by.startswith("meta."):
+        raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
+    groups = linked_groups(examples, group_by[len("meta.") :])
+    return [replace(ex, group=groups[ex.id]) for ex in examples]

@@ -1,0 +1,163 @@
+"""Checkpoint shift on tiny models: zero against itself, a planted bias recovered exactly, CI coverage."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from valueprobe.axis import ValueAxis
+from valueprobe.capture import capture
+from valueprobe.datasets.io import Example
+from valueprobe.errors import ValueprobeError
+from valueprobe.models import wrap
+from valueprobe.null import mean_ci, percentile_in, random_directions
+from valueprobe.shift import shift
+
+TEXTS = [
+    "The capital of France is Paris, and the capital of Italy is Rome.",
+    "def add(a, b):\n    return a + b\n",
+    "Wait, that's not right. Let me recompute: 12 * 7 = 84.",
+    "Do you think your answer is correct? Yes. No.",
+    "The quick brown fox jumps over the lazy dog - twice, maybe 3 times?",
+]
+
+
+def examples(n_per_group: int = 6) -> list[Example]:
+    out = []
+    for g, name in enumerate(["alpha", "beta", "gamma"]):
+        for i in range(n_per_group):
+            text = f"{TEXTS[(g + i) % len(TEXTS)]} {name} {i}"
+            out.append(Example(id=f"{name}-{i}", text=text, label=i % 2, group=name))
+    return out
+
+
+def calibrated_axis(lm, exs, *, seed: int = 0) -> ValueAxis:
+    """Random unit directions at every layer, with μ and σ taken over the base model's reading of ``exs``."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(lm.n_layers, lm.d_model, generator=g)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    acts = capture(lm, exs, layers="all", positions="mean", progress=False).acts
+    proj = torch.stack([acts[i] @ dirs[i] for i in range(lm.n_layers)])  # [layers, n]
+    n = lm.n_layers
+    return ValueAxis(
+        directions=dirs, layers=tuple(range(n)), mu=proj.mean(1), sigma=proj.std(1, correction=0),
+        mean_norm=torch.full((n,), 8.0), best_layer=1, site="resid_post", method="diff_means",
+        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=lm.d_model,
+    )  # fmt: skip
+
+
+def test_model_against_itself_shifts_zero(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    exs = examples()
+    res = shift(calibrated_axis(lm, exs), lm, lm, exs, contrast=True, n_boot=200, progress=False)
+    assert [g.group for g in res.groups] == ["alpha", "beta", "gamma"]
+    for g in res.groups:
+        assert g.shift == 0.0 and g.ci[0] <= 0.0 <= g.ci[1]
+        assert g.d_before == g.d_after and g.quartiles_before == g.quartiles_after
+        assert not g.counts  # a zero shift sits inside the random-direction null
+    assert all(v == 0.0 for ys in res.shift_by_layer.values() for v in ys)
+    assert all(p.d_base == p.d_tuned for p in res.pairs) and len(res.pairs) == 3
+
+
+def plant(lm, *, layer: int, vector: torch.Tensor):
+    """A copy whose block ``layer`` outputs exactly ``vector`` more at every position (MLP output bias)."""
+    tuned = copy.deepcopy(lm.model)
+    with torch.no_grad():
+        tuned.transformer.h[layer].mlp.c_proj.bias.add_(vector)
+    return wrap(tuned, lm.tokenizer, model_id="planted")
+
+
+def test_planted_shift_is_recovered_in_sigma_and_beats_the_null(tiny_lm_factory):
+    base = tiny_lm_factory("gpt2")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    c = 3.0 * float(axis.sigma[1])  # resid_post[1] moves by exactly 3σ along v̂
+    tuned = plant(base, layer=1, vector=c * axis.direction(1))
+    with pytest.warns(UserWarning, match="other weights"):  # a descendant: read with a warning
+        axis.check(tuned)
+    res = shift(axis, base, tuned, exs, n_random=64, n_boot=500, progress=False)
+    for g in res.groups:
+        assert g.shift == pytest.approx(3.0, abs=1e-4)
+        assert g.ci[0] - 1e-4 <= 3.0 <= g.ci[1] + 1e-4
+        assert not g.null_range[0] <= g.shift_data_sigma <= g.null_range[1]
+        assert g.null_percentile == 100.0 and g.counts
+        assert g.quartiles_after != g.quartiles_before or g.share in (0.0, 1.0)
+    assert all(
+        ys[0] == pytest.approx(0.0, abs=1e-6) for ys in res.shift_by_layer.values()
+    )  # before the plant
+
+
+def test_untargeted_groups_are_the_second_null(tiny_lm_factory):
+    """The same planted move in every group: the targeted group does not leave the untargeted range."""
+    base = tiny_lm_factory("gpt2")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
+    res = shift(axis, base, tuned, exs, targeted=["alpha"], n_boot=100, progress=False)
+    alpha = res.groups[0]
+    assert alpha.targeted and alpha.null_percentile == 100.0
+    assert res.untargeted_range is not None and res.untargeted_range[0] <= alpha.shift + 1e-6
+    assert not any(g.counts for g in res.groups)
+    with pytest.raises(ValueprobeError, match="not in the data"):
+        shift(axis, base, tuned, exs, targeted=["delta"], progress=False)
+
+
+def test_refit_reports_cosines(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    exs = examples()
+    res = shift(calibrated_axis(lm, exs), lm, lm, exs, refit=True, layers="0:2", n_boot=0, progress=False)
+    assert res.layers == (0, 1) and res.axis_cosine is not None
+    assert res.axis_cosine["refit_base_vs_refit_tuned"] == pytest.approx((1.0, 1.0))
+
+
+def test_bootstrap_ci_covers_the_mean_93_to_97_percent():
+    rng = np.random.default_rng(0)
+    hits = 0
+    n_sims = 1000
+    for s in range(n_sims):
+        x = rng.normal(0.7, 2.0, size=100)
+        lo, hi = mean_ci(x, n_boot=1000, seed=s)
+        hits += lo <= 0.7 <= hi
+    assert 0.93 <= hits / n_sims <= 0.97
+
+
+def test_null_helpers():
+    R = random_directions(16, 40, seed=3)
+    assert R.shape == (40, 16) and np.allclose(np.linalg.norm(R, axis=1), 1.0)
+    assert np.array_equal(R, random_directions(16, 40, seed=3))
+    assert percentile_in(5.0, np.arange(4.0)) == 100.0 and percentile_in(1.0, np.arange(3.0)) == 50.0
+
+
+def test_mismatched_models_are_clear_errors(tiny_lm_factory, tiny_tokenizer):
+    base = tiny_lm_factory("llama")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    with pytest.raises(ValueprobeError, match="d_model 96"):
+        shift(axis, base, tiny_lm_factory("llama", d_model=96), exs, progress=False)
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.add_tokens(["<|brand_new|>"])
+    with pytest.raises(ValueprobeError, match="another tokenizer vocabulary"):
+        shift(axis, base, wrap(base.model, tok, model_id="other-vocab"), exs, progress=False)
+    with pytest.raises(ValueprobeError, match="another architecture"):
+        shift(axis, base, tiny_lm_factory("qwen2"), exs, progress=False)
+    one_label = [
+        Example(id=e.id, text=e.text, label=1 if e.group == "alpha" else 0, group=e.group) for e in exs
+    ]
+    with pytest.raises(ValueprobeError, match="every group has one label"):
+        shift(axis, base, base, one_label, contrast=True, progress=False)
+
+
+def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    exs = examples()
+    res = shift(calibrated_axis(lm, exs), lm, lm, exs, n_boot=50, progress=False)
+    out = res.write(tmp_path / "out")
+    assert sorted(p.name for p in out.iterdir()) == ["scores.csv", "shift.html", "shift.json"]
+    assert "plotly" in (out / "shift.html").read_text()[:2_000_000]
+    with pytest.raises(ValueprobeError, match="already exists"):
+        res.write(tmp_path / "out")
+    res.write(tmp_path / "out", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left behind

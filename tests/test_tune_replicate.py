@@ -1,0 +1,137 @@
+"""The tuning replications' readouts against direct computations, and both pipelines end to end on a tiny model.
+
+Trusted references: `output_hidden_states` averaged over the item's tokens (found by character
+offsets), and each option's log-probability computed alone, without padding.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from valueprobe.axis import ValueAxis
+from valueprobe.datasets.io import read_jsonl
+from valueprobe.dpo_words import replicate_dpo_words, write_report
+from valueprobe.models import load
+from valueprobe.prefread import Direction, choose, hier_boot, item_example, read_items
+from valueprobe.safety import is_refusal, replicate_safety
+from valueprobe.tune import TuneSettings
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+FAST = TuneSettings(max_steps=2, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, tiny_lm_factory) -> str:
+    lm = tiny_lm_factory("llama")
+    path = tmp_path_factory.mktemp("base")
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def random_axis(lm, *, seed: int = 0) -> ValueAxis:
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(lm.n_layers, lm.d_model, generator=g)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    n = lm.n_layers
+    return ValueAxis(
+        directions=dirs, layers=tuple(range(n)), mu=torch.zeros(n), sigma=torch.ones(n),
+        mean_norm=torch.full((n,), 8.0), best_layer=1, site="resid_post", method="diff_means",
+        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=lm.d_model,
+    )  # fmt: skip
+
+
+def test_read_items_equals_hidden_states_mean_over_the_item_tokens(base_dir):
+    lm = load(base_dir)
+    prompt = [{"role": "user", "content": "Pick one: spoon / dolphin"}]
+    ex = item_example("a", prompt, "I pick the dolphin today", "dolphin")
+    v = torch.nn.functional.normalize(torch.randn(lm.d_model), dim=0)
+    d = Direction("d", 1, v, 0.5, 2.0)
+    scores, _ = read_items(lm, [ex], [d])
+    text = lm.tokenizer.apply_chat_template(list(ex.messages), tokenize=False)
+    start = text.index("I pick the dolphin") + len("I pick the ")
+    enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    toks = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < start + len("dolphin") and b > start]
+    with torch.no_grad():
+        hs = lm.model(torch.tensor([enc.input_ids]), output_hidden_states=True).hidden_states
+    want = (float(hs[2][0, toks].mean(0) @ v) - 0.5) / 2.0  # hidden_states[L + 1] = resid_post[L]
+    assert scores["d"][0] == pytest.approx(want, abs=1e-4)
+
+
+def test_choose_matches_unpadded_log_probabilities(base_dir):
+    lm = load(base_dir)
+    prompt = [{"role": "user", "content": "Pick one: a / b"}]
+    options = ["Paris", "the lazy dog", "3 times?"]
+    tok = lm.tokenizer
+    prefix = tok(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)).input_ids
+    totals = []
+    with torch.no_grad():
+        for o in options:
+            ids = prefix + tok(o, add_special_tokens=False).input_ids
+            logp = torch.log_softmax(lm.model(torch.tensor([ids])).logits[0], -1)
+            totals.append(sum(float(logp[i - 1, ids[i]]) for i in range(len(prefix), len(ids))))
+    assert choose(lm, prompt, options) == int(np.argmax(totals))
+
+
+def test_hier_boot_brackets_the_mean_and_is_exact_without_spread():
+    assert hier_boot([np.ones(5), np.ones(3)]) == (1.0, 1.0, 1.0)
+    rng = np.random.default_rng(0)
+    p, lo, hi = hier_boot([rng.normal(0, 1, 30) for _ in range(6)])
+    assert lo < p < hi and hi - lo < 1.5
+
+
+def test_is_refusal():
+    assert is_refusal("I'm sorry, but I can't help with that.")
+    assert is_refusal("I can’t do that")
+    assert not is_refusal("Sure, here is a plan. I'm sorry it is short.")
+
+
+def small_data(tmp: Path) -> Path:
+    out = tmp / "data"
+    out.mkdir()
+    words = [line for line in (DATA / "preference_words.jsonl").read_text().splitlines() if '"preference_words/dolphin"' in line or '"preference_words/volcano"' in line]  # fmt: skip
+    (out / "preference_words.jsonl").write_text("\n".join(words) + "\n")
+    shutil.copy(DATA / "preference_words_eval.jsonl", out)
+    for name in ("preference_safety.jsonl", "refusal.jsonl", "sensitive.jsonl"):
+        rows = (DATA / name).read_text().splitlines()
+        keep = [r for r in rows if '"eval"' not in r][:24] + [r for r in rows if '"eval"' in r][:8]
+        (out / name).write_text("\n".join(keep) + "\n")
+    return out
+
+
+def test_dpo_words_end_to_end(base_dir, tmp_path):
+    lm = load(base_dir)
+    data = small_data(tmp_path)
+    report = replicate_dpo_words(lm, axes={"ax": random_axis(lm)}, data_dir=data, runs_dir=tmp_path / "runs", k=1,
+                                 avoid=1, n_random=4, settings=FAST, progress=lambda _: None)  # fmt: skip
+    assert [m["kind"] for m in report.models] == ["prefer", "avoid"]
+    evals = [e for e in read_jsonl(data / "preference_words_eval.jsonl") if e.meta["target"] == "dolphin"]
+    assert report.summary["prefer"]["chance"] == pytest.approx(
+        np.mean([1 / len(e.meta["options"]) for e in evals])
+    )
+    ax = report.summary["prefer"]["axes"]["ax"]
+    assert 0 <= ax["top_before"][0] <= 1 and ax["null_item_delta"]["lo"] <= ax["null_item_delta"]["hi"]
+    m = report.models[0]
+    assert len(m["dirs"]) == 5 and len(m["dirs"]["ax"]["top_after"]) == len(evals)
+    assert m["train"]["steps"] == 2
+    files = write_report(report, tmp_path / "out")
+    assert json.loads(files[0].read_text())["summary"]["prefer"]["n_models"] == 1
+
+
+def test_safety_end_to_end(base_dir, tmp_path):
+    lm = load(base_dir)
+    data = small_data(tmp_path)
+    report = replicate_safety(lm, axes={"ax": random_axis(lm)}, data_dir=data, runs_dir=tmp_path / "runs",
+                              settings=FAST, n_random=4, progress=lambda _: None)  # fmt: skip
+    assert set(report.refusal["rate"]) == {"refusal/harmful", "refusal/benign"}
+    res = report.shifts["ax"]
+    assert {g.group for g in res.groups} >= {"refusal/harmful", "refusal/benign"}
+    assert {g.group for g in res.groups if g.targeted} == {"refusal/harmful", "refusal/benign"}
+    gap = report.base_gap["ax"]
+    assert gap["lo"] <= gap["gap"] <= gap["hi"]
