@@ -27,6 +27,7 @@ from rich.table import Table
 
 from valueprobe.axis import ValueAxis
 from valueprobe.boundary import check_at_least, check_layer_spec, run_app
+from valueprobe.cli_trace import trace_cmd
 from valueprobe.cli_tune import replicate_dpo_words, replicate_safety, tune_app
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
@@ -60,6 +61,7 @@ app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
 app.add_typer(tune_app, name="tune")
+app.command("trace")(trace_cmd)
 replicate_app.command("dpo-words")(replicate_dpo_words)
 replicate_app.command("safety")(replicate_safety)
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
