@@ -51,7 +51,8 @@ def _bare_forward(lm, batches) -> float:
 
 
 def timing(args) -> dict:
-    from valueprobe.capture import _backend_run, _pad_id, encode, iter_batches
+    from valueprobe.capture import _backend_run, _pad_id, iter_batches
+    from valueprobe.encode import encode
     from valueprobe.models import load
     from valueprobe.store import capture_to_store
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.capture import capture, encode, render
+from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
+from valueprobe.encode import encode, render
 from valueprobe.errors import ValueprobeError
 
 TEXTS = [

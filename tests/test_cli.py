@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +129,44 @@ def test_score_refuses_probe_of_another_model(tiny_dir, tiny_lm_factory, icrl_sm
     msg = one_line_error(*run(["score", "--probe", str(probe), "--model", str(other_dir), "--data",
                                str(icrl_small), "--out", str(tmp_path / "sc")], capsys)[::2])  # fmt: skip
     assert "fingerprint" in msg and "--force" in msg
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["demo", "--n", "1"], "--n 1 is too small"),
+        (
+            ["capture", "--data", "{data}", "--out", "{tmp}/s", "--positions", "middle"],
+            "'middle' is not one of",
+        ),
+        (["capture", "--data", "{data}", "--out", "{tmp}/s", "--layers", "a:b"], "is not a layer spec"),
+        (["datasets", "build", "--out", "{tmp}/d", "--family", "nope"], "unknown dataset family 'nope'"),
+        (["fit", "--store", "{tmp}/none", "--out", "{tmp}/p", "--method", "pca"], "'pca' is not one of"),
+        (["fit", "--store", "{tmp}/none", "--out", "{tmp}/p", "--layers", "::0"], "is not a layer spec"),
+        (["fit", "--store", "{tmp}/none", "--out", "{tmp}/p"], "not an activation store"),
+        (
+            ["score", "--probe", "{tmp}/none", "--data", "{data}", "--out", "{tmp}/o", "--tokens", "x"],
+            "'x' is not one",
+        ),
+        (["score", "--probe", "{tmp}/none", "--data", "{data}", "--out", "{tmp}/o"], "is not a probe folder"),
+        (
+            ["replicate", "axis", "--out", "{tmp}/p", "--runs", "{tmp}/r", "--splits", "0"],
+            "--splits 0 is too small",
+        ),
+    ],
+)
+def test_every_verb_fails_on_bad_input_in_one_line(argv, says, icrl_small, tmp_path, capsys):
+    """Each verb, given a bad option, exits 2 with one ``error:`` line naming it, before any work."""
+    args = [a.format(data=icrl_small, tmp=tmp_path) for a in argv]
+    assert says in one_line_error(*run(args, capsys)[::2])
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_bad_input_through_the_real_entry_point(tmp_path):
+    """The installed entry point (a fresh interpreter): one line on stderr, exit 2, no traceback."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-m", "valueprobe.cli", "fit", "--store", str(tmp_path / "none"),
+                           "--out", str(tmp_path / "p"), "--target", "both"], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'both' is not one of" in proc.stderr

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from valueprobe.capture import capture, encode
+from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import (
     Fingerprint,

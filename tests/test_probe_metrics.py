@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 
+from valueprobe.controls import shuffle_within_group
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 
@@ -71,17 +72,16 @@ def test_metric_errors():
 
 def test_shuffle_control_moves_single_class_groups():
     """Within-group shuffling cannot move one-class groups; they swap labels as whole groups."""
-    from valueprobe.metrics import _shuffle_within_group
 
     rng = np.random.default_rng(0)
     groups = np.repeat(np.array([f"g{i}" for i in range(20)]), 5)
     y = np.repeat(np.arange(20) % 2 == 0, 5)  # every group holds one class
     keep = np.ones_like(y)
-    out = _shuffle_within_group(y, groups, keep, rng)
+    out = shuffle_within_group(y, groups, keep, rng)
     assert out.sum() == y.sum() and not np.array_equal(out, y)
     for g in np.unique(groups):  # still constant within each group
         assert len(set(out[groups == g].tolist())) == 1
     mixed = np.tile([True, False], 50)
-    shuffled = _shuffle_within_group(mixed, groups, keep, rng)
+    shuffled = shuffle_within_group(mixed, groups, keep, rng)
     for g in np.unique(groups):
         assert shuffled[groups == g].sum() == mixed[groups == g].sum()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,13 @@ from valueprobe.axis import ValueAxis
 from valueprobe.capture import Rows
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import FingerprintWarning
+from valueprobe.fit import calibrate, fit_probe
+from valueprobe.manifest import DatasetInfo, StoreManifest
 from valueprobe.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
 from valueprobe.source import Source, grouped_splits
-from valueprobe.sweep import calibrate, fit_probe, fit_store, sweep_layers
+from valueprobe.sweep import fit_store, sweep_layers
 from valueprobe.transfer import transfer_matrix
+from valueprobe.vocab import ChatTemplate, Dtype, Positions, Site
 
 D = 16
 V = np.linalg.qr(np.random.default_rng(99).standard_normal((D, 2)))[0].T  # two orthonormal directions
@@ -30,17 +34,24 @@ class FakeStore:
         self, name: str, acts: dict, rows: Rows, *, shard_rows: int = 64, fingerprint: str = "f" * 16
     ):
         self.path = Path("/stores") / name
-        self.model_id, self.fingerprint, self.site, self.positions = (
-            "tiny",
-            fingerprint,
-            "resid_post",
-            "spans",
+        layers = tuple(k for k in acts if k != "embed")
+        self.manifest = StoreManifest(
+            model_id="tiny",
+            fingerprint=fingerprint,
+            layers=layers,
+            include_embed="embed" in acts,
+            site=Site.resid_post,
+            positions=Positions.spans,
+            span_labels=None,
+            group_by=None,
+            dtype=Dtype.float16,
+            examples_per_shard=shard_rows,
+            chat_template=ChatTemplate.model,
+            d_model=next(iter(acts.values())).shape[1],
+            n_layers=max(layers) + 1,
+            dataset=DatasetInfo(f"data/{name}.jsonl", "0" * 64, len(rows)),
+            valueprobe_version="test",
         )
-        self.d_model = next(iter(acts.values())).shape[1]
-        self.dataset_path, self.dataset_sha256 = f"data/{name}.jsonl", "0" * 64
-        self.layers = [k for k in acts if k != "embed"]
-        self.has_embed = "embed" in acts
-        self.manifest = {"n_layers": max(self.layers) + 1}
         self._acts, self._rows, self._shard = acts, rows, shard_rows
 
     def rows(self) -> Rows:
@@ -160,7 +171,7 @@ def test_sweep_finds_the_planted_layer_with_controls_at_chance():
     assert float(axis.sigma[2]) == pytest.approx(ref.std(), rel=1e-4)
     norms = np.linalg.norm(store._acts[2].astype(np.float16).astype(np.float64), axis=1).mean()
     assert float(axis.mean_norm[2]) == pytest.approx(norms, rel=1e-4)
-    assert axis.metrics["sweep"]["best_layer"] == 2
+    assert sweep.to_dict()["best_layer"] == 2 and axis.metrics == {}  # fit_probe records the sweep
     headers, rows = sweep.table()
     assert rows[2][0] == "2 *" and len(headers) == len(rows[0])
     assert "margin" in sweep.summary()
@@ -202,9 +213,14 @@ def test_fit_store_streams_and_equals_in_memory_fit():
 
 def test_store_bad_input_is_one_clear_error():
     store = icrl_store()
-    with pytest.raises(ValueprobeError, match="no layer 7; layers shared by the stores: 0..2"):
+    with pytest.raises(ValueprobeError, match="layer 7 out of range: this model has 3 layers"):
         sweep_layers(store, layers=[7])
-    with pytest.raises(ValueprobeError, match="bad layer spec"):
+    gappy = icrl_store()
+    del gappy._acts[1]
+    gappy.manifest = replace(gappy.manifest, layers=(0, 2))
+    with pytest.raises(ValueprobeError, match="no layer 1; layers shared by the stores: 0, 2"):
+        sweep_layers(gappy, layers="0:2")
+    with pytest.raises(ValueprobeError, match="bad layer range 'a:b'"):
         fit_store(store, layers="a:b")
     bad = icrl_store()
     bad._acts[1][[5, 9]] = np.inf
@@ -236,7 +252,7 @@ def test_store_bad_input_is_one_clear_error():
         )
     no_embed = icrl_store()
     del no_embed._acts["embed"]
-    no_embed.has_embed = False
+    no_embed.manifest = replace(no_embed.manifest, include_embed=False)
     assert sweep_layers(no_embed, n_splits=2, layers=[2]).embed_auroc is None
 
 
@@ -253,7 +269,7 @@ def test_transfer_matrix_separates_shared_and_unrelated_directions():
     assert np.all(np.diag(tr.auroc) > 0.8)  # held-out within family
     assert tr.cosine[0, 1] > 0.8 and abs(tr.cosine[0, 2]) < 0.4
     np.testing.assert_allclose(np.diag(tr.cosine), 1.0)
-    assert set(tr.controls) == {
+    assert set(tr.controls()) == {
         "embed",
         "shuffled",
         "random",
@@ -261,7 +277,7 @@ def test_transfer_matrix_separates_shared_and_unrelated_directions():
         "position:relative_index",
         "position:n_tokens",
     }
-    assert np.isfinite(np.stack(list(tr.controls.values()))).all()
+    assert np.isfinite(np.stack(list(tr.controls().values()))).all()
     assert tr.margin[0, 1] > 0.2
     headers, rows = tr.table()
     assert len(rows) == 9 and rows[0][1] == "icrl (held-out)"
@@ -322,7 +338,7 @@ def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
     report = fit_probe(str(tmp_path / "store"), method="span_diff", n_splits=2, val_frac=0.25, test_frac=0.25)
     report.axis.save(tmp_path / "probe")
     axis = ValueAxis.load(tmp_path / "probe", lm=lm)
-    assert axis.layers == tuple(store.layers) and axis.d_model == lm.d_model
+    assert axis.layers == store.manifest.layers and axis.d_model == lm.d_model
     assert axis.fingerprint == lm.fingerprint
 
 

@@ -14,7 +14,7 @@ from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.metrics import auroc
-from valueprobe.readout import logit_lens, score, score_dataset, token_cos, val
+from valueprobe.readout import logit_lens, score_dataset, token_cos, val
 
 
 def test_val_is_mean_token_cosine():
@@ -75,7 +75,7 @@ def test_score_dataset_matches_hidden_states(tiny_lm_factory, tmp_path):
         assert rec["n_readout_tokens"] == h.shape[0]
         assert rec["val"] == pytest.approx(val(h, v), abs=1e-5)
         assert rec["score"] == pytest.approx(((h @ v).mean().item() - 0.1) / 2.0, abs=1e-4)
-        assert score(h, axis).mean() == pytest.approx(rec["score"], abs=1e-4)
+        assert axis.score(h.double().numpy()).mean() == pytest.approx(rec["score"], abs=1e-4)
     summary = {r["group"]: r for r in res.summary}
     assert set(summary) == {"all", "a", "b", "c"}
     s = summary["all"]

@@ -100,9 +100,9 @@ def test_matched_control_matches_hand_computation(tiny_lm_factory, tmp_path):
         return auroc(np.concatenate([pos, neg]), np.r_[np.ones(len(pos)), np.zeros(len(neg))])
 
     want = by_hand(m[main_span == "post"], c[control_span == "post"])
-    assert got["main_post_vs_control_post"]["auroc"] == pytest.approx(want, abs=1e-6) and want > 0.5
+    assert got.main_post_vs_control_post.auroc == pytest.approx(want, abs=1e-6) and want > 0.5
     want_pre = by_hand(c[control_span == "post"], c[control_span == "pre"])
-    assert got["post_vs_pre_control"]["auroc"] == pytest.approx(want_pre, abs=1e-6)
+    assert got.post_vs_pre_control.auroc == pytest.approx(want_pre, abs=1e-6)
 
 
 def test_missing_data_file_is_one_line(tiny_lm_factory, tmp_path):

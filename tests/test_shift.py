@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import copy
+import json
 
-import numpy as np
 import pytest
 import torch
 
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
-from valueprobe.datasets.io import Example
+from valueprobe.cli import main
+from valueprobe.datasets.io import Example, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import wrap
-from valueprobe.null import mean_ci, percentile_in, random_directions
 from valueprobe.shift import shift
 
 TEXTS = [
@@ -113,24 +113,6 @@ def test_refit_reports_cosines(tiny_lm_factory):
     assert res.axis_cosine["refit_base_vs_refit_tuned"] == pytest.approx((1.0, 1.0))
 
 
-def test_bootstrap_ci_covers_the_mean_93_to_97_percent():
-    rng = np.random.default_rng(0)
-    hits = 0
-    n_sims = 1000
-    for s in range(n_sims):
-        x = rng.normal(0.7, 2.0, size=100)
-        lo, hi = mean_ci(x, n_boot=1000, seed=s)
-        hits += lo <= 0.7 <= hi
-    assert 0.93 <= hits / n_sims <= 0.97
-
-
-def test_null_helpers():
-    R = random_directions(16, 40, seed=3)
-    assert R.shape == (40, 16) and np.allclose(np.linalg.norm(R, axis=1), 1.0)
-    assert np.array_equal(R, random_directions(16, 40, seed=3))
-    assert percentile_in(5.0, np.arange(4.0)) == 100.0 and percentile_in(1.0, np.arange(3.0)) == 50.0
-
-
 def test_mismatched_models_are_clear_errors(tiny_lm_factory, tiny_tokenizer):
     base = tiny_lm_factory("llama")
     exs = examples()
@@ -155,9 +137,78 @@ def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
     exs = examples()
     res = shift(calibrated_axis(lm, exs), lm, lm, exs, n_boot=50, progress=False)
     out = res.write(tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["scores.csv", "shift.html", "shift.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["examples.csv", "shift.html", "shift.json"]
     assert "plotly" in (out / "shift.html").read_text()[:2_000_000]
     with pytest.raises(ValueprobeError, match="already exists"):
         res.write(tmp_path / "out")
     res.write(tmp_path / "out", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left behind
+
+
+# ---- the command line -----------------------------------------------------------------------------
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_line(code: int, err: str) -> str:
+    lines = [
+        ln for ln in err.strip().splitlines() if ln.strip() and not ln.startswith(("Loading weights", "\r"))
+    ]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tiny_lm_factory):
+    """A base, its perturbed descendant and a model of another architecture saved to disk, a probe, data."""
+    root = tmp_path_factory.mktemp("shift")
+    base = tiny_lm_factory("llama")
+    tuned = copy.deepcopy(base.model)
+    with torch.no_grad():
+        for p in tuned.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    for name, model in (("base", base.model), ("tuned", tuned), ("other", tiny_lm_factory("qwen2").model)):
+        model.save_pretrained(root / name)
+        base.tokenizer.save_pretrained(root / name)
+    exs = examples()
+    calibrated_axis(base, exs).save(root / "probe")
+    write_jsonl(root / "data.jsonl", exs)
+    one = [Example(id=e.id, text=e.text, label=1 if e.group == "alpha" else 0, group=e.group) for e in exs]
+    write_jsonl(root / "one-label.jsonl", one)
+    return root
+
+
+def test_cli_shift_writes_table_json_and_figure(saved, tmp_path, capsys):
+    args = ["shift", "--probe", str(saved / "probe"), "--base", str(saved / "base"), "--tuned",
+            str(saved / "tuned"), "--data", str(saved / "data.jsonl"), "--targeted", "alpha", "--contrast",
+            "--bootstrap", "100", "--out", str(tmp_path / "out")]  # fmt: skip
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert "shift σ" in out and "alpha" in out
+    info = json.loads((tmp_path / "out" / "shift.json").read_text())
+    assert [g["group"] for g in info["groups"]] == ["alpha", "beta", "gamma"] and info["n_random"] == 32
+    assert info["groups"][0]["targeted"] and info["base_fingerprint"] != info["tuned_fingerprint"]
+    assert any(g["shift"] != 0.0 for g in info["groups"])  # the perturbed weights moved something
+    msg = one_line(*run_cli(args, capsys)[::2])  # the folder exists now
+    assert "already exists" in msg and "--overwrite" in msg
+    assert run_cli([*args, "--overwrite"], capsys)[0] == 0
+
+
+def test_cli_shift_bad_input(saved, tmp_path, capsys):
+    common = ["--probe", str(saved / "probe"), "--base", str(saved / "base")]
+    msg = one_line(*run_cli(["shift", *common, "--tuned", str(saved / "other"), "--data",
+                             str(saved / "data.jsonl"), "--out", str(tmp_path / "a")], capsys)[::2])  # fmt: skip
+    assert "another architecture" in msg
+    msg = one_line(*run_cli(["shift", *common, "--tuned", str(saved / "tuned"), "--data",
+                             str(saved / "one-label.jsonl"), "--contrast", "--out", str(tmp_path / "b")], capsys)[::2])  # fmt: skip
+    assert "every group has one label" in msg
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert list(tmp_path.iterdir()) == []  # nothing half-written

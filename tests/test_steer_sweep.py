@@ -287,3 +287,33 @@ def test_shipped_steering_sets_parse_and_pick_metrics():
     conf = read_jsonl(DATA / "steer_confidence.jsonl")
     assert metrics_for(DATA / "steer_confidence.jsonl", conf) == ("yes", "p_yes")
     assert metrics_for(DATA / "steer_code.jsonl", read_jsonl(DATA / "steer_code.jsonl"))[0] == "code_lines"
+
+
+def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
+    from valueprobe.replicate_steer import BENCHMARKS, replicate_steer
+
+    lm = tiny_lm_factory("llama")
+    axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
+    report = replicate_steer(lm, axis=axis, other=other, probe=Path("p/value"), other_probe=Path("p/history"),
+                             data_dir=DATA, runs_dir=tmp_path / "runs", out=tmp_path / "out", prompts=2,
+                             alphas=(-1.0, 1.0), unit="sigma", controls=1, tokens=0.05)  # fmt: skip
+    assert list(report.sweeps) == [b.name for b in BENCHMARKS]
+    assert report.sweeps["confidence"].settings["max_new_tokens"] == 1  # ceil(4 × 0.05)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results["sweeps"]) == {b.name for b in BENCHMARKS}
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "too few prompts to tell" in summary  # 2 prompts: no verdict is claimed
+    assert len(report.combined().effects) == sum(len(s.effects) for s in report.sweeps.values())
+
+
+@pytest.mark.slow
+def test_p_yes_on_the_default_model(default_lm):
+    yes, no = answer_tokens(default_lm.tokenizer)
+    words = {default_lm.tokenizer.decode([t]).strip().lower() for t in yes + no}
+    assert words == {"yes", "no"}
+    conf = [list(ex.messages or ()) for ex in read_jsonl(DATA / "steer_confidence.jsonl")[:4]]
+    axis = ValueAxis.load(Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-value")
+    base = p_yes(default_lm, axis, conf, [0.0] * 4, unit="norm")
+    assert np.all((base > 0) & (base < 1))
+    moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
+    assert not np.allclose(base, moved)

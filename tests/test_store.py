@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -39,7 +38,7 @@ def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
     store = capture_to_store(lm, exs, tmp_path / "s", layers="all", positions="spans", dtype="float32",
                              examples_per_shard=4, batch_size=3, progress=False)  # fmt: skip
     assert len(list((tmp_path / "s").glob("shard-*.safetensors"))) == 3
-    assert store.complete and store.n_rows == len(ref.rows) == 2 * len(exs)
+    assert store.manifest.complete and store.manifest.n_rows == len(ref.rows) == 2 * len(exs)
     for key in ["embed", 0, 1, 2]:
         np.testing.assert_array_equal(store.acts(key), ref.acts[key].numpy())
     rows = store.rows()
@@ -96,17 +95,21 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert list(out.glob("*.tmp")), "the child should have died with a half-written shard"
-    partial = ActivationStore.open(out)
-    assert not partial.complete and partial.n_rows == 2 * 2 * 2  # two complete shards of 2 examples x 2 spans
+    with pytest.raises(ValueprobeError, match="is partial: its capture stopped after 4 of"):
+        ActivationStore.open(out)
+    partial = ActivationStore.open(out, allow_partial=True)
+    assert (
+        not partial.manifest.complete and partial.manifest.n_rows == 2 * 2 * 2
+    )  # two complete shards of 2 examples x 2 spans
     partial.acts(0)  # a half-written shard is never read
 
     lm = tiny_lm_factory("llama")
     resumed = capture_to_store(lm, _examples(), out, layers="all", positions="spans", dtype="float32",
                                examples_per_shard=2, progress=False)  # fmt: skip
-    assert resumed.complete and not list(out.glob("*.tmp"))
+    assert resumed.manifest.complete and not list(out.glob("*.tmp"))
     fresh = capture_to_store(lm, _examples(), tmp_path / "fresh", layers="all", positions="spans",
                              dtype="float32", examples_per_shard=2, progress=False)  # fmt: skip
-    for key in resumed.keys:
+    for key in resumed.manifest.keys:
         np.testing.assert_array_equal(resumed.acts(key), fresh.acts(key))
     assert resumed.rows().example_id == fresh.rows().example_id
 
@@ -143,5 +146,5 @@ def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkey
     with pytest.raises(ValueprobeError, match="no space left"):
         capture_to_store(lm, _examples(3), tmp_path / "s", layers="all", progress=False)
     assert not list((tmp_path / "s").glob("shard-*"))
-    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
-    assert manifest["shards"] == [] and manifest["complete"] is False
+    # Nothing was captured, so nothing is left: no shard, and no store holding only a manifest.
+    assert not (tmp_path / "s").exists()

@@ -1,6 +1,6 @@
 """The ``ValueAxis`` artifact: one unit direction per layer, with σ calibration and provenance.
 
-Fitted by :func:`valueprobe.sweep.fit_store` / :func:`valueprobe.sweep.fit_probe`, saved as a
+Fitted by :func:`valueprobe.sweep.fit_store` / :func:`valueprobe.fit.fit_probe`, saved as a
 folder (``axis.safetensors`` + ``probe.json``), and read back checked against the model::
 
     from valueprobe.axis import ValueAxis
@@ -15,46 +15,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, atomic_write_text, jsonable
 from valueprobe.fingerprint import check_model, check_records
+from valueprobe.version import __version__
+from valueprobe.vocab import Site, Unit, choice, layer_ranges
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
 
 FORMAT_VERSION = 1
-
-
-def _version() -> str:
-    try:
-        return metadata.version("valueprobe")
-    except metadata.PackageNotFoundError:
-        return "0.0.0+local"
-
-
-def _jsonable(obj: object) -> object:
-    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.integer, np.bool_)):
-        return obj.item()
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj
+ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,7 +48,7 @@ class ValueAxis:
     Arithmetic: ``-axis`` flips every direction (and μ); ``k * axis`` keeps the unit
     directions and multiplies ``scale``, the steering strength (negative k also flips);
     ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, leaving μ and σ
-    uncalibrated (NaN) until :func:`valueprobe.sweep.calibrate`. ``axis[18]`` keeps one layer.
+    uncalibrated (NaN) until :func:`valueprobe.fit.calibrate`. ``axis[18]`` keeps one layer.
     Readouts (``project``, ``score``) ignore ``scale``.
 
     >>> axis = ValueAxis.load("probes/value-smollm2", lm=lm)
@@ -81,7 +61,7 @@ class ValueAxis:
     sigma: torch.Tensor  # [n_layers_kept]
     mean_norm: torch.Tensor  # [n_layers_kept]
     best_layer: int
-    site: str
+    site: Site
     method: str
     model_id: str
     fingerprint: str
@@ -91,7 +71,7 @@ class ValueAxis:
     metrics: dict = field(default_factory=dict)
     datasets: tuple[dict, ...] = ()
     ops: tuple[str, ...] = ()
-    version: str = field(default_factory=_version)
+    version: str = __version__
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -112,37 +92,57 @@ class ValueAxis:
     def _index(self, layer: int | None) -> int:
         layer = self.best_layer if layer is None else layer
         if layer not in self.layers:
-            raise ValueprobeError(f"layer {layer} is not in this axis; it has layers {_ranges(self.layers)}")
+            raise ValueprobeError(
+                f"layer {layer} is not in this axis; it has layers {layer_ranges(self.layers)}"
+            )
         return self.layers.index(layer)
 
     def direction(self, layer: int | None = None) -> torch.Tensor:
         """Unit direction [d_model] at ``layer`` (default: the best layer)."""
         return self.directions[self._index(layer)]
 
-    def project(self, h: torch.Tensor | np.ndarray, layer: int | None = None) -> torch.Tensor | np.ndarray:
+    def project(self, h: ArrayOrTensor, layer: int | None = None) -> ArrayOrTensor:
         """``h @ v̂`` for h [..., d_model]; returns [...] of the input's kind."""
         i = self._index(layer)
         if isinstance(h, np.ndarray):
             return np.asarray(h, dtype=np.float64) @ self.directions[i].double().numpy()
         return h @ self.directions[i].to(device=h.device, dtype=h.dtype)
 
-    def score(self, h: torch.Tensor | np.ndarray, layer: int | None = None) -> torch.Tensor | np.ndarray:
-        """Projection in σ units, ``(h @ v̂ − μ) / σ``, for h [..., d_model]."""
+    def calibrated(self, layer: int | None = None) -> bool:
+        """Whether ``layer`` has a usable σ (axis arithmetic leaves it NaN until calibrate)."""
+        sigma = float(self.sigma[self._index(layer)])
+        return math.isfinite(sigma) and sigma > 0
+
+    def sigma_at(self, layer: int | None = None) -> float:
+        """σ of the projection at ``layer``; the one place an uncalibrated axis is refused."""
         i = self._index(layer)
-        mu, sigma = float(self.mu[i]), float(self.sigma[i])
-        if not (math.isfinite(sigma) and sigma > 0):
+        if not self.calibrated(self.layers[i]):
             raise ValueprobeError(
                 f"axis layer {self.layers[i]} has no σ calibration ({self.sigma_reference});"
-                " run valueprobe.sweep.calibrate(axis, store) first"
+                " run valueprobe.fit.calibrate(axis, store) first"
             )
-        return (self.project(h, self.layers[i]) - mu) / sigma
+        return float(self.sigma[i])
+
+    def standardize(self, proj: ArrayOrTensor | float, layer: int | None = None) -> ArrayOrTensor | float:
+        """Projections in σ units, ``(proj − μ) / σ``."""
+        sigma = self.sigma_at(layer)
+        return (proj - float(self.mu[self._index(layer)])) / sigma
+
+    def score(self, h: ArrayOrTensor, layer: int | None = None) -> ArrayOrTensor:
+        """Projection in σ units, ``(h @ v̂ − μ) / σ``, for h [..., d_model]."""
+        return (self.project(h, layer) - float(self.mu[self._index(layer)])) / self.sigma_at(layer)
 
     def vector(
-        self, layer: int | None = None, *, alpha: float = 1.0, units: Literal["sigma", "norm"] = "sigma"
-    ):
-        """The steering vector α·scale·v̂ in ``sigma`` units (α·σ) or ``norm`` units (α % of mean norm)."""
+        self, layer: int | None = None, *, alpha: float = 1.0, units: Unit = Unit.sigma
+    ) -> torch.Tensor:
+        """The steering vector α·scale·v̂ [d_model] with α in ``units`` (see :class:`valueprobe.vocab.Unit`):
+        α·σ, α % of the layer's mean norm, or α as given."""
         i = self._index(layer)
-        size = float(self.sigma[i]) if units == "sigma" else float(self.mean_norm[i]) / 100.0
+        units = choice(Unit, units, what="units")
+        if units == Unit.sigma:
+            size = self.sigma_at(self.layers[i])
+        else:
+            size = float(self.mean_norm[i]) / 100.0 if units == Unit.norm else 1.0
         return self.directions[i] * (alpha * self.scale * size)
 
     def __getitem__(self, layer: int) -> ValueAxis:
@@ -182,7 +182,9 @@ class ValueAxis:
         )
         shared = [layer for layer in self.layers if layer in other.layers]
         if not shared:
-            raise ValueprobeError(f"axes share no layer: {_ranges(self.layers)} vs {_ranges(other.layers)}")
+            raise ValueprobeError(
+                f"axes share no layer: {layer_ranges(self.layers)} vs {layer_ranges(other.layers)}"
+            )
         a = torch.stack([self.direction(layer) * self.scale for layer in shared])
         b = torch.stack([other.direction(layer) * other.scale for layer in shared])
         v = a + sign * b
@@ -203,7 +205,7 @@ class ValueAxis:
             model_id=self.model_id,
             fingerprint=self.fingerprint,
             d_model=self.d_model,
-            sigma_reference="uncalibrated (axis arithmetic): run valueprobe.sweep.calibrate(axis, store)",
+            sigma_reference="uncalibrated (axis arithmetic): run valueprobe.fit.calibrate(axis, store)",
             datasets=self.datasets + other.datasets,
             ops=(*self.ops, f"{op} axis"),
         )
@@ -255,7 +257,7 @@ class ValueAxis:
             "d_model": self.d_model,
             "layers": list(self.layers),
             "best_layer": self.best_layer,
-            "site": self.site,
+            "site": str(self.site),
             "method": self.method,
             "scale": self.scale,
             "sigma_reference": self.sigma_reference,
@@ -264,7 +266,7 @@ class ValueAxis:
             "metrics": self.metrics,
             "valueprobe_version": self.version,
         }
-        text = json.dumps(_jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        text = json.dumps(jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
         atomic_write_text(path / "probe.json", text)
         return path
 
@@ -279,7 +281,7 @@ class ValueAxis:
             info = json.loads(meta_path.read_text(encoding="utf-8"))
             version = int(info["format_version"])
             tensors = load_file(str(tensor_path))
-        except (json.JSONDecodeError, KeyError, ValueError, OSError) as e:
+        except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
             raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
         if version > FORMAT_VERSION:
             raise ValueprobeError(
@@ -293,7 +295,7 @@ class ValueAxis:
                 sigma=tensors["sigma"],
                 mean_norm=tensors["mean_norm"],
                 best_layer=int(info["best_layer"]),
-                site=info["site"],
+                site=Site(info["site"]),
                 method=info["method"],
                 model_id=info["model_id"],
                 fingerprint=info["fingerprint"],
@@ -312,17 +314,3 @@ class ValueAxis:
         if lm is not None:
             axis.check(lm, force=force)
         return axis
-
-
-def _ranges(layers: Sequence[int]) -> str:
-    """Compact layer list: (0, 1, 2, 5) -> '0..2, 5'."""
-    out, layers = [], sorted(layers)
-    start = prev = layers[0]
-    for layer in [*layers[1:], None]:
-        if layer is not None and layer == prev + 1:
-            prev = layer
-            continue
-        out.append(f"{start}" if start == prev else f"{start}..{prev}")
-        if layer is not None:
-            start = prev = layer
-    return ", ".join(out)

@@ -15,29 +15,45 @@ files), 130 for Ctrl-C, 1 for an internal error (the line names a log file with 
 
 from __future__ import annotations
 
-import errno
 import json
-import logging
-import os
 import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
+import plotly.graph_objects as go
 import typer
 from rich.console import Console
 from rich.table import Table
-from safetensors import SafetensorError
-from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public name for it
 
-from valueprobe.capture import CHAT_TEMPLATES
+from valueprobe.axis import ValueAxis
+from valueprobe.boundary import check_at_least, check_layer_spec, run_app
+from valueprobe.cli_trace import trace_cmd
+from valueprobe.cli_tune import replicate_dpo_words, replicate_safety, tune_app
+from valueprobe.datasets import build
+from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
+from valueprobe.demo import run_demo
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text, check_output_dir, check_output_file
-from valueprobe.models import check_device
-from valueprobe.vocab import parse_layers
+from valueprobe.fit import fit_probe
+from valueprobe.models import check_device, load
+from valueprobe.plots import sweep_figure, transfer_heatmap
+from valueprobe.probe import Method
+from valueprobe.readout import score_dataset
+from valueprobe.replicate import replicate_axis as run_replicate
+from valueprobe.shift import group_by, shift
+from valueprobe.store import ActivationStore, capture_to_store, check_store_out
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    Dtype,
+    PaddingSide,
+    Positions,
+    Site,
+    Target,
+    Tokens,
+    layer_ranges,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find, read and steer the value axis of language models.")  # fmt: skip
@@ -45,18 +61,22 @@ datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datase
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
-tune_app = typer.Typer(
-    no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
-)
 app.add_typer(tune_app, name="tune")
+app.command("trace")(trace_cmd)
+replicate_app.command("dpo-words")(replicate_dpo_words)
+replicate_app.command("safety")(replicate_safety)
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
 TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(help="read a probe of another architecture (d_model still checked); other weights warn"),
+]
 ChatTemplateOpt = Annotated[
-    str,
+    ChatTemplate,
     typer.Option(
         help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
     ),
@@ -87,7 +107,6 @@ def write_json(path: Path, obj: object) -> None:
 def _load_model(
     model: str, *, layers_path: str | None = None, trust_remote_code: bool = False, device: str = "cpu"
 ):
-    from valueprobe.models import load  # imported late: `valueprobe --help` stays fast
 
     return load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
 
@@ -108,7 +127,6 @@ def demo(
     device: DeviceOpt = "cpu",
 ) -> None:
     """The main job: datasets, capture, fit with controls (two constructions), transfer, a live trace, report."""
-    from valueprobe.demo import run_demo
 
     check_output_dir(out, holds="demo")
     check_device(device)
@@ -126,24 +144,30 @@ def demo(
 
 @app.command()
 def capture(
-    data: Annotated[Path, typer.Option(help="dataset JSONL (see DESIGN.md)")],
+    data: Annotated[
+        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
+    ],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     layers: Annotated[str, typer.Option(help="'all', '0:10', '-1', '3,5,-2'")] = "all",
-    positions: Annotated[str, typer.Option(help="last | mean | all | spans | span_tokens")] = "last",
-    site: Annotated[str, typer.Option(help="resid_post | resid_pre")] = "resid_post",
+    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
+    site: Annotated[
+        Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
+    ] = Site.resid_post,
     batch_size: int = 8,
     examples_per_shard: int = 256,
     checkpoint_seconds: Annotated[
         float,
         typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
     ] = 60.0,
-    dtype: Annotated[str, typer.Option(help="stored dtype: float16 | float32")] = "float16",
-    padding_side: Annotated[str, typer.Option(help="right | left")] = "right",
+    dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
+    padding_side: Annotated[
+        PaddingSide, typer.Option(help="side of the batch that is padded")
+    ] = PaddingSide.right,
     max_length: Annotated[
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None,
-    chat_template: ChatTemplateOpt = "model",
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None,
@@ -151,7 +175,7 @@ def capture(
         str | None,
         typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
     ] = None,
-    backend: Annotated[str, typer.Option(help="hooks | nnsight | tlens")] = "hooks",
+    backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
     ] = False,
@@ -160,17 +184,8 @@ def capture(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store."""
-    from valueprobe.capture import regroup
-    from valueprobe.datasets.io import read_jsonl, sha256_file
-    from valueprobe.store import capture_to_store, check_store_out
 
     check_store_out(out)
-    _choice("positions", positions, ("last", "mean", "all", "spans", "span_tokens"))
-    _choice("site", site, ("resid_post", "resid_pre"))
-    _choice("backend", backend, ("hooks", "nnsight", "tlens"))
-    _choice("padding-side", padding_side, ("right", "left"))
-    _choice("dtype", dtype, ("float16", "float32"))
-    _choice("chat-template", chat_template, CHAT_TEMPLATES)
     check_layer_spec("--layers", layers)
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--examples-per-shard", examples_per_shard, 1)
@@ -183,19 +198,19 @@ def capture(
     regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
-        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,  # type: ignore[arg-type]
-        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,  # type: ignore[arg-type]
+        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
+        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
         max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
         span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,  # type: ignore[arg-type]
-        chat_template=chat_template,  # type: ignore[arg-type]
+        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,
+        chat_template=chat_template,
     )  # fmt: skip
-    rows = store.rows()
+    rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
         ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [[store.model_id, store.fingerprint, _layers_str(store.layers), store.site, store.positions,
-          len(set(rows.example_id)), store.n_rows, len(store.manifest["shards"]), store.manifest["dtype"]]],
+        [[m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(rows.example_id)),
+          m.n_rows, len(m.shards), m.dtype]],
     )  # fmt: skip
 
 
@@ -215,7 +230,6 @@ def datasets_build(
     ] = None,
 ) -> None:
     """Generate the contrast datasets deterministically (same seed, same bytes)."""
-    from valueprobe.datasets import build
 
     check_output_dir(out, holds="datasets")
     check_at_least("--n", n, 1)
@@ -237,17 +251,15 @@ def fit(
         list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
     ],
     out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
-    method: Annotated[
-        str, typer.Option(help="span_diff | diff_means | lda | logistic | paired_pca")
-    ] = "diff_means",
-    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:'")] = None,
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:', '::2'")] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
     transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
     target: Annotated[
-        str, typer.Option(help="auto (pre/post spans if present, else labels) | span | label")
-    ] = "auto",
+        Target, typer.Option(help="auto: pre/post spans if present, else labels")
+    ] = Target.auto,
     share_groups: Annotated[
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
@@ -255,20 +267,15 @@ def fit(
     allow_partial: AllowPartialOpt = False,
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.probe import METHODS
-    from valueprobe.sweep import fit_probe
 
     check_output_dir(out, holds="probe")
-    _choice("method", method, tuple(METHODS))
-    _choice("target", target, ("auto", "span", "label"))
     check_layer_spec("--layers", layers)
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
-    stores = [open_store(s, allow_partial=allow_partial) for s in store]
+    stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
-        stores, method=method, layers=layers, n_splits=splits,  # type: ignore[arg-type]
-        train_groups=train_groups, seed=seed, transfer=transfer, target=target,  # type: ignore[arg-type]
+        stores, method=method, layers=layers, n_splits=splits,
+        train_groups=train_groups, seed=seed, transfer=transfer, target=target,
         share_groups=share_groups,
     )  # fmt: skip
     report.axis.save(out)
@@ -290,45 +297,97 @@ def score(
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    tokens: Annotated[str, typer.Option(help="tokens read: all | span_tokens | last")] = "all",
+    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all,
     batch_size: int = 8,
     bootstrap: int = 1000,
     seed: int = 0,
-    force: Annotated[
-        bool, typer.Option(help="skip the fingerprint check (d_model is still checked)")
-    ] = False,
+    null: Annotated[int, typer.Option(help="random unit directions at the same layer and tokens (≥ 32)")] = 0,
+    force: ForceOpt = False,
     max_length: Annotated[
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None,
-    chat_template: ChatTemplateOpt = "model",
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
-    from valueprobe.axis import ValueAxis
-    from valueprobe.datasets.io import read_jsonl
-    from valueprobe.readout import score_dataset
 
     check_output_dir(out, holds="scores")
-    _choice("tokens", tokens, ("all", "span_tokens", "last"))
-    _choice("chat-template", chat_template, CHAT_TEMPLATES)
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--null", null, 0)
     check_at_least("--max-length", max_length, 1)
     check_device(device)
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,  # type: ignore[arg-type]
-        bootstrap=bootstrap, seed=seed, force=force, max_length=max_length,
-        chat_template=chat_template,  # type: ignore[arg-type]
+        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
+        bootstrap=bootstrap, seed=seed, null=null, force=force, max_length=max_length,
+        chat_template=chat_template,
     )  # fmt: skip
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+@app.command("shift")
+def shift_cmd(
+    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
+    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
+    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
+    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
+    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
+    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
+    layers: Annotated[
+        str | None, typer.Option(help="layers of the by-layer curves (default: the axis's)")
+    ] = None,
+    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
+    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
+    contrast: Annotated[
+        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
+    ] = False,
+    refit: Annotated[
+        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
+    ] = False,
+    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: int = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    force: ForceOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    if out.exists() and not overwrite:
+        raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
+    check_output_dir(out, holds="shift")
+    check_layer_spec("--layers", layers)
+    check_at_least("--n-random", n_random, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
+    examples = group_by(read_jsonl(data), by)
+    axis = ValueAxis.load(probe)
+    base_lm = _load_model(base, trust_remote_code=trust_remote_code, device=device)
+    tuned_lm = _load_model(tuned, trust_remote_code=trust_remote_code, device=device)
+    res = shift(
+        axis, base_lm, tuned_lm, examples, layers=layers, layer=layer, tokens=tokens,
+        targeted=[t.strip() for t in targeted.split(",") if t.strip()], contrast=contrast, n_random=n_random,
+        refit=refit, n_boot=bootstrap, seed=seed, batch_size=batch_size, force=force,
+    )  # fmt: skip
+    res.write(out, overwrite=overwrite)
+    headers, rows = res.table()
+    table(
+        f"shift: {tuned} vs {base} on {probe.name}, layer {res.layer} (σ of the base reference)",
+        headers,
+        rows,
+    )
+    console.print(f"wrote {out}/shift.json, examples.csv, shift.html")
 
 
 @replicate_app.command("axis")
@@ -351,8 +410,6 @@ def replicate_axis(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
-    from valueprobe.plots import sweep_figure, transfer_heatmap
-    from valueprobe.replicate import replicate_axis as run
 
     check_output_dir(out, holds="probe")
     check_output_dir(runs, holds="runs", option="--runs")
@@ -363,8 +420,8 @@ def replicate_axis(
     check_at_least("--batch-size", batch_size, 1)
     check_device(device)
     lm = _load_model(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    report = run(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                 seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
+    report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
+                           seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -384,8 +441,6 @@ def replicate_axis(
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
     if history_out is not None:
-        from valueprobe.axis import ValueAxis
-
         history = ValueAxis.load(history_out)
         sweep = history.metrics["sweep"]
         table(
@@ -422,290 +477,15 @@ def report(
     )
 
 
-# --- tune ---
-
-TuneData = Annotated[
-    Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
-]
-TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
-TuneGroup = Annotated[
-    str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
-]
-TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
-TuneLora = Annotated[
-    bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
-]
-TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
-TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
-
-
-def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
-          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
-          beta: float = 0.1) -> None:  # fmt: skip
-    from valueprobe.tune import TuneSettings, check_out, data_record, read_pairs, train
-
-    check_out(out, overwrite=overwrite)
-    groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
-    pairs = read_pairs(data, groups=groups, split=split)
-    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,  # type: ignore[arg-type]
-                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
-    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
-                data=data_record(data, groups=groups, split=split))  # fmt: skip
-    headers, rows = res.table()
-    table(f"tune {method} -> {out}", headers, rows)
-    console.print(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
-
-
-@tune_app.command("dpo")
-def tune_dpo(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
-    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 6.0, seed: int = 0,
-    lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
-    """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
-    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
-
-
-@tune_app.command("sft")
-def tune_sft(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 6.0,
-    seed: int = 0, lr: float = 5e-5, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
-    """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
-    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
-
-
-ShippedAxes = Annotated[
-    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
-]
-SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
-
-
-def _axes(spec: str) -> dict:
-    from valueprobe.axis import ValueAxis
-
-    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
-    return {p.name: ValueAxis.load(p) for p in paths}
-
-
-def _tune_settings(*, epochs: float, lr: float, max_steps: int):
-    from valueprobe.tune import TuneSettings
-
-    if epochs <= 0 or lr <= 0:
-        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
-    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
-
-
-@replicate_app.command("dpo-words")
-def replicate_dpo_words(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
-    model: ModelOpt = "smollm2-135m",
-    probes: ShippedAxes = SHIPPED,
-    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
-    runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
-        "runs/dpo-words-smollm2-135m"
-    ),
-    k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
-    avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
-    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
-    epochs: float = 6.0,
-    lr: float = 5e-5,
-    max_steps: TuneSteps = -1,
-    seed: int = 0,
-) -> None:
-    """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
-    from valueprobe.dpo_words import replicate_dpo_words as run
-    from valueprobe.dpo_words import write_report
-
-    if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
-        raise ValueprobeError(
-            f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
-        )
-    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
-    axes = _axes(probes)
-    lm = _load_model(model)
-    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
-                 settings=settings, seed=seed, progress=console.print)  # fmt: skip
-    headers, rows = report.table()
-    table(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
-    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
-
-
-@replicate_app.command("safety")
-def replicate_safety(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
-    model: ModelOpt = "smollm2-135m",
-    probes: ShippedAxes = SHIPPED,
-    data: Annotated[
-        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
-    ] = Path("data"),
-    runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
-        "runs/safety-smollm2-135m"
-    ),
-    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
-    per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
-    epochs: float = 6.0,
-    lr: float = 5e-5,
-    max_steps: TuneSteps = -1,
-    seed: int = 0,
-) -> None:
-    """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
-    from valueprobe.safety import replicate_safety as run
-    from valueprobe.safety import write_report
-
-    if n_random < 1 or (per_group is not None and per_group < 2):
-        raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
-    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
-    axes = _axes(probes)
-    lm = _load_model(model)
-    report = run(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
-                 per_group=per_group, seed=seed, progress=console.print)  # fmt: skip
-    headers, rows = report.table()
-    table("safety DPO: refusal and shift", headers, rows)
-    console.print("wrote " + ", ".join(str(p) for p in write_report(report, out)))
-
-
-def write_html(fig, path: Path) -> None:
+def write_html(fig: go.Figure, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
 
 
-def check_at_least(option: str, value: int | float | None, minimum: int | float, why: str = "") -> None:
-    """A numeric option below its minimum is refused before any work (``--splits 0`` gave a NaN probe)."""
-    if value is not None and value < minimum:
-        raise ValueprobeError(f"{option} {value} is too small: it must be >= {minimum}{why}")
-
-
-def check_layer_spec(option: str, spec: str | None) -> None:
-    """Catch a malformed layer spec before the model loads; the range is checked against the model later."""
-    if spec is not None:
-        try:
-            parse_layers(spec, n_layers=1 << 20)
-        except ValueprobeError:
-            raise ValueprobeError(
-                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1' or '3,5,-2'"
-            ) from None
-
-
-def open_store(path: Path, *, allow_partial: bool = False):
-    """Open and verify a store; a partial one only with ``--allow-partial``, and then say how partial."""
-    from valueprobe.store import ActivationStore
-
-    store = ActivationStore.open(path, allow_partial=allow_partial)
-    if not store.complete:
-        n = (store.manifest.get("dataset") or {}).get("n_examples")
-        logging.getLogger("valueprobe").warning(
-            f"{path} is a partial store: using its {store.n_rows} rows ({store.n_examples_done} of {n} examples)"
-        )
-    return store
-
-
-def _layers_str(layers: list[int]) -> str:
-    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 2:
-        return f"{layers[0]}..{layers[-1]}"
-    return ",".join(map(str, layers))
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueprobeError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Entry point and the one error boundary: every failure ends in one line on stderr.
-
-    Exit status: 0 done; 2 bad input (ValueprobeError, a file that cannot be read or written,
-    corrupt JSON or safetensors, a usage error); 130 interrupted (Ctrl-C); 1 an internal error,
-    whose traceback goes to a log file named in the line.
-    """
-    # The command runs under our own context, not typer's standalone wrapper: that one turns
-    # Ctrl-C into a *returned* 130 (easy to lose, and lost before), and usage errors into boxes.
-    command = typer.main.get_command(app)
-    args = list(sys.argv[1:] if argv is None else argv)
-    _log_warnings_as_lines()
-    try:
-        with command.make_context("valueprobe", args) as ctx:
-            command.invoke(ctx)
-    except KeyboardInterrupt:
-        _fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun `capture` to resume it)")
-    except typer.Exit as exc:  # --help and friends
-        raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        _fail(EXIT_INTERRUPTED, "aborted")
-    except (
-        NoArgsIsHelpError
-    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
-        print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT) from None
-    except typer.TyperException as exc:  # unknown command, missing or bad option
-        _fail(EXIT_BAD_INPUT, f"{exc.format_message()} (see valueprobe --help)")
-    except Exception as exc:  # noqa: BLE001 -- the boundary: everything becomes one line
-        code, line = describe_error(exc)
-        if code == EXIT_INTERNAL:
-            line += f"; the traceback is in {_write_traceback(exc)}: please report it"
-        _fail(code, line)
-
-
-EXIT_INTERNAL, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
-
-
-def describe_error(exc: BaseException) -> tuple[int, str]:
-    """(exit status, one line) for an exception reaching the CLI boundary."""
-    if isinstance(exc, ValueprobeError):
-        return EXIT_BAD_INPUT, _one_line(str(exc))
-    if isinstance(exc, SafetensorError):
-        return (
-            EXIT_BAD_INPUT,
-            f"unreadable safetensors file ({_one_line(str(exc))}): it is truncated or corrupt; write it again",
-        )
-    if isinstance(exc, json.JSONDecodeError):
-        return (
-            EXIT_BAD_INPUT,
-            f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
-        )
-    if isinstance(exc, OSError):
-        if exc.errno == errno.ENOSPC:
-            return EXIT_BAD_INPUT, "no space left on device: free space and rerun"
-        where = f"{exc.filename}: " if exc.filename else ""
-        what = exc.strerror or _one_line(str(exc)) or type(exc).__name__
-        return EXIT_BAD_INPUT, f"{where}{what}; check the path, its permissions and the network"
-    return EXIT_INTERNAL, f"internal error ({type(exc).__name__}: {_one_line(str(exc))[:300]})"
-
-
-def _one_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[0] if lines else ""
-
-
-def _fail(code: int, line: str) -> NoReturn:
-    print(f"error: {line}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-def _write_traceback(exc: BaseException) -> Path:
-    """Save the traceback of an internal error; the CLI prints only its path."""
-    folder = Path(os.environ.get("VALUEPROBE_LOG_DIR") or Path(tempfile.gettempdir()) / "valueprobe-logs")
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    path.write_text(
-        "valueprobe " + " ".join(sys.argv[1:]) + "\n\n" + "".join(traceback.format_exception(exc))
-    )
-    return path
-
-
-def _log_warnings_as_lines() -> None:
-    """Library warnings (``logging.getLogger("valueprobe")``) print as one ``warning: ...`` line each."""
-    log = logging.getLogger("valueprobe")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("warning: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
+    """Entry point: the app under the one error boundary (:func:`valueprobe.boundary.run_app`)."""
+    run_app(app, argv)
 
 
 # The steering commands live in their own module, which uses this module's app and helpers: a real

@@ -110,7 +110,7 @@ def replicate_steer_command(
     runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
         "runs/steer-smollm2-135m"
     ),
-    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 16,
+    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12,
     alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30",
     unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm,
     samples: int = 1,

@@ -37,8 +37,10 @@ from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
+from valueprobe.fit import fit_probe
 from valueprobe.generation import generate
 from valueprobe.models import DEFAULT_MODEL, LoadedModel, load
+from valueprobe.probe import Method
 from valueprobe.readout import logit_lens
 from valueprobe.replicate import (
     FAMILIES,
@@ -51,7 +53,6 @@ from valueprobe.report import RESULTS_FILE, write_report
 from valueprobe.stages import StageCache
 from valueprobe.steer_sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.store import ActivationStore
-from valueprobe.sweep import fit_probe
 from valueprobe.transfer import transfer_matrix
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
@@ -189,7 +190,7 @@ def run_demo(
     base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
 
     def fit() -> dict:
-        report = fit_probe({"icrl": opened["icrl"]}, method="span_diff", n_splits=size.splits, seed=seed,
+        report = fit_probe({"icrl": opened["icrl"]}, method=Method.span_diff, n_splits=size.splits, seed=seed,
                            transfer=False)  # fmt: skip
         report.axis.save(probe_dir)
         return report.sweep.to_dict()
@@ -204,13 +205,13 @@ def run_demo(
     )  # fmt: skip
     transfer = cache.run(
         "transfer", {**base, "layer": axis.best_layer},
-        lambda: transfer_matrix({k: opened[k] for k in TRANSFER}, layer=axis.best_layer, method="diff_means",
+        lambda: transfer_matrix({k: opened[k] for k in TRANSFER}, layer=axis.best_layer, method=Method.diff_means,
                                 n_splits=size.splits, seed=seed).to_dict(),
         label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
     )  # fmt: skip
     fit_key = {"fit": cache.keys["fit"]}
     control = cache.run("matched_control", fit_key,
-                        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed))  # fmt: skip
+                        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict())  # fmt: skip
     lens = cache.run("logit_lens", {**fit_key, "model": model}, lambda: logit_lens(axis, lm(), k=20))
 
     def trace() -> dict:

@@ -230,10 +230,9 @@ def _null_band(curves: list[Curve]) -> Curve | None:
     return Curve(tuple(alphas), tuple(mid), tuple(lo), tuple(hi))
 
 
-def subsets(rows: Sequence[SweepRow]) -> list[str]:
-    """Report per group when a file has at most 3 (direct vs inverted, harmful vs benign), else pooled."""
-    groups = sorted({r.group for r in rows})
-    return groups if 1 < len(groups) <= 3 else ["all"]
+def subsets(rows: Sequence[SweepRow], *, by_group: bool) -> list[str]:
+    """Each group when ``by_group`` (direct vs inverted, harmful vs benign), else all rows pooled."""
+    return sorted({r.group for r in rows}) if by_group else ["all"]
 
 
 def summarise(
@@ -241,6 +240,7 @@ def summarise(
     *,
     unit: str,
     metrics: Sequence[str],
+    by_group: bool = False,
     n_boot: int = 1000,
     seed: int = 0,
     settings: dict | None = None,
@@ -251,13 +251,15 @@ def summarise(
         rows: the sweep's outputs (directions ``axis``, ``other:NAME``, ``random-K``).
         unit: the unit α was given in (``norm`` tables report slopes per 25).
         metrics: metric names present in each row's ``metrics``.
+        by_group: one effect per group (for files whose groups are conditions, e.g. the confidence
+            question and its inverted control), instead of one over all rows.
         n_boot, seed: the prompt bootstrap.
     """
     by_dir: dict[str, list[SweepRow]] = {}
     for r in rows:
         by_dir.setdefault(r.direction, []).append(r)
     effects = []
-    for subset in subsets(rows):
+    for subset in subsets(rows, by_group=by_group):
         for metric in metrics:
             per: dict[str, tuple[Slope, Curve | None, tuple[float, ...]]] = {}
             for name, drows in sorted(by_dir.items()):

@@ -1,4 +1,4 @@
-"""Atomic writes and file hashes: every file valueprobe writes goes through :func:`atomic_write`.
+"""Atomic writes, file hashes and the JSON edge: every file valueprobe writes goes through :func:`atomic_write`.
 
     >>> atomic_write(Path("probes/x/axis.safetensors"), lambda tmp: save_file(tensors, str(tmp)))
 
@@ -16,10 +16,15 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import math
 import os
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from valueprobe.errors import ValueprobeError
 
@@ -30,6 +35,9 @@ __all__ = [
     "atomic_write_text",
     "check_output_dir",
     "check_output_file",
+    "jsonable",
+    "mmap_safetensors",
+    "read_safetensors_header",
     "sha256_file",
 ]
 
@@ -39,6 +47,7 @@ ARTIFACTS: dict[str, str] = {
     "store": "manifest.json",
     "probe": "probe.json",
     "scores": "scores.csv",
+    "shift": "shift.json",
 }
 
 
@@ -156,3 +165,67 @@ def check_output_file(path: str | Path, *, option: str = "--out") -> Path:
         return path
     _check_creatable(path, option)
     return path
+
+
+def jsonable(obj: object) -> object:
+    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
+
+
+def read_safetensors_header(path: Path) -> tuple[int, dict]:
+    """(header length, header) of a safetensors file, checked against the file's size.
+
+    Raises:
+        ValueprobeError: the file is missing, truncated or not safetensors.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+    except FileNotFoundError:
+        raise ValueprobeError(f"{path.name} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ValueprobeError(f"{path.name} is not a safetensors file (unreadable header, {size} bytes)")
+    end = max((info["data_offsets"][1] for k, info in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise ValueprobeError(
+            f"{path.name} is truncated or padded: {size} bytes, its header says {8 + n + end}"
+        )
+    return n, header
+
+
+def mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
+    n, header = read_safetensors_header(path)
+    meta = header.pop("__metadata__", {}) or {}
+    arrays: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        dtype = _NP_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueprobeError(
+                f"{path}: tensor {name} has dtype {info['dtype']}, which the store does not use"
+            )
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == start:
+            arrays[name] = np.zeros(shape, dtype)
+            continue
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + start, shape=shape)
+    return arrays, meta

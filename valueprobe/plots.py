@@ -1,4 +1,4 @@
-"""Plotly figures for the layer sweep and the transfer matrix.
+"""Plotly figures for the layer sweep, the transfer matrix and a checkpoint shift.
 
 from valueprobe.plots import sweep_figure, transfer_heatmap
 sweep_figure(report.sweep).write_html("runs/fit/sweep.html")
@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-if TYPE_CHECKING:
-    from valueprobe.sweep import SweepResult
-    from valueprobe.transfer import TransferResult
+from valueprobe.sweep import SweepResult
+from valueprobe.transfer import TransferResult
+
+if TYPE_CHECKING:  # a real cycle: ShiftResult.figure() calls shift_figure
+    from valueprobe.shift_result import ShiftResult
 
 
 def sweep_figure(sweep: SweepResult) -> go.Figure:
@@ -113,4 +116,63 @@ def transfer_heatmap(
         yaxis_autorange="reversed",
         template="plotly_white",
     )
+    return fig
+
+
+def shift_figure(res: ShiftResult) -> go.Figure:
+    """Score distributions before/after per group, and d-by-layer curves (base dashed, tuned solid)."""
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        column_widths=[0.55, 0.45],
+        subplot_titles=(
+            f"scores at layer {res.layer} (σ of the base reference)",
+            "separation by layer (Cohen's d)" if res.pairs else "mean shift by layer (σ)",
+        ),
+    )
+    for g in res.groups:
+        rows = [r for r in res.records if r["group"] == g.group]
+        for model, side in (("base", "negative"), ("tuned", "positive")):
+            fig.add_trace(
+                go.Violin(
+                    x=[g.group] * len(rows),
+                    y=[r[model] for r in rows],
+                    side=side,
+                    name=model,
+                    legendgroup=model,
+                    showlegend=g is res.groups[0],
+                    line_color="#888" if model == "base" else "#d62728",
+                    meanline_visible=True,
+                    points=False,
+                ),
+                row=1,
+                col=1,
+            )
+    if res.pairs:
+        for p in res.pairs:
+            for model, dash in (("base", "dash"), ("tuned", "solid")):
+                d = p.d_base if model == "base" else p.d_tuned
+                fig.add_trace(
+                    go.Scatter(
+                        x=list(res.layers),
+                        y=list(d),
+                        mode="lines+markers",
+                        line_dash=dash,
+                        name=f"{p.a} vs {p.b} ({model})",
+                    ),
+                    row=1,
+                    col=2,
+                )
+    else:
+        for name, ys in res.shift_by_layer.items():
+            fig.add_trace(
+                go.Scatter(x=list(res.layers), y=list(ys), mode="lines+markers", name=name), row=1, col=2
+            )
+    fig.update_layout(
+        violinmode="overlay",
+        template="plotly_white",
+        height=480,
+        title=f"{res.tuned_id} vs {res.base_id} on {res.probe.get('model_id', '')} axis",
+    )
+    fig.update_xaxes(title_text="layer", row=1, col=2)
     return fig

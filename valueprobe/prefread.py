@@ -20,6 +20,7 @@ from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
 from valueprobe.models import LoadedModel
+from valueprobe.vocab import Positions
 
 __all__ = ["Direction", "directions_for", "item_example", "read_items", "choose", "hier_boot", "ci"]
 
@@ -83,7 +84,7 @@ def read_items(lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[Dire
                batch_size: int = 16) -> tuple[dict[str, np.ndarray], dict[int, torch.Tensor]]:  # fmt: skip
     """σ score of every example's ``item`` span along each direction; also the raw activations."""
     layers = sorted({d.layer for d in dirs})
-    res = capture(lm, examples, layers=layers, positions="spans", span_labels=["item"], batch_size=batch_size,
+    res = capture(lm, examples, layers=layers, positions=Positions.spans, span_labels=["item"], batch_size=batch_size,
                   progress=False)  # fmt: skip
     if res.rows.example_id != [e.id for e in examples]:
         raise RuntimeError("capture returned rows out of order")  # one span per example, by construction

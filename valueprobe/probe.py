@@ -17,13 +17,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal, Protocol, Self
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import choice
 
-Method = Literal["diff_means", "span_diff", "lda", "logistic", "paired_pca"]
+
+class Method(StrEnum):
+    """The fitters by name (``valueprobe fit --method``); see each class for its definition."""
+
+    diff_means = "diff_means"
+    span_diff = "span_diff"
+    lda = "lda"
+    logistic = "logistic"
+    paired_pca = "paired_pca"
+
+
 PairBy = Literal["auto", "example_id", "group"]
 
 
@@ -204,7 +216,7 @@ class Logistic(_ClassMeans):
         return self
 
     def fit(self) -> Direction:
-        from sklearn.linear_model import LogisticRegression
+        from sklearn.linear_model import LogisticRegression  # slow to import; only this fitter needs it
 
         self._means()  # both classes present
         x, y = np.concatenate(self._x), np.concatenate(self._y)
@@ -287,19 +299,24 @@ class PairedPCA(_KeyedMeans):
         return self._direction(v * proj.mean())
 
 
-METHODS: dict[str, Callable[[], Fitter]] = {
-    "diff_means": DiffMeans,
-    "span_diff": SpanDiff,
-    "lda": MassMeanLDA,
-    "logistic": Logistic,
-    "paired_pca": PairedPCA,
+METHODS: dict[Method, Callable[[], Fitter]] = {
+    Method.diff_means: DiffMeans,
+    Method.span_diff: SpanDiff,
+    Method.lda: MassMeanLDA,
+    Method.logistic: Logistic,
+    Method.paired_pca: PairedPCA,
 }
+# A method name, or a zero-argument factory such as ``lambda: Logistic(C=0.1)``.
+MethodArg = Method | Callable[[], Fitter]
 
 
-def make_fitter(method: Method | Callable[[], Fitter]) -> Fitter:
+def make_fitter(method: MethodArg) -> Fitter:
     """A fresh fitter from a method name or a zero-argument factory, e.g. ``lambda: Logistic(C=0.1)``."""
     if callable(method):
         return method()
-    if method not in METHODS:
-        raise ValueprobeError(f"unknown probe method {method!r}; choose one of {', '.join(METHODS)}")
-    return METHODS[method]()
+    return METHODS[choice(Method, method, what="probe method")]()
+
+
+def method_name(method: MethodArg) -> str:
+    """The name recorded for a method: its own, or the factory's ``__name__``."""
+    return str(method) if isinstance(method, str) else getattr(method, "__name__", "custom")

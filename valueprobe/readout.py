@@ -18,21 +18,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from valueprobe.axis import ValueAxis, _jsonable
-from valueprobe.capture import ChatTemplate, encode, run_encoded
-from valueprobe.datasets.io import linked_groups
+from valueprobe.axis import ValueAxis
+from valueprobe.capture import run_encoded
+from valueprobe.datasets.io import Example, linked_groups
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
-
-if TYPE_CHECKING:
-    from valueprobe.datasets.io import Example
-    from valueprobe.models import LoadedModel
+from valueprobe.models import LoadedModel
+from valueprobe.null import direction_null, random_directions
+from valueprobe.vocab import ChatTemplate, PaddingSide, Positions, Tokens, choice
 
 
 def token_cos(h_tokens: torch.Tensor | np.ndarray, v: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -55,11 +55,6 @@ def val(h_tokens: torch.Tensor | np.ndarray, v: torch.Tensor | np.ndarray) -> fl
     return float(cos.mean())
 
 
-def score(h: torch.Tensor | np.ndarray, axis: ValueAxis, *, layer: int | None = None) -> np.ndarray:
-    """Projection in σ units, (h·v̂ − μ)/σ, for h [..., d_model]; same as ``axis.score``."""
-    return np.asarray(axis.score(np.asarray(h, dtype=np.float64), layer))
-
-
 _METRICS = {"auroc": auroc, "cohens_d": cohens_d}
 
 
@@ -77,7 +72,7 @@ class ScoreResult:
     summary: tuple[dict, ...]
     probe: dict
     layer: int
-    tokens: str
+    tokens: Tokens
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """(headers, rows) for the printed summary."""
@@ -110,18 +105,22 @@ class ScoreResult:
                     "n/a" if length is None else f"{length:.3f}",
                 ]
             )
+        if any("null_auroc_range" in r for r in self.summary):
+            headers.append("random AUROC 95% (axis %ile)")
+            for row, r in zip(rows, self.summary, strict=True):
+                lo, hi = r.get("null_auroc_range") or (None, None)
+                pct = r.get("score_auroc_null_percentile")
+                row.append("n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}] ({pct:.0f})")
         return headers, rows
 
     def to_dict(self) -> dict:
-        return _jsonable(  # type: ignore[return-value]
-            {
-                "probe": self.probe,
-                "layer": self.layer,
-                "tokens": self.tokens,
-                "summary": list(self.summary),
-                "n_examples": len(self.records),
-            }
-        )
+        return {
+            "probe": jsonable(self.probe),
+            "layer": self.layer,
+            "tokens": str(self.tokens),
+            "summary": jsonable(list(self.summary)),
+            "n_examples": len(self.records),
+        }
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """Write ``scores.csv`` (one row per example) and ``summary.json``, each atomically."""
@@ -183,63 +182,82 @@ def _group_metrics(
     return row
 
 
-def score_dataset(
+@dataclass(frozen=True)
+class Readouts:
+    """The projection step of :func:`score_dataset`: one entry per captured row (token or example)."""
+
+    example_id: list[str]
+    cos: np.ndarray  # [rows] cos(h, v̂)
+    proj: np.ndarray  # [rows] h @ v̂
+    n_tokens: np.ndarray  # [rows] the example's sequence length
+    random: np.ndarray | None = None  # [rows, k] projections on the null's random directions, if asked
+
+
+def read_examples(
     axis: ValueAxis,
     lm: LoadedModel,
     examples: Sequence[Example],
     *,
-    layer: int | None = None,
-    tokens: Literal["all", "span_tokens", "last"] = "all",
+    layer: int,
+    tokens: Tokens,
     batch_size: int = 8,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    force: bool = False,
     max_length: int | None = None,
-    chat_template: ChatTemplate = "model",
+    chat_template: ChatTemplate = ChatTemplate.model,
+    random_dirs: np.ndarray | None = None,
     progress: bool = True,
-) -> ScoreResult:
-    """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
+) -> Readouts:
+    """Capture ``tokens`` of every example at ``layer`` and project them on the axis.
 
-    Args:
-        layer: axis layer to read (default: its best layer).
-        tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
-            spans (``span_tokens``), or the ``last`` token.
-        bootstrap: resamples for the 95% CIs (0 to skip).
-        force: skip the model-fingerprint check (d_model is always checked).
-        max_length: truncate longer texts (with a warning); without it, a text over the model's
-            context is an error naming the example.
-        chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
-
-    >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
+    Every example is checked (and warned about) first; then the examples stream in chunks, so
+    only one chunk's token activations (one layer) are held at a time. ``random_dirs`` [k, d_model]
+    are projected on the same rows, for the random-direction null.
     """
-    axis.check(lm, force=force)
-    layer = axis.best_layer if layer is None else layer
     v = axis.direction(layer).double().numpy()
-    i = axis.layers.index(layer)
-    mu, sigma = float(axis.mu[i]), float(axis.sigma[i])
-    # Stream in chunks: only one chunk's token activations (one layer) are held at a time.
-    cos_parts, proj_parts, ids_seen, ntok_parts = [], [], [], []
+    positions = Positions(tokens)
+    encode(lm, examples, positions=positions, max_length=max_length, chat_template=chat_template)
+    cos, proj, ids, n_tokens, random = [], [], [], [], []
     chunk = 32 * batch_size
-    options = {"positions": tokens, "max_length": max_length, "chat_template": chat_template}
-    encode(lm, examples, **options)  # type: ignore[arg-type]  # every example checked (and warned about) first
-    from tqdm.auto import tqdm
-
     with tqdm(total=len(examples), desc="score", unit="ex", disable=not progress) as bar:
         for start in range(0, len(examples), chunk):
-            part = encode(lm, examples[start : start + chunk], warn=False, **options)  # type: ignore[arg-type]
-            res = run_encoded(lm, part, layers=[layer], site=axis.site, include_embed=False,  # type: ignore[arg-type]
-                              batch_size=batch_size, padding_side="right", on_batch=bar.update)  # fmt: skip
+            part = encode(
+                lm,
+                examples[start : start + chunk],
+                positions=positions,
+                max_length=max_length,
+                chat_template=chat_template,
+                warn=False,
+            )
+            res = run_encoded(
+                lm,
+                part,
+                layers=[layer],
+                site=axis.site,
+                include_embed=False,
+                batch_size=batch_size,
+                padding_side=PaddingSide.right,
+                on_batch=bar.update,
+            )
             h = res.acts[layer].double().numpy()  # [rows, d_model]
-            cos_parts.append(token_cos(h, v))
-            proj_parts.append(h @ v)
-            ids_seen.extend(res.rows.example_id)
-            ntok_parts.append(res.rows.n_tokens)
-    cos, proj = np.concatenate(cos_parts), np.concatenate(proj_parts)
+            cos.append(token_cos(h, v))
+            proj.append(axis.project(h, layer))
+            if random_dirs is not None:
+                random.append(h @ random_dirs.T)
+            ids.extend(res.rows.example_id)
+            n_tokens.append(res.rows.n_tokens)
+    rand = np.concatenate(random) if random else None
+    return Readouts(ids, np.concatenate(cos), np.concatenate(proj), np.concatenate(n_tokens), rand)
+
+
+def per_example(
+    axis: ValueAxis, examples: Sequence[Example], readouts: Readouts, *, layer: int
+) -> list[dict]:
+    """The aggregation step: per example, val(s) (mean cos over its rows) and the σ-score of its mean
+    projection (NaN when the axis has no σ at ``layer``, or the example no row)."""
     by_id: dict[str, list[int]] = {}
-    for row, ex_id in enumerate(ids_seen):
+    for row, ex_id in enumerate(readouts.example_id):
         by_id.setdefault(ex_id, []).append(row)
-    seq_len = dict(zip(ids_seen, np.concatenate(ntok_parts).tolist(), strict=True))
-    calibrated = math.isfinite(sigma) and sigma > 0
+    seq_len = dict(zip(readouts.example_id, readouts.n_tokens.tolist(), strict=True))
+    calibrated = axis.calibrated(layer)
     records = []
     for ex in examples:
         rows = by_id.get(ex.id, [])
@@ -248,15 +266,41 @@ def score_dataset(
                 "id": ex.id,
                 "group": ex.group,
                 "label": float(ex.label),
-                "val": float(cos[rows].mean()) if rows else float("nan"),
-                "score": float((proj[rows].mean() - mu) / sigma) if rows and calibrated else float("nan"),
+                "val": float(readouts.cos[rows].mean()) if rows else float("nan"),
+                "score": float(axis.standardize(readouts.proj[rows].mean(), layer))
+                if rows and calibrated
+                else float("nan"),
                 "n_readout_tokens": len(rows),
                 "n_tokens": int(seq_len.get(ex.id, 0)),
             }
         )
+    return records
+
+
+def _mean_by_example(readouts: Readouts) -> dict[str, np.ndarray] | None:
+    """Each example's mean projection on the null directions [k], or None without a null."""
+    if readouts.random is None:
+        return None
+    rows: dict[str, list[int]] = {}
+    for row, ex_id in enumerate(readouts.example_id):
+        rows.setdefault(ex_id, []).append(row)
+    return {ex_id: readouts.random[r].mean(0) for ex_id, r in rows.items()}
+
+
+def group_summary(
+    records: Sequence[dict],
+    examples: Sequence[Example],
+    *,
+    bootstrap: int,
+    seed: int,
+    random: dict[str, np.ndarray] | None = None,
+) -> list[dict]:
+    """The metrics step: AUROC / Cohen's d of val and score, per group and for ``all``.
+
+    ``random`` maps an example id to its mean projection on each null direction [k]; each group then
+    gets the directions' AUROC and d ranges and the axis's percentile among them.
+    """
     scored = [r for r in records if r["n_readout_tokens"]]
-    if not scored:
-        raise ValueprobeError(f"no example had any {tokens!r} tokens to read; use tokens='all'")
     groups: list[str] = ["all", *sorted({str(r["group"]) for r in scored})]
     pair_key = linked_groups(examples, "pair")
     summary = []
@@ -272,14 +316,81 @@ def score_dataset(
             bootstrap=bootstrap,
             seed=seed,
         )
+        if random and "score_auroc" in metrics:
+            P = np.stack([random[str(r["id"])] for r in sel])  # [n, k]: the same mean over tokens
+            labels = np.array([r["label"] for r in sel])
+            metrics |= direction_null(
+                P, labels, auroc_axis=metrics["score_auroc"], d_axis=metrics["score_cohens_d"]
+            )
         summary.append({**metrics, "contrast": contrast})
+    return summary
+
+
+def score_dataset(
+    axis: ValueAxis,
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layer: int | None = None,
+    tokens: Tokens = Tokens.all,
+    batch_size: int = 8,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    null: int = 0,
+    force: bool = False,
+    max_length: int | None = None,
+    chat_template: ChatTemplate = ChatTemplate.model,
+    progress: bool = True,
+) -> ScoreResult:
+    """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
+
+    Three steps: :func:`read_examples` (capture and project), :func:`per_example` (aggregate),
+    :func:`group_summary` (metrics).
+
+    Args:
+        layer: axis layer to read (default: its best layer).
+        tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
+            spans (``span_tokens``), or the ``last`` token.
+        bootstrap: resamples for the 95% CIs (0 to skip).
+        null: random unit directions read at the same layer and tokens (0 to skip; ≥ 32 to use):
+            each group gets their AUROC and d ranges and the axis's percentile among them.
+        force: read a probe of another architecture (d_model is always checked); a fine-tune of the
+            probe's model only warns.
+        max_length: truncate longer texts (with a warning); without it, a text over the model's
+            context is an error naming the example.
+        chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
+
+    >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
+    """
+    tokens = choice(Tokens, tokens, what="tokens")
+    axis.check(lm, force=force)
+    layer = axis.best_layer if layer is None else layer
+    readouts = read_examples(
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        max_length=max_length,
+        chat_template=chat_template,
+        random_dirs=random_directions(lm.d_model, null, seed=seed) if null else None,
+        progress=progress,
+    )
+    records = per_example(axis, examples, readouts, layer=layer)
+    if not any(r["n_readout_tokens"] for r in records):
+        raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
+    summary = group_summary(
+        records, examples, bootstrap=bootstrap, seed=seed, random=_mean_by_example(readouts)
+    )
+    i = axis.layers.index(layer)
     probe = {
         "model_id": axis.model_id,
         "fingerprint": axis.fingerprint,
         "method": axis.method,
-        "site": axis.site,
-        "mu": mu,
-        "sigma": sigma,
+        "site": str(axis.site),
+        "mu": float(axis.mu[i]),
+        "sigma": float(axis.sigma[i]),
         "sigma_reference": axis.sigma_reference,
     }
     return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
@@ -315,7 +426,7 @@ def logit_lens(
     top, bottom = torch.topk(logits, k), torch.topk(-logits, k)
 
     def decode(ids: torch.Tensor, vals: torch.Tensor) -> list[tuple[str, float]]:
-        decode_one = lm.tokenizer.decode  # type: ignore[attr-defined]
+        decode_one = lm.tokenizer.decode
         return [(decode_one([int(i)]), float(v)) for i, v in zip(ids, vals, strict=True)]
 
     return {

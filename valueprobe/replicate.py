@@ -29,11 +29,25 @@ import numpy as np
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
+from valueprobe.fit import FitReport, fit_probe
 from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.models import LoadedModel
+from valueprobe.probe import Method
+from valueprobe.project import project_layer
+from valueprobe.readout import logit_lens
+from valueprobe.source import Source
 from valueprobe.store import ActivationStore, capture_to_store
+from valueprobe.transfer import evaluate_axis, transfer_matrix
+from valueprobe.vocab import LayerKey, Positions, Target
 
-__all__ = ["FamilySpec", "FAMILIES", "capture_families", "matched_control", "replicate_axis"]
+__all__ = [
+    "FamilySpec",
+    "FAMILIES",
+    "MatchedControl",
+    "capture_families",
+    "matched_control",
+    "replicate_axis",
+]
 
 
 @dataclass(frozen=True)
@@ -41,28 +55,34 @@ class FamilySpec:
     """How one contrast family is read: which file, which tokens, how rows are grouped."""
 
     file: str
-    positions: str
+    positions: Positions
     span_labels: tuple[str, ...] | None = None
     group_by: str | None = None
     note: str = ""
 
 
 FAMILIES: dict[str, FamilySpec] = {
-    "icrl": FamilySpec("icrl.jsonl", "spans", note="pre vs post spans of the first post-discovery paragraph"),
-    "code": FamilySpec("code.jsonl", "mean", group_by="meta.pair", note="mean over the function's tokens"),
+    "icrl": FamilySpec(
+        "icrl.jsonl", Positions.spans, note="pre vs post spans of the first post-discovery paragraph"
+    ),
+    "code": FamilySpec(
+        "code.jsonl", Positions.mean, group_by="meta.pair", note="mean over the function's tokens"
+    ),
     "backtracking": FamilySpec(
         "backtracking.jsonl",
-        "spans",
+        Positions.spans,
         span_labels=("prefix",),
         group_by="meta.pair",
         note="mean over the prefix before any backtrack marker",
     ),  # fmt: skip
     "confidence": FamilySpec(
-        "confidence.jsonl", "last", group_by="meta.pair", note="the prefilled response token"
+        "confidence.jsonl", Positions.last, group_by="meta.pair", note="the prefilled response token"
     ),
-    "refusal": FamilySpec("refusal.jsonl", "last", group_by="meta.pair", note="the assistant-start token"),
+    "refusal": FamilySpec(
+        "refusal.jsonl", Positions.last, group_by="meta.pair", note="the assistant-start token"
+    ),
     "icrl_control": FamilySpec(
-        "icrl_control.jsonl", "spans", note="matched control for icrl (evaluation only)"
+        "icrl_control.jsonl", Positions.spans, note="matched control for icrl (evaluation only)"
     ),
 }
 TRANSFER_FAMILIES = ("icrl", "code", "backtracking", "confidence", "refusal")
@@ -87,7 +107,7 @@ def capture_families(
             read_jsonl(path),
             runs_dir / name,
             layers="all",
-            positions=spec.positions,  # type: ignore[arg-type]
+            positions=spec.positions,
             span_labels=spec.span_labels,
             group_by=spec.group_by,
             batch_size=batch_size,
@@ -98,12 +118,68 @@ def capture_families(
     return stores
 
 
-def _post_pre(store: ActivationStore, v: np.ndarray, layer: int | str) -> dict[str, np.ndarray]:
-    rows = store.rows()
-    x = store.acts(layer).astype(np.float64)  # type: ignore[arg-type]
-    proj = x @ v
-    span = np.array(rows.span)
-    return {"post": proj[span == "post"], "pre": proj[span == "pre"]}
+@dataclass(frozen=True)
+class Contrast:
+    """One two-sample contrast of projections: AUROC with a bootstrap 95% CI, and Cohen's d."""
+
+    auroc: float
+    auroc_ci: tuple[float, float]
+    cohens_d: float
+
+    @classmethod
+    def of(cls, pos: np.ndarray, neg: np.ndarray, *, seed: int) -> Contrast:
+        scores = np.concatenate([pos, neg])
+        labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
+        ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
+        return cls(auroc(scores, labels), ci, cohens_d(scores, labels))
+
+    def to_dict(self) -> dict:
+        return {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
+
+
+@dataclass(frozen=True)
+class MatchedControl:
+    """The axis on ICRL conversations and their matched controls (see the module docstring)."""
+
+    layer: int
+    post_vs_pre_main: Contrast
+    post_vs_pre_control: Contrast
+    main_post_vs_control_post: Contrast  # identical text, different reward history
+    embed_main_post_vs_control_post: Contrast | None  # must be 0.5: the text is identical
+    main_minus_control_post_sigma: float
+
+    def contrasts(self) -> dict[str, Contrast]:
+        out = {
+            "post_vs_pre_main": self.post_vs_pre_main,
+            "post_vs_pre_control": self.post_vs_pre_control,
+            "main_post_vs_control_post": self.main_post_vs_control_post,
+        }
+        if self.embed_main_post_vs_control_post is not None:
+            out["embed_main_post_vs_control_post"] = self.embed_main_post_vs_control_post
+        return out
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """(headers, rows): one row per contrast."""
+        rows = [
+            [name, f"{c.auroc:.3f}", f"[{c.auroc_ci[0]:.3f}, {c.auroc_ci[1]:.3f}]", f"{c.cohens_d:.3f}"]
+            for name, c in self.contrasts().items()
+        ]
+        return ["contrast", "AUROC", "95% CI", "Cohen's d"], rows
+
+    def to_dict(self) -> dict:
+        """JSON-ready, stored in probe.json under ``metrics.icrl_matched_control``."""
+        return {
+            "layer": self.layer,
+            **{name: c.to_dict() for name, c in self.contrasts().items()},
+            "main_minus_control_post_sigma": self.main_minus_control_post_sigma,
+        }
+
+
+def _post_pre(store: ActivationStore, v: np.ndarray, layer: LayerKey) -> tuple[np.ndarray, np.ndarray]:
+    """Projections of the ``post`` and of the ``pre`` span rows of ``store`` on ``v``."""
+    src = Source({"store": store}, target=Target.span)
+    (proj,) = project_layer(src, layer, v)
+    return proj[src.keep & src.y], proj[src.keep & ~src.y]
 
 
 def matched_control(
@@ -113,37 +189,27 @@ def matched_control(
     *,
     layer: int | None = None,
     seed: int = 0,
-) -> dict:
+) -> MatchedControl:
     """Compare the axis on ICRL conversations with their matched controls (see module docstring).
 
-    Returns AUROCs with bootstrap 95% CIs: ``post_vs_pre_main``, ``post_vs_pre_control`` and
+    AUROCs with bootstrap 95% CIs: ``post_vs_pre_main``, ``post_vs_pre_control`` and
     ``main_post_vs_control_post`` at the axis layer, and the last one at the embedding output,
     where identical text must give 0.5.
     """
     layer = axis.best_layer if layer is None else layer
     v = axis.direction(layer).double().numpy()
-    out: dict = {"layer": layer}
-
-    def contrast(name: str, pos: np.ndarray, neg: np.ndarray) -> None:
-        scores = np.concatenate([pos, neg])
-        labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
-        ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
-        out[name] = {
-            "auroc": auroc(scores, labels),
-            "auroc_ci": list(ci),
-            "cohens_d": cohens_d(scores, labels),
-        }
-
-    m, c = _post_pre(main, v, layer), _post_pre(control, v, layer)
-    contrast("post_vs_pre_main", m["post"], m["pre"])
-    contrast("post_vs_pre_control", c["post"], c["pre"])
-    contrast("main_post_vs_control_post", m["post"], c["post"])
-    if main.has_embed and control.has_embed:
-        me, ce = _post_pre(main, v, "embed"), _post_pre(control, v, "embed")
-        contrast("embed_main_post_vs_control_post", me["post"], ce["post"])
-    sigma = float(axis.sigma[axis.layers.index(layer)])
-    out["main_minus_control_post_sigma"] = float((m["post"].mean() - c["post"].mean()) / sigma)
-    return out
+    (m_post, m_pre), (c_post, c_pre) = _post_pre(main, v, layer), _post_pre(control, v, layer)
+    embed = None
+    if main.manifest.has_embed and control.manifest.has_embed:
+        embed = Contrast.of(_post_pre(main, v, "embed")[0], _post_pre(control, v, "embed")[0], seed=seed)
+    return MatchedControl(
+        layer=layer,
+        post_vs_pre_main=Contrast.of(m_post, m_pre, seed=seed),
+        post_vs_pre_control=Contrast.of(c_post, c_pre, seed=seed),
+        main_post_vs_control_post=Contrast.of(m_post, c_post, seed=seed),
+        embed_main_post_vs_control_post=embed,
+        main_minus_control_post_sigma=float(m_post.mean() - c_post.mean()) / axis.sigma_at(layer),
+    )
 
 
 def replicate_axis(
@@ -158,16 +224,12 @@ def replicate_axis(
     batch_size: int = 8,
     history_out: str | Path | None = None,
     progress: bool = True,
-):
+) -> FitReport:
     """Capture all families, fit on ICRL, add transfer and the matched control; save to ``out``.
 
-    Returns the :class:`valueprobe.sweep.FitReport` of the main axis (its axis carries every
+    Returns the :class:`valueprobe.fit.FitReport` of the main axis (its axis carries every
     metric); with ``history_out`` also fits and saves the matched-control axis (see module doc).
     """
-    from valueprobe.readout import logit_lens
-    from valueprobe.sweep import FitReport, fit_probe
-    from valueprobe.transfer import transfer_matrix
-
     for spec in FAMILIES.values():
         if not (Path(data_dir) / spec.file).exists():
             raise ValueprobeError(
@@ -176,7 +238,7 @@ def replicate_axis(
     stores = capture_families(lm, data_dir, runs_dir, batch_size=batch_size, progress=progress)
     report = fit_probe(
         {"icrl": stores["icrl"]},
-        method="span_diff",
+        method=Method.span_diff,
         n_splits=n_splits,
         train_groups=train_groups,
         seed=seed,
@@ -185,7 +247,7 @@ def replicate_axis(
     transfer = transfer_matrix(
         {name: stores[name] for name in TRANSFER_FAMILIES},
         layer=report.sweep.best_layer,
-        method="diff_means",
+        method=Method.diff_means,
         n_splits=n_splits,
         seed=seed,
     )
@@ -194,7 +256,7 @@ def replicate_axis(
     metrics = {
         **report.axis.metrics,
         "transfer": transfer.to_dict(),
-        "icrl_matched_control": control,
+        "icrl_matched_control": control.to_dict(),
         "logit_lens": lens,
         "families": {name: vars(spec) for name, spec in FAMILIES.items()},
     }
@@ -208,18 +270,15 @@ def replicate_axis(
 
 def fit_history_axis(stores: Mapping[str, ActivationStore], *, n_splits: int = 5, seed: int = 0) -> ValueAxis:
     """Fit rewarded-vs-never-rewarded history at identical text, then score it on every family."""
-    from valueprobe.sweep import fit_probe
-    from valueprobe.transfer import evaluate_axis
-
     report = fit_probe(
         {"icrl": stores["icrl"], "icrl_control": stores["icrl_control"]},
-        method="diff_means",
-        target="label",
+        method=Method.diff_means,
+        target=Target.label,
         share_groups=True,
         n_splits=n_splits,
         seed=seed,
         transfer=False,
     )
     others = {name: stores[name] for name in TRANSFER_FAMILIES}
-    evaluated = evaluate_axis(report.axis, others, seed=seed)
+    evaluated = {name: e.to_dict() for name, e in evaluate_axis(report.axis, others, seed=seed).items()}
     return replace(report.axis, metrics={**report.axis.metrics, "evaluated_on": evaluated})

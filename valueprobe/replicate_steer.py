@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from valueprobe.axis import ValueAxis, _jsonable
+from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, sha256_file
-from valueprobe.dose import Effect, SteerSweep
-from valueprobe.files import atomic_write_text
+from valueprobe.dose import SteerSweep
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.models import LoadedModel
 from valueprobe.steer_sweep import SweepSettings, run_sweep
 
@@ -52,18 +52,23 @@ class Benchmark:
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("confidence", "steer_confidence.jsonl", 4, ("yes", "p_yes"),
               "yes-rate and P(yes) to 'Will this answer be correct?' (direct) and '...incorrect?' (inverted)"),
-    Benchmark("backtracking", "steer_backtracking.jsonl", 96, ("backtrack", "length"),
+    Benchmark("backtracking", "steer_backtracking.jsonl", 64, ("backtrack", "length"),
               "share of solutions with a self-correction phrase"),
-    Benchmark("code", "steer_code.jsonl", 96, ("code_lines", "code_comments", "code_hints"),
+    Benchmark("code", "steer_code.jsonl", 64, ("code_lines", "code_comments", "code_hints"),
               "lines, # comments and type hints of the parsed function"),
     Benchmark("refusal", "steer_refusal.jsonl", 32, ("refusal",), "refusal phrase near the start"),
-    Benchmark("length", "steer_open.jsonl", 96, ("length", "degenerate"), "words, and degenerate outputs"),
+    Benchmark("length", "steer_open.jsonl", 64, ("length", "degenerate"), "words, and degenerate outputs"),
 )  # fmt: skip
 
 
-def _verdict(e: Effect, slope: float, ci: tuple[float, float] | None, outside: bool | None) -> str:
+MIN_PROMPTS = 5  # below this a prompt bootstrap cannot say much: the verdict says so instead
+
+
+def _verdict(n_prompts: int, slope: float, ci: tuple[float, float] | None, outside: bool | None) -> str:
     if not math.isfinite(slope):
         return "no slope (too few valid outputs)"
+    if n_prompts < MIN_PROMPTS:
+        return f"too few prompts to tell ({n_prompts})"
     excludes_zero = ci is not None and (ci[0] > 0 or ci[1] < 0)
     if outside and excludes_zero:
         return "moved, beyond the random null"
@@ -95,19 +100,20 @@ class ReplicateSteer:
     def table(self) -> tuple[list[str], list[list[object]]]:
         first = next(iter(self.sweeps.values()))
         k = first.step
-        headers = ["benchmark", "metric", "subset", f"value slope /{k:g}", "95% CI", "null 95% range",
+        headers = ["benchmark", "metric", "subset", "prompts", f"value slope /{k:g}", "95% CI", "null 95% range",
                    "value vs null", f"reward-history /{k:g}", "history vs null"]  # fmt: skip
         rows: list[list[object]] = []
         for name, s in self.sweeps.items():
             for e in s.effects:
                 other = e.other.slope * k if e.other is not None else float("nan")
                 other_ci = e.other.ci if e.other is not None else None
+                n_other = e.other.n_prompts if e.other is not None else 0
                 rows.append([
-                    name, e.metric, e.subset, e.axis.slope * k,
+                    name, e.metric, e.subset, e.axis.n_prompts, e.axis.slope * k,
                     f"[{e.axis.ci[0] * k:+.4f}, {e.axis.ci[1] * k:+.4f}]",
                     f"[{e.null_range[0] * k:+.4f}, {e.null_range[1] * k:+.4f}]",
-                    _verdict(e, e.axis.slope, e.axis.ci, e.outside), other,
-                    _verdict(e, other, other_ci, e.other_outside),
+                    _verdict(e.axis.n_prompts, e.axis.slope, e.axis.ci, e.outside), other,
+                    _verdict(n_other, other, other_ci, e.other_outside),
                 ])  # fmt: skip
         return headers, rows
 
@@ -150,7 +156,7 @@ def replicate_steer(
     data_dir: Path,
     runs_dir: Path,
     out: Path,
-    prompts: int = 16,
+    prompts: int = 12,
     alphas: Sequence[float] = (-30.0, -15.0, 0.0, 15.0, 30.0),
     unit: str = "norm",
     samples: int = 1,
@@ -174,8 +180,9 @@ def replicate_steer(
                                   seed, prompts, tokens)  # fmt: skip
         sweeps[bench.name] = run_sweep(lm, axis, examples, runs_dir / bench.name, settings, other=other,
                                        batch_size=batch_size)  # fmt: skip
-    report = ReplicateSteer(sweeps=sweeps, probe=str(probe), other_probe=str(other_probe))
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(_jsonable(report.to_dict()), indent=2) + "\n")
-    atomic_write_text(out / "summary.md", report.markdown())
+        # Written after every benchmark, so a stopped run still shows what it finished.
+        report = ReplicateSteer(sweeps=dict(sweeps), probe=str(probe), other_probe=str(other_probe))
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
+        atomic_write_text(out / "summary.md", report.markdown())
     return report

@@ -20,169 +20,46 @@ the same unit for this comparison), and the shifts of the groups the tuning did 
 
 from __future__ import annotations
 
-import csv
 import itertools
-import json
 import math
-import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from tqdm.auto import tqdm
 
 from valueprobe.axis import ValueAxis
-from valueprobe.capture import encode, run_encoded
+from valueprobe.capture import run_encoded
 from valueprobe.datasets.io import Example
+from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import Fingerprint, FingerprintWarning
 from valueprobe.metrics import cohens_d
 from valueprobe.models import LoadedModel
 from valueprobe.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.probe import make_fitter
-from valueprobe.vocab import LayerSpec, Positions, Site, parse_layers
+from valueprobe.probe import Method, make_fitter
+from valueprobe.shift_result import GroupShift, PairSeparation, ShiftResult
+from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "shift"]
-
-
-@dataclass(frozen=True)
-class GroupShift:
-    """One group's move along the axis at the headline layer (scores in the axis's base σ)."""
-
-    group: str
-    n: int
-    targeted: bool
-    base_mean: float
-    tuned_mean: float
-    shift: float  # mean over examples of (tuned − base) score
-    ci: tuple[float, float]  # bootstrap 95% CI of ``shift`` over examples
-    shift_data_sigma: float  # the same shift in the axis's σ over the data: the unit of the null
-    null_range: tuple[float, float]  # central 95% of random directions' shifts (each in its own σ)
-    null_percentile: float  # where the axis's shift falls among the random directions, 0–100
-    d_before: float | None  # Cohen's d by label inside the group (contrast), base model
-    d_after: float | None
-    share: float  # the group's share of all examples
-    quartiles_before: tuple[float, float, float, float]  # share of each base quartile (low → high) held
-    quartiles_after: tuple[float, float, float, float]
-    counts: bool  # leaves the random null and (if there are untargeted groups) their range
+__all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
 
 
-@dataclass(frozen=True)
-class PairSeparation:
-    """Cohen's d of group ``a`` against group ``b`` at each layer, base and tuned."""
-
-    a: str
-    b: str
-    d_base: tuple[float, ...]
-    d_tuned: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class ShiftResult:
-    """Everything :func:`shift` measured; ``write`` puts shift.json, scores.csv and shift.html in a folder."""
-
-    base_id: str
-    tuned_id: str
-    base_fingerprint: str
-    tuned_fingerprint: str
-    probe: dict
-    layer: int
-    layers: tuple[int, ...]
-    tokens: str
-    n_random: int
-    groups: tuple[GroupShift, ...]
-    shift_by_layer: dict[str, tuple[float, ...]]  # group -> mean shift in σ at each of ``layers``
-    pairs: tuple[PairSeparation, ...]
-    untargeted_range: tuple[float, float] | None  # min, max shift of the untargeted groups
-    axis_cosine: dict[str, tuple[float, ...]] | None  # refit: cos per layer (see shift(refit=...))
-    records: tuple[dict, ...]  # per example: id, group, label, base, tuned (scores at ``layer``)
-
-    def table(self) -> tuple[list[str], list[list[str]]]:
-        headers = ["group", "n", "targeted", "shift σ", "95% CI", "null 95% (data σ)", "axis %ile",
-                   "d before", "d after", "Q1 share before→after", "counts"]  # fmt: skip
-        f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
-        rows = [[g.group, str(g.n), "yes" if g.targeted else "", f(g.shift), f"[{f(g.ci[0])}, {f(g.ci[1])}]",
-                 f"[{f(g.null_range[0])}, {f(g.null_range[1])}]", f"{g.null_percentile:.0f}",
-                 f(g.d_before), f(g.d_after), f"{g.quartiles_before[0]:.2f}→{g.quartiles_after[0]:.2f}",
-                 "YES" if g.counts else "no"] for g in self.groups]  # fmt: skip
-        return headers, rows
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["format"], out["format_version"] = "valueprobe.shift", 1
-        return out
-
-    def write(self, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-        """Write shift.json, scores.csv and shift.html (plotly inlined) into a new folder, all or nothing.
-
-        The files go to a temporary sibling first; the folder appears under its name only when complete.
-        """
-        out = Path(out_dir)
-        if out.exists() and not overwrite:
+def group_by(examples: Sequence[Example], by: str) -> list[Example]:
+    """Re-key ``group`` as ``group`` (unchanged), ``label`` (``label=1``) or ``meta.KEY`` (that meta value)."""
+    if by == "group":
+        return list(examples)
+    if by == "label":
+        return [replace(ex, group=f"label={ex.label:g}") for ex in examples]
+    if by.startswith("meta.") and len(by) > 5:
+        key = by[5:]
+        missing = [ex.id for ex in examples if key not in ex.meta]
+        if missing:
             raise ValueprobeError(
-                f"output folder {out} already exists: pass --overwrite or choose another --out"
+                f"--by {by}: example {missing[0]!r} has no meta.{key}; give every example one"
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-        try:
-            text = json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False) + "\n"
-            (tmp / "shift.json").write_text(text, encoding="utf-8")
-            with open(tmp / "scores.csv", "w", newline="", encoding="utf-8") as f:
-                writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
-                writer.writeheader()
-                writer.writerows(self.records)
-            self.figure().write_html(str(tmp / "shift.html"), include_plotlyjs=True, full_html=True)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
-
-    def figure(self) -> go.Figure:
-        """Score distributions before/after per group, and d-by-layer curves (base dashed, tuned solid)."""
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(
-            f"scores at layer {self.layer} (σ of the base reference)",
-            "separation by layer (Cohen's d)" if self.pairs else "mean shift by layer (σ)"))  # fmt: skip
-        for g in self.groups:
-            rows = [r for r in self.records if r["group"] == g.group]
-            for model, side in (("base", "negative"), ("tuned", "positive")):
-                fig.add_trace(go.Violin(x=[g.group] * len(rows), y=[r[model] for r in rows], side=side,
-                                        name=model, legendgroup=model, showlegend=g is self.groups[0],
-                                        line_color="#888" if model == "base" else "#d62728",
-                                        meanline_visible=True, points=False), row=1, col=1)  # fmt: skip
-        if self.pairs:
-            for p in self.pairs:
-                for model, dash in (("base", "dash"), ("tuned", "solid")):
-                    d = p.d_base if model == "base" else p.d_tuned
-                    fig.add_trace(go.Scatter(x=list(self.layers), y=list(d), mode="lines+markers",
-                                             line_dash=dash, name=f"{p.a} vs {p.b} ({model})"), row=1, col=2)  # fmt: skip
-        else:
-            for name, ys in self.shift_by_layer.items():
-                fig.add_trace(go.Scatter(x=list(self.layers), y=list(ys), mode="lines+markers", name=name),
-                              row=1, col=2)  # fmt: skip
-        fig.update_layout(violinmode="overlay", template="plotly_white", height=480,
-                          title=f"{self.tuned_id} vs {self.base_id} on {self.probe.get('model_id', '')} axis")  # fmt: skip
-        fig.update_xaxes(title_text="layer", row=1, col=2)
-        return fig
-
-
-def _strict(obj: object) -> object:
-    """JSON-safe: NaN and inf become null (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+        return [replace(ex, group=str(ex.meta[key])) for ex in examples]
+    raise ValueprobeError(f"--by {by!r}: use group, label or meta.KEY")
 
 
 def check_descendant(base: LoadedModel, tuned: LoadedModel) -> None:
@@ -209,9 +86,16 @@ def _example_acts(
 ) -> dict[int, np.ndarray]:
     """Per-example residuals [n_examples, d_model] per layer (rows of one example averaged)."""
     with tqdm(total=len(encoded), desc=f"read {lm.model_id}", unit="ex", disable=not progress) as bar:
-        # capture still types site/positions as Literals; the vocab enums are str subclasses of the same values
-        res = run_encoded(lm, encoded, layers=layers, site=site, include_embed=False,  # type: ignore[arg-type]
-                          batch_size=batch_size, padding_side="right", on_batch=bar.update)  # fmt: skip
+        res = run_encoded(
+            lm,
+            encoded,
+            layers=layers,
+            site=site,
+            include_embed=False,
+            batch_size=batch_size,
+            padding_side=PaddingSide.right,
+            on_batch=bar.update,
+        )
     pos = {e.example.id: i for i, e in enumerate(encoded)}
     idx = np.array([pos[i] for i in res.rows.example_id])
     counts = np.bincount(idx, minlength=len(encoded))[:, None].astype(np.float64)
@@ -236,6 +120,52 @@ def _d(a: np.ndarray, b: np.ndarray) -> float:
 def _quartile_shares(q: np.ndarray, in_group: np.ndarray) -> tuple[float, float, float, float]:
     shares = [float(in_group[q == k].mean()) if (q == k).any() else float("nan") for k in range(4)]
     return shares[0], shares[1], shares[2], shares[3]
+
+
+def _pair_separations(
+    names: list[str],
+    members: dict[str, np.ndarray],
+    base: dict[int, np.ndarray],
+    tuned: dict[int, np.ndarray],
+    *,
+    targeted: Sequence[str],
+    limit: int = 15,
+) -> tuple[PairSeparation, ...]:
+    """Cohen's d of each pair of groups at each layer (the paper's Fig. 10), base and tuned."""
+    pairs = list(itertools.combinations(names, 2))
+    if len(pairs) > limit and targeted:  # many groups: only pairs that involve a targeted group
+        pairs = [p for p in pairs if p[0] in targeted or p[1] in targeted]
+
+    def d_by_layer(s: dict[int, np.ndarray], a: str, b: str) -> tuple[float, ...]:
+        return tuple(_d(s[x][members[a]], s[x][members[b]]) for x in sorted(s))
+
+    return tuple(
+        PairSeparation(a=a, b=b, d_base=d_by_layer(base, a, b), d_tuned=d_by_layer(tuned, a, b))
+        for a, b in pairs[:limit]
+    )
+
+
+def _refit_cosines(
+    axis: ValueAxis,
+    h_base: dict[int, np.ndarray],
+    h_tuned: dict[int, np.ndarray],
+    *,
+    rows: np.ndarray,
+    labels: np.ndarray,
+) -> dict[str, tuple[float, ...]]:
+    """Diff-of-means axes fitted on ``rows`` in each model, and their cosines per layer."""
+
+    def refit(h: np.ndarray) -> np.ndarray:
+        return make_fitter(Method.diff_means).update(h[rows], labels[rows]).fit().unit
+
+    units = [
+        (refit(h_base[x]), refit(h_tuned[x]), axis.direction(x).double().numpy()) for x in sorted(h_base)
+    ]
+    return {
+        "refit_base_vs_refit_tuned": tuple(float(a @ b) for a, b, _ in units),
+        "axis_vs_refit_tuned": tuple(float(c @ b) for _, b, c in units),
+        "axis_vs_refit_base": tuple(float(c @ a) for a, _, c in units),
+    }
 
 
 def shift(
@@ -297,7 +227,7 @@ def shift(
     keep = sorted({x for x in chosen if x in axis.layers} | {layer})
     if layer not in axis.layers:
         raise ValueprobeError(f"layer {layer} is not in the axis; it has layers {list(axis.layers)}")
-    encoded = encode(base, examples, positions=tokens)  # type: ignore[arg-type]  # one tokenization, both models
+    encoded = encode(base, examples, positions=tokens)  # one tokenization feeds both models
     site = Site(axis.site)
     h_base = _example_acts(base, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
     h_tuned = _example_acts(tuned, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
@@ -336,60 +266,66 @@ def shift(
             untargeted_range is None or not is_target or _apart(ci, by_group_shift[g], untargeted_range)
         )
         with_both = g in two_class and contrast
-        out.append(GroupShift(
-            group=g, n=int(m.sum()), targeted=is_target, base_mean=float(s_base[m].mean()),
-            tuned_mean=float(s_tuned[m].mean()), shift=by_group_shift[g],
-            ci=ci, shift_data_sigma=data_shift, null_range=(lo, hi),
-            null_percentile=percentile_in(data_shift, rand),
-            d_before=cohens_d(s_base[m], labels[m]) if with_both else None,
-            d_after=cohens_d(s_tuned[m], labels[m]) if with_both else None,
-            share=float(m.mean()), quartiles_before=_quartile_shares(q_base, m),
-            quartiles_after=_quartile_shares(q_tuned, m),
-            counts=bool(leaves_random and leaves_untargeted and (is_target or not targeted)),
-        ))  # fmt: skip
+        out.append(
+            GroupShift(
+                group=g,
+                n=int(m.sum()),
+                targeted=is_target,
+                base_mean=float(s_base[m].mean()),
+                tuned_mean=float(s_tuned[m].mean()),
+                shift=by_group_shift[g],
+                ci=ci,
+                shift_data_sigma=data_shift,
+                null_range=(lo, hi),
+                null_percentile=percentile_in(data_shift, rand),
+                d_before=cohens_d(s_base[m], labels[m]) if with_both else None,
+                d_after=cohens_d(s_tuned[m], labels[m]) if with_both else None,
+                share=float(m.mean()),
+                quartiles_before=_quartile_shares(q_base, m),
+                quartiles_after=_quartile_shares(q_tuned, m),
+                counts=bool(leaves_random and leaves_untargeted and (is_target or not targeted)),
+            )
+        )
     by_layer_base = {x: scores(h_base, x) for x in keep}
     by_layer_tuned = {x: scores(h_tuned, x) for x in keep}
     shift_by_layer = {
         g: tuple(float((by_layer_tuned[x] - by_layer_base[x])[members[g]].mean()) for x in keep)
         for g in names
     }
-    pair_names = list(itertools.combinations(names, 2))
-    if len(pair_names) > 15 and targeted:  # many groups: only pairs that involve a targeted group
-        pair_names = [p for p in pair_names if p[0] in targeted or p[1] in targeted]
-    pairs = tuple(
-        PairSeparation(
-            a=a, b=b,
-            d_base=tuple(_d(by_layer_base[x][members[a]], by_layer_base[x][members[b]]) for x in keep),
-            d_tuned=tuple(_d(by_layer_tuned[x][members[a]], by_layer_tuned[x][members[b]]) for x in keep),
-        )
-        for a, b in pair_names[:15]
-    )  # fmt: skip
-    cosine = None
-    if refit:
-        fit_rows = np.isin(group, two_class)
-
-        def refit_at(h: np.ndarray) -> np.ndarray:
-            return make_fitter("diff_means").update(h[fit_rows], labels[fit_rows]).fit().unit
-
-        units = [
-            (refit_at(h_base[x]), refit_at(h_tuned[x]), axis.direction(x).double().numpy()) for x in keep
-        ]
-        cosine = {
-            "refit_base_vs_refit_tuned": tuple(float(a @ b) for a, b, _ in units),
-            "axis_vs_refit_tuned": tuple(float(c @ b) for _, b, c in units),
-            "axis_vs_refit_base": tuple(float(c @ a) for a, _, c in units),
-        }
+    pairs = _pair_separations(names, members, by_layer_base, by_layer_tuned, targeted=targeted)
+    cosine = (
+        _refit_cosines(axis, h_base, h_tuned, rows=np.isin(group, two_class), labels=labels)
+        if refit
+        else None
+    )
     records = tuple(
         {"id": ex.id, "group": ex.group, "label": float(ex.label), "base": float(b), "tuned": float(t)}
         for ex, b, t in zip(examples, s_base, s_tuned, strict=True)
     )
     i = axis.layers.index(layer)
-    probe = {"model_id": axis.model_id, "fingerprint": axis.fingerprint, "method": axis.method,
-             "site": axis.site, "mu": float(axis.mu[i]), "sigma": float(axis.sigma[i]),
-             "sigma_reference": axis.sigma_reference}  # fmt: skip
+    probe = {
+        "model_id": axis.model_id,
+        "fingerprint": axis.fingerprint,
+        "method": axis.method,
+        "site": axis.site,
+        "mu": float(axis.mu[i]),
+        "sigma": float(axis.sigma[i]),
+        "sigma_reference": axis.sigma_reference,
+    }
     return ShiftResult(
-        base_id=base.model_id, tuned_id=tuned.model_id, base_fingerprint=base.fingerprint,
-        tuned_fingerprint=tuned.fingerprint, probe=probe, layer=layer, layers=tuple(keep), tokens=str(tokens),
-        n_random=n_random, groups=tuple(out), shift_by_layer=shift_by_layer, pairs=pairs,
-        untargeted_range=untargeted_range, axis_cosine=cosine, records=records,
-    )  # fmt: skip
+        base_id=base.model_id,
+        tuned_id=tuned.model_id,
+        base_fingerprint=base.fingerprint,
+        tuned_fingerprint=tuned.fingerprint,
+        probe=probe,
+        layer=layer,
+        layers=tuple(keep),
+        tokens=str(tokens),
+        n_random=n_random,
+        groups=tuple(out),
+        shift_by_layer=shift_by_layer,
+        pairs=pairs,
+        untargeted_range=untargeted_range,
+        axis_cosine=cosine,
+        records=records,
+    )

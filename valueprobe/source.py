@@ -17,32 +17,29 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from valueprobe.axis import _ranges
+from valueprobe.capture import Rows
+from valueprobe.controls import PositionScores
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import check_records
+from valueprobe.manifest import StoreManifest
+from valueprobe.store import ActivationStore
+from valueprobe.vocab import LayerKey, LayerSpec, Target, layer_ranges, parse_layers
 
-LayerKey = int | Literal["embed"]
-Target = Literal["auto", "span", "label"]
 
+class StoreLike(Protocol):
+    """What a :class:`Source` reads: an :class:`~valueprobe.store.ActivationStore`, or a test double."""
 
-class StoreLike(Protocol):  # valueprobe.store.ActivationStore
     path: Path
-    model_id: str
-    fingerprint: str
-    layers: list[int]
-    has_embed: bool
-    site: str
-    positions: str
-    d_model: int
-    dataset_path: str | None
-    dataset_sha256: str | None
+    manifest: StoreManifest
 
-    def rows(self): ...
-    def iter_shards(self, layers: Sequence[LayerKey] | None = None): ...
+    def rows(self) -> Rows: ...
+    def iter_shards(
+        self, layers: Sequence[LayerKey] | None = None
+    ) -> Iterator[tuple[dict[LayerKey, np.ndarray], Rows]]: ...
 
 
 StoreArg = StoreLike | str | Path
@@ -50,19 +47,14 @@ Stores = StoreArg | Sequence[StoreArg] | Mapping[str, StoreArg]
 
 
 def _open(store: StoreArg) -> StoreLike:
-    if isinstance(store, (str, Path)):
-        from valueprobe.store import ActivationStore
-
-        return ActivationStore.open(store)
-    return store
-
-
-# 1-D position-only scores reported as controls (attributes of Source).
-POSITION_CONTROLS: tuple[str, ...] = ("token_index", "relative_index", "n_tokens")
+    return ActivationStore.open(store) if isinstance(store, (str, Path)) else store
 
 
 class Source:
     """One or more stores seen as one table: targets, groups and a per-layer shard stream.
+
+    Columns, one entry per row: ``y`` (bool target), ``keep`` (a fitting row), ``group``,
+    ``example_id``, ``family`` (the store's name), and ``position`` (:class:`PositionScores`).
 
     With several stores, groups and example ids are prefixed ``name:`` so they never collide;
     ``share_groups=True`` keeps group names as they are, for stores that hold matched rows of the
@@ -70,7 +62,12 @@ class Source:
     """
 
     def __init__(
-        self, stores: Stores, *, target: Target = "auto", need_both: bool = True, share_groups: bool = False
+        self,
+        stores: Stores,
+        *,
+        target: Target = Target.auto,
+        need_both: bool = True,
+        share_groups: bool = False,
     ) -> None:
         if isinstance(stores, Mapping):
             named = [(str(k), _open(v)) for k, v in stores.items()]
@@ -83,22 +80,21 @@ class Source:
             raise ValueprobeError("no activation store given; pass --store DIR")
         self.names = [n for n, _ in named]
         self.stores = [s for _, s in named]
-        first = self.stores[0]
-        for name, s in named[1:]:
-            if (s.d_model, s.site) != (first.d_model, first.site):
+        first = self.stores[0].manifest
+        for name, store in named[1:]:
+            m = store.manifest
+            if (m.d_model, m.site) != (first.d_model, first.site):
                 raise ValueprobeError(
                     f"stores disagree: {self.names[0]} is {first.model_id} ({first.site}, d_model"
-                    f" {first.d_model}) but {name} is {s.model_id} ({s.site}, d_model {s.d_model});"
+                    f" {first.d_model}) but {name} is {m.model_id} ({m.site}, d_model {m.d_model});"
                     " capture every store with the same model and site"
                 )
-            check_records(first.fingerprint, s.fingerprint, what=f"stores {self.names[0]} and {name}")
+            check_records(first.fingerprint, m.fingerprint, what=f"stores {self.names[0]} and {name}")
         self.model_id, self.fingerprint = first.model_id, first.fingerprint
-        self.d_model, self.site = int(first.d_model), first.site
-        self.layers = [x for x in first.layers if all(x in s.layers for s in self.stores)]
-        self.has_embed = all(s.has_embed for s in self.stores)
-        self.n_layers: int | None = getattr(first, "manifest", {}).get(
-            "n_layers"
-        )  # for negative layer indices
+        self.d_model, self.site = first.d_model, first.site
+        self.layers = [x for x in first.layers if all(x in s.manifest.layers for s in self.stores)]
+        self.has_embed = all(s.manifest.has_embed for s in self.stores)
+        self.n_layers = first.n_layers  # the model's depth: negative layer indices count from it
         parts, self.offsets = [], [0]
         for name, s in named:
             parts.append(self._table(name, s, target, prefix=len(named) > 1, share_groups=share_groups))
@@ -113,17 +109,9 @@ class Source:
                 f"store {where} has a single class: {n_pos} success and {n_neg} failure rows by {what};"
                 " a probe needs both (add the other class, or fit on several stores together)"
             )
-        self.example_id, self.token_index, self.n_tokens = (
-            cols["example_id"],
-            cols["token_index"],
-            cols["n_tokens"],
-        )
+        self.example_id = cols["example_id"]
         self.family = cols["family"]
-        # Position within the example: a row's token index minus the mean over the example's rows.
-        # Pre/post spans of one paragraph differ in it by construction, whatever the history.
-        _, inverse = np.unique(self.example_id, return_inverse=True)
-        sums = np.bincount(inverse, weights=self.token_index)
-        self.relative_index = self.token_index - (sums / np.bincount(inverse))[inverse]
+        self.position = PositionScores.of(self.example_id, cols["token_index"], cols["n_tokens"])
 
     @staticmethod
     def _table(
@@ -132,8 +120,8 @@ class Source:
         rows = store.rows()
         span = np.asarray(rows.span, dtype=str)
         is_span = np.isin(span, ["pre", "post"])
-        mode = ("span" if is_span.any() else "label") if target == "auto" else target
-        if mode == "span":
+        mode = (Target.span if is_span.any() else Target.label) if target == Target.auto else target
+        if mode == Target.span:
             keep, y = is_span, span == "post"
         else:
             keep, y = np.ones(len(span), dtype=bool), np.asarray(rows.label, dtype=np.float64) >= 0.5
@@ -158,12 +146,13 @@ class Source:
         elif layer not in self.layers:
             raise ValueprobeError(
                 f"store {self._missing(layer)} has no layer {layer}; layers shared by the stores:"
-                f" {_ranges(self.layers) if self.layers else 'none'} (re-capture with --layers)"
+                f" {layer_ranges(self.layers) if self.layers else 'none'} (re-capture with --layers)"
             )
 
     def _missing(self, layer: LayerKey) -> str:
         for name, s in zip(self.names, self.stores, strict=True):
-            if (layer == "embed" and not s.has_embed) or (layer != "embed" and layer not in s.layers):
+            m = s.manifest
+            if (layer == "embed" and not m.has_embed) or (layer != "embed" and layer not in m.layers):
                 return f"{name} ({s.path})"
         return self.names[0]
 
@@ -205,9 +194,9 @@ class Source:
             {
                 "name": n,
                 "store": str(s.path),
-                "dataset_path": s.dataset_path,
-                "dataset_sha256": s.dataset_sha256,
-                "positions": s.positions,
+                "dataset_path": s.manifest.dataset.path,
+                "dataset_sha256": s.manifest.dataset.sha256,
+                "positions": str(s.manifest.positions),
                 "n_rows": self.offsets[i + 1] - self.offsets[i],
             }
             for i, (n, s) in enumerate(zip(self.names, self.stores, strict=True))
@@ -274,39 +263,17 @@ def grouped_splits(
     return splits
 
 
-def _resolve_layers(spec: str | int | Sequence[int] | None, src: Source) -> list[int]:
-    """None/"all", an int, a list, "a:b" (end exclusive) or "a,b,c"; negative indices count from
-    the model's last layer (the store manifest's ``n_layers``). Only layers in the stores are valid."""
-    if spec is None or spec == "all":
+def resolve_layers(spec: LayerSpec, src: Source) -> list[int]:
+    """The stored layers named by ``spec``, parsed by :func:`valueprobe.vocab.parse_layers` against
+    the model's depth (so ``-4:`` and ``::2`` mean what they mean in capture); "all" or None is
+    every layer the stores share. Each named layer must be in every store.
+
+    >>> resolve_layers("::2", Source("runs/icrl"))   # doctest: +SKIP
+    [0, 2, 4, ...]
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
         return list(src.layers)
-    n = src.n_layers
-
-    def absolute(x: int) -> int:
-        if x >= 0:
-            return x
-        if n is None:
-            raise ValueprobeError(
-                f"layer spec {spec!r}: give non-negative layers; the stores hold {_ranges(src.layers)}"
-            )
-        return x + n
-
-    try:
-        if isinstance(spec, int):
-            out = [absolute(spec)]
-        elif isinstance(spec, str) and ":" in spec:
-            a, b = spec.split(":")
-            end = absolute(int(b)) if b.strip() else max(src.layers) + 1
-            out = list(range(absolute(int(a)) if a.strip() else 0, end))
-        elif isinstance(spec, str):
-            out = [absolute(int(p)) for p in spec.split(",") if p.strip()]
-        else:
-            out = [absolute(int(x)) for x in spec]
-    except ValueError:
-        raise ValueprobeError(
-            f"bad layer spec {spec!r}; use 'all', '12', '10:20', '-4:' or '3,5,7'"
-        ) from None
-    if not out:
-        raise ValueprobeError(f"layer spec {spec!r} selects no layer; the stores hold {_ranges(src.layers)}")
+    out = parse_layers(spec, n_layers=src.n_layers)
     for layer in out:
         src.check_layer(layer)
     return out

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from valueprobe.axis import ValueAxis
     from valueprobe.models import LoadedModel
 
-__all__ = ["Steering", "Target", "steer", "targets"]
+__all__ = ["Steering", "Target", "check_unit", "steer", "targets"]
 
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
@@ -56,12 +56,16 @@ class Target:
         return torch.as_tensor(axis.score(h.float(), self.layer))
 
 
-def _unit_size(axis: ValueAxis, layer: int, unit: Unit) -> float:
+def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
+    """The size of one unit of α at ``layer``; one clear error when the axis lacks the layer or the
+    statistics the unit needs (checked by the CLI before a model loads)."""
+    if layer not in axis.layers:
+        raise ValueprobeError(f"the axis has no layer {layer}: pick from its layers {list(axis.layers)}")
     i = axis.layers.index(layer)
     if unit == Unit.raw:
         return float(axis.scale)
     stat, name, fix = (
-        (axis.sigma[i], "σ", "calibrate it with valueprobe.sweep.calibrate or use --unit raw")
+        (axis.sigma[i], "σ", "calibrate it with valueprobe.fit.calibrate or use --unit raw")
         if unit == Unit.sigma
         else (
             axis.mean_norm[i],
@@ -112,7 +116,7 @@ def targets(
         if v.shape != (lm.d_model,):
             raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
         v = v.detach().float().cpu()
-        out.append(Target(Point(layer, point_site), v / v.norm(), _unit_size(axis, layer, unit), layer))
+        out.append(Target(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
     return out
 
 

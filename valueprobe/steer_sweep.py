@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from valueprobe.axis import ValueAxis, _jsonable
+from valueprobe.axis import ValueAxis
 from valueprobe.behaviour import text_metrics
 from valueprobe.datasets.io import Example
 from valueprobe.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.generation import encode_prompts, generate
 from valueprobe.models import LoadedModel, cache_dir
 from valueprobe.steer import steer
@@ -56,6 +56,9 @@ SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_open": ("length", "degenerate"),
 }
 DEFAULT_METRICS = ("length", "degenerate")
+# Sets whose groups are conditions to compare (the question and its inverted control; harmful and
+# benign requests): their effects are reported per group. Other files pool their groups.
+BY_GROUP = ("steer_confidence", "steer_refusal")
 
 
 @dataclass(frozen=True)
@@ -176,14 +179,12 @@ def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
 
 
 def _answer_ids(tokenizer: object, word: str) -> set[int]:
-    """First tokens of the word's forms (yes, Yes, YES, " yes", " Yes"): on tokenizers that have
-    them, these are the single tokens the answer starts with."""
-    ids: set[int] = set()
-    for form in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize()):
-        got = tokenizer(form, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
-        if got:
-            ids.add(int(got[0]))
-    return ids
+    """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
+    where the tokenizer has any, else the first token of each form."""
+    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+             for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())]  # fmt: skip
+    single = {int(ids[0]) for ids in forms if len(ids) == 1}
+    return single or {int(ids[0]) for ids in forms if ids}
 
 
 def answer_tokens(tokenizer: object) -> tuple[list[int], list[int]]:
@@ -205,8 +206,8 @@ def p_yes(
 ) -> np.ndarray:
     """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
 
-    "yes" and "no" each pool the first tokens of the word's forms (yes, Yes, YES, " yes", " Yes";
-    single tokens on the default model), see `answer_tokens`.
+    "yes" and "no" each pool the single-token forms of the word (on the default model: yes, Yes,
+    " yes", " Yes"; "YES" is two tokens and is left out), see `answer_tokens`.
 
     Args:
         prompts: one prompt per row (chats get the assistant turn opened).
@@ -354,10 +355,11 @@ def run_sweep(
                 rows.append(row)
         _append(path, rows)
         done.update(r.key() for r in rows)
-    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, n_boot=n_boot,
-                       seed=settings.seed, settings=settings.to_dict())  # fmt: skip
+    by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
+    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, by_group=by_group,
+                       n_boot=n_boot, seed=settings.seed, settings=settings.to_dict())  # fmt: skip
     atomic_write_text(
-        out / "metrics.json", json.dumps(_jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
+        out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )
     atomic_write_text(out / "metrics.csv", result.csv())
     return result

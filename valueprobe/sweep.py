@@ -1,10 +1,10 @@
-"""Fit the value axis on activation stores and sweep layers with held-out groups and controls.
+"""Sweep layers with held-out groups and controls; fit one direction per layer.
 
-``valueprobe fit --store runs/icrl --method diff_means --out probes/value`` calls :func:`fit_probe`::
+Called by :func:`valueprobe.fit.fit_probe` (``valueprobe fit``), or directly::
 
-    from valueprobe.sweep import fit_probe
-    report = fit_probe(["runs/icrl", "runs/code"], method="diff_means")
-    report.axis.save("probes/value")
+    from valueprobe.sweep import sweep_layers
+    sweep = sweep_layers("runs/icrl", method="span_diff", layers="::2", n_splits=5)
+    print(sweep.summary()); sweep.axis.save("probes/value")
 
 Targets: in a store whose rows carry ``pre``/``post`` span labels (ICRL), positive = ``post``
 rows and negative = ``pre`` rows, other rows are ignored; otherwise the example label
@@ -15,43 +15,50 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from valueprobe.axis import ValueAxis
-from valueprobe.fingerprint import check_records
-from valueprobe.metrics import _mean_sd, _oriented_auroc, _shuffle_within_group, auroc, cohens_d
-from valueprobe.probe import Fitter, Method, make_fitter, unit_or_zero
-from valueprobe.source import (
-    POSITION_CONTROLS,
-    LayerKey,
-    Source,
-    Split,
-    Stores,
-    Target,
-    _resolve_layers,
-    grouped_splits,
-)
+from valueprobe.controls import oriented_auroc, shuffle_within_group
+from valueprobe.metrics import auroc, cohens_d, mean_sd
+from valueprobe.probe import Fitter, Method, MethodArg, make_fitter, method_name, unit_or_zero
+from valueprobe.project import project_layer
+from valueprobe.source import Source, Split, Stores, grouped_splits, resolve_layers
+from valueprobe.vocab import LayerKey, LayerSpec, Target
 
-if TYPE_CHECKING:
-    from valueprobe.transfer import TransferResult
+__all__ = ["SweepResult", "fit_store", "sweep_layers"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _LayerFit:
-    direction: np.ndarray  # [d_model] unit, all fitting rows
+    """One layer's directions and every row's projection on them (``S`` = number of splits)."""
+
+    direction: np.ndarray  # [d_model] unit, fitted on all fitting rows
     mu: float
     sigma: float
     mean_norm: float
-    proj: np.ndarray  # [n_rows, n_cols] projections: full, then per split (fit, shuffled, random)
+    full: np.ndarray  # [n_rows] on ``direction``
+    fitted: np.ndarray  # [n_rows, S] on each split's training-group direction
+    shuffled: np.ndarray  # [n_rows, S] on the direction fitted to within-group-shuffled labels
+    random: np.ndarray  # [n_rows, S] on a random unit direction
+
+
+@dataclass(frozen=True)
+class _LayerScores:
+    """One layer's held-out metrics, each [S]."""
+
+    val_auroc: np.ndarray
+    test_auroc: np.ndarray
+    test_d: np.ndarray
+    shuffled_auroc: np.ndarray
+    random_auroc: np.ndarray
 
 
 def _run_layer(
     src: Source,
     layer: LayerKey,
-    method: Method,
+    method: MethodArg,
     splits: Sequence[Split],
     shuffled: Sequence[np.ndarray],
     random_dirs: np.ndarray,
@@ -76,18 +83,35 @@ def _run_layer(
             m = keep & train[sl]
             update(fit, x, src.y[sl], m, sl)
             update(shuf, x, y_shuf[sl], m, sl)
+
     # The embedding output and the shuffled fits are controls: no signal is a result, not an error.
-    fit_unit = (lambda f: unit_or_zero(f, src.d_model)) if layer == "embed" else (lambda f: f.fit().unit)
-    unit = fit_unit(full)
-    cols = [unit]
-    for (fit, shuf, _), r in zip(per_split, random_dirs, strict=True):
-        cols += [fit_unit(fit), unit_or_zero(shuf, src.d_model), r]
-    w = np.stack(cols, axis=1)  # [d_model, n_cols]
-    proj = np.empty((len(src.y), w.shape[1]))
-    for x, sl in src.iter_layer(layer):
-        proj[sl] = x @ w
-    ref = proj[src.keep, 0]
-    return _LayerFit(unit, float(ref.mean()), float(ref.std()), norm_sum / int(src.keep.sum()), proj)
+    def unit_of(f: Fitter) -> np.ndarray:
+        return unit_or_zero(f, src.d_model) if layer == "embed" else f.fit().unit
+
+    def columns(units: list[np.ndarray]) -> np.ndarray:  # [d_model, S]
+        return np.stack(units, axis=1) if units else np.zeros((src.d_model, 0))
+
+    unit = unit_of(full)
+    proj_full, proj_fitted, proj_shuffled, proj_random = project_layer(
+        src,
+        layer,
+        unit,
+        columns([unit_of(fit) for fit, _, _ in per_split]),
+        columns([unit_or_zero(sh, src.d_model) for _, sh, _ in per_split]),
+        columns(list(random_dirs)),
+    )
+    ref = proj_full[src.keep]
+    mean_norm = norm_sum / int(src.keep.sum())
+    return _LayerFit(
+        unit,
+        float(ref.mean()),
+        float(ref.std()),
+        mean_norm,
+        proj_full,
+        proj_fitted,
+        proj_shuffled,
+        proj_random,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,7 +168,7 @@ class SweepResult:
         headers = ["layer", "val AUROC", "test AUROC", "Cohen's d", "shuffled", "random"]
 
         def ms(a: np.ndarray) -> str:
-            m = _mean_sd(a)
+            m = mean_sd(a)
             return f"{m['mean']:.3f} ± {m['sd']:.3f}"
 
         rows = []
@@ -167,7 +191,7 @@ class SweepResult:
 
     def summary(self) -> str:
         name, value = self.strongest_control
-        h = _mean_sd(self.heldout_auroc)
+        h = mean_sd(self.heldout_auroc)
         # The held-out AUROC is read at each split's own validation-chosen layer (an honest
         # estimate of the whole procedure), so it can differ from the starred row of the table.
         chosen = ", ".join(str(c) for c in self.chosen_layers)
@@ -185,18 +209,18 @@ class SweepResult:
             "best_layer": self.best_layer,
             "n_splits": len(self.splits),
             "chosen_layers": list(self.chosen_layers),
-            "heldout_auroc": _mean_sd(self.heldout_auroc),
+            "heldout_auroc": mean_sd(self.heldout_auroc),
             "by_layer": {
                 str(layer): {
-                    "val_auroc": _mean_sd(self.val_auroc[i]),
-                    "test_auroc": _mean_sd(self.test_auroc[i]),
-                    "cohens_d": _mean_sd(self.test_d[i]),
-                    "shuffled_auroc": _mean_sd(self.shuffled_auroc[i]),
-                    "random_auroc": _mean_sd(self.random_auroc[i]),
+                    "val_auroc": mean_sd(self.val_auroc[i]),
+                    "test_auroc": mean_sd(self.test_auroc[i]),
+                    "cohens_d": mean_sd(self.test_d[i]),
+                    "shuffled_auroc": mean_sd(self.shuffled_auroc[i]),
+                    "random_auroc": mean_sd(self.random_auroc[i]),
                 }
                 for i, layer in enumerate(self.layers)
             },
-            "controls": {k: _mean_sd(v) for k, v in self.controls().items()},
+            "controls": {k: mean_sd(v) for k, v in self.controls().items()},
             "strongest_control": self.strongest_control[0],
             "margin": self.margin,
             "cosine_layers": list(self.layers),
@@ -207,15 +231,7 @@ class SweepResult:
         }
 
 
-def _axis(
-    src: Source,
-    method: Method,
-    layers: list[int],
-    fits: list[_LayerFit],
-    best: int,
-    metrics: dict,
-    reference: str,
-) -> ValueAxis:
+def _axis(src: Source, method: MethodArg, layers: list[int], fits: list[_LayerFit], best: int) -> ValueAxis:
     t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
     return ValueAxis(
         directions=torch.from_numpy(np.stack([f.direction for f in fits])).float(),
@@ -225,27 +241,22 @@ def _axis(
         mean_norm=t([f.mean_norm for f in fits]),
         best_layer=best,
         site=src.site,
-        method=method if isinstance(method, str) else getattr(method, "__name__", "custom"),
+        method=method_name(method),
         model_id=src.model_id,
         fingerprint=src.fingerprint,
         d_model=src.d_model,
-        sigma_reference=reference,
-        metrics=metrics,
+        sigma_reference=f"fitting set: {int(src.keep.sum())} rows of {', '.join(src.names)}, both classes pooled",
         datasets=src.provenance(),
     )
-
-
-def _reference(src: Source) -> str:
-    return f"fitting set: {int(src.keep.sum())} rows of {', '.join(src.names)}, both classes pooled"
 
 
 def fit_store(
     stores: Stores | Source,
     *,
-    method: Method = "diff_means",
-    layers: str | Sequence[int] | None = None,
+    method: MethodArg = Method.diff_means,
+    layers: LayerSpec = None,
     best_layer: int | None = None,
-    target: Target = "auto",
+    target: Target = Target.auto,
 ) -> ValueAxis:
     """Fit one direction per layer on every fitting row of the store(s); no held-out evaluation.
 
@@ -256,36 +267,38 @@ def fit_store(
     >>> axis = fit_store("runs/icrl-smollm2", method="span_diff", layers="10:20")
     """
     src = stores if isinstance(stores, Source) else Source(stores, target=target)
-    layers = _resolve_layers(layers, src)
-    fits = [_run_layer(src, layer, method, [], [], np.zeros((0, src.d_model))) for layer in layers]
+    layer_list = resolve_layers(layers, src)
+    fits = [_run_layer(src, layer, method, [], [], np.zeros((0, src.d_model))) for layer in layer_list]
     k = src.keep
     in_sample = {
-        layer: {"auroc": auroc(f.proj[k, 0], src.y[k]), "cohens_d": cohens_d(f.proj[k, 0], src.y[k])}
-        for layer, f in zip(layers, fits, strict=True)
+        layer: {"auroc": auroc(f.full[k], src.y[k]), "cohens_d": cohens_d(f.full[k], src.y[k])}
+        for layer, f in zip(layer_list, fits, strict=True)
     }
     rule = "given"
     if best_layer is None:
         best_layer, rule = max(in_sample, key=lambda x: in_sample[x]["cohens_d"]), "in-sample Cohen's d"
-    metrics = {"in_sample": {str(k): v for k, v in in_sample.items()}, "best_layer_rule": rule}
-    return _axis(src, method, layers, fits, best_layer, metrics, _reference(src))
+    axis = _axis(src, method, layer_list, fits, best_layer)
+    return replace(
+        axis, metrics={"in_sample": {str(k): v for k, v in in_sample.items()}, "best_layer_rule": rule}
+    )
 
 
 def sweep_layers(
     stores: Stores | Source,
     *,
-    method: Method = "diff_means",
-    layers: str | Sequence[int] | None = None,
+    method: MethodArg = Method.diff_means,
+    layers: LayerSpec = None,
     n_splits: int = 5,
     val_frac: float = 0.2,
     test_frac: float = 0.2,
     train_groups: int | None = None,
     seed: int = 0,
-    target: Target = "auto",
+    target: Target = Target.auto,
 ) -> SweepResult:
     """Held-out-group AUROC of the probe at every layer, with controls, plus the all-group axis.
 
     Args:
-        method: fitter name (see ``valueprobe.probe.METHODS``) or a zero-argument factory.
+        method: fitter name (see :class:`valueprobe.probe.Method`) or a zero-argument factory.
         layers: which store layers to sweep (default: all).
         n_splits: repeated random group splits; metrics are mean ± sd over them.
         val_frac, test_frac: fractions of the groups held out for layer choice and for test.
@@ -295,10 +308,9 @@ def sweep_layers(
     >>> print(sweep.summary())
     """
     src = stores if isinstance(stores, Source) else Source(stores, target=target)
-    layers = _resolve_layers(layers, src)
-    keep_groups = src.group[src.keep]
+    layer_list = resolve_layers(layers, src)
     splits = grouped_splits(
-        keep_groups,
+        src.group[src.keep],
         src.y[src.keep],
         n_splits=n_splits,
         val_frac=val_frac,
@@ -307,55 +319,53 @@ def sweep_layers(
         seed=seed,
     )
     rng = np.random.default_rng(seed + 1)
-    shuffled = [_shuffle_within_group(src.y, src.group, src.keep, rng) for _ in splits]
-    masks = [
-        {part: src.keep & np.isin(src.group, list(getattr(sp, part))) for part in ("train", "val", "test")}
-        for sp in splits
-    ]
+    shuffled = [shuffle_within_group(src.y, src.group, src.keep, rng) for _ in splits]
+    parts = [_SplitRows.of(src, sp) for sp in splits]
     y = src.y
 
-    def evaluate(fit: _LayerFit) -> np.ndarray:  # [5, n_splits]: val, test, d, shuffled, random
-        out = np.empty((5, len(splits)))
-        for s, m in enumerate(masks):
-            c = 1 + 3 * s
-            out[:, s] = (
-                auroc(fit.proj[m["val"], c], y[m["val"]]),
-                auroc(fit.proj[m["test"], c], y[m["test"]]),
-                cohens_d(fit.proj[m["test"], c], y[m["test"]]),
-                auroc(fit.proj[m["test"], c + 1], shuffled[s][m["test"]]),
-                _oriented_auroc(fit.proj[:, c + 2], y, m["train"], m["test"]),
-            )
-        return out
+    def evaluate(fit: _LayerFit) -> _LayerScores:
+        def each(metric) -> np.ndarray:  # one value per split
+            return np.array([metric(s, m) for s, m in enumerate(parts)])
+
+        return _LayerScores(
+            val_auroc=each(lambda s, m: auroc(fit.fitted[m.val, s], y[m.val])),
+            test_auroc=each(lambda s, m: auroc(fit.fitted[m.test, s], y[m.test])),
+            test_d=each(lambda s, m: cohens_d(fit.fitted[m.test, s], y[m.test])),
+            shuffled_auroc=each(lambda s, m: auroc(fit.shuffled[m.test, s], shuffled[s][m.test])),
+            random_auroc=each(lambda s, m: oriented_auroc(fit.random[:, s], y, m.train, m.test)),
+        )
 
     def random_dirs() -> np.ndarray:
         r = rng.standard_normal((len(splits), src.d_model))
         return r / np.linalg.norm(r, axis=1, keepdims=True)
 
-    fits, stats = [], []
-    for layer in layers:
-        fits.append(_run_layer(src, layer, method, splits, shuffled, random_dirs()))
-        stats.append(evaluate(fits[-1]))
-        fits[-1].proj = np.empty((0, 0))  # free the projections; keep direction and calibration
-    st = np.stack(stats)  # [n_layers, 5, n_splits]
+    fits, scores = [], []
+    for layer in layer_list:
+        fit = _run_layer(src, layer, method, splits, shuffled, random_dirs())
+        scores.append(evaluate(fit))
+        empty = np.empty((0, 0))  # keep direction and calibration, free the projections
+        fits.append(replace(fit, full=empty, fitted=empty, shuffled=empty, random=empty))
     embed = None
     if src.has_embed:
-        embed = evaluate(_run_layer(src, "embed", method, splits, shuffled, random_dirs()))[1]
+        embed = evaluate(_run_layer(src, "embed", method, splits, shuffled, random_dirs())).test_auroc
     position = {
-        name: np.array([_oriented_auroc(getattr(src, name), y, m["train"], m["test"]) for m in masks])
-        for name in POSITION_CONTROLS
+        name: np.array([oriented_auroc(p, y, m.train, m.test) for m in parts])
+        for name, p in src.position.items()
     }
-    best = layers[int(np.argmax(st[:, 0].mean(axis=1)))]
-    chosen = tuple(layers[int(i)] for i in np.argmax(st[:, 0], axis=0))
-    heldout = np.array([st[layers.index(c), 1, s] for s, c in enumerate(chosen)])
+    val = np.stack([sc.val_auroc for sc in scores])  # [n_layers, n_splits]
+    test = np.stack([sc.test_auroc for sc in scores])
+    best = layer_list[int(np.argmax(val.mean(axis=1)))]
+    chosen = tuple(layer_list[int(i)] for i in np.argmax(val, axis=0))
+    heldout = np.array([test[layer_list.index(c), s] for s, c in enumerate(chosen)])
     dirs = np.stack([f.direction for f in fits])
-    result = SweepResult(
-        method=str(method),
-        layers=tuple(layers),
-        val_auroc=st[:, 0],
-        test_auroc=st[:, 1],
-        test_d=st[:, 2],
-        shuffled_auroc=st[:, 3],
-        random_auroc=st[:, 4],
+    return SweepResult(
+        method=method_name(method),
+        layers=tuple(layer_list),
+        val_auroc=val,
+        test_auroc=test,
+        test_d=np.stack([sc.test_d for sc in scores]),
+        shuffled_auroc=np.stack([sc.shuffled_auroc for sc in scores]),
+        random_auroc=np.stack([sc.random_auroc for sc in scores]),
         embed_auroc=embed,
         position_auroc=position,
         cosine=dirs @ dirs.T,
@@ -363,101 +373,21 @@ def sweep_layers(
         chosen_layers=chosen,
         heldout_auroc=heldout,
         splits=tuple(splits),
-        axis=_axis(src, method, layers, fits, best, {}, _reference(src)),
-    )
-    return replace(result, axis=_with_metrics(result.axis, {"sweep": result.to_dict()}))
-
-
-def _with_metrics(axis: ValueAxis, metrics: dict) -> ValueAxis:
-    return replace(axis, metrics={**axis.metrics, **metrics})
-
-
-def calibrate(axis: ValueAxis, stores: Stores, *, force: bool = False) -> ValueAxis:
-    """Recompute μ, σ and the mean norm of every axis layer over all rows of ``stores``.
-
-    >>> axis = calibrate(axis_a - axis_b, "runs/neutral-smollm2")
-    """
-    src = Source(stores, target="label", need_both=False) if not isinstance(stores, Source) else stores
-    check_records(src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}",
-                  force=force)  # fmt: skip
-    mu, sigma, norm = [], [], []
-    for layer in axis.layers:
-        v = axis.direction(layer).double().numpy()
-        proj, norms = [], []
-        for x, _ in src.iter_layer(layer):
-            proj.append(x @ v)
-            norms.append(np.linalg.norm(x, axis=1))
-        p = np.concatenate(proj)
-        mu.append(p.mean())
-        sigma.append(p.std())
-        norm.append(np.concatenate(norms).mean())
-    t = lambda xs: torch.tensor(xs, dtype=torch.float32)  # noqa: E731
-    return replace(
-        axis,
-        mu=t(mu),
-        sigma=t(sigma),
-        mean_norm=t(norm),
-        sigma_reference=f"all {len(src.y)} rows of {', '.join(src.names)}",
+        axis=_axis(src, method, layer_list, fits, best),
     )
 
 
-@dataclass(frozen=True, eq=False)
-class FitReport:
-    """What ``valueprobe fit`` produces: the axis (with metrics), its sweep, and the transfer matrix."""
+@dataclass(frozen=True)
+class _SplitRows:
+    """Boolean row masks [n_rows] of one split's fitting rows in its train, val and test groups."""
 
-    axis: ValueAxis
-    sweep: SweepResult
-    transfer: TransferResult | None
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
 
-    def summary(self) -> str:
-        lines = [self.sweep.summary()]
-        if self.transfer is not None:
-            lines.append(self.transfer.summary())
-        return "\n".join(lines)
+    @classmethod
+    def of(cls, src: Source, split: Split) -> _SplitRows:
+        def rows(groups: frozenset[str]) -> np.ndarray:
+            return src.keep & np.isin(src.group, list(groups))
 
-
-def fit_probe(
-    stores: Stores,
-    *,
-    method: Method = "diff_means",
-    layers: str | Sequence[int] | None = None,
-    n_splits: int = 5,
-    val_frac: float = 0.2,
-    test_frac: float = 0.2,
-    train_groups: int | None = None,
-    seed: int = 0,
-    transfer: bool = True,
-    target: Target = "auto",
-    share_groups: bool = False,
-) -> FitReport:
-    """Sweep layers on the union of the stores, then (with two or more stores) the transfer matrix
-    between them at the chosen layer; the returned axis carries both in ``metrics``.
-
-    >>> report = fit_probe({"icrl": "runs/icrl", "code": "runs/code"}, method="diff_means")
-    >>> report.axis.save("probes/value"); print(report.summary())
-    """
-    src = Source(stores, target=target, share_groups=share_groups)
-    sweep = sweep_layers(
-        src,
-        method=method,
-        layers=layers,
-        n_splits=n_splits,
-        val_frac=val_frac,
-        test_frac=test_frac,
-        train_groups=train_groups,
-        seed=seed,
-    )
-    result = None
-    if transfer and len(src.stores) > 1:
-        from valueprobe.transfer import transfer_matrix
-
-        result = transfer_matrix(
-            dict(zip(src.names, src.stores, strict=True)),
-            layer=sweep.best_layer,
-            method=method,
-            n_splits=n_splits,
-            seed=seed,
-            target=target,
-        )
-    axis = sweep.axis if result is None else _with_metrics(sweep.axis, {"transfer": result.to_dict()})
-    return FitReport(axis, sweep, result)
+        return cls(rows(split.train), rows(split.val), rows(split.test))

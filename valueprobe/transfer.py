@@ -20,23 +20,28 @@ from dataclasses import dataclass
 import numpy as np
 
 from valueprobe.axis import ValueAxis
+from valueprobe.controls import position_sign, shuffle_within_group
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import check_records
-from valueprobe.metrics import _mean_sd, _shuffle_within_group, auroc, cohens_d
-from valueprobe.probe import Method, make_fitter, unit_or_zero
-from valueprobe.source import POSITION_CONTROLS, LayerKey, Source, StoreArg, Target
+from valueprobe.metrics import auroc, bootstrap_ci, cohens_d, mean_sd
+from valueprobe.probe import Method, MethodArg, make_fitter, method_name, unit_or_zero
+from valueprobe.project import project_layer
+from valueprobe.source import Source, StoreArg
 from valueprobe.sweep import sweep_layers
+from valueprobe.vocab import LayerKey, Target
+
+__all__ = ["AxisEvaluation", "TransferResult", "evaluate_axis", "transfer_matrix"]
 
 
 @dataclass(frozen=True, eq=False)
 class TransferResult:
     """[n_families, n_families] matrices, row = fitted on, column = evaluated on.
 
-    ``controls`` holds the AUROC of each control per cell: ``embed`` (same fit at the embedding
-    output), ``shuffled`` (fit on A and scored on B with both families' labels permuted within
-    group: the permutation null), ``random`` (random direction, sign
-    chosen on the fitting family), ``position:token_index`` / ``position:relative_index`` / ``position:n_tokens`` (1-D scores,
-    sign chosen on the fitting family).
+    Controls, the AUROC of each per cell: ``embed_auroc`` (same fit at the embedding output; None
+    without an embed layer), ``shuffled_auroc`` (fit on A and scored on B with both families' labels
+    permuted within group: the permutation null), ``random_auroc`` (random direction, sign chosen on
+    the fitting family), ``position_auroc`` (1-D position scores ``token_index`` /
+    ``relative_index`` / ``n_tokens``, sign chosen on the fitting family).
     """
 
     families: tuple[str, ...]
@@ -45,13 +50,23 @@ class TransferResult:
     auroc: np.ndarray
     cohens_d: np.ndarray
     cosine: np.ndarray  # between the family-specific all-row directions
-    controls: dict[str, np.ndarray]
+    embed_auroc: np.ndarray | None
+    shuffled_auroc: np.ndarray
+    random_auroc: np.ndarray
+    position_auroc: dict[str, np.ndarray]  # position score name -> [F, F]
     notes: tuple[str, ...] = ()
+
+    def controls(self) -> dict[str, np.ndarray]:
+        """Each control's [F, F] AUROC by its reported name (``embed``, ``shuffled``, ``random``,
+        ``position:NAME``)."""
+        out = {} if self.embed_auroc is None else {"embed": self.embed_auroc}
+        out |= {"shuffled": self.shuffled_auroc, "random": self.random_auroc}
+        return out | {f"position:{k}": v for k, v in self.position_auroc.items()}
 
     @property
     def strongest_control(self) -> np.ndarray:
         """[F, F] AUROC of the strongest control in each cell."""
-        return np.nanmax(np.stack(list(self.controls.values())), axis=0)
+        return np.nanmax(np.stack(list(self.controls().values())), axis=0)
 
     @property
     def margin(self) -> np.ndarray:
@@ -63,7 +78,8 @@ class TransferResult:
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """(headers, rows): one row per (fit on, evaluated on) cell."""
-        headers = ["fit on", "eval on", "AUROC", "Cohen's d", "cos", *self.controls, "margin"]
+        controls = self.controls()
+        headers = ["fit on", "eval on", "AUROC", "Cohen's d", "cos", *controls, "margin"]
         rows = []
         for i, a in enumerate(self.families):
             for j, b in enumerate(self.families):
@@ -74,7 +90,7 @@ class TransferResult:
                         f"{self.auroc[i, j]:.3f}",
                         f"{self.cohens_d[i, j]:.2f}",
                         f"{self.cosine[i, j]:.2f}",
-                        *(f"{c[i, j]:.3f}" for c in self.controls.values()),
+                        *(f"{c[i, j]:.3f}" for c in controls.values()),
                         f"{self.margin[i, j]:+.3f}",
                     ]
                 )
@@ -97,14 +113,14 @@ class TransferResult:
             "auroc": self.auroc.tolist(),
             "cohens_d": self.cohens_d.tolist(),
             "cosine": self.cosine.tolist(),
-            "controls": {k: v.tolist() for k, v in self.controls.items()},
+            "controls": {k: v.tolist() for k, v in self.controls().items()},
             "margin": self.margin.tolist(),
-            "off_diagonal_auroc": _mean_sd(self._off(self.auroc)),
+            "off_diagonal_auroc": mean_sd(self._off(self.auroc)),
             "notes": list(self.notes),
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class _FamilyFit:
     units: dict[LayerKey, np.ndarray]  # fitted direction per layer key
     shuffled: dict[LayerKey, np.ndarray]
@@ -112,8 +128,8 @@ class _FamilyFit:
     position_sign: dict[str, float]
 
 
-def _fit_family(src: Source, keys: list[LayerKey], method: Method, rng: np.random.Generator) -> _FamilyFit:
-    y_shuf = _shuffle_within_group(src.y, src.group, src.keep, rng)
+def _fit_family(src: Source, keys: list[LayerKey], method: MethodArg, rng: np.random.Generator) -> _FamilyFit:
+    y_shuf = shuffle_within_group(src.y, src.group, src.keep, rng)
     units, shuffled = {}, {}
     class_diff = np.zeros(src.d_model)
     for key in keys:
@@ -139,11 +155,7 @@ def _fit_family(src: Source, keys: list[LayerKey], method: Method, rng: np.rando
     r = rng.standard_normal(src.d_model)
     r /= np.linalg.norm(r)
     r = r if r @ class_diff >= 0 else -r  # a one-parameter probe: only the sign is fitted
-    k = src.keep
-    signs = {
-        name: 1.0 if getattr(src, name)[k & src.y].mean() >= getattr(src, name)[k & ~src.y].mean() else -1.0
-        for name in POSITION_CONTROLS
-    }
+    signs = {name: position_sign(p, src.y, src.keep) for name, p in src.position.items()}
     return _FamilyFit(units, shuffled, r, signs)
 
 
@@ -151,12 +163,12 @@ def transfer_matrix(
     stores: Mapping[str, StoreArg],
     *,
     layer: int,
-    method: Method = "diff_means",
+    method: MethodArg = Method.diff_means,
     n_splits: int = 5,
     val_frac: float = 0.2,
     test_frac: float = 0.2,
     seed: int = 0,
-    target: Target = "auto",
+    target: Target = Target.auto,
 ) -> TransferResult:
     """Fit on each family, evaluate on every other; diagonal = held-out groups within the family.
 
@@ -174,44 +186,40 @@ def transfer_matrix(
     names = tuple(srcs)
     for src in srcs.values():
         src.check_layer(layer)
-    keys: list[LayerKey] = [layer] + (["embed"] if all(s.has_embed for s in srcs.values()) else [])
+    with_embed = all(s.has_embed for s in srcs.values())
+    keys: list[LayerKey] = [layer, "embed"] if with_embed else [layer]
     rng = np.random.default_rng(seed)
-    fits = {n: _fit_family(srcs[n], keys, method, rng) for n in names}
+    fits = [_fit_family(srcs[n], keys, method, rng) for n in names]
     f = len(names)
     nan = lambda: np.full((f, f), np.nan)  # noqa: E731
-    auc, d = nan(), nan()
-    controls = {
-        "embed": nan(),
-        "shuffled": nan(),
-        "random": nan(),
-        **{f"position:{name}": nan() for name in POSITION_CONTROLS},
-    }
-    if "embed" not in keys:
-        del controls["embed"]
+    auc, d, embed, shuffled, random = nan(), nan(), nan(), nan(), nan()
+    position = {name: nan() for name, _ in srcs[names[0]].position.items()}
     for j, b in enumerate(names):
         src = srcs[b]
         k, y = src.keep, src.y[src.keep]
-        y_null = _shuffle_within_group(src.y, src.group, src.keep, rng)[k]
+        y_null = shuffle_within_group(src.y, src.group, src.keep, rng)[k]
         for key in keys:
-            cols = [c for a in names for c in ((fits[a].units[key], fits[a].shuffled[key], fits[a].random))]
-            w = np.stack(cols, axis=1)  # [d_model, 3 * F]
-            proj = np.empty((len(src.y), w.shape[1]))
-            for x, sl in src.iter_layer(key):
-                proj[sl] = x @ w
-            proj = proj[k]
-            for i, a in enumerate(names):
+            units, shuf, rand = (
+                p[k]  # [kept rows, F]: column i is family i's direction
+                for p in project_layer(
+                    src,
+                    key,
+                    np.stack([fit.units[key] for fit in fits], axis=1),
+                    np.stack([fit.shuffled[key] for fit in fits], axis=1),
+                    np.stack([fit.random for fit in fits], axis=1),
+                )
+            )
+            for i in range(f):
                 if i == j:
                     continue
                 if key == "embed":
-                    controls["embed"][i, j] = auroc(proj[:, 3 * i], y)
+                    embed[i, j] = auroc(units[:, i], y)
                     continue
-                auc[i, j], d[i, j] = auroc(proj[:, 3 * i], y), cohens_d(proj[:, 3 * i], y)
-                controls["shuffled"][i, j] = auroc(proj[:, 3 * i + 1], y_null)
-                controls["random"][i, j] = auroc(proj[:, 3 * i + 2], y)
-                for name in POSITION_CONTROLS:
-                    controls[f"position:{name}"][i, j] = auroc(
-                        fits[a].position_sign[name] * getattr(src, name)[k], y
-                    )
+                auc[i, j], d[i, j] = auroc(units[:, i], y), cohens_d(units[:, i], y)
+                shuffled[i, j] = auroc(shuf[:, i], y_null)
+                random[i, j] = auroc(rand[:, i], y)
+                for name, p in src.position.items():
+                    position[name][i, j] = auroc(fits[i].position_sign[name] * p[k], y)
     notes = []
     for i, a in enumerate(names):
         try:
@@ -228,15 +236,42 @@ def transfer_matrix(
             notes.append(f"{a}: no held-out diagonal ({e})")
             continue
         auc[i, i], d[i, i] = sw.test_auroc[0].mean(), sw.test_d[0].mean()
-        for name, v in sw.controls().items():
-            if name in controls:
-                controls[name][i, i] = float(np.mean(v))
-    units = np.stack([fits[n].units[layer] for n in names])
-    return TransferResult(names, layer, str(method), auc, d, units @ units.T, controls, tuple(notes))
+        shuffled[i, i], random[i, i] = sw.shuffled_auroc[0].mean(), sw.random_auroc[0].mean()
+        if sw.embed_auroc is not None:
+            embed[i, i] = sw.embed_auroc.mean()
+        for name, v in sw.position_auroc.items():
+            position[name][i, i] = v.mean()
+    units = np.stack([fit.units[layer] for fit in fits])
+    return TransferResult(
+        families=names,
+        layer=layer,
+        method=method_name(method),
+        auroc=auc,
+        cohens_d=d,
+        cosine=units @ units.T,
+        embed_auroc=embed if with_embed else None,
+        shuffled_auroc=shuffled,
+        random_auroc=random,
+        position_auroc=position,
+        notes=tuple(notes),
+    )
 
 
-def _project(src: Source, key: LayerKey, v: np.ndarray) -> np.ndarray:
-    return np.concatenate([x @ v for x, _ in src.iter_layer(key)])[src.keep]
+@dataclass(frozen=True)
+class AxisEvaluation:
+    """A fixed axis scored on one family, nothing refitted: AUROC with a bootstrap 95% CI, Cohen's d,
+    and the control, the same direction's AUROC at the embedding output (None without one)."""
+
+    auroc: float
+    auroc_ci: tuple[float, float]
+    cohens_d: float
+    embed_auroc: float | None
+
+    def to_dict(self) -> dict:
+        out: dict = {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
+        if self.embed_auroc is not None:
+            out["embed_auroc"] = self.embed_auroc
+        return out
 
 
 def evaluate_axis(
@@ -246,27 +281,27 @@ def evaluate_axis(
     layer: int | None = None,
     n_boot: int = 1000,
     seed: int = 0,
-) -> dict[str, dict]:
+) -> dict[str, AxisEvaluation]:
     """Score a fixed axis on other families: AUROC (with a bootstrap 95% CI) and Cohen's d per store.
 
     Nothing is refitted, so every number is out of sample; the same direction's projection at the
     embedding output is reported beside it as the control.
 
-    >>> evaluate_axis(ValueAxis.load("probes/x"), {"refusal": "runs/refusal"})["refusal"]["auroc"]
+    >>> evaluate_axis(ValueAxis.load("probes/x"), {"refusal": "runs/refusal"})["refusal"].auroc
     """
-    from valueprobe.metrics import bootstrap_ci
-
     layer = axis.best_layer if layer is None else layer
     v = axis.direction(layer).double().numpy()
-    out: dict[str, dict] = {}
+    out: dict[str, AxisEvaluation] = {}
     for name, store in stores.items():
         src = Source({name: store})
         check_records(src.fingerprint, axis.fingerprint, what=f"store {name} and axis {axis.model_id}")
         y = src.y[src.keep]
-        p = _project(src, layer, v)
-        row = {"auroc": auroc(p, y), "auroc_ci": list(bootstrap_ci(auroc, p, y, n_boot=n_boot, seed=seed))}
-        row["cohens_d"] = cohens_d(p, y)
+        (p,) = project_layer(src, layer, v)
+        p = p[src.keep]
+        embed = None
         if src.has_embed:
-            row["embed_auroc"] = auroc(_project(src, "embed", v), y)
-        out[name] = row
+            (e,) = project_layer(src, "embed", v)
+            embed = auroc(e[src.keep], y)
+        ci = bootstrap_ci(auroc, p, y, n_boot=n_boot, seed=seed)
+        out[name] = AxisEvaluation(auroc(p, y), ci, cohens_d(p, y), embed)
     return out

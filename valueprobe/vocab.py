@@ -19,11 +19,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeVar
 
 from valueprobe.errors import ValueprobeError
 
-__all__ = ["Backend", "LayerKey", "LayerSpec", "Positions", "Site", "Unit", "parse_layers"]
+__all__ = [
+    "Backend",
+    "ChatTemplate",
+    "Dtype",
+    "LayerKey",
+    "LayerSpec",
+    "PaddingSide",
+    "Positions",
+    "Site",
+    "Target",
+    "Tokens",
+    "Unit",
+    "choice",
+    "layer_ranges",
+    "parse_layers",
+]
+
+
+E = TypeVar("E", bound=StrEnum)
 
 
 class Site(StrEnum):
@@ -61,6 +79,58 @@ class Unit(StrEnum):
     sigma = "sigma"
     norm = "norm"
     raw = "raw"
+
+
+class ChatTemplate(StrEnum):
+    """How chat examples become text: the tokenizer's own template (``model``), or a plain
+    transcript (``plain``, for base models without one)."""
+
+    model = "model"
+    plain = "plain"
+
+
+class Tokens(StrEnum):
+    """Which tokens of an example make up s when a probe reads it (``valueprobe score --tokens``)."""
+
+    all = "all"
+    span_tokens = "span_tokens"
+    last = "last"
+
+
+class Target(StrEnum):
+    """What a probe is fitted to separate: ``span`` post vs pre rows (ICRL), ``label`` the example
+    label (``>= 0.5`` = success), ``auto`` spans where a store has them, else labels."""
+
+    auto = "auto"
+    span = "span"
+    label = "label"
+
+
+class PaddingSide(StrEnum):
+    """Which side of a batch is padded."""
+
+    right = "right"
+    left = "left"
+
+
+class Dtype(StrEnum):
+    """The dtype an activation store keeps."""
+
+    float16 = "float16"
+    float32 = "float32"
+
+
+def choice(kind: type[E], value: str, *, what: str) -> E:
+    """``value`` as a member of ``kind``, or one clear error naming the allowed values.
+
+    >>> choice(Site, "resid_pre", what="site")
+    <Site.resid_pre: 'resid_pre'>
+    """
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise ValueprobeError(f"unknown {what} {value!r}: use one of {allowed}") from None
 
 
 # A stored layer: a decoder block index, or the embedding output ("embed" == resid_pre[0]).
@@ -129,3 +199,21 @@ def _parse_slice(part: str, n: int, valid: str) -> list[int]:
     if not picked:
         raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
     return picked
+
+
+def layer_ranges(layers: Sequence[int]) -> str:
+    """Compact layer list for messages, the inverse of a spec.
+
+    >>> layer_ranges([0, 1, 2, 5])
+    '0..2, 5'
+    """
+    out, layers = [], sorted(layers)
+    start = prev = layers[0]
+    for layer in [*layers[1:], None]:
+        if layer is not None and layer == prev + 1:
+            prev = layer
+            continue
+        out.append(f"{start}" if start == prev else f"{start}..{prev}")
+        if layer is not None:
+            start = prev = layer
+    return ", ".join(out)

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Site, parse_layers
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
 
-Site = Literal["resid_pre", "resid_post"]
-SITES: tuple[str, ...] = ("resid_pre", "resid_post")
+SITES: tuple[str, ...] = tuple(Site)
 
 
 def check_inputs(
@@ -55,7 +55,9 @@ def plan_reads(
     """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
     execution order: block by block, a block's input before its output. nnsight must be read in
     that order, and the hooks route stops the forward after the last read."""
-    blocks = {int(layer): lm.resolve_layers([int(layer)])[0] for layer in layers}
+    n = lm.n_layers
+    parse_layers(list(layers), n_layers=n)  # checked once, with the parser's messages
+    blocks = {int(layer): int(layer) % n for layer in layers}
     wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
     return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
 

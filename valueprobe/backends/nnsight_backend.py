@@ -18,6 +18,7 @@ valueprobe names (the server does not have valueprobe installed).
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Read, Site, as_output, module_path, state_signature, twin
+from valueprobe.backends._shared import Read, as_output, module_path, state_signature, twin
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -169,3 +171,58 @@ class NnsightRoute:
             position_ids=position_ids,
             remote=remote,
         )
+
+
+def steered_generate(
+    lm: LoadedModel,
+    input_ids: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+    *,
+    plan: Sequence[Any],
+    alpha: Float[Tensor, " batch"],
+    where: str,
+    config: Any,
+    processors: Any,
+    remote: Remote = False,
+) -> Int[Tensor, "batch seq"]:
+    """Open-loop steered ``generate`` in one nnsight trace: the route for NDIF-sized models.
+
+    The deltas are built before the trace (so the graph needs no valueprobe names): the prompt
+    pass adds ``α·size·v̂`` at the prompt's real cells when ``where`` is ``all``/``prompt``,
+    every later step at its one new cell when ``where`` is ``all``/``generated``. ``plan`` holds
+    `valueprobe.steer.Target` records. Equal to the hooks route (tests/test_steer.py).
+    """
+    model = nnsight_model(lm, remote=remote)
+    envoys = _envoys(model, lm, [lm.resolve_layers([t.point.layer])[0] for t in plan])
+    on_input = [t.point.site == "resid_pre" for t in plan]
+    real = attention_mask.to(torch.float32)[:, :, None]
+    prompt_on = float(where in ("all", "prompt"))
+    gen_on = float(where in ("all", "generated"))
+    a = alpha.to(torch.float32)[:, None, None]
+    first = [a * real * (t.unit_size * prompt_on) * t.direction for t in plan]
+    later = [a * (t.unit_size * gen_on) * t.direction for t in plan]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    with warnings.catch_warnings():
+        # The open loop ends with the run, and nnsight warns so at every call.
+        warnings.filterwarnings("ignore", message=".*was never reached.*")
+        with (
+            torch.no_grad(),
+            model.generate(generation_config=config, logits_processor=processors, remote=remote) as tracer,
+        ):
+            with tracer.invoke(**inputs):
+                for step in tracer.iter[:]:  # open: ends with the generation, and nothing after it runs
+                    for envoy, is_input, d0, d1 in zip(envoys, on_input, first, later, strict=True):
+                        delta = d0 if step == 0 else d1
+                        if is_input:
+                            hidden = envoy.input
+                            envoy.input = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+                        else:
+                            hidden = envoy.output
+                            if isinstance(hidden, tuple):
+                                h0 = hidden[0]
+                                envoy.output = (h0 + delta.to(device=h0.device, dtype=h0.dtype), *hidden[1:])
+                            else:
+                                envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+            with tracer.invoke():
+                seqs = nnsight.save(tracer.result)
+    return seqs.detach().cpu()

@@ -155,9 +155,19 @@ def _resolve(lm: LoadedModel, point: Point) -> tuple[torch.nn.Module, bool]:
 
 
 def _attach(
-    handle: Handle, module: torch.nn.Module, on_input: bool, body: Callable[[Tensor], Tensor | None]
+    handle: Handle,
+    module: torch.nn.Module,
+    on_input: bool,
+    body: Callable[[Tensor], Tensor | None],
+    *,
+    first: bool = False,
 ) -> None:
-    """Hook ``body(h)`` on a block's input or output; a tensor it returns replaces h."""
+    """Hook ``body(h)`` on a block's input or output; a tensor it returns replaces h.
+
+    ``first`` puts the hook ahead of those already there: an intervention is part of the block's
+    output, so recorders and transformers' own output capture (``output_hidden_states`` runs on
+    hooks of its own in transformers 5) must see the changed residual.
+    """
     if on_input:
 
         def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -169,7 +179,7 @@ def _attach(
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}
 
-        handle._add(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handle._add(module.register_forward_pre_hook(pre, with_kwargs=True, prepend=first))
     else:
 
         def post(module: torch.nn.Module, args: tuple, output: Any) -> Any:
@@ -178,7 +188,7 @@ def _attach(
                 return None
             return (new, *output[1:]) if isinstance(output, tuple) else new
 
-        handle._add(module.register_forward_hook(post))
+        handle._add(module.register_forward_hook(post, prepend=first))
 
 
 class Intervention(Handle):
@@ -198,13 +208,16 @@ def intervene(
 
     >>> with intervene(lm, Point(-3), lambda h, step: h + alpha * v):
     ...     steered = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
+
+    Interventions run before any other hook on the block (so every recorder sees their result);
+    two on one point run newest first.
     """
     module, on_input = _resolve(lm, point)
     reader = _StepReader()
     handle = Intervention()
     handle._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
     try:
-        _attach(handle, module, on_input, lambda h: fn(h, reader.step()))
+        _attach(handle, module, on_input, lambda h: fn(h, reader.step()), first=True)
     except BaseException:
         handle.remove()
         raise

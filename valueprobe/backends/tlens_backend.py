@@ -22,7 +22,6 @@ from torch import Tensor
 
 from valueprobe.backends._shared import (
     Read,
-    Site,
     as_output,
     forward_kwargs,
     module_path,
@@ -30,6 +29,7 @@ from valueprobe.backends._shared import (
     twin,
 )
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
@@ -27,6 +27,7 @@ from valueprobe.files import atomic_write_bytes, sha256_file
 __all__ = [
     "Example",
     "Span",
+    "regroup",
     "example_from_dict",
     "example_to_dict",
     "linked_groups",
@@ -300,3 +301,30 @@ def linked_groups(examples: Iterable[Example], key: str = "pair") -> dict[str, s
             if a != b:
                 parent[max(a, b)] = min(a, b)
     return {i: find(i) for i in ids}
+
+
+def regroup(examples: Sequence[Example], group_by: str | None) -> list[Example]:
+    """Re-key each example's ``group`` by the rows it is linked to through ``meta.KEY``.
+
+    Held-out splits hold out whole groups; ``"meta.pair"`` keeps an original and its corrupted
+    variants (or two matched rollouts) in one group, so each group holds both classes. See
+    :func:`valueprobe.datasets.io.linked_groups`.
+
+    >>> regroup(examples, "meta.pair")[0].group   # doctest: +SKIP
+    'code-0000'
+    """
+    if group_by is None:
+        return list(examples)
+    if not group_by.startswith("meta."):
+        raise ValueprobeError(f"group_by {group_by!r} must name a meta key, like 'meta.pair'")
+    key = group_by[len("meta.") :]
+    groups = linked_groups(examples, key)
+    if len(set(groups.values())) == len(groups):
+        # Every example alone in its group would silently undo the held-out pairing.
+        seen = sorted({k for ex in examples for k in ex.meta})
+        have = sum(key in ex.meta for ex in examples)
+        raise ValueprobeError(
+            f"--group-by {group_by} links no two examples ({have} of {len(groups)} have meta.{key}); "
+            f"meta keys in this dataset: {', '.join(seen) or 'none'}"
+        )
+    return [replace(ex, group=groups[ex.id]) for ex in examples]

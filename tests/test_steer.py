@@ -1,0 +1,245 @@
+"""Steering, batched sweeps, sampling and the PID, against exact references on tiny models.
+
+Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_steer.py``
+References: ``output_hidden_states`` (h + α·σ·v̂ exactly), the unhooked model (bit-identical),
+a full no-cache forward of the final sequence (logits of every generated token), and each row
+run alone (batched = unbatched).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from valueprobe.axis import ValueAxis
+from valueprobe.backends import Point, position_ids_from_mask, record
+from valueprobe.control import PID, control
+from valueprobe.errors import ValueprobeError
+from valueprobe.generation import encode_prompts, generate, left_pad
+from valueprobe.sampling import RowSampler, row_seed
+from valueprobe.steer import steer
+from valueprobe.vocab import Site
+
+ARCHS = ("llama", "gpt2", "gpt_neox")
+PROMPTS = ["The capital of France is", "def add(a, b):", "Wait, that's not right. Let me", "Do"]
+
+
+def planted_axis(lm, *, sigma: float = 0.5, mean_norm: float = 8.0, seed: int = 1) -> ValueAxis:
+    """A random unit axis at every layer with known statistics (μ = 0.1, σ and mean norm as given)."""
+    n, d = lm.n_layers, lm.d_model
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(n, d, generator=g)
+    return ValueAxis(directions=v / v.norm(dim=1, keepdim=True), layers=tuple(range(n)), mu=torch.full((n,), 0.1),
+                     sigma=torch.full((n,), sigma), mean_norm=torch.full((n,), mean_norm), best_layer=1,
+                     site="resid_post", method="planted", model_id=lm.model_id, fingerprint=lm.fingerprint,
+                     d_model=d)  # fmt: skip
+
+
+def _batch(lm, prompts=PROMPTS):
+    return left_pad(encode_prompts(lm, prompts), 0)
+
+
+def _forward(lm, ids, mask, **kw):
+    with torch.no_grad():
+        return lm.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), **kw)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_steered_layer_output_is_h_plus_alpha_sigma_v(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm)
+    ids, mask = _batch(lm)
+    alpha = torch.tensor([2.0, -1.5, 0.0, 3.0])
+    base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    with steer(lm, axis, alpha, layers=1):
+        got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    # hidden_states[2] is resid_post[1]: exactly h + α·σ·v̂ at real cells, untouched at pads
+    want = base[2] + (alpha * 0.5)[:, None, None] * axis.direction(1)
+    real = mask.bool()
+    torch.testing.assert_close(got[2][real], want[real], atol=1e-6, rtol=0)
+    assert torch.equal(got[2][~real], base[2][~real])  # pad cells bit for bit
+    assert torch.equal(got[1], base[1])  # upstream untouched
+    # in σ units the score moves by exactly α
+    moved = axis.score(got[2], 1) - axis.score(base[2], 1)
+    torch.testing.assert_close(moved[real], alpha[:, None].expand_as(moved)[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_alpha_zero_bit_identical_and_v_then_minus_v(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm)
+    ids, mask = _batch(lm)
+    base = _forward(lm, ids, mask).logits
+    with steer(lm, axis, 0.0):
+        assert torch.equal(_forward(lm, ids, mask).logits, base)
+    with steer(lm, axis, 2.0), steer(lm, -axis, 2.0):
+        torch.testing.assert_close(_forward(lm, ids, mask).logits, base, atol=1e-5, rtol=0)
+    with steer(lm, axis, 2.0):
+        assert not torch.allclose(_forward(lm, ids, mask).logits, base, atol=1e-3)
+    assert torch.equal(_forward(lm, ids, mask).logits, base)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("positions", ["all", "generated", "prompt"])
+def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, positions):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=2.0)
+    ids, mask = _batch(lm)
+    width, new = ids.shape[1], 5
+    alpha = torch.tensor([3.0, -2.0, 1.0, 0.0])
+    runs = {}
+    for cache in (True, False):
+        with steer(lm, axis, alpha, positions=positions, prompt_length=width), torch.no_grad():
+            out = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                    do_sample=False, pad_token_id=0, use_cache=cache, output_logits=True,
+                                    return_dict_in_generate=True)  # fmt: skip
+        runs[cache] = out
+    assert torch.equal(runs[True].sequences, runs[False].sequences)
+    seq = runs[True].sequences
+    full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
+    with steer(lm, axis, alpha, positions=positions, prompt_length=width):
+        ref = _forward(lm, seq, full_mask).logits  # one forward, no cache: the trusted reference
+    for t in range(new):  # the first generated token (t = 0) included
+        for cache in (True, False):
+            torch.testing.assert_close(runs[cache].logits[t], ref[:, width - 1 + t], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_per_row_alpha_batch_equals_each_row_alone(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=2.0)
+    kw = dict(alphas=[-2.0, 0.0, 1.5], samples=2, max_new_tokens=6, temperature=1.0, seed=3, progress=False)
+    batched = generate(lm, axis, PROMPTS[:3], batch_size=18, **kw)
+    alone = generate(lm, axis, PROMPTS[:3], batch_size=1, **kw)
+    assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
+    chunked = generate(lm, axis, PROMPTS[:3], batch_size=4, **kw)  # rows land in other chunks
+    assert [g.token_ids for g in chunked] == [g.token_ids for g in alone]
+    # common random numbers: one seed per (prompt, sample), shared by every α
+    for g in batched:
+        assert g.seed == row_seed(3, g.prompt, g.sample)
+    assert len({g.token_ids for g in batched}) > 3  # steering and sampling do change the text
+
+
+def test_row_draws_do_not_depend_on_batch():
+    seeds = [11, 22, 33]
+    together = RowSampler(seeds)
+    alone = RowSampler([22])
+    for _ in range(5):
+        assert together.draw()[1] == alone.draw()[0]
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    a = RowSampler(seeds).sample(logits)
+    b = RowSampler([33]).sample(logits[2:])
+    assert a[2] == b[0]
+
+
+def test_sampler_matches_distribution():
+    logits = torch.tensor([[0.0, math.log(3.0), -1e9]])
+    sampler = RowSampler([0])
+    draws = torch.stack([sampler.sample(logits) for _ in range(4000)])
+    assert (draws == 2).sum() == 0
+    assert abs(float((draws == 1).float().mean()) - 0.75) < 0.03
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_nnsight_route_equals_hooks_route(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=3.0)
+    for positions in ("all", "generated"):
+        kw = dict(
+            alphas=[-2.0, 0.0, 2.0], samples=1, max_new_tokens=5, seed=0, progress=False, positions=positions
+        )
+        hooks = generate(lm, axis, PROMPTS[:2], **kw)
+        nn = generate(lm, axis, PROMPTS[:2], backend="nnsight", **kw)
+        assert [g.token_ids for g in hooks] == [g.token_ids for g in nn]
+    assert len({g.token_ids for g in hooks}) > 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm)
+    ids, mask = _batch(lm, PROMPTS[:1])
+    (g,) = generate(lm, axis, PROMPTS[:1], alphas=[2.0], greedy=True, max_new_tokens=4, trace=True,
+                    read_layers=[2], progress=False)  # fmt: skip
+    tr = g.trace
+    seq = torch.tensor([list(ids[0]) + list(g.token_ids)])
+    base = _forward(lm, seq, torch.ones_like(seq), output_hidden_states=True).hidden_states
+    # (the last hidden state is after the final norm, so resid_post[2] is read by a recorder)
+    with steer(lm, axis, 2.0), record(lm, [Point(2)]) as rec:
+        _forward(lm, seq, torch.ones_like(seq))
+    n = len(tr.tokens)
+    pre = axis.score(base[2][0], 1)  # resid_post[1] unsteered = what the hook reads before adding
+    torch.testing.assert_close(torch.tensor(tr.values["resid_post[1]"][:-1]), pre[: n - 1], atol=1e-4, rtol=0)
+    post2 = axis.score(rec[Point(2)][0], 2)  # resid_post[2] downstream of the steering
+    torch.testing.assert_close(
+        torch.tensor(tr.values["resid_post[2]"][:-1]), post2[: n - 1], atol=1e-4, rtol=0
+    )
+    assert math.isnan(tr.values["resid_post[1]"][-1])
+    assert tr.alpha[:-1] == (2.0,) * (n - 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pid_holds_planted_target_and_respects_cap(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=0.3)
+    layer = 1
+    # dead-beat gains: the value the next block receives sits on the target at every generated token
+    with record(lm, [Point(layer + 1, Site.resid_pre)]) as rec:
+        gens = control(lm, axis, PROMPTS[:2], PID(target=2.5, kp=1.0, ki=0.0, kd=0.0, cap=50.0),
+                       max_new_tokens=6, seed=1, progress=False)  # fmt: skip
+    after = torch.cat([axis.score(v, layer) for v in rec.values[Point(layer + 1, Site.resid_pre)][1:]], dim=1)
+    torch.testing.assert_close(after, torch.full_like(after, 2.5), atol=1e-4, rtol=0)
+    for g in gens:
+        z = torch.tensor(g.trace.values["resid_post[1] after"][g.trace.n_prompt : -1])
+        torch.testing.assert_close(z, torch.full_like(z, 2.5), atol=1e-4, rtol=0)
+    # PI gains: within 0.5 σ of the target, on average, once settled (tokens 8..)
+    gens = control(lm, axis, PROMPTS[:2], PID(target=2.0), max_new_tokens=16, seed=1, progress=False)
+    for g in gens:
+        z = torch.tensor(g.trace.values["resid_post[1] after"][g.trace.n_prompt + 8 : -1])
+        assert float((z - 2.0).abs().mean()) < 0.5
+    # an unreachable target: |α| pinned at the cap, never past it
+    gens = control(lm, axis, PROMPTS[:2], PID(target=80.0, cap=1.5), max_new_tokens=6, seed=1, progress=False)
+    for g in gens:
+        a = torch.tensor(g.trace.alpha[g.trace.n_prompt : -1])
+        assert float(a.abs().max()) <= 1.5 and torch.allclose(a, torch.full_like(a, 1.5))
+        assert all(x == 0.0 for x in g.trace.alpha[: g.trace.n_prompt])
+
+
+def test_outputs_bit_identical_after_exception_in_generation(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm)
+    ids, mask = _batch(lm)
+    before = _forward(lm, ids, mask).logits
+
+    class Boom:
+        calls = 0
+
+        def __call__(self, input_ids, scores):
+            Boom.calls += 1
+            if Boom.calls == 3:
+                raise KeyboardInterrupt
+            return scores
+
+    with pytest.raises(KeyboardInterrupt), steer(lm, axis, 4.0), torch.no_grad():
+        lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                          logits_processor=[Boom()])  # fmt: skip
+    assert torch.equal(_forward(lm, ids, mask).logits, before)
+
+
+def test_bad_input_one_clear_line(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm)
+    no_norm = ValueAxis(**{**axis.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))})
+    with pytest.raises(ValueprobeError, match="no mean residual norm"):
+        steer(lm, no_norm, 1.0, unit="norm")
+    with pytest.raises(ValueprobeError, match="has no layer"):
+        steer(lm, axis[1], 1.0, layers=2)
+    other = tiny_lm_factory("llama", d_model=32)
+    with pytest.raises(ValueprobeError, match="d_model 64"):
+        steer(other, axis, 1.0)
+    with pytest.raises(ValueprobeError, match="max_new_tokens"):
+        generate(lm, axis, PROMPTS, max_new_tokens=0)
+    with pytest.raises(ValueprobeError, match="empty"):
+        generate(lm, axis, [""], max_new_tokens=2)

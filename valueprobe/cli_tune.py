@@ -1,0 +1,180 @@
+"""The tuning commands: ``valueprobe tune dpo|sft`` and ``valueprobe replicate dpo-words|safety``.
+
+    valueprobe tune dpo --data data/preference_words.jsonl --group preference_words/dolphin --out runs/tune/dolphin
+    valueprobe replicate dpo-words --k 6 --avoid 2 --out probes/dpo-words-smollm2-135m
+    valueprobe replicate safety --out probes/safety-smollm2-135m
+
+Registered on the main app by :mod:`valueprobe.cli` (kept apart so each module stays short).
+Options are checked before any model loads; the work is one library call each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.axis import ValueAxis
+from valueprobe.dpo_words import replicate_dpo_words as run_dpo_words
+from valueprobe.dpo_words import write_report as write_words
+from valueprobe.errors import ValueprobeError
+from valueprobe.models import load
+from valueprobe.safety import replicate_safety as run_safety
+from valueprobe.safety import write_report as write_safety
+from valueprobe.tune import TuneSettings, check_out, data_record, read_pairs, train
+
+__all__ = ["tune_app", "replicate_dpo_words", "replicate_safety"]
+
+tune_app = typer.Typer(
+    no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
+)
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
+]
+
+
+def _print(title: str, headers: list[str], rows: list[list[object]]) -> None:
+    from valueprobe.cli import console, table  # a real cycle: valueprobe.cli registers these commands
+
+    table(title, headers, rows)
+    console.print()
+
+
+def _say(text: str) -> None:
+    from valueprobe.cli import console  # a real cycle: valueprobe.cli registers these commands
+
+    console.print(text)
+
+
+# --- tune ---
+
+TuneData = Annotated[
+    Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
+]
+TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
+TuneGroup = Annotated[
+    str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
+]
+TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
+TuneLora = Annotated[
+    bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+]
+TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
+TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
+
+
+def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
+          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
+          beta: float = 0.1) -> None:  # fmt: skip
+    check_out(out, overwrite=overwrite)
+    groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
+    pairs = read_pairs(data, groups=groups, split=split)
+    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,  # type: ignore[arg-type]
+                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
+    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
+                data=data_record(data, groups=groups, split=split))  # fmt: skip
+    headers, rows = res.table()
+    _print(f"tune {method} -> {out}", headers, rows)
+    _say(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
+
+
+@tune_app.command("dpo")
+def tune_dpo(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 1.0, seed: int = 0,
+    lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
+    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+
+
+@tune_app.command("sft")
+def tune_sft(
+    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 1.0,
+    seed: int = 0, lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
+    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
+) -> None:  # fmt: skip
+    """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
+    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
+          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+
+
+ShippedAxes = Annotated[
+    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
+]
+SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
+
+
+def _axes(spec: str) -> dict[str, ValueAxis]:
+    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
+    return {p.name: ValueAxis.load(p) for p in paths}
+
+
+def _tune_settings(*, epochs: float, lr: float, max_steps: int) -> TuneSettings:
+    if epochs <= 0 or lr <= 0:
+        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
+    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
+
+
+def replicate_dpo_words(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
+        "runs/dpo-words-smollm2-135m"
+    ),
+    k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
+    avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
+    if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
+        raise ValueprobeError(
+            f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
+        )
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = load(model)
+    report = run_dpo_words(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
+                 settings=settings, seed=seed, progress=_say)  # fmt: skip
+    headers, rows = report.table()
+    _print(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
+    _say("wrote " + ", ".join(str(p) for p in write_words(report, out)))
+
+
+def replicate_safety(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[
+        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
+    ] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
+        "runs/safety-smollm2-135m"
+    ),
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
+    if n_random < 1 or (per_group is not None and per_group < 2):
+        raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = load(model)
+    report = run_safety(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
+                 per_group=per_group, seed=seed, progress=_say)  # fmt: skip
+    headers, rows = report.table()
+    _print("safety DPO: refusal and shift", headers, rows)
+    _say("wrote " + ", ".join(str(p) for p in write_safety(report, out)))
