@@ -21,9 +21,12 @@ from valueprobe.metrics import auroc, cohens_d
 from valueprobe.models import LoadedModel, load, wrap
 from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.readout import ScoreResult, logit_lens, score_dataset, val
+from valueprobe.shift import shift
+from valueprobe.shift_result import ShiftResult
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import SweepResult
 from valueprobe.transfer import TransferResult, transfer_matrix
+from valueprobe.tune import TuneResult, TuneSettings, read_pairs, train
 from valueprobe.version import __version__
 from valueprobe.vocab import Backend, Positions, Site, Unit
 
@@ -36,10 +39,13 @@ __all__ = [
     "LoadedModel",
     "Positions",
     "ScoreResult",
+    "ShiftResult",
     "Site",
     "Span",
     "SweepResult",
     "TransferResult",
+    "TuneResult",
+    "TuneSettings",
     "Unit",
     "ValueAxis",
     "ValueprobeError",
@@ -55,9 +61,12 @@ __all__ = [
     "load",
     "logit_lens",
     "read_jsonl",
+    "read_pairs",
     "score_dataset",
+    "shift",
     "steer",
     "sweep_figure",
+    "train",
     "transfer_heatmap",
     "transfer_matrix",
     "val",

@@ -15,7 +15,8 @@ resumes; captures also resume shard by shard):
 6. ``matched_control`` and ``logit_lens`` of the pre/post axis;
 7. ``trace``: one greedy generation with the value read at every token;
 8. ``steer``: a steering sweep on yes/no confidence prompts with its random-direction null;
-9. ``shift`` (one short DPO model and its shift): plugs in through :data:`LATER_STAGES` (not yet).
+9. ``shift``: one short LoRA DPO model (preference for one word) and its shift on held-out prompts of
+   that word and two others, against the random-direction null.
 
 Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.html``.
 """
@@ -50,10 +51,12 @@ from valueprobe.replicate import (
     matched_control,
 )
 from valueprobe.report import RESULTS_FILE, write_report
+from valueprobe.shift import shift
 from valueprobe.stages import StageCache
 from valueprobe.steer_sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.store import ActivationStore
 from valueprobe.transfer import transfer_matrix
+from valueprobe.tune import TuneSettings, data_record, load_tuned, read_pairs, train
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
 
@@ -69,13 +72,39 @@ class DemoSize:
     refusal: int
     splits: int
     trace_tokens: int
+    preference: int  # training prompts per target word (each gives 3-5 DPO pairs)
+    dpo_steps: int
+    shift_prompts: int  # held-out prompts per group in the shift
 
 
 # Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
-FULL = DemoSize(icrl=60, code=16, backtracking=16, confidence=8, refusal=40, splits=5, trace_tokens=48)
-QUICK = DemoSize(icrl=18, code=4, backtracking=6, confidence=2, refusal=12, splits=3, trace_tokens=24)
+FULL = DemoSize(
+    icrl=60,
+    code=16,
+    backtracking=16,
+    confidence=8,
+    refusal=40,
+    splits=5,
+    trace_tokens=48,
+    preference=8,
+    dpo_steps=6,
+    shift_prompts=10,
+)
+QUICK = DemoSize(
+    icrl=18,
+    code=4,
+    backtracking=6,
+    confidence=2,
+    refusal=12,
+    splits=3,
+    trace_tokens=24,
+    preference=2,
+    dpo_steps=1,
+    shift_prompts=4,
+)
 CONTRASTS = ("icrl", "code", "backtracking", "confidence", "refusal")
 TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
+TUNE_TARGET, SHIFT_OTHERS = "dolphin", ("volcano", "lantern")  # the tuned word; two untargeted words
 TRACE_PROMPT = [{"role": "user", "content": "Is 91 a prime number? Answer, then explain in one sentence."}]
 
 
@@ -140,13 +169,48 @@ def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
     return d
 
 
+def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
+    """Train one short LoRA DPO model to prefer :data:`TUNE_TARGET`, then measure its shift on the axis."""
+    size = QUICK if quick else FULL
+    pairs_file, eval_file = (
+        out / "data" / "preference_words.jsonl",
+        out / "data" / "preference_words_eval.jsonl",
+    )
+    target = f"preference_words/{TUNE_TARGET}"
+    pairs = read_pairs(pairs_file, groups=[target], split="train")
+    settings = TuneSettings(max_steps=size.dpo_steps, seed=seed, save_steps=max(1, size.dpo_steps))
+    tuned_dir = out / "tune" / TUNE_TARGET
+    # a fresh copy of the base: LoRA training wraps the model it is given
+    train(lm().model_id, pairs, tuned_dir, settings=settings, overwrite=True,
+          data=data_record(pairs_file, groups=[target], split="train"))  # fmt: skip
+    groups = [target, *(f"preference_words/{w}" for w in SHIFT_OTHERS)]
+    examples = [
+        ex for g in groups for ex in [e for e in read_jsonl(eval_file) if e.group == g][: size.shift_prompts]
+    ]
+    result = shift(ValueAxis.load(probe_dir), lm(), load_tuned(tuned_dir, device=str(lm().device)), examples,
+                   targeted=[target], n_random=32, n_boot=200 if quick else 1000, seed=seed, progress=False)  # fmt: skip
+    d = _finite(result.to_dict())
+    g = next(x for x in d["groups"] if x["targeted"])
+    lo, hi = g["null_range"]
+    d["tune"] = {
+        "target": TUNE_TARGET,
+        "pairs": len(pairs),
+        "steps": settings.max_steps,
+        "checkpoint": str(tuned_dir),
+    }
+    d["headline"] = (
+        f"shift after {settings.max_steps}-step DPO ({TUNE_TARGET}, layer {d['layer']}): {g['shift_data_sigma']:+.3f}"
+        f" data σ vs random-direction null [{lo:+.3f}, {hi:+.3f}] ({g['null_percentile']:.0f}th pct)"
+    )
+    return d
+
+
 # Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.
 # A section with no registered stage is reported as missing, with the reason below.
-LATER_STAGES: dict[str, Callable[..., dict]] = {"steer": steer_stage}
+LATER_STAGES: dict[str, Callable[..., dict]] = {"steer": steer_stage, "shift": shift_stage}
 MISSING_WHY = {
     "steer": "the steering sweep is not registered in this build",
-    "shift": "one short DPO model and its shift are not wired into the demo yet: run `valueprobe tune dpo`,"
-    " then valueprobe.shift.shift(axis, base, tuned, examples)",
+    "shift": "the DPO shift stage is not registered in this build",
 }
 
 
@@ -171,9 +235,10 @@ def run_demo(
         for family in CONTRASTS:
             files.update(build(family, data_dir, seed=seed, n=getattr(size, family)))
         files.update(build("steering", data_dir, seed=seed))
+        files.update(build("preference", data_dir, seed=seed, n=size.preference))
         return {name: sha256_file(path) for name, path in sorted(files.items())}
 
-    inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering"]}
+    inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering", "preference"]}
     shas = cache.run("datasets", inputs, datasets, label="contrast sets and steering prompts")
     families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
 
@@ -227,7 +292,7 @@ def run_demo(
     missing = {}
     for name, why in MISSING_WHY.items():
         if (stage := LATER_STAGES.get(name)) is not None:
-            sections[name] = cache.run(name, {**fit_key, "model": model, "quick": quick},
+            sections[name] = cache.run(name, {**fit_key, "model": model, "quick": quick, "data": shas},
                                        functools.partial(stage, lm, probe_dir, out, seed, quick))  # fmt: skip
         else:
             missing[name] = why
