@@ -12,7 +12,7 @@ from valueprobe.cli import main
 from valueprobe.report import SECTIONS
 from valueprobe.stages import StageCache
 
-RAN_SECTIONS = ("sweep", "history", "transfer", "matched_control", "logit_lens", "trace")
+RAN_SECTIONS = ("sweep", "history", "transfer", "matched_control", "logit_lens", "trace", "steer", "shift")
 
 
 def test_stage_cache_reuses_by_inputs(tmp_path):

@@ -87,7 +87,7 @@ FULL = DemoSize(
     splits=5,
     trace_tokens=48,
     preference=8,
-    dpo_steps=6,
+    dpo_steps=4,
     shift_prompts=10,
 )
 QUICK = DemoSize(
