@@ -254,7 +254,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli_steer._load_model", no_load)
+    monkeypatch.setattr("valueprobe.cli_steer.load", no_load)
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
