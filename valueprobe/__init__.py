@@ -20,7 +20,8 @@ from valueprobe.generation import Generation, generate
 from valueprobe.metrics import auroc, cohens_d
 from valueprobe.models import LoadedModel, load, wrap
 from valueprobe.plots import sweep_figure, transfer_heatmap
-from valueprobe.readout import ScoreResult, logit_lens, score_dataset, val
+from valueprobe.readout import logit_lens, score_dataset, val
+from valueprobe.scores import ScoreResult
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import SweepResult
 from valueprobe.transfer import TransferResult, transfer_matrix
