@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import tqdm.auto
+from conftest import run_cli as run
 
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
@@ -34,16 +35,6 @@ from valueprobe.store import ActivationStore, capture_to_store
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_line(code: int, err: str, *, want: int = 2) -> str:

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli as run
 
 from valueprobe import generation
 from valueprobe.axis import ValueAxis
 from valueprobe.backends import steered_logits
-from valueprobe.cli import main
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.dose import SweepRow, summarise
 from valueprobe.errors import ValueprobeError
@@ -201,16 +201,6 @@ def test_summary_null_and_drop_rule():
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
