@@ -124,7 +124,7 @@ def test_score_refuses_probe_of_another_model(tiny_dir, tiny_lm_factory, icrl_sm
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["demo", "--n", "1"], "--n 1 is too small"),
+        (["demo", "--out", "{data}"], "is a file, not a folder"),
         (
             ["capture", "--data", "{data}", "--out", "{tmp}/s", "--positions", "middle"],
             "'middle' is not one of",

@@ -323,13 +323,12 @@ def test_text_over_context_is_named_or_truncated_with_warning(tiny_dir, tmp_path
                                                 str(tmp_path / "s2"), "--max-length", "4096"], capsys)  # fmt: skip
 
 
-def test_demo_n_too_small_fails_before_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(
-        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
-    )
+def test_demo_out_checked_before_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
     out = tmp_path / "demo"
-    assert "--n 2 is too small" in fails(["demo", "--out", str(out), "--n", "2"], capsys)
-    assert not out.exists()
+    out.write_text("not a folder")
+    assert "is a file, not a folder" in fails(["demo", "--out", str(out)], capsys)
+    assert out.read_text() == "not a folder"
 
 
 # ---------------------------------------------------------------- 6. base models: --chat-template plain

@@ -134,7 +134,8 @@ def open_report(
     """
     url = Path(path).resolve().as_uri()
     check = BrowserCheck()
-    with tempfile.TemporaryDirectory(prefix="valueprobe-chromium-") as profile:
+    # Chromium's helper processes may still write the profile while it exits: cleanup is best effort.
+    with tempfile.TemporaryDirectory(prefix="valueprobe-chromium-", ignore_cleanup_errors=True) as profile:
         cmd = [find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
                f"--window-size={width},{height or 1500}", "about:blank"]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
