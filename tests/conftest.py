@@ -15,6 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+from valueprobe.cli import main
+
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -126,3 +128,14 @@ def default_lm():
     from valueprobe.models import load
 
     return load("smollm2-135m")
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run the ``valueprobe`` CLI in-process: (exit status, stdout, stderr)."""
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err

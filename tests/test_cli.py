@@ -10,21 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli as run
 
-from valueprobe.cli import main
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

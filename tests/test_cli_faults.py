@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import tqdm.auto
+from conftest import run_cli as run
 
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
@@ -34,16 +35,6 @@ from valueprobe.store import ActivationStore, capture_to_store
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_line(code: int, err: str, *, want: int = 2) -> str:
@@ -194,8 +185,12 @@ def test_partial_store_refused_unless_allowed(store_dir, tmp_path, capsys):
 def test_output_path_checked_before_work(command, store_dir, probe_dir, tiny_dir, icrl_small, tmp_path, capsys,
                                          monkeypatch):  # fmt: skip
     # Any model load or store read would fail loudly here: the checks must come first.
-    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
-    monkeypatch.setattr("valueprobe.cli.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check"))
+    monkeypatch.setattr(
+        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+    )
+    monkeypatch.setattr(
+        "valueprobe.cli_capture_fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
+    )
     args = {
         "fit": ["fit", "--store", str(store_dir)],
         "score": ["score", "--probe", str(probe_dir), "--data", str(icrl_small), "--model", tiny_dir],
@@ -287,7 +282,9 @@ def test_splits_below_one(splits, store_dir, tmp_path, capsys):
 
 
 def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
+    monkeypatch.setattr(
+        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+    )
     base = ["capture", "--data", str(icrl_small), "--out", str(tmp_path / "s")]
     assert "--batch-size 0" in fails([*base, "--batch-size", "0"], capsys)
     assert "--examples-per-shard" in fails([*base, "--examples-per-shard", "0"], capsys)
@@ -298,7 +295,9 @@ def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, caps
 
 
 def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
+    monkeypatch.setattr(
+        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+    )
     out = tmp_path / "s"
     line = fails(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
                   "--group-by", "meta.nope"], capsys)  # fmt: skip
@@ -458,7 +457,7 @@ def test_internal_error_names_a_traceback_log(store_dir, tmp_path, capsys, monke
         raise RuntimeError("a bug")
 
     monkeypatch.setenv("VALUEPROBE_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr("valueprobe.cli.fit_probe", broken)
+    monkeypatch.setattr("valueprobe.cli_capture_fit.fit_probe", broken)
     line = fails(["fit", "--store", str(store_dir), "--out", str(tmp_path / "p")], capsys, want=1)
     assert "internal error (RuntimeError: a bug)" in line
     (log,) = (tmp_path / "logs").iterdir()

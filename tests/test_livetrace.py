@@ -13,21 +13,11 @@ import math
 
 import pytest
 import torch
+from conftest import run_cli as run
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
 from valueprobe.axis import ValueAxis
-from valueprobe.cli import main
 from valueprobe.models import load
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
+from conftest import run_cli
 
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
-from valueprobe.cli import main
 from valueprobe.datasets.io import Example, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import wrap
@@ -146,16 +146,6 @@ def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
 
 
 # ---- the command line -----------------------------------------------------------------------------
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_line(code: int, err: str) -> str:

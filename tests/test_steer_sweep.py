@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli as run
 
 from valueprobe import generation
 from valueprobe.axis import ValueAxis
 from valueprobe.backends import steered_logits
-from valueprobe.cli import main
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.dose import SweepRow, summarise
 from valueprobe.errors import ValueprobeError
@@ -203,16 +203,6 @@ def test_summary_null_and_drop_rule():
 # --- CLI ------------------------------------------------------------------------------------------------
 
 
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.fixture(scope="module")
 def tiny_files(tmp_path_factory, tiny_lm_factory):
     lm = tiny_lm_factory("llama")
@@ -254,7 +244,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli_steer._load_model", no_load)
+    monkeypatch.setattr("valueprobe.cli_steer.load", no_load)
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')

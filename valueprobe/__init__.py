@@ -5,70 +5,66 @@
     >>> axis = vp.ValueAxis.load("probes/smollm2-135m-value", lm=lm)
     >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("data/code.jsonl")[:50])
 
-The CLI (``valueprobe --help``) and the notebooks use only the names below.
+The names below are what the notebooks and the README use, plus the result types they return;
+everything else is reached through its module (``valueprobe.metrics.auroc``, ``valueprobe.vocab.Site``).
 """
 
 from __future__ import annotations
 
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
-from valueprobe.datasets import build as build_datasets
-from valueprobe.datasets.io import Example, Span, read_jsonl
+from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.fit import FitReport, calibrate, fit_probe
+from valueprobe.fit import FitReport, fit_probe
 from valueprobe.generation import Generation, generate
-from valueprobe.metrics import auroc, cohens_d
 from valueprobe.models import LoadedModel, load, wrap
 from valueprobe.plots import sweep_figure, transfer_heatmap
-from valueprobe.readout import ScoreResult, logit_lens, score_dataset, val
+from valueprobe.readout import logit_lens, score_dataset, val
+from valueprobe.scores import ScoreResult
 from valueprobe.shift import shift
 from valueprobe.shift_result import ShiftResult
+from valueprobe.steer import Steering, steer
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import SweepResult
-from valueprobe.transfer import TransferResult, transfer_matrix
+from valueprobe.transfer import TransferResult
 from valueprobe.tune import TuneResult, TuneSettings, read_pairs, train
 from valueprobe.version import __version__
-from valueprobe.vocab import Backend, Positions, Site, Unit
 
 __all__ = [
+    # load a model, read data
+    "load",
+    "wrap",
+    "read_jsonl",
+    # capture and fit
+    "capture",
+    "capture_to_store",
+    "fit_probe",
+    "sweep_figure",
+    "transfer_heatmap",
+    # read and steer
+    "ValueAxis",
+    "val",
+    "score_dataset",
+    "logit_lens",
+    "generate",
+    "steer",
+    # result and record types
     "ActivationStore",
-    "Backend",
     "Example",
     "FitReport",
     "Generation",
     "LoadedModel",
-    "Positions",
     "ScoreResult",
     "ShiftResult",
-    "Site",
-    "Span",
+    "Steering",
     "SweepResult",
     "TransferResult",
     "TuneResult",
-    "TuneSettings",
-    "Unit",
-    "ValueAxis",
     "ValueprobeError",
-    "__version__",
-    "auroc",
-    "build_datasets",
-    "calibrate",
-    "capture",
-    "capture_to_store",
-    "cohens_d",
-    "fit_probe",
-    "generate",
-    "load",
-    "logit_lens",
-    "read_jsonl",
+    # tune and measure the shift
+    "TuneSettings",
     "read_pairs",
-    "score_dataset",
-    "shift",
-    "steer",
-    "sweep_figure",
     "train",
-    "transfer_heatmap",
-    "transfer_matrix",
-    "val",
-    "wrap",
+    "shift",
+    "__version__",
 ]

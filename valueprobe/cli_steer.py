@@ -1,4 +1,4 @@
-"""The steering sweep commands of the ``valueprobe`` CLI (registered on its app by `valueprobe.cli`).
+"""The steering sweep commands of the ``valueprobe`` CLI (registered on the app of `valueprobe.cli_app`).
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
         --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --controls 8 --out runs/steer-code
@@ -16,9 +16,11 @@ from typing import Annotated
 import typer
 
 from valueprobe.axis import ValueAxis
-from valueprobe.cli import ModelOpt, _load_model, app, console, replicate_app, table, write_html
+from valueprobe.behaviour import METRICS
+from valueprobe.cli_app import ModelOpt, app, console, replicate_app, table, write_html
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
+from valueprobe.models import load
 from valueprobe.replicate_steer import BENCHMARKS, replicate_steer
 from valueprobe.steer_sweep import SweepSettings, check_settings, metrics_for, parse_alphas, run_sweep
 from valueprobe.vocab import Unit
@@ -63,8 +65,6 @@ def steer_command(
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
 ) -> None:
     """Steer generations along an axis at several strengths, with random-direction controls."""
-    from valueprobe.behaviour import METRICS
-
     values = parse_alphas(alphas)
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
@@ -87,7 +87,7 @@ def steer_command(
         metrics=chosen, limit=limit,
     )  # fmt: skip
     check_settings(settings, axis, out, examples)
-    lm = _load_model(model, device=device)
+    lm = load(model, device=device)
     result = run_sweep(
         lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap
     )
@@ -129,7 +129,7 @@ def replicate_steer_command(
         settings = bench.settings(probe, other_probe, axis, model, path, values, unit.value, samples, controls,
                                   seed, prompts, tokens)  # fmt: skip
         check_settings(settings, axis, runs / bench.name, examples)
-    lm = _load_model(model, device=device)
+    lm = load(model, device=device)
     report = replicate_steer(lm, axis=axis, other=other, probe=probe, other_probe=other_probe, data_dir=data,
                              runs_dir=runs, out=out, prompts=prompts, alphas=values, unit=unit.value,
                              samples=samples, controls=controls, seed=seed, tokens=tokens,

