@@ -31,7 +31,7 @@ import numpy as np
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.models import LoadedModel, load
 from valueprobe.prefread import (
     Direction,
@@ -285,7 +285,5 @@ def write_report(report: WordsReport, out: Path) -> list[Path]:
            " random unit directions at the same layer (σ from the base model's readings)."]  # fmt: skip
     atomic_write_text(files[1], "\n".join(md) + "\n")
     fig = report.figure()
-    from valueprobe.files import atomic_write
-
     atomic_write(files[2], lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
     return files

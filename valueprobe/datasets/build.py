@@ -30,6 +30,7 @@ from valueprobe.datasets.io import (
     dumps_jsonl,
     example_from_dict,
     example_to_dict,
+    read_jsonl,
 )
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_bytes
@@ -184,8 +185,6 @@ def _read_manifest(path: Path) -> dict:
 
 def summary(files: Mapping[str, str | Path]) -> list[tuple[str, str, int]]:
     """Rows ``(file, group, count)`` for a table of what :func:`build` wrote (reads the files back)."""
-    from valueprobe.datasets.io import read_jsonl
-
     rows: list[tuple[str, str, int]] = []
     for _, path in sorted(files.items()):
         counts = Counter(ex.group for ex in read_jsonl(path))
