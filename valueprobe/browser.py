@@ -154,7 +154,8 @@ def open_report(
                 deadline = time.monotonic() + timeout
                 state: dict = {}
                 while time.monotonic() < deadline:
-                    state = dt.evaluate(_FIGURES_JS) or {}  # type: ignore[assignment]
+                    got = dt.evaluate(_FIGURES_JS)
+                    state = got if isinstance(got, dict) else {}
                     if state.get("ready") == "complete" and state.get("drawn", 0) == state.get("n", -1):
                         break
                     time.sleep(0.2)

@@ -11,7 +11,7 @@ Options are checked before any model loads; the work is one library call each.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -59,13 +59,13 @@ TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: ru
 TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
 
 
-def _tune(method: str, *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
+def _tune(method: Literal["dpo", "sft"], *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
           batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
           beta: float = 0.1) -> None:  # fmt: skip
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
     pairs = read_pairs(data, groups=groups, split=split)
-    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,  # type: ignore[arg-type]
+    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,
                             learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
     res = train(model, pairs, out, settings=settings, overwrite=overwrite,
                 data=data_record(data, groups=groups, split=split))  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
@@ -32,7 +33,7 @@ class Encoded:
 
 
 def render(
-    tokenizer: object, ex: Example, *, chat_template: ChatTemplate = ChatTemplate.model
+    tokenizer: Any, ex: Example, *, chat_template: ChatTemplate = ChatTemplate.model
 ) -> tuple[str, list[int]]:
     """Text the model reads, and the character offset of each message's content in it.
 
@@ -52,7 +53,7 @@ def render(
             "--chat-template plain (a 'User: ...' / 'Assistant: ...' transcript), use a chat model, or give text"
         )
     final_assistant = messages[-1].get("role") == "assistant"
-    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+    text = tokenizer.apply_chat_template(
         messages,
         tokenize=False,
         add_generation_prompt=not final_assistant,
@@ -135,7 +136,7 @@ def encode(
     for ex in examples:
         text, starts = render(tok, ex, chat_template=chat_template)
         special = ex.messages is None or chat_template == "plain"  # a chat template adds its own
-        enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)  # type: ignore[operator]
+        enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
         ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         if max_length is None and limit is not None and len(ids) > limit:
             raise ValueprobeError(

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -93,7 +93,7 @@ class LoadedModel:
 
     @property
     def layers(self) -> nn.ModuleList:
-        return _get_path(self.model, self.layers_path)  # type: ignore[return-value]
+        return cast(nn.ModuleList, _get_path(self.model, self.layers_path))  # checked by find_layers_path
 
     @cached_property
     def legacy_fingerprint(self) -> str:

@@ -27,6 +27,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -178,16 +179,16 @@ def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
     return (v / v.norm(dim=1, keepdim=True)).float()
 
 
-def _answer_ids(tokenizer: object, word: str) -> set[int]:
+def _answer_ids(tokenizer: Any, word: str) -> set[int]:
     """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
     where the tokenizer has any, else the first token of each form."""
-    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]
              for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())]  # fmt: skip
     single = {int(ids[0]) for ids in forms if len(ids) == 1}
     return single or {int(ids[0]) for ids in forms if ids}
 
 
-def answer_tokens(tokenizer: object) -> tuple[list[int], list[int]]:
+def answer_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
     """Token ids read as "yes" and as "no"; a token both words start with (a bare space) counts for neither."""
     yes, no = _answer_ids(tokenizer, "yes"), _answer_ids(tokenizer, "no")
     return sorted(yes - no), sorted(no - yes)
