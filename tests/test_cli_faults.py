@@ -488,3 +488,26 @@ def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch)
         ValueAxis.load(probe_dir), tiny_lm_factory("llama"), exs, batch_size=3, bootstrap=0, force=True
     )
     assert steps == [3, 3, 3, 1]  # one step per batch, not one per 32 batches
+
+
+@pytest.mark.parametrize("kind", ["bert", "t5"])
+def test_not_a_decoder_only_lm_is_refused_before_any_work(kind, tmp_path, tiny_tokenizer, capsys):
+    """An encoder (BERT's masked LM) or an encoder-decoder (T5) is named as such, for demo and load alike."""
+    from transformers import BertConfig, BertForMaskedLM, T5Config, T5ForConditionalGeneration
+
+    small = dict(vocab_size=len(tiny_tokenizer), num_attention_heads=2)
+    if kind == "bert":
+        model = BertForMaskedLM(
+            BertConfig(hidden_size=16, num_hidden_layers=2, intermediate_size=32, **small)
+        )
+    else:
+        model = T5ForConditionalGeneration(T5Config(d_model=16, d_kv=8, d_ff=32, num_layers=2, **small))
+    folder = tmp_path / kind
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    out = tmp_path / "demo"
+    line = fails(["demo", "--quick", "--model", str(folder), "--out", str(out)], capsys)
+    assert "not a decoder-only LM" in line and kind in line and str(folder) in line
+    assert not out.exists()  # refused before the first stage wrote anything
+    with pytest.raises(Exception, match="not a decoder-only LM"):
+        load(str(folder))

@@ -31,7 +31,7 @@ from valueprobe.datasets.io import read_jsonl
 from valueprobe.demo import run_demo
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
-from valueprobe.models import check_device, load
+from valueprobe.models import check_device, check_model_folder, load
 from valueprobe.report import SECTIONS, load_results, write_report
 from valueprobe.shift import group_by, shift
 from valueprobe.vocab import Positions
@@ -53,6 +53,7 @@ def demo(
 
     check_output_dir(out, holds="demo")
     check_device(device)
+    check_model_folder(model)
     result = run_demo(out=out, model=model, quick=quick, seed=seed, device=device, console=console)
     verb = f"ran {len(result.ran)} stages, reused {len(result.reused)}"
     console.print(

@@ -14,11 +14,13 @@ that the probes shipped in ``probes/`` match its fingerprint on every machine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
@@ -174,8 +176,13 @@ def wrap(
 def _from_pretrained(
     where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
 ) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: only when loading
+    from transformers import (  # seconds to import: only when loading
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
+    check_decoder_only(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code), where)
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device_map:
@@ -184,6 +191,38 @@ def _from_pretrained(
     if not device_map:
         model = model.to(device)
     return model, tok
+
+
+def check_decoder_only(config: Any, where: str) -> None:
+    """Refuse, before any weights load, a checkpoint that is not a decoder-only causal LM.
+
+    The residual stream, the chat spans and steered generation all assume one causal stack: an
+    encoder-decoder (T5, BART) or an encoder (BERT's masked-LM checkpoints) would load through
+    ``AutoModelForCausalLM`` as something else, or fail deep inside transformers.
+    """
+    kind = getattr(config, "model_type", type(config).__name__)
+    fix = f"valueprobe reads decoder-only causal LMs: pass one, such as '{DEFAULT_MODEL}'"
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueprobeError(f"model {where} is an encoder-decoder ({kind}), not a decoder-only LM; {fix}")
+    heads = [a for a in getattr(config, "architectures", None) or [] if isinstance(a, str)]
+    if heads and not any(
+        a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in heads
+    ):
+        raise ValueprobeError(
+            f"model {where} is a {', '.join(heads)} checkpoint ({kind}), not a decoder-only LM; {fix}"
+        )
+
+
+def check_model_folder(spec: str) -> None:
+    """For a local model folder, :func:`check_decoder_only` on its ``config.json`` before any work starts."""
+    config_file = Path(spec).expanduser() / "config.json"
+    if not config_file.is_file():
+        return  # an alias, a .gguf file or a hub id: checked when it loads
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueprobeError(f"{config_file} is unreadable ({exc}); restore the model folder") from None
+    check_decoder_only(SimpleNamespace(**config) if isinstance(config, dict) else None, spec)
 
 
 def check_device(device: str) -> None:
