@@ -47,17 +47,29 @@ def random_axis(lm, *, seed: int = 0) -> ValueAxis:
     )  # fmt: skip
 
 
-def test_read_items_equals_hidden_states_mean_over_the_item_tokens(base_dir):
+@pytest.mark.parametrize("trimmed", [True, False])
+@pytest.mark.parametrize("item", ["dolphin", "the"])
+def test_read_items_equals_hidden_states_mean_over_the_item_tokens(base_dir, trimmed, item):
+    """The item's tokens, its leading space included: untrimmed offsets (SmolLM2's template
+    post-processor) start a merged token such as " the" at the space, outside the bare word."""
+    from tokenizers import processors
+
     lm = load(base_dir)
+    if not trimmed:
+        lm.tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A", pair="$A $B"
+        )
     prompt = [{"role": "user", "content": "Pick one: spoon / dolphin"}]
-    ex = item_example("a", prompt, "I pick the dolphin today", "dolphin")
+    ex = item_example("a", prompt, "I pick the dolphin today", item)
     v = torch.nn.functional.normalize(torch.randn(lm.d_model), dim=0)
     d = Direction("d", 1, v, 0.5, 2.0)
     scores, _ = read_items(lm, [ex], [d])
     text = lm.tokenizer.apply_chat_template(list(ex.messages), tokenize=False)
-    start = text.index("I pick the dolphin") + len("I pick the ")
+    lo = text.index("I pick the dolphin") + "I pick the dolphin".index(f" {item}")
+    hi = lo + 1 + len(item)
     enc = lm.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    toks = [i for i, (a, b) in enumerate(enc.offset_mapping) if a < start + len("dolphin") and b > start]
+    toks = [i for i, (a, b) in enumerate(enc.offset_mapping) if b > a and lo <= a < hi]
+    assert toks and any(text[a:b].strip() for a, b in (enc.offset_mapping[i] for i in toks))
     with torch.no_grad():
         hs = lm.model(torch.tensor([enc.input_ids]), output_hidden_states=True).hidden_states
     want = (float(hs[2][0, toks].mean(0) @ v) - 0.5) / 2.0  # hidden_states[L + 1] = resid_post[L]

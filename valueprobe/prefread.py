@@ -72,12 +72,18 @@ def calibrate_nulls(dirs: Sequence[Direction], acts: Mapping[int, torch.Tensor])
 
 def item_example(ex_id: str, prompt: Sequence[Mapping[str, str]], answer: str, item: str, *,
                  group: str = "items", label: int = 0, meta: dict | None = None) -> Example:  # fmt: skip
-    """Prompt + an assistant ``answer``; the span ``item`` covers the item's first occurrence in it."""
-    start = answer.index(item)
+    """Prompt + an assistant ``answer``; the span ``item`` covers the item's first occurrence in it.
+
+    The span starts at the space before the item, if any: byte-level tokenizers that keep the space
+    in the token's offsets (SmolLM2's) start the token " dolphin" there, and a token belongs to the
+    span that holds its first character.
+    """
+    end = answer.index(item) + len(item)
+    start = end - len(item) - (answer[: end - len(item)].endswith(" "))
     return Example(id=ex_id, label=label, group=group,
                    messages=(*({"role": m["role"], "content": m["content"]} for m in prompt),
                              {"role": "assistant", "content": answer}),
-                   spans=(Span(start, start + len(item), "item", message=len(prompt)),), meta=meta or {})  # fmt: skip
+                   spans=(Span(start, end, "item", message=len(prompt)),), meta=meta or {})  # fmt: skip
 
 
 def read_items(lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[Direction], *,
