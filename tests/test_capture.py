@@ -51,8 +51,16 @@ def test_last_and_mean_match_output_hidden_states(tiny_lm, padding_side):
     exs = _examples()
     n = lm.n_layers
     inner = list(range(n - 1))  # hidden_states[L+1] == resid_post[L] for these
-    last = capture(lm, exs, layers=inner, positions="last", batch_size=3, padding_side=padding_side,
-                   include_embed=True, progress=False)  # fmt: skip
+    last = capture(
+        lm,
+        exs,
+        layers=inner,
+        positions="last",
+        batch_size=3,
+        padding_side=padding_side,
+        include_embed=True,
+        progress=False,
+    )
     mean = capture(
         lm, exs, layers=inner, positions="mean", batch_size=3, padding_side=padding_side, progress=False
     )

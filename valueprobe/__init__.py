@@ -37,8 +37,12 @@ if TYPE_CHECKING:
 
 # Training pulls in TRL, peft and HF datasets: seconds of imports, and HF datasets must not load
 # inside an nnsight trace (its anyio import trips over nnsight's `.save` patch). Load them on first use.
-_LAZY = {"TuneResult": "valueprobe.tune", "TuneSettings": "valueprobe.tune", "read_pairs": "valueprobe.tune",
-         "train": "valueprobe.tune"}  # fmt: skip
+_LAZY = {
+    "TuneResult": "valueprobe.tune",
+    "TuneSettings": "valueprobe.tune",
+    "read_pairs": "valueprobe.tune",
+    "train": "valueprobe.tune",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -61,9 +61,8 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         fail(EXIT_INTERRUPTED, "aborted")
-    except (
-        NoArgsIsHelpError
-    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
+    except NoArgsIsHelpError as exc:
+        # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except typer.TyperException as exc:  # unknown command, missing or bad option

@@ -136,10 +136,22 @@ def shift_cmd(
     base_lm = load(base, trust_remote_code=trust_remote_code, device=device)
     tuned_lm = load(tuned, trust_remote_code=trust_remote_code, device=device)
     res = shift(
-        axis, base_lm, tuned_lm, examples, layers=layers, layer=layer, tokens=tokens,
-        targeted=[t.strip() for t in targeted.split(",") if t.strip()], contrast=contrast, n_random=n_random,
-        refit=refit, n_boot=bootstrap, seed=seed, batch_size=batch_size, force=force,
-    )  # fmt: skip
+        axis,
+        base_lm,
+        tuned_lm,
+        examples,
+        layers=layers,
+        layer=layer,
+        tokens=tokens,
+        targeted=[t.strip() for t in targeted.split(",") if t.strip()],
+        contrast=contrast,
+        n_random=n_random,
+        refit=refit,
+        n_boot=bootstrap,
+        seed=seed,
+        batch_size=batch_size,
+        force=force,
+    )
     res.write(out, overwrite=overwrite)
     headers, rows = res.table()
     table(

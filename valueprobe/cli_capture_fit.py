@@ -108,20 +108,44 @@ def capture(
     regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
-        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
-        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
-        max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
-        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,
+        lm,
+        examples,
+        out,
+        layers=layers,
+        site=site,
+        positions=positions,
+        batch_size=batch_size,
+        examples_per_shard=examples_per_shard,
+        dtype=dtype,
+        padding_side=padding_side,
+        max_length=max_length,
+        dataset_path=str(data),
+        dataset_sha256=sha256_file(data),
+        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
+        group_by=group_by,
+        backend=backend,
+        remote=remote,
+        checkpoint_seconds=checkpoint_seconds,
         chat_template=chat_template,
-    )  # fmt: skip
+    )
     rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
         ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [[m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(rows.example_id)),
-          m.n_rows, len(m.shards), m.dtype]],
-    )  # fmt: skip
+        [
+            [
+                m.model_id,
+                m.fingerprint,
+                layer_ranges(m.layers),
+                m.site,
+                m.positions,
+                len(set(rows.example_id)),
+                m.n_rows,
+                len(m.shards),
+                m.dtype,
+            ]
+        ],
+    )
 
 
 @app.command()
@@ -153,10 +177,16 @@ def fit(
     check_at_least("--train-groups", train_groups, 1)
     stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
-        stores, method=method, layers=layers, n_splits=splits,
-        train_groups=train_groups, seed=seed, transfer=transfer, target=target,
+        stores,
+        method=method,
+        layers=layers,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        transfer=transfer,
+        target=target,
         share_groups=share_groups,
-    )  # fmt: skip
+    )
     report.axis.save(out)
     headers, rows = report.sweep.table()
     table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
@@ -202,10 +232,19 @@ def score(
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-        bootstrap=bootstrap, seed=seed, null=null, force=force, max_length=max_length,
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        bootstrap=bootstrap,
+        seed=seed,
+        null=null,
+        force=force,
+        max_length=max_length,
         chat_template=chat_template,
-    )  # fmt: skip
+    )
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
@@ -242,8 +281,17 @@ def replicate_axis(
     check_at_least("--batch-size", batch_size, 1)
     check_device(device)
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                           seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
+    report = run_replicate(
+        lm,
+        data_dir=data,
+        runs_dir=runs,
+        out=out,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        batch_size=batch_size,
+        history_out=history_out,
+    )
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -253,9 +301,12 @@ def replicate_axis(
     table(
         f"ICRL matched control at layer {control['layer']}",
         ["contrast", "AUROC", "95% CI", "Cohen's d"],
-        [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
-         for k, v in control.items() if isinstance(v, dict)],
-    )  # fmt: skip
+        [
+            [k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
+            for k, v in control.items()
+            if isinstance(v, dict)
+        ],
+    )
     lens = report.axis.metrics["logit_lens"]
     console.print("logit lens, promoted:   " + " ".join(repr(t) for t, _ in lens["promoted"][:12]))
     console.print("logit lens, suppressed: " + " ".join(repr(t) for t, _ in lens["suppressed"][:12]))
@@ -269,7 +320,15 @@ def replicate_axis(
             f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
             f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
             ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
-            [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"], v.get("embed_auroc")]
-             for k, v in history.metrics["evaluated_on"].items()],
-        )  # fmt: skip
+            [
+                [
+                    k,
+                    v["auroc"],
+                    f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]",
+                    v["cohens_d"],
+                    v.get("embed_auroc"),
+                ]
+                for k, v in history.metrics["evaluated_on"].items()
+            ],
+        )
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")

@@ -59,16 +59,44 @@ TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: ru
 TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
 
 
-def _tune(method: Literal["dpo", "sft"], *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
-          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
-          beta: float = 0.1) -> None:  # fmt: skip
+def _tune(
+    method: Literal["dpo", "sft"],
+    *,
+    model: str,
+    data: Path,
+    out: Path,
+    lora: bool,
+    epochs: float,
+    seed: int,
+    lr: float,
+    batch_size: int,
+    group: str | None,
+    split: str | None,
+    max_steps: int,
+    overwrite: bool,
+    beta: float = 0.1,
+) -> None:
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
     pairs = read_pairs(data, groups=groups, split=split)
-    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,
-                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
-    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
-                data=data_record(data, groups=groups, split=split))  # fmt: skip
+    settings = TuneSettings(
+        method=method,
+        lora=lora,
+        beta=beta,
+        epochs=epochs,
+        seed=seed,
+        learning_rate=lr,
+        batch_size=batch_size,
+        max_steps=max_steps,
+    )
+    res = train(
+        model,
+        pairs,
+        out,
+        settings=settings,
+        overwrite=overwrite,
+        data=data_record(data, groups=groups, split=split),
+    )
     headers, rows = res.table()
     _print(f"tune {method} -> {out}", headers, rows)
     _say(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
@@ -76,25 +104,70 @@ def _tune(method: Literal["dpo", "sft"], *, model: str, data: Path, out: Path, l
 
 @tune_app.command("dpo")
 def tune_dpo(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
-    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 1.0, seed: int = 0,
-    lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
+    data: TuneData,
+    out: TuneOut,
+    model: ModelOpt = "smollm2-135m",
+    lora: TuneLora = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1,
+    epochs: float = 1.0,
+    seed: int = 0,
+    lr: float = 3e-4,
+    batch_size: int = 8,
+    group: TuneGroup = None,
+    split: TuneSplit = None,
+    max_steps: TuneSteps = -1,
+    overwrite: TuneOverwrite = False,
+) -> None:
     """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
-    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+    _tune(
+        "dpo",
+        model=model,
+        data=data,
+        out=out,
+        lora=lora,
+        beta=beta,
+        epochs=epochs,
+        seed=seed,
+        lr=lr,
+        batch_size=batch_size,
+        group=group,
+        split=split,
+        max_steps=max_steps,
+        overwrite=overwrite,
+    )
 
 
 @tune_app.command("sft")
 def tune_sft(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 1.0,
-    seed: int = 0, lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
+    data: TuneData,
+    out: TuneOut,
+    model: ModelOpt = "smollm2-135m",
+    lora: TuneLora = True,
+    epochs: float = 1.0,
+    seed: int = 0,
+    lr: float = 3e-4,
+    batch_size: int = 8,
+    group: TuneGroup = None,
+    split: TuneSplit = None,
+    max_steps: TuneSteps = -1,
+    overwrite: TuneOverwrite = False,
+) -> None:
     """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
-    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
+    _tune(
+        "sft",
+        model=model,
+        data=data,
+        out=out,
+        lora=lora,
+        epochs=epochs,
+        seed=seed,
+        lr=lr,
+        batch_size=batch_size,
+        group=group,
+        split=split,
+        max_steps=max_steps,
+        overwrite=overwrite,
+    )
 
 
 ShippedAxes = Annotated[
@@ -139,8 +212,18 @@ def replicate_dpo_words(
     settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
     axes = _axes(probes)
     lm = load(model)
-    report = run_dpo_words(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
-                 settings=settings, seed=seed, progress=_say)  # fmt: skip
+    report = run_dpo_words(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        k=k,
+        avoid=avoid,
+        n_random=n_random,
+        settings=settings,
+        seed=seed,
+        progress=_say,
+    )
     headers, rows = report.table()
     _print(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
     _say("wrote " + ", ".join(str(p) for p in write_words(report, out)))
@@ -170,8 +253,17 @@ def replicate_safety(
     settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
     axes = _axes(probes)
     lm = load(model)
-    report = run_safety(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
-                 per_group=per_group, seed=seed, progress=_say)  # fmt: skip
+    report = run_safety(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        settings=settings,
+        n_random=n_random,
+        per_group=per_group,
+        seed=seed,
+        progress=_say,
+    )
     headers, rows = report.table()
     _print("safety DPO: refusal and shift", headers, rows)
     _say("wrote " + ", ".join(str(p) for p in write_safety(report, out)))

@@ -242,8 +242,14 @@ def load(
             if (path / "adapter_config.json").exists() and (path / "valueprobe-tune.json").exists():
                 from valueprobe.tune import load_tuned  # a real cycle: tune trains through load
 
-                return load_tuned(path, dtype=torch_dtype, device=device, device_map=device_map,
-                                  trust_remote_code=trust_remote_code, layers_path=layers_path)  # fmt: skip
+                return load_tuned(
+                    path,
+                    dtype=torch_dtype,
+                    device=device,
+                    device_map=device_map,
+                    trust_remote_code=trust_remote_code,
+                    layers_path=layers_path,
+                )
             if not (path / "config.json").exists():
                 raise ValueprobeError(
                     f"model folder {path} has no config.json: pass a transformers model folder"

@@ -239,8 +239,15 @@ def render_report(results: dict, *, title: str | None = None) -> str:
         for part in parts:
             if isinstance(part, go.Figure):
                 n += 1
-                body.append(part.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{n}",
-                                         default_height=420, config={"displaylogo": False}))  # fmt: skip
+                body.append(
+                    part.to_html(
+                        full_html=False,
+                        include_plotlyjs=False,
+                        div_id=f"fig{n}",
+                        default_height=420,
+                        config={"displaylogo": False},
+                    )
+                )
             else:
                 body.append(part)
         blocks.append(

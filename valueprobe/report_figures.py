@@ -67,32 +67,57 @@ def sweep_figure_from_dict(d: dict) -> go.Figure:
     by = d["by_layer"]
     layers = sorted(int(k) for k in by if k.lstrip("-").isdigit())
     fig = go.Figure()
-    series = [("test AUROC", "test_auroc", _PALETTE[0], None), ("val AUROC", "val_auroc", _PALETTE[0], "dot"),
-              ("control: shuffled labels", "shuffled_auroc", "#7f7f7f", "dash"),
-              ("control: random direction", "random_auroc", "#bcbd22", "dash")]  # fmt: skip
+    series = [
+        ("test AUROC", "test_auroc", _PALETTE[0], None),
+        ("val AUROC", "val_auroc", _PALETTE[0], "dot"),
+        ("control: shuffled labels", "shuffled_auroc", "#7f7f7f", "dash"),
+        ("control: random direction", "random_auroc", "#bcbd22", "dash"),
+    ]
     for name, key, color, dash in series:
         mean = np.array([by[str(layer)][key]["mean"] for layer in layers])
         sd = np.array([by[str(layer)][key]["sd"] for layer in layers])
         if dash is None:
             _band(fig, layers, mean - sd, mean + sd, color, f"{name} ± sd", legend=True)
-        fig.add_trace(go.Scatter(x=layers, y=mean, name=name, mode="lines+markers",
-                                 line={"dash": dash, "color": color}))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=layers, y=mean, name=name, mode="lines+markers", line={"dash": dash, "color": color})
+        )
     for i, (name, ms) in enumerate(sorted(d.get("controls", {}).items())):
         if name == "embed" or name.startswith("position:"):
-            fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[ms["mean"]] * 2, mode="lines",
-                                     name=f"control: {name}",
-                                     line={"dash": "dashdot", "color": _PALETTE[(i + 2) % len(_PALETTE)]}))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[layers[0], layers[-1]],
+                    y=[ms["mean"]] * 2,
+                    mode="lines",
+                    name=f"control: {name}",
+                    line={"dash": "dashdot", "color": _PALETTE[(i + 2) % len(_PALETTE)]},
+                )
+            )
     fig.add_vline(x=d["best_layer"], line_dash="dot", annotation_text=f"chosen layer {d['best_layer']}")
-    fig.update_layout(xaxis_title="layer", yaxis_title="AUROC (held-out groups)", yaxis_range=[0.0, 1.02],
-                      title=f"{d.get('method', '')}: held-out AUROC by layer", **_LAYOUT)  # fmt: skip
+    fig.update_layout(
+        xaxis_title="layer",
+        yaxis_title="AUROC (held-out groups)",
+        yaxis_range=[0.0, 1.02],
+        title=f"{d.get('method', '')}: held-out AUROC by layer",
+        **_LAYOUT,
+    )
     return fig
 
 
 def cosine_figure(d: dict) -> go.Figure:
     """Inter-layer cosine heatmap from ``SweepResult.to_dict()`` (``cosine``, ``cosine_layers``)."""
     labels = [str(x) for x in d["cosine_layers"]]
-    fig = go.Figure(go.Heatmap(z=d["cosine"], x=labels, y=labels, zmin=-1, zmax=1, colorscale="RdBu",
-                               reversescale=True, colorbar={"title": "cos"}))  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=d["cosine"],
+            x=labels,
+            y=labels,
+            zmin=-1,
+            zmax=1,
+            colorscale="RdBu",
+            reversescale=True,
+            colorbar={"title": "cos"},
+        )
+    )
     fig.update_layout(
         title="cos(v_i, v_j) between layers", xaxis_title="layer", yaxis_title="layer", **_LAYOUT
     )
@@ -111,10 +136,28 @@ def transfer_figure(d: dict) -> go.Figure:
         ]
         for row, mrow in zip(z, margin, strict=True)
     ]
-    fig = go.Figure(go.Heatmap(z=z, x=names, y=names, text=text, texttemplate="%{text}", colorscale="RdBu",
-                               reversescale=True, zmid=0.5, zmin=0, zmax=1, colorbar={"title": "AUROC"}))  # fmt: skip
-    fig.update_layout(title=f"transfer at layer {d['layer']}: AUROC (margin over strongest control)",
-                      xaxis_title="evaluated on", yaxis_title="fitted on", yaxis_autorange="reversed", **_LAYOUT)  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=names,
+            y=names,
+            text=text,
+            texttemplate="%{text}",
+            colorscale="RdBu",
+            reversescale=True,
+            zmid=0.5,
+            zmin=0,
+            zmax=1,
+            colorbar={"title": "AUROC"},
+        )
+    )
+    fig.update_layout(
+        title=f"transfer at layer {d['layer']}: AUROC (margin over strongest control)",
+        xaxis_title="evaluated on",
+        yaxis_title="fitted on",
+        yaxis_autorange="reversed",
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -124,11 +167,22 @@ def matched_control_figure(d: dict) -> go.Figure:
     auc = [d[k]["auroc"] for k in names]
     lo = [d[k]["auroc"] - d[k]["auroc_ci"][0] for k in names]
     hi = [d[k]["auroc_ci"][1] - d[k]["auroc"] for k in names]
-    fig = go.Figure(go.Bar(x=auc, y=names, orientation="h", marker_color=_PALETTE[0],
-                           error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo}))  # fmt: skip
+    fig = go.Figure(
+        go.Bar(
+            x=auc,
+            y=names,
+            orientation="h",
+            marker_color=_PALETTE[0],
+            error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
+        )
+    )
     fig.add_vline(x=0.5, line_dash="dash", annotation_text="chance")
-    fig.update_layout(title=f"matched control at layer {d['layer']}", xaxis_title="AUROC [95% CI]",
-                      xaxis_range=[0, 1.02], **_LAYOUT)  # fmt: skip
+    fig.update_layout(
+        title=f"matched control at layer {d['layer']}",
+        xaxis_title="AUROC [95% CI]",
+        xaxis_range=[0, 1.02],
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -138,10 +192,25 @@ def logit_lens_figure(d: dict, *, k: int = 15) -> go.Figure:
     tokens = [repr(t) for t, _ in suppressed[::-1]] + [repr(t) for t, _ in promoted[::-1]]
     logits = [-abs(v) for _, v in suppressed[::-1]] + [abs(v) for _, v in promoted[::-1]]
     colors = ["#4575b4"] * len(suppressed) + ["#d73027"] * len(promoted)
-    fig = go.Figure(go.Bar(x=logits, y=list(range(len(tokens))), orientation="h", marker_color=colors,
-                           text=tokens, textposition="outside", hovertext=tokens, hoverinfo="text+x"))  # fmt: skip
-    fig.update_layout(title=f"logit lens at layer {d['layer']}", xaxis_title="logit change (suppressed < 0 < promoted)",
-                      yaxis={"showticklabels": False}, height=520, **_LAYOUT)  # fmt: skip
+    fig = go.Figure(
+        go.Bar(
+            x=logits,
+            y=list(range(len(tokens))),
+            orientation="h",
+            marker_color=colors,
+            text=tokens,
+            textposition="outside",
+            hovertext=tokens,
+            hoverinfo="text+x",
+        )
+    )
+    fig.update_layout(
+        title=f"logit lens at layer {d['layer']}",
+        xaxis_title="logit change (suppressed < 0 < promoted)",
+        yaxis={"showticklabels": False},
+        height=520,
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -163,14 +232,24 @@ def trace_figure(d: dict) -> go.Figure:
     """The value (σ units) at each token of one generation; the prompt/generation boundary marked."""
     where, tokens, score = trace_series(d)
     x = np.arange(len(score))
-    fig = go.Figure(go.Scatter(x=x, y=score, mode="lines+markers", marker={"size": 4}, name="value (σ)",
-                               hovertext=[repr(t) for t in tokens], hoverinfo="text+y"))  # fmt: skip
+    fig = go.Figure(
+        go.Scatter(
+            x=x,
+            y=score,
+            mode="lines+markers",
+            marker={"size": 4},
+            name="value (σ)",
+            hovertext=[repr(t) for t in tokens],
+            hoverinfo="text+y",
+        )
+    )
     for y in (-1.0, 1.0):
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
     if d.get("n_prompt"):
         fig.add_vline(x=int(d["n_prompt"]) - 0.5, line_dash="dash", annotation_text="generation starts")
-    fig.update_layout(title=f"value trace at {where}", xaxis_title="token",
-                      yaxis_title="score (σ)", **_LAYOUT)  # fmt: skip
+    fig.update_layout(
+        title=f"value trace at {where}", xaxis_title="token", yaxis_title="score (σ)", **_LAYOUT
+    )
     return fig
 
 
@@ -200,18 +279,50 @@ def dose_response_figure(d: dict) -> go.Figure:
         curves = e["curves"]
         if "null" in curves:
             n = curves["null"]
-            fig.add_trace(go.Scatter(x=[*n["alpha"], *n["alpha"][::-1]], y=[*n["hi"], *n["lo"][::-1]], fill="toself",
-                                     fillcolor="rgba(150,150,150,0.3)", line={"width": 0}, legendgroup="null",
-                                     name="random directions (95%)", showlegend=first), row=r, col=c)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[*n["alpha"], *n["alpha"][::-1]],
+                    y=[*n["hi"], *n["lo"][::-1]],
+                    fill="toself",
+                    fillcolor="rgba(150,150,150,0.3)",
+                    line={"width": 0},
+                    legendgroup="null",
+                    name="random directions (95%)",
+                    showlegend=first,
+                ),
+                row=r,
+                col=c,
+            )
         if "other" in curves:
             o = curves["other"]
-            fig.add_trace(go.Scatter(x=o["alpha"], y=o["mean"], mode="lines+markers", line={"color": "#e69f00"},
-                                     name=e.get("other_name") or "other axis", legendgroup="other",
-                                     showlegend=first), row=r, col=c)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=o["alpha"],
+                    y=o["mean"],
+                    mode="lines+markers",
+                    line={"color": "#e69f00"},
+                    name=e.get("other_name") or "other axis",
+                    legendgroup="other",
+                    showlegend=first,
+                ),
+                row=r,
+                col=c,
+            )
         a = curves["axis"]
         _band_on(fig, a["alpha"], a["lo"], a["hi"], _PALETTE[0], r, c)
-        fig.add_trace(go.Scatter(x=a["alpha"], y=a["mean"], mode="lines+markers", line={"color": _PALETTE[0]},
-                                 name="axis (95% CI)", legendgroup="axis", showlegend=first), row=r, col=c)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=a["alpha"],
+                y=a["mean"],
+                mode="lines+markers",
+                line={"color": _PALETTE[0]},
+                name="axis (95% CI)",
+                legendgroup="axis",
+                showlegend=first,
+            ),
+            row=r,
+            col=c,
+        )
     fig.update_xaxes(title_text=f"α ({d.get('unit', 'sigma')})")
     fig.update_layout(title="steering dose-response: axis vs random directions", height=330 * rows, **_LAYOUT)
     return fig
@@ -219,8 +330,20 @@ def dose_response_figure(d: dict) -> go.Figure:
 
 def _band_on(fig: go.Figure, x: Sequence, lo: Sequence, hi: Sequence, color: str, row: int, col: int) -> None:
     x = list(x)
-    fig.add_trace(go.Scatter(x=x + x[::-1], y=list(hi) + list(lo)[::-1], fill="toself", fillcolor=color, opacity=0.18,
-                             line={"width": 0}, hoverinfo="skip", showlegend=False), row=row, col=col)  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=x + x[::-1],
+            y=list(hi) + list(lo)[::-1],
+            fill="toself",
+            fillcolor=color,
+            opacity=0.18,
+            line={"width": 0},
+            hoverinfo="skip",
+            showlegend=False,
+        ),
+        row=row,
+        col=col,
+    )
 
 
 def shift_distribution_figure(d: dict) -> go.Figure:
@@ -234,16 +357,38 @@ def shift_distribution_figure(d: dict) -> go.Figure:
     for side, which, color in (("negative", "base", "#7f7f7f"), ("positive", "tuned", _PALETTE[1])):
         xs = [g for g, v in by_group.items() for _ in v[which]]
         ys = [y for v in by_group.values() for y in v[which]]
-        fig.add_trace(go.Violin(x=xs, y=ys, side=side, name=which, line_color=color, meanline_visible=True,
-                                points=False, scalemode="width"))  # fmt: skip
+        fig.add_trace(
+            go.Violin(
+                x=xs,
+                y=ys,
+                side=side,
+                name=which,
+                line_color=color,
+                meanline_visible=True,
+                points=False,
+                scalemode="width",
+            )
+        )
     for g in d.get("groups", []):  # the random-direction null at the headline layer, as a grey bar
         lo, hi = g["null_range"]
         if lo is not None and hi is not None:
-            fig.add_trace(go.Scatter(x=[g["group"]] * 2, y=[g["base_mean"] + lo, g["base_mean"] + hi], mode="lines",
-                                     line={"color": "#bbb", "width": 8}, name="null: random directions",
-                                     showlegend=g is d["groups"][0], opacity=0.6))  # fmt: skip
-    fig.update_layout(title=f"scores at layer {d['layer']}: base (left) vs tuned (right)",
-                      yaxis_title="score (σ of the base axis)", violinmode="overlay", **_LAYOUT)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=[g["group"]] * 2,
+                    y=[g["base_mean"] + lo, g["base_mean"] + hi],
+                    mode="lines",
+                    line={"color": "#bbb", "width": 8},
+                    name="null: random directions",
+                    showlegend=g is d["groups"][0],
+                    opacity=0.6,
+                )
+            )
+    fig.update_layout(
+        title=f"scores at layer {d['layer']}: base (left) vs tuned (right)",
+        yaxis_title="score (σ of the base axis)",
+        violinmode="overlay",
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -254,14 +399,32 @@ def shift_layers_figure(d: dict) -> go.Figure:
     for i, p in enumerate(d.get("pairs", [])):
         color = _PALETTE[i % len(_PALETTE)]
         for which, dash in (("d_base", "dash"), ("d_tuned", None)):
-            fig.add_trace(go.Scatter(x=layers, y=p[which], mode="lines+markers", line={"color": color, "dash": dash},
-                                     name=f"{p['a']} vs {p['b']}: {which[2:]}"))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=layers,
+                    y=p[which],
+                    mode="lines+markers",
+                    line={"color": color, "dash": dash},
+                    name=f"{p['a']} vs {p['b']}: {which[2:]}",
+                )
+            )
     if not d.get("pairs"):
         for i, (group, ys) in enumerate(d["shift_by_layer"].items()):
-            fig.add_trace(go.Scatter(x=layers, y=ys, mode="lines+markers", name=f"{group}: shift (σ)",
-                                     line={"color": _PALETTE[i % len(_PALETTE)]}))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=layers,
+                    y=ys,
+                    mode="lines+markers",
+                    name=f"{group}: shift (σ)",
+                    line={"color": _PALETTE[i % len(_PALETTE)]},
+                )
+            )
     fig.add_hline(y=0, line_color="#999")
     fig.add_vline(x=d["layer"], line_dash="dot", annotation_text=f"axis layer {d['layer']}")
-    fig.update_layout(title="separation by layer before (dashed) and after (solid) tuning", xaxis_title="layer",
-                      yaxis_title="Cohen's d" if d.get("pairs") else "shift (σ)", **_LAYOUT)  # fmt: skip
+    fig.update_layout(
+        title="separation by layer before (dashed) and after (solid) tuning",
+        xaxis_title="layer",
+        yaxis_title="Cohen's d" if d.get("pairs") else "shift (σ)",
+        **_LAYOUT,
+    )
     return fig

@@ -182,8 +182,10 @@ def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
 def _answer_ids(tokenizer: Any, word: str) -> set[int]:
     """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
     where the tokenizer has any, else the first token of each form."""
-    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]
-             for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())]  # fmt: skip
+    forms = [
+        tokenizer(f, add_special_tokens=False)["input_ids"]
+        for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())
+    ]
     single = {int(ids[0]) for ids in forms if len(ids) == 1}
     return single or {int(ids[0]) for ids in forms if ids}
 
@@ -334,15 +336,36 @@ def run_sweep(
             continue
         prompts = [_prompt(examples[p]) for p in block]
         block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
-        gens = generate(lm, axis, prompts, alphas=settings.alphas, samples=settings.samples, seed=block_seed,
-                        max_new_tokens=settings.max_new_tokens, greedy=settings.greedy,
-                        temperature=settings.temperature, unit=settings.unit, layers=[layer], direction=v,
-                        direction_name=name, batch_size=batch_size, progress=False)  # fmt: skip
+        gens = generate(
+            lm,
+            axis,
+            prompts,
+            alphas=settings.alphas,
+            samples=settings.samples,
+            seed=block_seed,
+            max_new_tokens=settings.max_new_tokens,
+            greedy=settings.greedy,
+            temperature=settings.temperature,
+            unit=settings.unit,
+            layers=[layer],
+            direction=v,
+            direction_name=name,
+            batch_size=batch_size,
+            progress=False,
+        )
         pyes: dict[tuple[int, float], float] = {}
         if yes_no:
             pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
-            got = p_yes(lm, axis, [prompts[p] for p, _ in pairs], [a for _, a in pairs], unit=settings.unit,
-                        layer=layer, direction=v, batch_size=batch_size)  # fmt: skip
+            got = p_yes(
+                lm,
+                axis,
+                [prompts[p] for p, _ in pairs],
+                [a for _, a in pairs],
+                unit=settings.unit,
+                layer=layer,
+                direction=v,
+                batch_size=batch_size,
+            )
             pyes = dict(zip(pairs, got.tolist(), strict=True))
         rows = []
         for g in gens:
@@ -350,15 +373,30 @@ def run_sweep(
             metrics = text_metrics(g.text)
             if yes_no:
                 metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
-            row = SweepRow(prompt_id=ex.id, group=ex.group, alpha=g.alpha, direction=name, sample=g.sample,
-                           seed=g.seed, text=g.text, metrics=metrics)  # fmt: skip
+            row = SweepRow(
+                prompt_id=ex.id,
+                group=ex.group,
+                alpha=g.alpha,
+                direction=name,
+                sample=g.sample,
+                seed=g.seed,
+                text=g.text,
+                metrics=metrics,
+            )
             if row.key() not in done:
                 rows.append(row)
         _append(path, rows)
         done.update(r.key() for r in rows)
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
-    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, by_group=by_group,
-                       n_boot=n_boot, seed=settings.seed, settings=settings.to_dict())  # fmt: skip
+    result = summarise(
+        _read_rows(path),
+        unit=settings.unit,
+        metrics=settings.metrics,
+        by_group=by_group,
+        n_boot=n_boot,
+        seed=settings.seed,
+        settings=settings.to_dict(),
+    )
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )

@@ -152,8 +152,15 @@ def read_pairs(
             prompt = row.get("prompt", row.get("messages"))
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
-            missing = [k for k, v in (("prompt", prompt), ("chosen", row.get("chosen", meta.get("chosen"))),
-                                      ("rejected", row.get("rejected", meta.get("rejected")))) if not v]  # fmt: skip
+            missing = [
+                k
+                for k, v in (
+                    ("prompt", prompt),
+                    ("chosen", row.get("chosen", meta.get("chosen"))),
+                    ("rejected", row.get("rejected", meta.get("rejected"))),
+                )
+                if not v
+            ]
             if missing:
                 raise ValueprobeError(
                     f"{where}: missing {', '.join(repr(m) for m in missing)}; each row needs a prompt "
@@ -189,11 +196,19 @@ def read_pairs(
 
 def _dataset(pairs: Sequence[Pair], method: str) -> Dataset:
     if method == "dpo":
-        rows = [{"prompt": list(p.prompt), "chosen": [{"role": "assistant", "content": p.chosen}],
-                 "rejected": [{"role": "assistant", "content": p.rejected}]} for p in pairs]  # fmt: skip
+        rows = [
+            {
+                "prompt": list(p.prompt),
+                "chosen": [{"role": "assistant", "content": p.chosen}],
+                "rejected": [{"role": "assistant", "content": p.rejected}],
+            }
+            for p in pairs
+        ]
     else:
-        rows = [{"prompt": list(p.prompt), "completion": [{"role": "assistant", "content": p.chosen}]}
-                for p in pairs]  # fmt: skip
+        rows = [
+            {"prompt": list(p.prompt), "completion": [{"role": "assistant", "content": p.chosen}]}
+            for p in pairs
+        ]
     return Dataset.from_list(rows)
 
 
@@ -202,18 +217,33 @@ def _trainer_args(settings: TuneSettings, output_dir: Path) -> Any:
     from trl import DPOConfig, SFTConfig
 
     common: dict[str, Any] = dict(
-        output_dir=str(output_dir), learning_rate=settings.learning_rate, lr_scheduler_type=settings.lr_scheduler,
-        per_device_train_batch_size=settings.batch_size, num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps, seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
-        bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="steps",
-        save_steps=settings.save_steps, save_total_limit=2, report_to="none", disable_tqdm=False,
-        dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type=settings.lr_scheduler,
+        per_device_train_batch_size=settings.batch_size,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        max_length=settings.max_length,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=settings.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+    )
     if settings.method == "dpo":
         # more than one pass: the frozen reference's log-probs once, not once per epoch
         precompute = settings.epochs > 1 and settings.max_steps < 0
-        return DPOConfig(beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute,
-                         **common)  # fmt: skip
+        return DPOConfig(
+            beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute, **common
+        )
     return SFTConfig(completion_only_loss=True, packing=False, **common)
 
 
@@ -285,12 +315,22 @@ def train(
     if settings.lora:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=settings.r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                                 target_modules=settings.target_modules, task_type="CAUSAL_LM")  # fmt: skip
+        peft_config = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=settings.target_modules,
+            task_type="CAUSAL_LM",
+        )
     torch.manual_seed(settings.seed)
     trainer_cls: Any = DPOTrainer if settings.method == "dpo" else SFTTrainer
-    trainer = trainer_cls(model=model, args=_trainer_args(settings, partial), train_dataset=_dataset(pairs, settings.method),
-                          processing_class=tok, peft_config=peft_config)  # fmt: skip
+    trainer = trainer_cls(
+        model=model,
+        args=_trainer_args(settings, partial),
+        train_dataset=_dataset(pairs, settings.method),
+        processing_class=tok,
+        peft_config=peft_config,
+    )
     output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     record = {
@@ -299,10 +339,14 @@ def train(
         "base": base_record,
         "data": data,
         "settings": asdict(settings),
-        "train": {"steps": trainer.state.global_step, "first_loss": losses[0] if losses else float("nan"),
-                  "last_loss": losses[-1] if losses else float("nan"),
-                  "seconds": float(output.metrics.get("train_runtime", 0.0)), "resumed_from": resume and resume.name},
-    }  # fmt: skip
+        "train": {
+            "steps": trainer.state.global_step,
+            "first_loss": losses[0] if losses else float("nan"),
+            "last_loss": losses[-1] if losses else float("nan"),
+            "seconds": float(output.metrics.get("train_runtime", 0.0)),
+            "resumed_from": resume and resume.name,
+        },
+    }
     final = partial / "final"
     if final.exists():
         shutil.rmtree(final)
@@ -330,8 +374,12 @@ def _spec_of(lm: LoadedModel) -> str:
 
 def _arch(lm: LoadedModel) -> dict[str, Any]:
     cfg = lm.model.config
-    return {"model_type": getattr(cfg, "model_type", None), "d_model": lm.d_model, "n_layers": lm.n_layers,
-            "vocab_size": len(lm.tokenizer)}  # fmt: skip
+    return {
+        "model_type": getattr(cfg, "model_type", None),
+        "d_model": lm.d_model,
+        "n_layers": lm.n_layers,
+        "vocab_size": len(lm.tokenizer),
+    }
 
 
 def is_adapter_dir(path: Path) -> bool:

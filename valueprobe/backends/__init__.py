@@ -172,8 +172,9 @@ def residuals(
     impl = route(backend, remote=remote)
     positions = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     blocks, reads = plan_reads(lm, layers, site, include_embed)
-    got = impl.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce,
-                    remote=remote)  # fmt: skip
+    got = impl.read(
+        lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce, remote=remote
+    )
     out: dict[int | str, Tensor] = {
         key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
     }
