@@ -242,3 +242,12 @@ def test_bad_input_through_the_real_entry_point(tmp_path):
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'both' is not one of" in proc.stderr
+
+
+def test_cli_imports_no_optional_heavy_dependency():
+    """`valueprobe --help` must not pay for TRL, peft, HF datasets, nnsight or TransformerLens:
+    the commands that need them import them when they run."""
+    heavy = ["trl", "peft", "datasets", "nnsight", "transformer_lens"]
+    code = f"import sys, valueprobe.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
