@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.axis import ValueAxis
-from valueprobe.boundary import check_at_least, check_layer_spec
+from valueprobe.boundary import check_at_least
 from valueprobe.cli_app import (
     AllowPartialOpt,
     ChatTemplateOpt,
@@ -25,6 +25,7 @@ from valueprobe.cli_app import (
     TrustOpt,
     app,
     console,
+    layer_selection,
     replicate_app,
     table,
     write_html,
@@ -40,9 +41,11 @@ from valueprobe.readout import score_dataset
 from valueprobe.replicate import replicate_axis as run_replicate
 from valueprobe.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.vocab import (
+    ALL_LAYERS,
     Backend,
     ChatTemplate,
     Dtype,
+    LayerSelection,
     PaddingSide,
     Positions,
     Site,
@@ -59,7 +62,10 @@ def capture(
     ],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
-    layers: Annotated[str, typer.Option(help="'all', '0:10', '-1', '3,5,-2'")] = "all",
+    layers: Annotated[
+        LayerSelection,
+        typer.Option(parser=layer_selection, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
+    ] = ALL_LAYERS,
     positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
     site: Annotated[
         Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
@@ -96,7 +102,6 @@ def capture(
     """Capture residual-stream activations of a dataset into a sharded store."""
 
     check_store_out(out)
-    check_layer_spec("--layers", layers)
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--examples-per-shard", examples_per_shard, 1)
     check_at_least("--max-length", max_length, 1)
@@ -155,7 +160,12 @@ def fit(
     ],
     out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
     method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
-    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:', '::2'")] = None,
+    layers: Annotated[
+        LayerSelection | None,
+        typer.Option(
+            parser=layer_selection, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
+        ),
+    ] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
@@ -172,7 +182,6 @@ def fit(
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
 
     check_output_dir(out, holds="probe")
-    check_layer_spec("--layers", layers)
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
     stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]

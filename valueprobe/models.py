@@ -28,7 +28,6 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import fingerprint
 from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
 from valueprobe.gguf import ALIASES, alias_dir, gguf_dir
-from valueprobe.vocab import LayerSpec, parse_layers
 
 __all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -125,10 +124,6 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def resolve_layers(self, spec: LayerSpec) -> list[int]:
-        """This model's blocks named by ``spec``, e.g. ``"-2:"`` -> [28, 29] (:func:`~valueprobe.vocab.parse_layers`)."""
-        return parse_layers(spec, n_layers=self.n_layers)
 
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:

@@ -1,4 +1,5 @@
-"""Pieces the three backends share: input checks, the read plan, the steering delta, the twin.
+"""Pieces the three backends share: the `Forward` record, input checks, the read plan, the
+steering delta, the twin.
 
 Used by :mod:`valueprobe.backends`; nothing here is public API.
 """
@@ -6,7 +7,8 @@ Used by :mod:`valueprobe.backends`; nothing here is public API.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +16,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site, parse_layers
+from valueprobe.vocab import Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -47,6 +49,43 @@ def check_inputs(
 
 
 Read = tuple[int, bool]  # (block, reads the block's input?): input is resid_pre, output resid_post
+Reduce = Callable[[Tensor], Tensor]  # applied to each [batch, pos, d_model] read, e.g. a token selection
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward pass as every route receives it: the batch, explicit positions, and where it runs
+    (``remote``: NDIF through nnsight; the other routes are never given it)."""
+
+    lm: LoadedModel
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    position_ids: Int[Tensor, "batch pos"]
+    remote: bool | str = False
+
+    def kwargs(self, device: torch.device) -> dict[str, Any]:
+        """Keyword arguments of the model's forward: the mask, explicit positions, no KV cache.
+
+        Positions are always given: an HF forward counts 0..pos-1 whatever the mask, while nnsight
+        and TransformerBridge derive their own from a left-padded mask.
+        """
+        return {
+            "attention_mask": self.attention_mask.to(device),
+            "position_ids": self.position_ids.to(device),
+            "use_cache": False,
+        }
+
+
+def block_of(lm: LoadedModel, layer: int) -> int:
+    """The 0-based decoder block ``layer`` indexes (Python indexing: negative counts from the end).
+
+    Layer specs are parsed (and their indices checked) once, by `valueprobe.vocab.LayerSelection`;
+    this only checks a plain index given to the hook layer or to `residuals` directly.
+    """
+    try:
+        return range(lm.n_layers)[int(layer)]
+    except IndexError:
+        raise layer_out_of_range(int(layer), lm.n_layers) from None
 
 
 def plan_reads(
@@ -55,9 +94,7 @@ def plan_reads(
     """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
     execution order: block by block, a block's input before its output. nnsight must be read in
     that order, and the hooks route stops the forward after the last read."""
-    n = lm.n_layers
-    parse_layers(list(layers), n_layers=n)  # checked once, with the parser's messages
-    blocks = {int(layer): int(layer) % n for layer in layers}
+    blocks = {int(layer): block_of(lm, layer) for layer in layers}
     wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
     return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
 
@@ -139,14 +176,6 @@ def twin(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, shared)
 
 
-def forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
-    """Keyword arguments of one forward pass: the mask, explicit positions, no KV cache.
-
-    Positions are always given: an HF forward counts 0..pos-1 whatever the mask, while nnsight and
-    TransformerBridge derive their own from a left-padded mask.
-    """
-    return {
-        "attention_mask": attention_mask.to(device),
-        "position_ids": position_ids.to(device),
-        "use_cache": False,
-    }
+def reduced(got: dict[Read, Tensor], reduce: Reduce | None) -> dict[Read, Tensor]:
+    """``reduce`` applied after the forward, by the routes that cannot run it inside a hook."""
+    return got if reduce is None else {r: reduce(h) for r, h in got.items()}
