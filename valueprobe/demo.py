@@ -78,30 +78,12 @@ class DemoSize:
 
 
 # Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
-FULL = DemoSize(
-    icrl=60,
-    code=16,
-    backtracking=16,
-    confidence=8,
-    refusal=40,
-    splits=5,
-    trace_tokens=48,
-    preference=8,
-    dpo_steps=4,
-    shift_prompts=10,
-)
-QUICK = DemoSize(
-    icrl=18,
-    code=4,
-    backtracking=6,
-    confidence=2,
-    refusal=12,
-    splits=3,
-    trace_tokens=24,
-    preference=2,
-    dpo_steps=1,
-    shift_prompts=4,
-)
+# A table: one row per size, columns in DemoSize's field order.
+# fmt: off
+#                icrl code backtracking confidence refusal splits trace_tokens preference dpo_steps shift_prompts
+FULL = DemoSize(   60,  16,          16,         8,     40,     5,          48,         8,        4,           10)
+QUICK = DemoSize(  18,   4,           6,         2,     12,     3,          24,         2,        1,            4)
+# fmt: on
 CONTRASTS = ("icrl", "code", "backtracking", "confidence", "refusal")
 TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
 TUNE_TARGET, SHIFT_OTHERS = "dolphin", ("volcano", "lantern")  # the tuned word; two untargeted words

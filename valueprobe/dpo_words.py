@@ -31,7 +31,7 @@ import numpy as np
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
 from valueprobe.prefread import (
     Direction,
@@ -354,25 +354,14 @@ def replicate_dpo_words(
 
 def write_report(report: WordsReport, out: Path) -> list[Path]:
     """results.json, summary.md and figure.html in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "results.json", out / "summary.md", out / "figure.html"]
-    atomic_write_text(files[0], json.dumps(report.to_dict(), indent=2, default=float) + "\n")
-    headers, rows = report.table()
-    md = [
-        "# DPO word preference: the axis before and after",
-        "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
-    ]
-    md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    md += [
-        "",
+    notes = [
         f"Settings: {json.dumps(report.settings, default=str)}",
         "",
-        "Intervals are 95% bootstrap CIs over models, then prompts; null ranges are the 2.5–97.5 percentiles over"
-        " random unit directions at the same layer (σ from the base model's readings).",
+        "Intervals are 95% bootstrap CIs over models, then prompts; null ranges are the 2.5–97.5 percentiles"
+        " over random unit directions at the same layer (σ from the base model's readings).",
     ]
-    atomic_write_text(files[1], "\n".join(md) + "\n")
+    files = write_summary(out, report, "DPO word preference: the axis before and after", notes)
+    files.append(out / "figure.html")
     fig = report.figure()
     atomic_write(files[2], lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
     return files

@@ -21,7 +21,7 @@ from pathlib import Path
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.dose import SteerSweep
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, markdown_table
 from valueprobe.models import LoadedModel
 from valueprobe.steer_sweep import SweepSettings, run_sweep
 
@@ -177,11 +177,8 @@ class ReplicateSteer:
             " units of α with 95% bootstrap CIs over prompts; the null range is the central 95% of the"
             " random directions' slopes. Strengths with more than half degenerate outputs are dropped.",
             "",
-            "| " + " | ".join(headers) + " |",
-            "|" + "---|" * len(headers),
+            *markdown_table(headers, rows, lambda v: f"{v:+.4f}" if isinstance(v, float) else str(v)),
         ]
-        for r in rows:
-            lines.append("| " + " | ".join(f"{v:+.4f}" if isinstance(v, float) else str(v) for v in r) + " |")
         lines += [
             "",
             "Sizes: "

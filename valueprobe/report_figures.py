@@ -43,23 +43,31 @@ _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#
 
 
 def _band(
-    fig: go.Figure, x: Sequence, lo: Sequence, hi: Sequence, color: str, name: str, *, legend: bool = False
+    fig: go.Figure,
+    x: Sequence,
+    lo: Sequence,
+    hi: Sequence,
+    color: str,
+    name: str | None = None,
+    *,
+    legend: bool = False,
+    row: int | None = None,
+    col: int | None = None,
 ) -> None:
-    """A filled band between lo and hi (drawn as one closed polygon)."""
+    """A filled band between lo and hi (drawn as one closed polygon), in subplot (row, col) if given."""
     x = list(x)
-    fig.add_trace(
-        go.Scatter(
-            x=x + x[::-1],
-            y=list(hi) + list(lo)[::-1],
-            fill="toself",
-            fillcolor=color,
-            opacity=0.18,
-            line={"width": 0},
-            hoverinfo="skip",
-            name=name,
-            showlegend=legend,
-        )
+    band = go.Scatter(
+        x=x + x[::-1],
+        y=list(hi) + list(lo)[::-1],
+        fill="toself",
+        fillcolor=color,
+        opacity=0.18,
+        line={"width": 0},
+        hoverinfo="skip",
+        name=name,
+        showlegend=legend,
     )
+    fig.add_trace(band, row=row, col=col)
 
 
 def sweep_figure_from_dict(d: dict) -> go.Figure:
@@ -309,7 +317,7 @@ def dose_response_figure(d: dict) -> go.Figure:
                 col=c,
             )
         a = curves["axis"]
-        _band_on(fig, a["alpha"], a["lo"], a["hi"], _PALETTE[0], r, c)
+        _band(fig, a["alpha"], a["lo"], a["hi"], _PALETTE[0], row=r, col=c)
         fig.add_trace(
             go.Scatter(
                 x=a["alpha"],
@@ -326,24 +334,6 @@ def dose_response_figure(d: dict) -> go.Figure:
     fig.update_xaxes(title_text=f"α ({d.get('unit', 'sigma')})")
     fig.update_layout(title="steering dose-response: axis vs random directions", height=330 * rows, **_LAYOUT)
     return fig
-
-
-def _band_on(fig: go.Figure, x: Sequence, lo: Sequence, hi: Sequence, color: str, row: int, col: int) -> None:
-    x = list(x)
-    fig.add_trace(
-        go.Scatter(
-            x=x + x[::-1],
-            y=list(hi) + list(lo)[::-1],
-            fill="toself",
-            fillcolor=color,
-            opacity=0.18,
-            line={"width": 0},
-            hoverinfo="skip",
-            showlegend=False,
-        ),
-        row=row,
-        col=col,
-    )
 
 
 def shift_distribution_figure(d: dict) -> go.Figure:

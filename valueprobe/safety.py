@@ -28,7 +28,7 @@ import torch
 
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
 from valueprobe.prefread import hier_boot
 from valueprobe.shift import ShiftResult, shift
@@ -228,26 +228,14 @@ def replicate_safety(
 
 def write_report(report: SafetyReport, out: Path) -> list[Path]:
     """results.json, summary.md and one shift figure per axis in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "results.json", out / "summary.md"]
-    atomic_write_text(files[0], json.dumps(report.to_dict(), indent=2, default=float) + "\n")
-    headers, rows = report.table()
-    md = [
-        "# Safety DPO: refusal and the axis before and after",
-        "",
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
-    ]
-    md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    md += [
-        "",
+    notes = [
         f"Training: {json.dumps(report.train, default=str)}",
         "",
         "Scores are read at the assistant-start token (last prompt token) in the axis's base σ; shift CIs are"
-        " bootstrap 95% over prompts; the null is 32 random unit directions at the same layer, each in its own"
-        " σ over the data; sensitive and neutral prompts are untargeted (the second null).",
+        " bootstrap 95% over prompts; the null is 32 random unit directions at the same layer, each in its"
+        " own σ over the data; sensitive and neutral prompts are untargeted (the second null).",
     ]
-    atomic_write_text(files[1], "\n".join(md) + "\n")
+    files = write_summary(out, report, "Safety DPO: refusal and the axis before and after", notes)
     for name, res in report.shifts.items():
         path = out / f"shift-{name}.html"
         _write_html(res.figure(), path)

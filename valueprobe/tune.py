@@ -41,10 +41,22 @@ from valueprobe.files import atomic_write_text, sha256_file
 from valueprobe.fingerprint import check_records
 from valueprobe.models import LoadedModel, load, wrap
 
-__all__ = ["Pair", "TuneSettings", "TuneResult", "read_pairs", "train", "load_tuned", "TUNE_FILE"]
+__all__ = [
+    "Pair",
+    "TuneMethod",
+    "TuneSettings",
+    "TuneResult",
+    "read_pairs",
+    "train",
+    "load_tuned",
+    "TUNE_FILE",
+]
 
 TUNE_FILE = "valueprobe-tune.json"
 FORMAT = 1
+
+
+TuneMethod = Literal["dpo", "sft"]  # DPO on chosen/rejected pairs, or SFT on prompt + chosen
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,7 @@ class TuneSettings:
         save_steps: a resumable checkpoint every this many optimizer steps.
     """
 
-    method: Literal["dpo", "sft"] = "dpo"
+    method: TuneMethod = "dpo"
     lora: bool = True
     r: int = 16
     lora_alpha: int = 32
