@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from valueprobe.tune import TuneSettings, read_pairs, train
+from valueprobe.pairs import read_pairs
+from valueprobe.tune import TuneSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,15 +20,8 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.dose import SweepRow, summarise
 from valueprobe.errors import ValueprobeError
 from valueprobe.generation import encode_prompts
-from valueprobe.steer_sweep import (
-    GENERATIONS,
-    SweepSettings,
-    answer_tokens,
-    p_yes,
-    parse_alphas,
-    random_directions,
-    run_sweep,
-)
+from valueprobe.steer_sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -16,7 +16,8 @@ from valueprobe.cli import main
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import Fingerprint
 from valueprobe.models import load
-from valueprobe.tune import TUNE_FILE, Pair, TuneSettings, read_pairs, train
+from valueprobe.pairs import Pair, read_pairs
+from valueprobe.tune import TUNE_FILE, TuneSettings, train
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = dict(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)

@@ -18,6 +18,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.fit import FitReport, fit_probe
 from valueprobe.generation import Generation, generate
 from valueprobe.models import LoadedModel, load, wrap
+from valueprobe.pairs import read_pairs
 from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.readout import logit_lens, score_dataset, val
 from valueprobe.scores import ScoreResult
@@ -27,7 +28,7 @@ from valueprobe.steer import Steering, steer
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import SweepResult
 from valueprobe.transfer import TransferResult
-from valueprobe.tune import TuneResult, TuneSettings, read_pairs, train
+from valueprobe.tune import TuneResult, TuneSettings, train
 from valueprobe.version import __version__
 
 __all__ = [

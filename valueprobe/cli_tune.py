@@ -21,9 +21,10 @@ from valueprobe.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.dpo_words import write_report as write_words
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.safety import replicate_safety as run_safety
 from valueprobe.safety import write_report as write_safety
-from valueprobe.tune import TuneMethod, TuneSettings, check_out, data_record, read_pairs, train
+from valueprobe.tune import TuneMethod, TuneSettings, check_out, train
 
 __all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
 

@@ -41,6 +41,7 @@ from valueprobe.files import atomic_write_text
 from valueprobe.fit import fit_probe
 from valueprobe.generation import generate
 from valueprobe.models import DEFAULT_MODEL, LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.probe import Method
 from valueprobe.readout import logit_lens
 from valueprobe.replicate import (
@@ -56,7 +57,7 @@ from valueprobe.stages import StageCache
 from valueprobe.steer_sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.store import ActivationStore
 from valueprobe.transfer import transfer_matrix
-from valueprobe.tune import TuneSettings, data_record, load_tuned, read_pairs, train
+from valueprobe.tune import TuneSettings, load_tuned, train
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
 

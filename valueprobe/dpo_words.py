@@ -33,6 +33,7 @@ from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
 from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.prefread import (
     Direction,
     calibrate_nulls,
@@ -43,7 +44,7 @@ from valueprobe.prefread import (
     item_example,
     read_items,
 )
-from valueprobe.tune import TuneSettings, data_record, read_pairs, train
+from valueprobe.tune import TuneSettings, train
 
 __all__ = ["SENTENCES", "WordsReport", "replicate_dpo_words"]
 

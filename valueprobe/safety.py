@@ -30,9 +30,10 @@ from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.prefread import hier_boot
 from valueprobe.shift import ShiftResult, shift
-from valueprobe.tune import TuneSettings, data_record, read_pairs, train
+from valueprobe.tune import TuneSettings, train
 from valueprobe.vocab import Positions
 
 __all__ = ["REFUSAL_RE", "is_refusal", "SafetyReport", "replicate_safety"]
