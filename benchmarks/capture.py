@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,27 +127,12 @@ def rss_child(args) -> None:
             dtype="float16",
             progress=False,
         )
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print_peak()
 
 
 def rss(args, n: int) -> float:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--rss-child",
-        "--n",
-        str(n),
-        "--model",
-        args.model,
-        "--data",
-        args.data,
-        "--batch-size",
-        str(args.batch_size),
-    ]
-    out = subprocess.run(
-        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+    sizes = ["--n", str(n), "--model", args.model, "--data", args.data, "--batch-size", str(args.batch_size)]
+    return child_peak_mb(__file__, sizes)
 
 
 def main() -> None:

@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
 from valueprobe.axis import ValueAxis
 from valueprobe.generation import encode_prompts, generate, left_pad
@@ -115,24 +113,12 @@ def rss_child(args) -> None:
         batch_size=60,
         progress=False,
     )
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print_peak()
 
 
 def rss(args, n_prompts: int) -> float:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--rss-child",
-        "--rss-prompts",
-        str(n_prompts),
-        "--model",
-        args.model,
-        "--probe",
-        args.probe,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+    sizes = ["--rss-prompts", str(n_prompts), "--model", args.model, "--probe", args.probe]
+    return child_peak_mb(__file__, sizes)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 
 An internal error's traceback goes to a log file named in the line, never to the terminal.
 Also here: :func:`check_at_least`, the check numeric options get before any work (a ``--layers``
-spec is checked as typer reads it: ``valueprobe.cli_app.layer_selection``).
+spec is parsed as typer reads it, by ``valueprobe.vocab.LayerSelection.parse``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from valueprobe.cli_app import (
     app,
     console,
     datasets_app,
-    layer_selection,
     table,
 )
 from valueprobe.datasets import build
@@ -115,7 +114,9 @@ def shift_cmd(
     layers: Annotated[
         LayerSelection | None,
         typer.Option(
-            parser=layer_selection, metavar="SPEC", help="layers of the by-layer curves (default: the axis's)"
+            parser=LayerSelection.parse,
+            metavar="SPEC",
+            help="layers of the by-layer curves (default: the axis's)",
         ),
     ] = None,
     layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,

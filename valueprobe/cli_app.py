@@ -18,9 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
-from valueprobe.vocab import ChatTemplate, LayerSelection
+from valueprobe.vocab import ChatTemplate
 
 app = typer.Typer(
     add_completion=False,
@@ -51,16 +50,6 @@ ChatTemplateOpt = Annotated[
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
 ]
-
-
-def layer_selection(text: str) -> LayerSelection:
-    """A ``--layers`` value, parsed for syntax as typer reads the command line: a malformed spec
-    fails before any work, and the command gets a `LayerSelection` that is resolved against the
-    model's layer count once, where the model is known."""
-    try:
-        return LayerSelection.parse(text)
-    except ValueprobeError as exc:
-        raise typer.BadParameter(f"{text!r} is not a layer spec: {exc}") from None
 
 
 ModelOpt = Annotated[

@@ -25,7 +25,6 @@ from valueprobe.cli_app import (
     TrustOpt,
     app,
     console,
-    layer_selection,
     replicate_app,
     table,
     write_html,
@@ -64,7 +63,7 @@ def capture(
     model: ModelOpt = "smollm2-135m",
     layers: Annotated[
         LayerSelection,
-        typer.Option(parser=layer_selection, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
+        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
     ] = ALL_LAYERS,
     positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
     site: Annotated[
@@ -163,7 +162,7 @@ def fit(
     layers: Annotated[
         LayerSelection | None,
         typer.Option(
-            parser=layer_selection, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
+            parser=LayerSelection.parse, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
         ),
     ] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,

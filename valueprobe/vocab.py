@@ -148,9 +148,9 @@ _SPEC_HELP = "use 'all', an index like '-1', a range like '0:10', '-4:' or '::2'
 class LayerSelection:
     """A layer spec parsed for syntax, not yet tied to a model: ``parts`` None means all layers.
 
-    ``valueprobe capture --layers`` parses its text into one of these before the model loads
-    (bad syntax fails there), and :meth:`resolve` turns it into block indices once the model's
-    layer count is known. Parsing a selection again returns it unchanged.
+    ``valueprobe capture --layers`` parses its text into one of these as typer reads the command
+    line, so bad syntax fails before the model loads; :meth:`resolve` turns it into block indices
+    once, where the model's layer count is known. Parsing a selection again returns it unchanged.
 
     >>> LayerSelection.parse("0:10,-1").resolve(30)[-3:]
     [8, 9, 29]
@@ -172,7 +172,7 @@ class LayerSelection:
         if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
             return cls("all", None)
         if isinstance(spec, bool):
-            raise ValueprobeError(f"bad layer spec {spec!r}: {_SPEC_HELP}")
+            raise ValueprobeError(f"{spec!r} is not a layer spec: {_SPEC_HELP}")
         if isinstance(spec, int):
             items: list[str | int] = [spec]
         elif isinstance(spec, str):
@@ -180,8 +180,11 @@ class LayerSelection:
         else:
             items = list(spec)
         if not items:
-            raise ValueprobeError(f"empty layer spec {spec!r}: {_SPEC_HELP}")
-        return cls(str(spec), tuple(_parse_part(item) for item in items))
+            raise ValueprobeError(f"{spec!r} is not a layer spec (it is empty): {_SPEC_HELP}")
+        try:
+            return cls(str(spec), tuple(_parse_part(item) for item in items))
+        except ValueprobeError as exc:
+            raise ValueprobeError(f"{spec!r} is not a layer spec: {exc}") from None
 
     def resolve(self, n_layers: int) -> list[int]:
         """Sorted, unique, 0-based block indices of a model with ``n_layers`` blocks."""

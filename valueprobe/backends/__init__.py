@@ -43,13 +43,12 @@ from valueprobe.backends._shared import (
     Reduce,
     as_output,
     check_inputs,
-    plan_reads,
     position_ids_from_mask,
     steering_delta,
 )
 from valueprobe.backends.patch import Handle, Intervention, Point, Recording, Step, intervene, record
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Backend, Site
+from valueprobe.vocab import Backend, Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -115,6 +114,25 @@ def route(backend: str, *, remote: bool | str = False) -> Route:
         module, cls = _ROUTES[backend]
         _LOADED[backend] = getattr(importlib.import_module(module), cls)()
     return _LOADED[backend]
+
+
+def plan_reads(
+    lm: LoadedModel, layers: Sequence[int], site: Site | str, include_embed: bool
+) -> tuple[dict[int, int], list[Read]]:
+    """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
+    execution order: block by block, a block's input before its output. nnsight must be read in
+    that order, and the hooks route stops the forward after the last read.
+
+    Layer specs were parsed and resolved upstream (`valueprobe.vocab.LayerSelection`); here plain
+    indices are only bounds-checked, as Python indexes the block list.
+    """
+    n = lm.n_layers
+    for layer in layers:
+        if not -n <= int(layer) < n:
+            raise layer_out_of_range(int(layer), n)
+    blocks = {int(layer): int(layer) % n for layer in layers}
+    wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
+    return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
 
 
 def residuals(

@@ -1,5 +1,4 @@
-"""Pieces the three backends share: the `Forward` record, input checks, the read plan, the
-steering delta, the twin.
+"""Pieces the three backends share: the `Forward` record, input checks, the steering delta, the twin.
 
 Used by :mod:`valueprobe.backends`; nothing here is public API.
 """
@@ -7,7 +6,7 @@ Used by :mod:`valueprobe.backends`; nothing here is public API.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site, layer_out_of_range
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -74,29 +73,6 @@ class Forward:
             "position_ids": self.position_ids.to(device),
             "use_cache": False,
         }
-
-
-def block_of(lm: LoadedModel, layer: int) -> int:
-    """The 0-based decoder block ``layer`` indexes (Python indexing: negative counts from the end).
-
-    Layer specs are parsed (and their indices checked) once, by `valueprobe.vocab.LayerSelection`;
-    this only checks a plain index given to the hook layer or to `residuals` directly.
-    """
-    try:
-        return range(lm.n_layers)[int(layer)]
-    except IndexError:
-        raise layer_out_of_range(int(layer), lm.n_layers) from None
-
-
-def plan_reads(
-    lm: LoadedModel, layers: Sequence[int], site: str, include_embed: bool
-) -> tuple[dict[int, int], list[Read]]:
-    """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
-    execution order: block by block, a block's input before its output. nnsight must be read in
-    that order, and the hooks route stops the forward after the last read."""
-    blocks = {int(layer): block_of(lm, layer) for layer in layers}
-    wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
-    return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
 
 
 def position_ids_from_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:

@@ -33,7 +33,6 @@ from valueprobe.backends._shared import (
     Read,
     Reduce,
     as_output,
-    block_of,
     module_path,
     reduced,
     state_signature,
@@ -161,7 +160,7 @@ def steered_generate(
     `valueprobe.steer.Target` records. Equal to the hooks route (tests/test_steer.py).
     """
     model = nnsight_model(lm, remote=remote)
-    envoys = _envoys(model, lm, [block_of(lm, t.point.layer) for t in plan])
+    envoys = _envoys(model, lm, [t.point.layer for t in plan])  # blocks resolved by `steer.targets`
     on_input = [t.point.site == "resid_pre" for t in plan]
     real = attention_mask.to(torch.float32)[:, :, None]
     prompt_on = float(where in ("all", "prompt"))

@@ -36,9 +36,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from valueprobe.backends._shared import Forward, Read, Reduce, as_output, block_of
+from valueprobe.backends._shared import Forward, Read, Reduce, as_output
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site
+from valueprobe.vocab import Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -156,7 +156,10 @@ def _resolve(lm: LoadedModel, point: Point) -> Read:
     """(block, hook its input?) for a point; checks layer and site."""
     if point.site not in (Site.resid_pre, Site.resid_post):
         raise ValueprobeError(f"unknown site {point.site!r}: use resid_pre or resid_post")
-    return block_of(lm, point.layer), point.site == Site.resid_pre
+    n = lm.n_layers
+    if not -n <= int(point.layer) < n:  # negative counts from the end, as Python indexes the blocks
+        raise layer_out_of_range(int(point.layer), n)
+    return int(point.layer) % n, point.site == Site.resid_pre
 
 
 def _attach(
