@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +34,17 @@ def _examples(n: int, data: str):
     out = []
     for i in range(n):
         ex = base[i % len(base)]
-        out.append(Example(id=f"{ex.id}#{i}", label=ex.label, group=ex.group, text=ex.text, messages=ex.messages,
-                           spans=ex.spans, meta=ex.meta))  # fmt: skip
+        out.append(
+            Example(
+                id=f"{ex.id}#{i}",
+                label=ex.label,
+                group=ex.group,
+                text=ex.text,
+                messages=ex.messages,
+                spans=ex.spans,
+                meta=ex.meta,
+            )
+        )
     return out
 
 
@@ -45,8 +52,12 @@ def _bare_forward(lm, batches) -> float:
     start = time.perf_counter()
     with torch.inference_mode():
         for b in batches:
-            lm.model.base_model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                                position_ids=b.position_ids, use_cache=False)  # fmt: skip
+            lm.model.base_model(
+                input_ids=b.input_ids,
+                attention_mask=b.attention_mask,
+                position_ids=b.position_ids,
+                use_cache=False,
+            )
     return time.perf_counter() - start
 
 
@@ -75,8 +86,17 @@ def timing(args) -> dict:
         results["last_all_layers"].append(time.perf_counter() - start)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            capture_to_store(lm, exs, Path(tmp) / "s", layers="all", positions="spans", batch_size=args.batch_size,
-                             dtype="float16", include_embed=False, progress=False)  # fmt: skip
+            capture_to_store(
+                lm,
+                exs,
+                Path(tmp) / "s",
+                layers="all",
+                positions="spans",
+                batch_size=args.batch_size,
+                dtype="float16",
+                include_embed=False,
+                progress=False,
+            )
             results["spans_to_disk"].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in results.items()}
     return {
@@ -96,18 +116,23 @@ def rss_child(args) -> None:
     lm = load(args.model)
     exs = _examples(args.n, args.data)
     with tempfile.TemporaryDirectory() as tmp:
-        capture_to_store(lm, exs, Path(tmp) / "s", layers="all", positions="spans", batch_size=args.batch_size,
-                         examples_per_shard=64, dtype="float16", progress=False)  # fmt: skip
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        capture_to_store(
+            lm,
+            exs,
+            Path(tmp) / "s",
+            layers="all",
+            positions="spans",
+            batch_size=args.batch_size,
+            examples_per_shard=64,
+            dtype="float16",
+            progress=False,
+        )
+    print_peak()
 
 
 def rss(args, n: int) -> float:
-    cmd = [sys.executable, __file__, "--rss-child", "--n", str(n), "--model", args.model, "--data", args.data,
-           "--batch-size", str(args.batch_size)]  # fmt: skip
-    out = subprocess.run(
-        cmd, check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+    sizes = ["--n", str(n), "--model", args.model, "--data", args.data, "--batch-size", str(args.batch_size)]
+    return child_peak_mb(__file__, sizes)
 
 
 def main() -> None:
@@ -140,8 +165,10 @@ def main() -> None:
     print(
         f"  span means, all layers, to disk / bare        {result['ratio_spans_to_disk']:.3f}   (target <= 1.05)"
     )
-    print(f"  peak RSS 1x ({args.n}) / 10x ({10 * args.n})            {one:.0f} MB / {ten:.0f} MB "
-          f"-> growth {100 * result['rss_growth']:.1f}%   (target <= 10%)")  # fmt: skip
+    print(
+        f"  peak RSS 1x ({args.n}) / 10x ({10 * args.n})            {one:.0f} MB / {ten:.0f} MB "
+        f"-> growth {100 * result['rss_growth']:.1f}%   (target <= 10%)"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
 from valueprobe.axis import ValueAxis
 from valueprobe.generation import encode_prompts, generate, left_pad
@@ -50,8 +48,12 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
 def overhead(lm, axis, args) -> dict:
     ids, mask = left_pad(encode_prompts(lm, prompts(24)), int(lm.tokenizer.pad_token_id or 0))
     alpha = torch.tensor([ALPHAS[i % 5] for i in range(24)])
-    kw = dict(max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False,
-              pad_token_id=int(lm.tokenizer.pad_token_id or 0))  # fmt: skip
+    kw = dict(
+        max_new_tokens=args.new,
+        min_new_tokens=args.new,
+        do_sample=False,
+        pad_token_id=int(lm.tokenizer.pad_token_id or 0),
+    )
     plain, steered = [], []
     with torch.inference_mode():
         lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2)  # warm-up
@@ -68,8 +70,15 @@ def overhead(lm, axis, args) -> dict:
 
 def sweep(lm, axis, args) -> dict:
     ps = prompts(24)
-    kw = dict(alphas=ALPHAS, samples=2, max_new_tokens=args.new, min_new_tokens=args.new, temperature=0.7,
-              seed=0, progress=False)  # fmt: skip
+    kw = dict(
+        alphas=ALPHAS,
+        samples=2,
+        max_new_tokens=args.new,
+        min_new_tokens=args.new,
+        temperature=0.7,
+        seed=0,
+        progress=False,
+    )
     start = time.perf_counter()
     generate(lm, axis, ps, batch_size=60, **kw)
     batched_s = time.perf_counter() - start
@@ -80,25 +89,36 @@ def sweep(lm, axis, args) -> dict:
     for p, _sample, a in todo:  # one row per generate call: the paper's loop (same work per row)
         alone.extend(generate(lm, axis, [ps[p]], **{**kw, "alphas": [a], "samples": 1}, batch_size=1))
     seq_s = (time.perf_counter() - start) * len(rows) / len(todo)
-    return {"rows": len(rows), "batched_s": batched_s, "one_per_call_s": seq_s,
-            "one_per_call_rows_timed": len(todo), "speedup": seq_s / batched_s}  # fmt: skip
+    return {
+        "rows": len(rows),
+        "batched_s": batched_s,
+        "one_per_call_s": seq_s,
+        "one_per_call_rows_timed": len(todo),
+        "speedup": seq_s / batched_s,
+    }
 
 
 def rss_child(args) -> None:
     lm = load(args.model)
     axis = ValueAxis.load(args.probe, lm=lm)
     n = args.rss_prompts
-    generate(lm, axis, prompts(n), alphas=ALPHAS, samples=2, max_new_tokens=16, min_new_tokens=16,
-             batch_size=60, progress=False)  # fmt: skip
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    generate(
+        lm,
+        axis,
+        prompts(n),
+        alphas=ALPHAS,
+        samples=2,
+        max_new_tokens=16,
+        min_new_tokens=16,
+        batch_size=60,
+        progress=False,
+    )
+    print_peak()
 
 
 def rss(args, n_prompts: int) -> float:
-    cmd = [sys.executable, __file__, "--rss-child", "--rss-prompts", str(n_prompts), "--model", args.model,
-           "--probe", args.probe]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+    sizes = ["--rss-prompts", str(n_prompts), "--model", args.model, "--probe", args.probe]
+    return child_peak_mb(__file__, sizes)
 
 
 def main() -> None:
@@ -133,8 +153,10 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"steered / plain batched generate:  {result['steer_ratio']:.3f}   (target <= 1.05)")
     scaled = "" if not args.seq_rows else f" (timed {args.seq_rows} rows, scaled)"
-    print(f"sweep {result['rows']} rows: batched {result['batched_s']:.1f}s, one per call "
-          f"{result['one_per_call_s']:.1f}s{scaled} -> {result['speedup']:.1f}x   (target >= 8x)")  # fmt: skip
+    print(
+        f"sweep {result['rows']} rows: batched {result['batched_s']:.1f}s, one per call "
+        f"{result['one_per_call_s']:.1f}s{scaled} -> {result['speedup']:.1f}x   (target >= 8x)"
+    )
     print(
         f"peak RSS 1x {one:.0f} MB, 4x {four:.0f} MB -> growth {100 * result['rss_growth']:.1f}%   (target <= 10%)"
     )

@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from valueprobe.tune import TuneSettings, read_pairs, train
+from valueprobe.pairs import read_pairs
+from valueprobe.tune import TuneSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,11 +46,18 @@ def main() -> None:
     steps = res.record["train"]["steps"]
     full_steps = -(-len(pairs) // settings.batch_size) * int(settings.epochs)
     out = {
-        "pairs": len(pairs), "steps": steps, "wall_s": wall, "cpu_s": cpu, "train_runtime_s": res.record["train"]["seconds"],
-        "cpu_s_per_step": cpu / steps, "default_steps": full_steps,
+        "pairs": len(pairs),
+        "steps": steps,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "train_runtime_s": res.record["train"]["seconds"],
+        "cpu_s_per_step": cpu / steps,
+        "default_steps": full_steps,
         "projected_default_wall_s_on_2_free_cores": cpu / steps * full_steps / 2,
-        "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0], "cores": os.cpu_count(),
-    }  # fmt: skip
+        "load_1min_before": load_before,
+        "load_1min_after": os.getloadavg()[0],
+        "cores": os.cpu_count(),
+    }
     print(json.dumps(out, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -59,20 +59,47 @@ def build_model(arch: str, vocab_size: int, *, n_layers: int = 3, d_model: int =
 
     common = dict(vocab_size=vocab_size, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     if arch == "llama":
-        cfg = tf.LlamaConfig(hidden_size=d_model, intermediate_size=128, num_hidden_layers=n_layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, **common)  # fmt: skip
+        cfg = tf.LlamaConfig(
+            hidden_size=d_model,
+            intermediate_size=128,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            **common,
+        )
     elif arch == "qwen2":
-        cfg = tf.Qwen2Config(hidden_size=d_model, intermediate_size=128, num_hidden_layers=n_layers,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, **common)  # fmt: skip
+        cfg = tf.Qwen2Config(
+            hidden_size=d_model,
+            intermediate_size=128,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            **common,
+        )
     elif arch == "gemma2":
-        cfg = tf.Gemma2Config(hidden_size=d_model, intermediate_size=128, num_hidden_layers=n_layers,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                              max_position_embeddings=2048, **common)  # fmt: skip
+        cfg = tf.Gemma2Config(
+            hidden_size=d_model,
+            intermediate_size=128,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=2048,
+            **common,
+        )
     elif arch == "gpt2":
         cfg = tf.GPT2Config(n_embd=d_model, n_layer=n_layers, n_head=4, n_positions=256, **common)
     elif arch == "gpt_neox":
-        cfg = tf.GPTNeoXConfig(hidden_size=d_model, intermediate_size=128, num_hidden_layers=n_layers,
-                               num_attention_heads=4, max_position_embeddings=2048, **common)  # fmt: skip
+        cfg = tf.GPTNeoXConfig(
+            hidden_size=d_model,
+            intermediate_size=128,
+            num_hidden_layers=n_layers,
+            num_attention_heads=4,
+            max_position_embeddings=2048,
+            **common,
+        )
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)

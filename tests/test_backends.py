@@ -42,8 +42,12 @@ def _reference(lm, ids, mask) -> tuple[list[torch.Tensor], torch.Tensor]:
     )
     try:
         with torch.no_grad():
-            out = lm.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                           output_hidden_states=True)  # fmt: skip
+            out = lm.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids_from_mask(mask),
+                output_hidden_states=True,
+            )
     finally:
         handle.remove()
     return [h.float() for h in out.hidden_states], last["h"].float()
@@ -130,8 +134,9 @@ def test_steered_logits_match_reference(tiny_lm_factory, arch, backend):
     delta = alpha[:, None, None] * where[:, :, None] * v
     for site, layer in (("resid_post", 1), ("resid_pre", -1)):
         want = _steered_reference(lm, ids, mask, block=layer % lm.n_layers, site=site, delta=delta)
-        got = steered_logits(lm, ids, mask, layer=layer, vector=v, alpha=alpha, site=site, positions=where,
-                             backend=backend)  # fmt: skip
+        got = steered_logits(
+            lm, ids, mask, layer=layer, vector=v, alpha=alpha, site=site, positions=where, backend=backend
+        )
         _close(got, want, mask)
     # alpha = 0 is the plain forward; resid_post[L] and resid_pre[L+1] are the same place.
     with torch.no_grad():
@@ -224,8 +229,9 @@ def test_nnsight_remote_local_dry_run(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="left")
     local = residuals(lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, backend="nnsight")
-    dry = residuals(lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, backend="nnsight",
-                    remote="local")  # fmt: skip
+    dry = residuals(
+        lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, backend="nnsight", remote="local"
+    )
     for key in local:
         _close(dry[key], local[key], mask)
     v = torch.randn(lm.d_model)

@@ -10,6 +10,7 @@ from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, Span
 from valueprobe.encode import encode, render
 from valueprobe.errors import ValueprobeError
+from valueprobe.vocab import LayerSelection, parse_layers
 
 TEXTS = [
     "The capital of France is Paris.",
@@ -51,8 +52,16 @@ def test_last_and_mean_match_output_hidden_states(tiny_lm, padding_side):
     exs = _examples()
     n = lm.n_layers
     inner = list(range(n - 1))  # hidden_states[L+1] == resid_post[L] for these
-    last = capture(lm, exs, layers=inner, positions="last", batch_size=3, padding_side=padding_side,
-                   include_embed=True, progress=False)  # fmt: skip
+    last = capture(
+        lm,
+        exs,
+        layers=inner,
+        positions="last",
+        batch_size=3,
+        padding_side=padding_side,
+        include_embed=True,
+        progress=False,
+    )
     mean = capture(
         lm, exs, layers=inner, positions="mean", batch_size=3, padding_side=padding_side, progress=False
     )
@@ -191,11 +200,22 @@ def test_bad_input_is_one_clear_error(tiny_lm_factory):
         ([0, -3], [0]),
     ],
 )
-def test_resolve_layers(tiny_lm_factory, spec, want):
-    assert tiny_lm_factory("llama").resolve_layers(spec) == want
+def test_capture_layers(tiny_lm_factory, spec, want):
+    lm = tiny_lm_factory("llama")
+    assert parse_layers(spec, n_layers=lm.n_layers) == want
+    assert capture(
+        lm, [Example(id="a", label=0, group="g", text="a b c")], layers=spec, progress=False
+    ).acts.keys() == set(want)
 
 
-@pytest.mark.parametrize("spec", ["3", "-4", "x", "5:9", "2:1", ""])
-def test_resolve_layers_rejects(tiny_lm_factory, spec):
+@pytest.mark.parametrize("spec", ["3", "-4", "5:9", "2:1"])
+def test_layers_out_of_range_name_the_model_range(tiny_lm_factory, spec):
+    LayerSelection.parse(spec)  # the syntax is fine: only the model can refuse it
     with pytest.raises(ValueprobeError, match="0..2"):
-        tiny_lm_factory("llama").resolve_layers(spec)
+        parse_layers(spec, n_layers=tiny_lm_factory("llama").n_layers)
+
+
+@pytest.mark.parametrize("spec", ["x", "", "1:2:3:4", "::0", "1,,y"])
+def test_layer_syntax_fails_before_any_model(spec):
+    with pytest.raises(ValueprobeError, match="layer"):
+        LayerSelection.parse(spec)

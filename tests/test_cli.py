@@ -42,22 +42,53 @@ def icrl_small(tmp_path_factory):
 
 def test_capture_fit_score(tiny_dir, icrl_small, tmp_path, capsys):
     store = tmp_path / "store"
-    code, out, err = run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(store),
-                          "--positions", "spans", "--layers", "all"], capsys)  # fmt: skip
+    code, out, err = run(
+        [
+            "capture",
+            "--model",
+            tiny_dir,
+            "--data",
+            str(icrl_small),
+            "--out",
+            str(store),
+            "--positions",
+            "spans",
+            "--layers",
+            "all",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert "capture ->" in out and json.loads((store / "manifest.json").read_text())["complete"]
 
     probe = tmp_path / "probe"
-    code, out, err = run(["fit", "--store", str(store), "--method", "span_diff", "--out", str(probe),
-                          "--splits", "2"], capsys)  # fmt: skip
+    code, out, err = run(
+        ["fit", "--store", str(store), "--method", "span_diff", "--out", str(probe), "--splits", "2"], capsys
+    )
     assert code == 0, err
     assert "best layer" in out and "margin" in out
     info = json.loads((probe / "probe.json").read_text())
     assert info["method"] == "span_diff" and (probe / "sweep.html").stat().st_size > 1000
 
     scores = tmp_path / "scores"
-    code, out, err = run(["score", "--probe", str(probe), "--model", tiny_dir, "--data", str(icrl_small),
-                          "--out", str(scores), "--tokens", "span_tokens", "--bootstrap", "50"], capsys)  # fmt: skip
+    code, out, err = run(
+        [
+            "score",
+            "--probe",
+            str(probe),
+            "--model",
+            tiny_dir,
+            "--data",
+            str(icrl_small),
+            "--out",
+            str(scores),
+            "--tokens",
+            "span_tokens",
+            "--bootstrap",
+            "50",
+        ],
+        capsys,
+    )
     assert code == 0, err
     with open(scores / "scores.csv") as f:
         assert len(list(csv.DictReader(f))) == len(read_jsonl(icrl_small))
@@ -74,8 +105,12 @@ def one_line_error(code: int, err: str) -> str:
 
 def test_bad_input_is_one_line(tiny_dir, icrl_small, tmp_path, capsys):
     out = tmp_path / "never"
-    msg = one_line_error(*run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
-                               "--layers", "7"], capsys)[::2])  # fmt: skip
+    msg = one_line_error(
+        *run(
+            ["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out), "--layers", "7"],
+            capsys,
+        )[::2]
+    )
     assert "layer 7 out of range" in msg and "0..2" in msg
     assert not out.exists()
 
@@ -93,8 +128,11 @@ def test_bad_input_is_one_line(tiny_dir, icrl_small, tmp_path, capsys):
     )
     assert "empty" in msg
 
-    msg = one_line_error(*run(["capture", "--model", "no/such-model", "--data", str(icrl_small), "--out", str(out)],
-                              capsys)[::2])  # fmt: skip
+    msg = one_line_error(
+        *run(["capture", "--model", "no/such-model", "--data", str(icrl_small), "--out", str(out)], capsys)[
+            ::2
+        ]
+    )
     assert "cannot load model" in msg
 
     msg = one_line_error(*run(["fit", "--store", str(tmp_path / "nostore"), "--out", str(out)], capsys)[::2])
@@ -113,11 +151,40 @@ def test_score_refuses_probe_of_another_model(tiny_dir, tiny_lm_factory, icrl_sm
     other.model.save_pretrained(other_dir)
     other.tokenizer.save_pretrained(other_dir)
     store, probe = tmp_path / "s", tmp_path / "p"
-    assert run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(store), "--positions",
-                "spans"], capsys)[0] == 0  # fmt: skip
+    assert (
+        run(
+            [
+                "capture",
+                "--model",
+                tiny_dir,
+                "--data",
+                str(icrl_small),
+                "--out",
+                str(store),
+                "--positions",
+                "spans",
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
     assert run(["fit", "--store", str(store), "--out", str(probe), "--splits", "1"], capsys)[0] == 0
-    msg = one_line_error(*run(["score", "--probe", str(probe), "--model", str(other_dir), "--data",
-                               str(icrl_small), "--out", str(tmp_path / "sc")], capsys)[::2])  # fmt: skip
+    msg = one_line_error(
+        *run(
+            [
+                "score",
+                "--probe",
+                str(probe),
+                "--model",
+                str(other_dir),
+                "--data",
+                str(icrl_small),
+                "--out",
+                str(tmp_path / "sc"),
+            ],
+            capsys,
+        )[::2]
+    )
     assert "fingerprint" in msg and "--force" in msg
 
 
@@ -155,8 +222,32 @@ def test_every_verb_fails_on_bad_input_in_one_line(argv, says, icrl_small, tmp_p
 def test_bad_input_through_the_real_entry_point(tmp_path):
     """The installed entry point (a fresh interpreter): one line on stderr, exit 2, no traceback."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, "-m", "valueprobe.cli", "fit", "--store", str(tmp_path / "none"),
-                           "--out", str(tmp_path / "p"), "--target", "both"], capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "valueprobe.cli",
+            "fit",
+            "--store",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "p"),
+            "--target",
+            "both",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "'both' is not one of" in proc.stderr
+
+
+def test_cli_imports_no_optional_heavy_dependency():
+    """`valueprobe --help` must not pay for TRL, peft, HF datasets, nnsight or TransformerLens:
+    the commands that need them import them when they run."""
+    heavy = ["trl", "peft", "datasets", "nnsight", "transformer_lens"]
+    code = f"import sys, valueprobe.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -79,8 +79,21 @@ def icrl_small(tmp_path_factory):
 def store_dir(tmp_path_factory, tiny_dir, icrl_small):
     out = tmp_path_factory.mktemp("stores") / "icrl"
     try:
-        main(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
-              "--positions", "spans", "--examples-per-shard", "4"])  # fmt: skip
+        main(
+            [
+                "capture",
+                "--model",
+                tiny_dir,
+                "--data",
+                str(icrl_small),
+                "--out",
+                str(out),
+                "--positions",
+                "spans",
+                "--examples-per-shard",
+                "4",
+            ]
+        )
     except SystemExit as exc:
         assert not exc.code
     return out
@@ -130,11 +143,31 @@ def test_ctrl_c_exits_130_and_keeps_the_last_checkpoint(tiny_dir, tmp_path, caps
     data = tmp_path / "big.jsonl"
     write_jsonl(data, big)
     out = tmp_path / "store"
-    argv = ["capture", "--model", tiny_dir, "--data", str(data), "--out", str(out), "--layers", "0,2",
-            "--positions", "last", "--batch-size", "1", "--checkpoint-seconds", "1"]  # fmt: skip
+    argv = [
+        "capture",
+        "--model",
+        tiny_dir,
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--layers",
+        "0,2",
+        "--positions",
+        "last",
+        "--batch-size",
+        "1",
+        "--checkpoint-seconds",
+        "1",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "valueprobe.cli", *argv], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "valueprobe.cli", *argv],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     while not (out / "manifest.json").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)  # the first checkpoint (one second of work) has been written
@@ -172,8 +205,9 @@ def test_partial_store_refused_unless_allowed(store_dir, tmp_path, capsys):
     line = fails(["fit", "--store", str(partial), "--out", str(probe), "--splits", "1"], capsys)
     assert "partial" in line and "8 of 12 examples" in line and "--allow-partial" in line
     assert not looks_complete(probe)
-    code, _, err = run(["fit", "--store", str(partial), "--out", str(probe), "--splits", "1", "--allow-partial"],
-                       capsys)  # fmt: skip
+    code, _, err = run(
+        ["fit", "--store", str(partial), "--out", str(probe), "--splits", "1", "--allow-partial"], capsys
+    )
     assert code == 0, err
     assert "warning:" in err and "16 rows (8 of 12 examples)" in err
 
@@ -182,8 +216,9 @@ def test_partial_store_refused_unless_allowed(store_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", ["fit", "score", "capture"])
-def test_output_path_checked_before_work(command, store_dir, probe_dir, tiny_dir, icrl_small, tmp_path, capsys,
-                                         monkeypatch):  # fmt: skip
+def test_output_path_checked_before_work(
+    command, store_dir, probe_dir, tiny_dir, icrl_small, tmp_path, capsys, monkeypatch
+):
     # Any model load or store read would fail loudly here: the checks must come first.
     monkeypatch.setattr(
         "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
@@ -227,8 +262,10 @@ def test_truncated_probe_is_one_line(probe_dir, tiny_dir, icrl_small, tmp_path, 
     data = (bad / "axis.safetensors").read_bytes()
     (bad / "axis.safetensors").write_bytes(data[: len(data) // 2])
     out = tmp_path / "scores"
-    line = fails(["score", "--probe", str(bad), "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out)],
-                 capsys)  # fmt: skip
+    line = fails(
+        ["score", "--probe", str(bad), "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out)],
+        capsys,
+    )
     assert "probe" in line and "refit" in line
     assert not looks_complete(out)
 
@@ -249,8 +286,22 @@ def test_damaged_shard_is_one_line_and_resume_repairs_it(
     assert "shard-00001.safetensors" in line and "rerun the same `valueprobe capture" in line
     assert not looks_complete(tmp_path / "p")
     # The rerun the message asks for recaptures from the damaged shard and gives the same store.
-    code, _, err = run(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(bad),
-                        "--positions", "spans", "--examples-per-shard", "4"], capsys)  # fmt: skip
+    code, _, err = run(
+        [
+            "capture",
+            "--model",
+            tiny_dir,
+            "--data",
+            str(icrl_small),
+            "--out",
+            str(bad),
+            "--positions",
+            "spans",
+            "--examples-per-shard",
+            "4",
+        ],
+        capsys,
+    )
     assert code == 0, err
     for key in ActivationStore.open(store_dir).manifest.keys:
         np.testing.assert_array_equal(
@@ -263,8 +314,23 @@ def test_remote_without_network_leaves_no_store(tiny_dir, icrl_small, tmp_path, 
 
     monkeypatch.setattr(nnsight.CONFIG.API, "HOST", "http://127.0.0.1:9")  # nothing listens: no network
     out = tmp_path / "remote"
-    line = fails(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out), "--layers", "0",
-                  "--backend", "nnsight", "--remote"], capsys)  # fmt: skip
+    line = fails(
+        [
+            "capture",
+            "--model",
+            tiny_dir,
+            "--data",
+            str(icrl_small),
+            "--out",
+            str(out),
+            "--layers",
+            "0",
+            "--backend",
+            "nnsight",
+            "--remote",
+        ],
+        capsys,
+    )
     assert "remote run on NDIF failed" in line
     assert not out.exists()
 
@@ -299,8 +365,20 @@ def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monke
         "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     out = tmp_path / "s"
-    line = fails(["capture", "--model", tiny_dir, "--data", str(icrl_small), "--out", str(out),
-                  "--group-by", "meta.nope"], capsys)  # fmt: skip
+    line = fails(
+        [
+            "capture",
+            "--model",
+            tiny_dir,
+            "--data",
+            str(icrl_small),
+            "--out",
+            str(out),
+            "--group-by",
+            "meta.nope",
+        ],
+        capsys,
+    )
     assert "meta.nope links no two examples" in line and "meta keys in this dataset" in line
     assert not out.exists()
 
@@ -314,13 +392,27 @@ def test_text_over_context_is_named_or_truncated_with_warning(tiny_dir, tmp_path
     line = fails(["capture", "--model", tiny_dir, "--data", str(data), "--out", str(out)], capsys)
     assert "'too-long'" in line and "context of 2048" in line and "--max-length" in line
     assert not out.exists()
-    code, _, err = run(["capture", "--model", tiny_dir, "--data", str(data), "--out", str(out),
-                        "--max-length", "512"], capsys)  # fmt: skip
+    code, _, err = run(
+        ["capture", "--model", tiny_dir, "--data", str(data), "--out", str(out), "--max-length", "512"],
+        capsys,
+    )
     assert code == 0, err
     assert "warning: truncated 1 of 4 examples to max_length 512" in err and "'too-long'" in err
     assert ActivationStore.open(out).rows().n_tokens.max() == 512
-    assert "over the model's context" in fails(["capture", "--model", tiny_dir, "--data", str(data), "--out",
-                                                str(tmp_path / "s2"), "--max-length", "4096"], capsys)  # fmt: skip
+    assert "over the model's context" in fails(
+        [
+            "capture",
+            "--model",
+            tiny_dir,
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "s2"),
+            "--max-length",
+            "4096",
+        ],
+        capsys,
+    )
 
 
 def test_demo_out_checked_before_work(tmp_path, capsys, monkeypatch):
@@ -335,8 +427,11 @@ def test_demo_out_checked_before_work(tmp_path, capsys, monkeypatch):
 
 
 def test_render_plain_maps_spans_like_a_template():
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
-                {"role": "assistant", "content": "Yes. No."}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": "Yes. No."},
+    ]
     text, starts = render_plain(messages)
     assert text == "System: Be brief.\nUser: Hi?\nAssistant: Yes. No."
     assert [text[s : s + len(m["content"])] for s, m in zip(starts, messages, strict=True)] == [
@@ -394,15 +489,25 @@ def test_chat_template_plain_on_a_model_without_one(tiny_lm_factory, icrl_small,
 
 def test_time_checkpoints_give_the_same_store(tiny_lm_factory, tmp_path, monkeypatch):
     lm = tiny_lm_factory("llama")
-    exs = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text="def f(x):\n    return x\n" * (i + 1))
-           for i in range(7)]  # fmt: skip
+    exs = [
+        Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text="def f(x):\n    return x\n" * (i + 1))
+        for i in range(7)
+    ]
     one = capture_to_store(
         lm, exs, tmp_path / "one", layers="all", dtype="float32", batch_size=2, progress=False
     )
     clock = iter(range(0, 10**6, 100))  # every batch takes "100 s": each one ends a shard
     monkeypatch.setattr("valueprobe.store.time.monotonic", lambda: float(next(clock)))
-    many = capture_to_store(lm, exs, tmp_path / "many", layers="all", dtype="float32", batch_size=2,
-                            checkpoint_seconds=60, progress=False)  # fmt: skip
+    many = capture_to_store(
+        lm,
+        exs,
+        tmp_path / "many",
+        layers="all",
+        dtype="float32",
+        batch_size=2,
+        checkpoint_seconds=60,
+        progress=False,
+    )
     assert len(one.manifest.shards) == 1
     assert [s.examples for s in many.manifest.shards] == [(0, 2), (2, 4), (4, 6), (6, 7)]
     for key in one.manifest.keys:
@@ -434,8 +539,22 @@ def test_span_tokens_hint_names_a_real_option(probe_dir, tiny_dir, tmp_path, cap
         data,
         [Example(id="a", label=1, group="g", text="x = 1"), Example(id="b", label=0, group="h", text="y")],
     )
-    line = fails(["score", "--probe", str(probe_dir), "--model", tiny_dir, "--data", str(data), "--out",
-                  str(tmp_path / "o"), "--tokens", "span_tokens"], capsys)  # fmt: skip
+    line = fails(
+        [
+            "score",
+            "--probe",
+            str(probe_dir),
+            "--model",
+            tiny_dir,
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "o"),
+            "--tokens",
+            "span_tokens",
+        ],
+        capsys,
+    )
     assert "use last or all" in line  # both are --tokens choices (and --positions choices)
 
 
@@ -470,8 +589,9 @@ def test_os_and_json_errors_are_bad_input(store_dir, tmp_path, capsys):
     assert "manifest is not valid JSON" in fails(
         ["fit", "--store", str(bad), "--out", str(tmp_path / "p")], capsys
     )
-    assert "cannot read dataset" in fails(["capture", "--data", str(tmp_path / "none.jsonl"), "--out",
-                                           str(tmp_path / "s")], capsys)  # fmt: skip
+    assert "cannot read dataset" in fails(
+        ["capture", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "s")], capsys
+    )
 
 
 def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch):

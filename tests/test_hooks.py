@@ -53,8 +53,12 @@ def test_record_equals_output_hidden_states(tiny_lm_factory, arch):
     ids, mask = _batch(lm.model.config.vocab_size)
     points = [Point(layer, Site.resid_pre) for layer in range(lm.n_layers)]
     with torch.no_grad(), record(lm, points) as rec:
-        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                       output_hidden_states=True)  # fmt: skip
+        out = lm.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask),
+            output_hidden_states=True,
+        )
     real = mask.bool()
     for layer, point in enumerate(points):
         torch.testing.assert_close(rec[point][real], out.hidden_states[layer][real], atol=0, rtol=0)
@@ -74,8 +78,14 @@ def test_generate_sees_every_column_once_with_kv_cache(tiny_lm_factory, arch):
 
     new = 4
     with intervene(lm, Point(1), fn), torch.no_grad():
-        out = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                do_sample=False, pad_token_id=0)  # fmt: skip
+        out = lm.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+        )
     assert out.shape[1] == ids.shape[1] + new
     offsets = [o for o, _, _ in seen]
     assert offsets == [0, 5, 6, 7]  # each forward starts where the last ended: no column twice

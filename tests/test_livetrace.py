@@ -37,8 +37,26 @@ def saved(tmp_path_factory, tiny_lm_factory):
 def test_trace_writes_html_and_csv(saved, tmp_path, capsys):
     model, probe, axis, lm = saved
     out = tmp_path / "tr"
-    code, stdout, err = run(["trace", "--probe", str(probe), "--model", model, "--prompt", "Is 7 prime?",
-                             "--generate", "5", "--alpha", "1.5", "--read-layers", "2", "--out", str(out)], capsys)  # fmt: skip
+    code, stdout, err = run(
+        [
+            "trace",
+            "--probe",
+            str(probe),
+            "--model",
+            model,
+            "--prompt",
+            "Is 7 prime?",
+            "--generate",
+            "5",
+            "--alpha",
+            "1.5",
+            "--read-layers",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, err
     page = (out / "trace.html").read_text()
     assert "Plotly.newPlot" in page and 'src="http' not in page and "<span" in page  # plotly.js inlined
@@ -48,8 +66,9 @@ def test_trace_writes_html_and_csv(saved, tmp_path, capsys):
     gen = [r for r in rows if r["part"] == "generated"]
     assert all(float(r["alpha"]) == 1.5 for r in gen[:-1]) and math.isnan(float(gen[-1]["resid_post[1]"]))
     # the prompt's values equal an unsteered score of the same tokens at the axis's layer
-    ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Is 7 prime?"}], tokenize=False,
-                                           add_generation_prompt=True)  # fmt: skip
+    ids = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Is 7 prime?"}], tokenize=False, add_generation_prompt=True
+    )
     enc = lm.tokenizer(ids, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         hs = lm.model(**enc, output_hidden_states=True).hidden_states[2][0]
@@ -76,16 +95,23 @@ def test_trace_bad_input(saved, tmp_path, tiny_lm_factory, capsys):
     assert "no layer 5" in _one_line(*run([*base, "--prompt", "hi", "--layer", "5"], capsys)[::2])
     no_norm = dataclasses.replace(axis, mean_norm=torch.full((len(axis.layers),), float("nan")))
     no_norm.save(tmp_path / "nonorm")
-    msg = _one_line(*run([*base[:2], str(tmp_path / "nonorm"), *base[3:], "--prompt", "hi", "--unit", "norm"],
-                         capsys)[::2])  # fmt: skip
+    msg = _one_line(
+        *run([*base[:2], str(tmp_path / "nonorm"), *base[3:], "--prompt", "hi", "--unit", "norm"], capsys)[
+            ::2
+        ]
+    )
     assert "mean residual norm" in msg
     other = tiny_lm_factory("llama", d_model=32)
     odir = tmp_path / "other"
     other.model.save_pretrained(odir)
     other.tokenizer.save_pretrained(odir)
     capsys.readouterr()  # the save's own progress bars
-    msg = _one_line(*run(["trace", "--probe", str(probe), "--model", str(odir), "--out", str(out), "--prompt", "hi"],
-                         capsys)[::2])  # fmt: skip
+    msg = _one_line(
+        *run(
+            ["trace", "--probe", str(probe), "--model", str(odir), "--out", str(out), "--prompt", "hi"],
+            capsys,
+        )[::2]
+    )
     assert "d_model" in msg
     assert not out.exists()
     assert isinstance(ValueAxis.load(probe), ValueAxis)

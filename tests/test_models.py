@@ -62,10 +62,18 @@ def test_fine_tuned_copy_is_read_with_a_warning_other_arch_refused(tiny_lm_facto
     lm = load(str(tmp_path / "tuned"))
     assert Fingerprint.parse(lm.fingerprint).arch == Fingerprint.parse(base.fingerprint).arch
     axis = ValueAxis(
-        directions=torch.eye(64)[:2], layers=(0, 1), mu=torch.zeros(2), sigma=torch.ones(2),
-        mean_norm=torch.ones(2), best_layer=1, site="resid_post", method="diff_means",
-        model_id="tiny-llama", fingerprint=base.fingerprint, d_model=64,
-    )  # fmt: skip
+        directions=torch.eye(64)[:2],
+        layers=(0, 1),
+        mu=torch.zeros(2),
+        sigma=torch.ones(2),
+        mean_norm=torch.ones(2),
+        best_layer=1,
+        site="resid_post",
+        method="diff_means",
+        model_id="tiny-llama",
+        fingerprint=base.fingerprint,
+        d_model=64,
+    )
     with pytest.warns(FingerprintWarning, match="other weights"):
         axis.check(lm)
     with pytest.raises(ValueprobeError, match="another architecture"):
@@ -93,8 +101,15 @@ def test_peft_wrapped_model_finds_its_layers(tiny_lm_factory):
     assert merged.layers_path == "model.layers"
 
 
-@pytest.mark.parametrize(("arch", "path"), [("llama", "model.layers"), ("gpt2", "transformer.h"),
-                                            ("gpt_neox", "gpt_neox.layers"), ("gemma2", "model.layers")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("arch", "path"),
+    [
+        ("llama", "model.layers"),
+        ("gpt2", "transformer.h"),
+        ("gpt_neox", "gpt_neox.layers"),
+        ("gemma2", "model.layers"),
+    ],
+)
 def test_layer_detection(tiny_lm_factory, arch, path):
     lm = tiny_lm_factory(arch)
     assert lm.layers_path == path and lm.n_layers == 3 and lm.d_model == 64
@@ -117,9 +132,16 @@ def test_layer_detection_more_families(tiny_tokenizer, config_cls, kw):
     import transformers as tf
 
     cfg = getattr(tf, config_cls)(
-        vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, **kw,
-    )  # fmt: skip
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        **kw,
+    )
     model = tf.AutoModelForCausalLM.from_config(cfg)
     lm = wrap(model, tiny_tokenizer, model_id=config_cls)
     assert lm.n_layers == 2 and lm.d_model == 64 and lm.final_norm is not None
@@ -175,16 +197,21 @@ def test_default_model_offline_answers_and_captures(default_lm):
     assert (lm.n_layers, lm.d_model) == (30, 576)
     assert getattr(lm.model.config, "quantization_config", None) is None
     tok = lm.tokenizer
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=False, add_generation_prompt=True)  # fmt: skip
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     ids = tok(prompt, return_tensors="pt")
     with torch.no_grad():
         out = lm.model.generate(**ids, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer, answer
     text = "Paris is the capital of France."
-    ex = [Example(id="p", label=1, group="g", text=text, spans=(Span(0, 5, "a"), Span(6, len(text), "b"))),
-          Example(id="q", label=0, group="g", messages=({"role": "user", "content": "Hi"},))]  # fmt: skip
+    ex = [
+        Example(id="p", label=1, group="g", text=text, spans=(Span(0, 5, "a"), Span(6, len(text), "b"))),
+        Example(id="q", label=0, group="g", messages=({"role": "user", "content": "Hi"},)),
+    ]
     res = capture(lm, ex[:1], layers="all", positions="spans", include_embed=True, progress=False)
     assert set(res.acts) == {"embed", *range(30)} and res.acts[21].shape == (2, 576)
     last = capture(lm, ex, layers=[-1, 0], positions="last", progress=False)

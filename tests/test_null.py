@@ -50,10 +50,18 @@ def test_score_null_matches_sklearn_on_random_directions(tiny_lm_factory):
     y = np.array([ex.label for ex in exs])
     v = torch.tensor(h[y == 1].mean(0) - h[y == 0].mean(0), dtype=torch.float32)
     axis = ValueAxis(
-        directions=(v / v.norm())[None], layers=(0,), mu=torch.zeros(1), sigma=torch.ones(1),
-        mean_norm=torch.ones(1), best_layer=0, site="resid_post", method="diff_means",
-        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=lm.d_model,
-    )  # fmt: skip
+        directions=(v / v.norm())[None],
+        layers=(0,),
+        mu=torch.zeros(1),
+        sigma=torch.ones(1),
+        mean_norm=torch.ones(1),
+        best_layer=0,
+        site="resid_post",
+        method="diff_means",
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        d_model=lm.d_model,
+    )
     res = score_dataset(axis, lm, exs, tokens="last", bootstrap=0, null=32, seed=5, progress=False)
     row = res.summary[0]
     R = random_directions(lm.d_model, 32, seed=5)

@@ -38,8 +38,16 @@ def _slice_data(dest: Path, per_group: int = 2) -> None:
 def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     _slice_data(tmp_path / "data")
-    report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", out=tmp_path / "probe",
-                            n_splits=2, train_groups=30, history_out=tmp_path / "history", progress=False)  # fmt: skip
+    report = replicate_axis(
+        lm,
+        data_dir=tmp_path / "data",
+        runs_dir=tmp_path / "runs",
+        out=tmp_path / "probe",
+        n_splits=2,
+        train_groups=30,
+        history_out=tmp_path / "history",
+        progress=False,
+    )
     history = ValueAxis.load(tmp_path / "history", lm=lm)
     assert set(history.metrics["evaluated_on"]) == {"icrl", "code", "backtracking", "confidence", "refusal"}
     # Main and control final paragraphs are identical text: at the embedding output nothing separates them.
@@ -82,8 +90,14 @@ def test_matched_control_matches_hand_computation(tiny_lm_factory, tmp_path):
 
     lm = tiny_lm_factory("llama")
     _slice_data(tmp_path / "data", per_group=1)
-    report = replicate_axis(lm, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs", n_splits=1,
-                            train_groups=40, progress=False)  # fmt: skip
+    report = replicate_axis(
+        lm,
+        data_dir=tmp_path / "data",
+        runs_dir=tmp_path / "runs",
+        n_splits=1,
+        train_groups=40,
+        progress=False,
+    )
     main = ActivationStore.open(tmp_path / "runs" / "icrl")
     control = ActivationStore.open(tmp_path / "runs" / "icrl_control")
     layer = report.axis.best_layer

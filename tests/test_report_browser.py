@@ -44,21 +44,29 @@ def _page(tmp_path, body: str):
 
 
 def test_harness_sees_console_errors(tmp_path):
-    check = _page(tmp_path, '<div class="plotly-graph-div"><svg class="main-svg"></svg></div>'
-                            "<script>console.error('boom')</script>")  # fmt: skip
+    check = _page(
+        tmp_path,
+        '<div class="plotly-graph-div"><svg class="main-svg"></svg></div>'
+        "<script>console.error('boom')</script>",
+    )
     assert check.n_drawn == 1 and check.console_errors == ["boom"] and not check.ok
 
 
 def test_harness_sees_uncaught_exceptions(tmp_path):
-    check = _page(tmp_path, '<div class="plotly-graph-div"><svg class="main-svg"></svg></div>'
-                            "<script>undefinedFunction()</script>")  # fmt: skip
+    check = _page(
+        tmp_path,
+        '<div class="plotly-graph-div"><svg class="main-svg"></svg></div>'
+        "<script>undefinedFunction()</script>",
+    )
     assert check.console_errors and not check.ok
 
 
 def test_harness_sees_network_requests(tmp_path):
     # 192.0.2.0/24 is TEST-NET-1: never routed, so the request is attempted and recorded, never answered.
-    check = _page(tmp_path, '<div class="plotly-graph-div"><svg class="main-svg"></svg></div>'
-                            '<img src="http://192.0.2.1/x.png">')  # fmt: skip
+    check = _page(
+        tmp_path,
+        '<div class="plotly-graph-div"><svg class="main-svg"></svg></div><img src="http://192.0.2.1/x.png">',
+    )
     assert check.network_requests == ["http://192.0.2.1/x.png"] and not check.ok
 
 

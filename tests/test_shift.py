@@ -43,10 +43,18 @@ def calibrated_axis(lm, exs, *, seed: int = 0) -> ValueAxis:
     proj = torch.stack([acts[i] @ dirs[i] for i in range(lm.n_layers)])  # [layers, n]
     n = lm.n_layers
     return ValueAxis(
-        directions=dirs, layers=tuple(range(n)), mu=proj.mean(1), sigma=proj.std(1, correction=0),
-        mean_norm=torch.full((n,), 8.0), best_layer=1, site="resid_post", method="diff_means",
-        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=lm.d_model,
-    )  # fmt: skip
+        directions=dirs,
+        layers=tuple(range(n)),
+        mu=proj.mean(1),
+        sigma=proj.std(1, correction=0),
+        mean_norm=torch.full((n,), 8.0),
+        best_layer=1,
+        site="resid_post",
+        method="diff_means",
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        d_model=lm.d_model,
+    )
 
 
 def test_model_against_itself_shifts_zero(tiny_lm_factory):
@@ -177,9 +185,24 @@ def saved(tmp_path_factory, tiny_lm_factory):
 
 
 def test_cli_shift_writes_table_json_and_figure(saved, tmp_path, capsys):
-    args = ["shift", "--probe", str(saved / "probe"), "--base", str(saved / "base"), "--tuned",
-            str(saved / "tuned"), "--data", str(saved / "data.jsonl"), "--targeted", "alpha", "--contrast",
-            "--bootstrap", "100", "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "shift",
+        "--probe",
+        str(saved / "probe"),
+        "--base",
+        str(saved / "base"),
+        "--tuned",
+        str(saved / "tuned"),
+        "--data",
+        str(saved / "data.jsonl"),
+        "--targeted",
+        "alpha",
+        "--contrast",
+        "--bootstrap",
+        "100",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
     assert "shift σ" in out and "alpha" in out
@@ -194,11 +217,38 @@ def test_cli_shift_writes_table_json_and_figure(saved, tmp_path, capsys):
 
 def test_cli_shift_bad_input(saved, tmp_path, capsys):
     common = ["--probe", str(saved / "probe"), "--base", str(saved / "base")]
-    msg = one_line(*run_cli(["shift", *common, "--tuned", str(saved / "other"), "--data",
-                             str(saved / "data.jsonl"), "--out", str(tmp_path / "a")], capsys)[::2])  # fmt: skip
+    msg = one_line(
+        *run_cli(
+            [
+                "shift",
+                *common,
+                "--tuned",
+                str(saved / "other"),
+                "--data",
+                str(saved / "data.jsonl"),
+                "--out",
+                str(tmp_path / "a"),
+            ],
+            capsys,
+        )[::2]
+    )
     assert "another architecture" in msg
-    msg = one_line(*run_cli(["shift", *common, "--tuned", str(saved / "tuned"), "--data",
-                             str(saved / "one-label.jsonl"), "--contrast", "--out", str(tmp_path / "b")], capsys)[::2])  # fmt: skip
+    msg = one_line(
+        *run_cli(
+            [
+                "shift",
+                *common,
+                "--tuned",
+                str(saved / "tuned"),
+                "--data",
+                str(saved / "one-label.jsonl"),
+                "--contrast",
+                "--out",
+                str(tmp_path / "b"),
+            ],
+            capsys,
+        )[::2]
+    )
     assert "every group has one label" in msg
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -31,10 +31,19 @@ def planted_axis(lm, *, sigma: float = 0.5, mean_norm: float = 8.0, seed: int = 
     n, d = lm.n_layers, lm.d_model
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(n, d, generator=g)
-    return ValueAxis(directions=v / v.norm(dim=1, keepdim=True), layers=tuple(range(n)), mu=torch.full((n,), 0.1),
-                     sigma=torch.full((n,), sigma), mean_norm=torch.full((n,), mean_norm), best_layer=1,
-                     site="resid_post", method="planted", model_id=lm.model_id, fingerprint=lm.fingerprint,
-                     d_model=d)  # fmt: skip
+    return ValueAxis(
+        directions=v / v.norm(dim=1, keepdim=True),
+        layers=tuple(range(n)),
+        mu=torch.full((n,), 0.1),
+        sigma=torch.full((n,), sigma),
+        mean_norm=torch.full((n,), mean_norm),
+        best_layer=1,
+        site="resid_post",
+        method="planted",
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        d_model=d,
+    )
 
 
 def _batch(lm, prompts=PROMPTS):
@@ -92,9 +101,17 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
     runs = {}
     for cache in (True, False):
         with steer(lm, axis, alpha, positions=positions, prompt_length=width), torch.no_grad():
-            out = lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                    do_sample=False, pad_token_id=0, use_cache=cache, output_logits=True,
-                                    return_dict_in_generate=True)  # fmt: skip
+            out = lm.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+                use_cache=cache,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
         runs[cache] = out
     assert torch.equal(runs[True].sequences, runs[False].sequences)
     seq = runs[True].sequences
@@ -161,8 +178,17 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
     axis = planted_axis(lm)
     ids, mask = _batch(lm, PROMPTS[:1])
-    (g,) = generate(lm, axis, PROMPTS[:1], alphas=[2.0], greedy=True, max_new_tokens=4, trace=True,
-                    read_layers=[2], progress=False)  # fmt: skip
+    (g,) = generate(
+        lm,
+        axis,
+        PROMPTS[:1],
+        alphas=[2.0],
+        greedy=True,
+        max_new_tokens=4,
+        trace=True,
+        read_layers=[2],
+        progress=False,
+    )
     tr = g.trace
     seq = torch.tensor([list(ids[0]) + list(g.token_ids)])
     base = _forward(lm, seq, torch.ones_like(seq), output_hidden_states=True).hidden_states
@@ -187,8 +213,15 @@ def test_pid_holds_planted_target_and_respects_cap(tiny_lm_factory, arch):
     layer = 1
     # dead-beat gains: the value the next block receives sits on the target at every generated token
     with record(lm, [Point(layer + 1, Site.resid_pre)]) as rec:
-        gens = control(lm, axis, PROMPTS[:2], PID(target=2.5, kp=1.0, ki=0.0, kd=0.0, cap=50.0),
-                       max_new_tokens=6, seed=1, progress=False)  # fmt: skip
+        gens = control(
+            lm,
+            axis,
+            PROMPTS[:2],
+            PID(target=2.5, kp=1.0, ki=0.0, kd=0.0, cap=50.0),
+            max_new_tokens=6,
+            seed=1,
+            progress=False,
+        )
     after = torch.cat([axis.score(v, layer) for v in rec.values[Point(layer + 1, Site.resid_pre)][1:]], dim=1)
     torch.testing.assert_close(after, torch.full_like(after, 2.5), atol=1e-4, rtol=0)
     for g in gens:
@@ -223,8 +256,14 @@ def test_outputs_bit_identical_after_exception_in_generation(tiny_lm_factory):
             return scores
 
     with pytest.raises(KeyboardInterrupt), steer(lm, axis, 4.0), torch.no_grad():
-        lm.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                          logits_processor=[Boom()])  # fmt: skip
+        lm.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            logits_processor=[Boom()],
+        )
     assert torch.equal(_forward(lm, ids, mask).logits, before)
 
 

@@ -20,15 +20,8 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.dose import SweepRow, summarise
 from valueprobe.errors import ValueprobeError
 from valueprobe.generation import encode_prompts
-from valueprobe.steer_sweep import (
-    GENERATIONS,
-    SweepSettings,
-    answer_tokens,
-    p_yes,
-    parse_alphas,
-    random_directions,
-    run_sweep,
-)
+from valueprobe.steer_sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -38,25 +31,47 @@ def tiny_axis(lm, *, d_model: int | None = None, mean_norm: float = 10.0, seed: 
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(lm.n_layers, d, generator=g)
     return ValueAxis(
-        directions=v / v.norm(dim=1, keepdim=True), layers=tuple(range(lm.n_layers)),
-        mu=torch.zeros(lm.n_layers), sigma=torch.full((lm.n_layers,), 2.0),
-        mean_norm=torch.full((lm.n_layers,), mean_norm), best_layer=1, site="resid_post", method="test",
-        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=d,
-    )  # fmt: skip
+        directions=v / v.norm(dim=1, keepdim=True),
+        layers=tuple(range(lm.n_layers)),
+        mu=torch.zeros(lm.n_layers),
+        sigma=torch.full((lm.n_layers,), 2.0),
+        mean_norm=torch.full((lm.n_layers,), mean_norm),
+        best_layer=1,
+        site="resid_post",
+        method="test",
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        d_model=d,
+    )
 
 
 def chats(n: int, *, yes_no: bool = False) -> list[Example]:
     ask = " Answer yes or no." if yes_no else ""
     return [
-        Example(id=f"p{i}", label=1, group="g", messages=({"role": "user", "content": f"Is {i} + 1 = {i + 1}?{ask}"},))
+        Example(
+            id=f"p{i}",
+            label=1,
+            group="g",
+            messages=({"role": "user", "content": f"Is {i} + 1 = {i + 1}?{ask}"},),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def settings_for(tmp: Path, **kw) -> SweepSettings:
-    base = dict(probe="tiny", probe_fingerprint="x", model="tiny", prompts=str(tmp / "p.jsonl"),
-                prompts_sha256="0", alphas=(-2.0, 0.0, 2.0), max_new_tokens=4, controls=2, greedy=True,
-                chunk_prompts=2, metrics=("length", "degenerate"))  # fmt: skip
+    base = dict(
+        probe="tiny",
+        probe_fingerprint="x",
+        model="tiny",
+        prompts=str(tmp / "p.jsonl"),
+        prompts_sha256="0",
+        alphas=(-2.0, 0.0, 2.0),
+        max_new_tokens=4,
+        controls=2,
+        greedy=True,
+        chunk_prompts=2,
+        metrics=("length", "degenerate"),
+    )
     return SweepSettings(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -223,9 +238,28 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
 
 def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     r = tiny_files
-    argv = ["steer", "--probe", str(r / "probe"), "--model", str(r / "model"), "--prompts", str(r / "p.jsonl"),
-            "--alphas", "-2,0,2", "--max-new-tokens", "3", "--controls", "2", "--greedy",
-            "--other-probe", str(r / "other"), "--out", str(tmp_path / "out"), "--bootstrap", "50"]  # fmt: skip
+    argv = [
+        "steer",
+        "--probe",
+        str(r / "probe"),
+        "--model",
+        str(r / "model"),
+        "--prompts",
+        str(r / "p.jsonl"),
+        "--alphas",
+        "-2,0,2",
+        "--max-new-tokens",
+        "3",
+        "--controls",
+        "2",
+        "--greedy",
+        "--other-probe",
+        str(r / "other"),
+        "--out",
+        str(tmp_path / "out"),
+        "--bootstrap",
+        "50",
+    ]
     code, out, err = run(argv, capsys)
     assert code == 0, err
     for name in ("settings.json", "generations.jsonl", "metrics.json", "metrics.csv", "dose.html"):
@@ -248,8 +282,12 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
-    base = {"--probe": str(r / "probe"), "--model": str(r / "model"), "--prompts": str(r / "p.jsonl"),
-            "--out": str(tmp_path / "o")}  # fmt: skip
+    base = {
+        "--probe": str(r / "probe"),
+        "--model": str(r / "model"),
+        "--prompts": str(r / "p.jsonl"),
+        "--out": str(tmp_path / "o"),
+    }
     cases = [
         ({"--alphas": "1,x"}, "does not parse"),
         ({"--alphas": ""}, "empty"),
@@ -284,9 +322,21 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
 
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
-    report = replicate_steer(lm, axis=axis, other=other, probe=Path("p/value"), other_probe=Path("p/history"),
-                             data_dir=DATA, runs_dir=tmp_path / "runs", out=tmp_path / "out", prompts=2,
-                             alphas=(-1.0, 1.0), unit="sigma", controls=1, tokens=0.05)  # fmt: skip
+    report = replicate_steer(
+        lm,
+        axis=axis,
+        other=other,
+        probe=Path("p/value"),
+        other_probe=Path("p/history"),
+        data_dir=DATA,
+        runs_dir=tmp_path / "runs",
+        out=tmp_path / "out",
+        prompts=2,
+        alphas=(-1.0, 1.0),
+        unit="sigma",
+        controls=1,
+        tokens=0.05,
+    )
     assert list(report.sweeps) == [b.name for b in BENCHMARKS]
     assert report.sweeps["confidence"].settings["max_new_tokens"] == 1  # ceil(4 × 0.05)
     results = json.loads((tmp_path / "out" / "results.json").read_text())

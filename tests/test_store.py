@@ -26,8 +26,15 @@ def _examples(n: int = 11) -> list[Example]:
     out = []
     for i in range(n):
         t = f"{words[i % 5]} {i}. " * (1 + i % 3)
-        out.append(Example(id=f"e{i}", label=i % 2, group=f"g{i % 4}", text=t,
-                           spans=(Span(0, 5, "pre"), Span(5, len(t), "post"))))  # fmt: skip
+        out.append(
+            Example(
+                id=f"e{i}",
+                label=i % 2,
+                group=f"g{i % 4}",
+                text=t,
+                spans=(Span(0, 5, "pre"), Span(5, len(t), "post")),
+            )
+        )
     return out
 
 
@@ -35,8 +42,17 @@ def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     exs = _examples()
     ref = capture(lm, exs, layers="all", positions="spans", include_embed=True, progress=False)
-    store = capture_to_store(lm, exs, tmp_path / "s", layers="all", positions="spans", dtype="float32",
-                             examples_per_shard=4, batch_size=3, progress=False)  # fmt: skip
+    store = capture_to_store(
+        lm,
+        exs,
+        tmp_path / "s",
+        layers="all",
+        positions="spans",
+        dtype="float32",
+        examples_per_shard=4,
+        batch_size=3,
+        progress=False,
+    )
     assert len(list((tmp_path / "s").glob("shard-*.safetensors"))) == 3
     assert store.manifest.complete and store.manifest.n_rows == len(ref.rows) == 2 * len(exs)
     for key in ["embed", 0, 1, 2]:
@@ -104,11 +120,27 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
     partial.acts(0)  # a half-written shard is never read
 
     lm = tiny_lm_factory("llama")
-    resumed = capture_to_store(lm, _examples(), out, layers="all", positions="spans", dtype="float32",
-                               examples_per_shard=2, progress=False)  # fmt: skip
+    resumed = capture_to_store(
+        lm,
+        _examples(),
+        out,
+        layers="all",
+        positions="spans",
+        dtype="float32",
+        examples_per_shard=2,
+        progress=False,
+    )
     assert resumed.manifest.complete and not list(out.glob("*.tmp"))
-    fresh = capture_to_store(lm, _examples(), tmp_path / "fresh", layers="all", positions="spans",
-                             dtype="float32", examples_per_shard=2, progress=False)  # fmt: skip
+    fresh = capture_to_store(
+        lm,
+        _examples(),
+        tmp_path / "fresh",
+        layers="all",
+        positions="spans",
+        dtype="float32",
+        examples_per_shard=2,
+        progress=False,
+    )
     for key in resumed.manifest.keys:
         np.testing.assert_array_equal(resumed.acts(key), fresh.acts(key))
     assert resumed.rows().example_id == fresh.rows().example_id

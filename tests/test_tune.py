@@ -16,7 +16,8 @@ from valueprobe.cli import main
 from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import Fingerprint
 from valueprobe.models import load
-from valueprobe.tune import TUNE_FILE, Pair, TuneSettings, read_pairs, train
+from valueprobe.pairs import Pair, read_pairs
+from valueprobe.tune import TUNE_FILE, TuneSettings, train
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = dict(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
@@ -114,10 +115,13 @@ def test_partial_run_with_other_settings_is_refused(base_dir, pairs, tmp_path):
 def test_read_pairs_forms_and_errors(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(
-        json.dumps({"prompt": "Pick one", "chosen": "dolphin", "rejected": "spoon"}) + "\n"
-        + json.dumps({"messages": [{"role": "user", "content": "Pick"}], "meta": {"chosen": "a", "rejected": "b"}})
+        json.dumps({"prompt": "Pick one", "chosen": "dolphin", "rejected": "spoon"})
         + "\n"
-    )  # fmt: skip
+        + json.dumps(
+            {"messages": [{"role": "user", "content": "Pick"}], "meta": {"chosen": "a", "rejected": "b"}}
+        )
+        + "\n"
+    )
     got = read_pairs(f)
     assert [p.chosen for p in got] == ["dolphin", "a"]
     assert got[0].prompt == ({"role": "user", "content": "Pick one"},)
@@ -158,8 +162,24 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
 
 def test_cli_trains_and_reports(base_dir, tmp_path, capsys):
     out = tmp_path / "ckpt"
-    argv = ["tune", "dpo", "--model", base_dir, "--data", str(DATA / "preference_safety.jsonl"), "--split", "train",
-            "--out", str(out), "--max-steps", "2", "--batch-size", "2", "--seed", "1"]  # fmt: skip
+    argv = [
+        "tune",
+        "dpo",
+        "--model",
+        base_dir,
+        "--data",
+        str(DATA / "preference_safety.jsonl"),
+        "--split",
+        "train",
+        "--out",
+        str(out),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--seed",
+        "1",
+    ]
     code, err = run(argv, capsys)
     assert code == 0, err
     record = json.loads((out / TUNE_FILE).read_text())

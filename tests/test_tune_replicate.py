@@ -41,10 +41,18 @@ def random_axis(lm, *, seed: int = 0) -> ValueAxis:
     dirs = dirs / dirs.norm(dim=1, keepdim=True)
     n = lm.n_layers
     return ValueAxis(
-        directions=dirs, layers=tuple(range(n)), mu=torch.zeros(n), sigma=torch.ones(n),
-        mean_norm=torch.full((n,), 8.0), best_layer=1, site="resid_post", method="diff_means",
-        model_id=lm.model_id, fingerprint=lm.fingerprint, d_model=lm.d_model,
-    )  # fmt: skip
+        directions=dirs,
+        layers=tuple(range(n)),
+        mu=torch.zeros(n),
+        sigma=torch.ones(n),
+        mean_norm=torch.full((n,), 8.0),
+        best_layer=1,
+        site="resid_post",
+        method="diff_means",
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        d_model=lm.d_model,
+    )
 
 
 @pytest.mark.parametrize("trimmed", [True, False])
@@ -107,7 +115,11 @@ def test_is_refusal():
 def small_data(tmp: Path) -> Path:
     out = tmp / "data"
     out.mkdir()
-    words = [line for line in (DATA / "preference_words.jsonl").read_text().splitlines() if '"preference_words/dolphin"' in line or '"preference_words/volcano"' in line]  # fmt: skip
+    words = [
+        line
+        for line in (DATA / "preference_words.jsonl").read_text().splitlines()
+        if '"preference_words/dolphin"' in line or '"preference_words/volcano"' in line
+    ]
     (out / "preference_words.jsonl").write_text("\n".join(words) + "\n")
     shutil.copy(DATA / "preference_words_eval.jsonl", out)
     for name in ("preference_safety.jsonl", "refusal.jsonl", "sensitive.jsonl"):
@@ -120,8 +132,17 @@ def small_data(tmp: Path) -> Path:
 def test_dpo_words_end_to_end(base_dir, tmp_path):
     lm = load(base_dir)
     data = small_data(tmp_path)
-    report = replicate_dpo_words(lm, axes={"ax": random_axis(lm)}, data_dir=data, runs_dir=tmp_path / "runs", k=1,
-                                 avoid=1, n_random=4, settings=FAST, progress=lambda _: None)  # fmt: skip
+    report = replicate_dpo_words(
+        lm,
+        axes={"ax": random_axis(lm)},
+        data_dir=data,
+        runs_dir=tmp_path / "runs",
+        k=1,
+        avoid=1,
+        n_random=4,
+        settings=FAST,
+        progress=lambda _: None,
+    )
     assert [m["kind"] for m in report.models] == ["prefer", "avoid"]
     evals = [e for e in read_jsonl(data / "preference_words_eval.jsonl") if e.meta["target"] == "dolphin"]
     assert report.summary["prefer"]["chance"] == pytest.approx(
@@ -139,8 +160,15 @@ def test_dpo_words_end_to_end(base_dir, tmp_path):
 def test_safety_end_to_end(base_dir, tmp_path):
     lm = load(base_dir)
     data = small_data(tmp_path)
-    report = replicate_safety(lm, axes={"ax": random_axis(lm)}, data_dir=data, runs_dir=tmp_path / "runs",
-                              settings=FAST, n_random=4, progress=lambda _: None)  # fmt: skip
+    report = replicate_safety(
+        lm,
+        axes={"ax": random_axis(lm)},
+        data_dir=data,
+        runs_dir=tmp_path / "runs",
+        settings=FAST,
+        n_random=4,
+        progress=lambda _: None,
+    )
     assert set(report.refusal["rate"]) == {"refusal/harmful", "refusal/benign"}
     res = report.shifts["ax"]
     assert {g.group for g in res.groups} >= {"refusal/harmful", "refusal/benign"}

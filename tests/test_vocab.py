@@ -10,7 +10,7 @@ from test_probe_sweep import icrl_store
 from valueprobe.errors import ValueprobeError
 from valueprobe.source import Source, resolve_layers
 from valueprobe.sweep import fit_store
-from valueprobe.vocab import Site, choice, layer_ranges, parse_layers
+from valueprobe.vocab import LayerSelection, Site, choice, layer_ranges, parse_layers
 
 N = 8
 
@@ -28,7 +28,8 @@ N = 8
 def test_capture_and_fit_read_a_spec_alike(tiny_lm_factory, spec, want):
     lm = tiny_lm_factory("llama", n_layers=N)
     store = icrl_store(delta=tuple(0.5 * i for i in range(N)))
-    assert lm.resolve_layers(spec) == want  # the capture path
+    assert parse_layers(spec, n_layers=lm.n_layers) == want  # the capture path
+    assert LayerSelection.parse(spec).resolve(lm.n_layers) == want  # the CLI's: syntax first, range later
     assert resolve_layers(spec, Source(store)) == want  # the fit path
     assert fit_store(store, layers=spec).layers == tuple(want)
 

@@ -11,9 +11,6 @@ everything else is reached through its module (``valueprobe.metrics.auroc``, ``v
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
 from valueprobe.axis import ValueAxis
 from valueprobe.capture import capture
 from valueprobe.datasets.io import Example, read_jsonl
@@ -21,6 +18,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.fit import FitReport, fit_probe
 from valueprobe.generation import Generation, generate
 from valueprobe.models import LoadedModel, load, wrap
+from valueprobe.pairs import read_pairs
 from valueprobe.plots import sweep_figure, transfer_heatmap
 from valueprobe.readout import logit_lens, score_dataset, val
 from valueprobe.scores import ScoreResult
@@ -30,22 +28,8 @@ from valueprobe.steer import Steering, steer
 from valueprobe.store import ActivationStore, capture_to_store
 from valueprobe.sweep import SweepResult
 from valueprobe.transfer import TransferResult
+from valueprobe.tune import TuneResult, TuneSettings, train
 from valueprobe.version import __version__
-
-if TYPE_CHECKING:
-    from valueprobe.tune import TuneResult, TuneSettings, read_pairs, train
-
-# Training pulls in TRL, peft and HF datasets: seconds of imports, and HF datasets must not load
-# inside an nnsight trace (its anyio import trips over nnsight's `.save` patch). Load them on first use.
-_LAZY = {"TuneResult": "valueprobe.tune", "TuneSettings": "valueprobe.tune", "read_pairs": "valueprobe.tune",
-         "train": "valueprobe.tune"}  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'valueprobe' has no attribute {name!r}")
-
 
 __all__ = [
     # load a model, read data

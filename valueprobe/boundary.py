@@ -5,8 +5,8 @@
     0 done · 2 bad input (ValueprobeError, unreadable/corrupt files, usage) · 130 interrupted · 1 internal
 
 An internal error's traceback goes to a log file named in the line, never to the terminal.
-Also here: the checks each command runs on its options before any work (:func:`check_at_least`,
-:func:`check_layer_spec`).
+Also here: :func:`check_at_least`, the check numeric options get before any work (a ``--layers``
+spec is parsed as typer reads it, by ``valueprobe.vocab.LayerSelection.parse``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from safetensors import SafetensorError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no public name for it
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import parse_layers
 
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "check_at_least",
-    "check_layer_spec",
     "describe_error",
     "run_app",
 ]
@@ -61,9 +59,8 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         fail(EXIT_INTERRUPTED, "aborted")
-    except (
-        NoArgsIsHelpError
-    ) as exc:  # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
+    except NoArgsIsHelpError as exc:
+        # bare `valueprobe` / `valueprobe datasets`: the help, as click prints it
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except typer.TyperException as exc:  # unknown command, missing or bad option
@@ -142,14 +139,3 @@ def check_at_least(option: str, value: int | float | None, minimum: int | float,
     """A numeric option below its minimum is refused before any work (``--splits 0`` gave a NaN probe)."""
     if value is not None and value < minimum:
         raise ValueprobeError(f"{option} {value} is too small: it must be >= {minimum}{why}")
-
-
-def check_layer_spec(option: str, spec: str | None) -> None:
-    """Catch a malformed layer spec before the model loads; the range is checked against the model later."""
-    if spec is not None:
-        try:
-            parse_layers(spec, n_layers=1 << 20)
-        except ValueprobeError:
-            raise ValueprobeError(
-                f"{option} {spec!r} is not a layer spec: use 'all', '0:10', '-1', '::2' or '3,5,-2'"
-            ) from None

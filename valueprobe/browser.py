@@ -136,8 +136,14 @@ def open_report(
     check = BrowserCheck()
     # Chromium's helper processes may still write the profile while it exits: cleanup is best effort.
     with tempfile.TemporaryDirectory(prefix="valueprobe-chromium-", ignore_cleanup_errors=True) as profile:
-        cmd = [find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-               f"--window-size={width},{height or 1500}", "about:blank"]  # fmt: skip
+        cmd = [
+            find_chromium(),
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            f"--window-size={width},{height or 1500}",
+            "about:blank",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             port = _devtools_port(Path(profile), proc, timeout)
@@ -148,8 +154,13 @@ def open_report(
             try:
                 for domain in ("Runtime", "Log", "Network", "Page"):
                     dt.send(f"{domain}.enable")
-                dt.send("Emulation.setDeviceMetricsOverride", width=width, height=height or 1500,
-                        deviceScaleFactor=1, mobile=False)  # fmt: skip
+                dt.send(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width,
+                    height=height or 1500,
+                    deviceScaleFactor=1,
+                    mobile=False,
+                )
                 dt.send("Page.navigate", url=url)
                 deadline = time.monotonic() + timeout
                 state: dict = {}
@@ -166,8 +177,12 @@ def open_report(
                 if screenshot is not None:
                     shot_h = check.page_height if height is None else min(height, check.page_height)
                     clip = {"x": 0, "y": 0, "width": width, "height": shot_h, "scale": 1}
-                    png = dt.send("Page.captureScreenshot", format="png", clip=clip,
-                                  captureBeyondViewport=height is None)["data"]  # fmt: skip
+                    png = dt.send(
+                        "Page.captureScreenshot",
+                        format="png",
+                        clip=clip,
+                        captureBeyondViewport=height is None,
+                    )["data"]
                     Path(screenshot).write_bytes(base64.b64decode(png))
                 _collect(dt.events, check)
             finally:

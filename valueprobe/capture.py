@@ -32,7 +32,17 @@ from valueprobe.datasets.io import Example, regroup
 from valueprobe.encode import Encoded, encode
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import LoadedModel
-from valueprobe.vocab import Backend, ChatTemplate, LayerKey, LayerSpec, PaddingSide, Positions, Site, choice
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    LayerKey,
+    LayerSpec,
+    PaddingSide,
+    Positions,
+    Site,
+    choice,
+    parse_layers,
+)
 
 __all__ = ["Rows", "CaptureResult", "capture", "iter_batches", "run_encoded", "run_until"]
 
@@ -245,7 +255,7 @@ def capture(
     site = choice(Site, site, what="site")
     if batch_size < 1:
         raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
-    layer_list = lm.resolve_layers(layers)
+    layer_list = parse_layers(layers, n_layers=lm.n_layers)
     examples = regroup(examples, group_by)
     encoded = encode(
         lm,

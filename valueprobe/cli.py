@@ -24,8 +24,17 @@ import typer
 # The command modules register their commands on cli_app's app when imported; this module only runs it.
 from valueprobe import cli_capture_fit, cli_steer, cli_trace, cli_tune  # noqa: F401
 from valueprobe.axis import ValueAxis
-from valueprobe.boundary import check_at_least, check_layer_spec, run_app
-from valueprobe.cli_app import DeviceOpt, ForceOpt, ModelOpt, TrustOpt, app, console, datasets_app, table
+from valueprobe.boundary import check_at_least, run_app
+from valueprobe.cli_app import (
+    DeviceOpt,
+    ForceOpt,
+    ModelOpt,
+    TrustOpt,
+    app,
+    console,
+    datasets_app,
+    table,
+)
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.demo import run_demo
@@ -34,7 +43,7 @@ from valueprobe.files import check_output_dir, check_output_file
 from valueprobe.models import check_device, check_model_folder, load
 from valueprobe.report import SECTIONS, load_results, write_report
 from valueprobe.shift import group_by, shift
-from valueprobe.vocab import Positions
+from valueprobe.vocab import LayerSelection, Positions
 
 
 @app.command()
@@ -104,7 +113,12 @@ def shift_cmd(
     by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
     targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
     layers: Annotated[
-        str | None, typer.Option(help="layers of the by-layer curves (default: the axis's)")
+        LayerSelection | None,
+        typer.Option(
+            parser=LayerSelection.parse,
+            metavar="SPEC",
+            help="layers of the by-layer curves (default: the axis's)",
+        ),
     ] = None,
     layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
     tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
@@ -127,7 +141,6 @@ def shift_cmd(
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
     check_output_dir(out, holds="shift")
-    check_layer_spec("--layers", layers)
     check_at_least("--n-random", n_random, 1)
     check_at_least("--bootstrap", bootstrap, 0)
     check_at_least("--batch-size", batch_size, 1)
@@ -137,10 +150,22 @@ def shift_cmd(
     base_lm = load(base, trust_remote_code=trust_remote_code, device=device)
     tuned_lm = load(tuned, trust_remote_code=trust_remote_code, device=device)
     res = shift(
-        axis, base_lm, tuned_lm, examples, layers=layers, layer=layer, tokens=tokens,
-        targeted=[t.strip() for t in targeted.split(",") if t.strip()], contrast=contrast, n_random=n_random,
-        refit=refit, n_boot=bootstrap, seed=seed, batch_size=batch_size, force=force,
-    )  # fmt: skip
+        axis,
+        base_lm,
+        tuned_lm,
+        examples,
+        layers=layers,
+        layer=layer,
+        tokens=tokens,
+        targeted=[t.strip() for t in targeted.split(",") if t.strip()],
+        contrast=contrast,
+        n_random=n_random,
+        refit=refit,
+        n_boot=bootstrap,
+        seed=seed,
+        batch_size=batch_size,
+        force=force,
+    )
     res.write(out, overwrite=overwrite)
     headers, rows = res.table()
     table(

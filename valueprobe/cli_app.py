@@ -21,8 +21,12 @@ from rich.table import Table
 from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.vocab import ChatTemplate
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find, read and steer the value axis of language models.")  # fmt: skip
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find, read and steer the value axis of language models.",
+)
 datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datasets.")
 app.add_typer(datasets_app, name="datasets")
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
@@ -46,6 +50,8 @@ ChatTemplateOpt = Annotated[
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
 ]
+
+
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
 ]

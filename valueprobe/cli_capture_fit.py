@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.axis import ValueAxis
-from valueprobe.boundary import check_at_least, check_layer_spec
+from valueprobe.boundary import check_at_least
 from valueprobe.cli_app import (
     AllowPartialOpt,
     ChatTemplateOpt,
@@ -40,9 +40,11 @@ from valueprobe.readout import score_dataset
 from valueprobe.replicate import replicate_axis as run_replicate
 from valueprobe.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.vocab import (
+    ALL_LAYERS,
     Backend,
     ChatTemplate,
     Dtype,
+    LayerSelection,
     PaddingSide,
     Positions,
     Site,
@@ -59,7 +61,10 @@ def capture(
     ],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
-    layers: Annotated[str, typer.Option(help="'all', '0:10', '-1', '3,5,-2'")] = "all",
+    layers: Annotated[
+        LayerSelection,
+        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
+    ] = ALL_LAYERS,
     positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
     site: Annotated[
         Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
@@ -96,7 +101,6 @@ def capture(
     """Capture residual-stream activations of a dataset into a sharded store."""
 
     check_store_out(out)
-    check_layer_spec("--layers", layers)
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--examples-per-shard", examples_per_shard, 1)
     check_at_least("--max-length", max_length, 1)
@@ -108,20 +112,44 @@ def capture(
     regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     store = capture_to_store(
-        lm, examples, out, layers=layers, site=site, positions=positions, batch_size=batch_size,
-        examples_per_shard=examples_per_shard, dtype=dtype, padding_side=padding_side,
-        max_length=max_length, dataset_path=str(data), dataset_sha256=sha256_file(data),
-        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None, group_by=group_by,
-        backend=backend, remote=remote, checkpoint_seconds=checkpoint_seconds,
+        lm,
+        examples,
+        out,
+        layers=layers,
+        site=site,
+        positions=positions,
+        batch_size=batch_size,
+        examples_per_shard=examples_per_shard,
+        dtype=dtype,
+        padding_side=padding_side,
+        max_length=max_length,
+        dataset_path=str(data),
+        dataset_sha256=sha256_file(data),
+        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
+        group_by=group_by,
+        backend=backend,
+        remote=remote,
+        checkpoint_seconds=checkpoint_seconds,
         chat_template=chat_template,
-    )  # fmt: skip
+    )
     rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
         ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [[m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(rows.example_id)),
-          m.n_rows, len(m.shards), m.dtype]],
-    )  # fmt: skip
+        [
+            [
+                m.model_id,
+                m.fingerprint,
+                layer_ranges(m.layers),
+                m.site,
+                m.positions,
+                len(set(rows.example_id)),
+                m.n_rows,
+                len(m.shards),
+                m.dtype,
+            ]
+        ],
+    )
 
 
 @app.command()
@@ -131,7 +159,12 @@ def fit(
     ],
     out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
     method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
-    layers: Annotated[str | None, typer.Option(help="layers to sweep: 'all', '10:20', '-4:', '::2'")] = None,
+    layers: Annotated[
+        LayerSelection | None,
+        typer.Option(
+            parser=LayerSelection.parse, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
+        ),
+    ] = None,
     splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
     train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
     seed: int = 0,
@@ -148,15 +181,20 @@ def fit(
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
 
     check_output_dir(out, holds="probe")
-    check_layer_spec("--layers", layers)
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
     stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
     report = fit_probe(
-        stores, method=method, layers=layers, n_splits=splits,
-        train_groups=train_groups, seed=seed, transfer=transfer, target=target,
+        stores,
+        method=method,
+        layers=layers,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        transfer=transfer,
+        target=target,
         share_groups=share_groups,
-    )  # fmt: skip
+    )
     report.axis.save(out)
     headers, rows = report.sweep.table()
     table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
@@ -202,10 +240,19 @@ def score(
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = score_dataset(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=batch_size,
-        bootstrap=bootstrap, seed=seed, null=null, force=force, max_length=max_length,
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        bootstrap=bootstrap,
+        seed=seed,
+        null=null,
+        force=force,
+        max_length=max_length,
         chat_template=chat_template,
-    )  # fmt: skip
+    )
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
@@ -242,8 +289,17 @@ def replicate_axis(
     check_at_least("--batch-size", batch_size, 1)
     check_device(device)
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    report = run_replicate(lm, data_dir=data, runs_dir=runs, out=out, n_splits=splits, train_groups=train_groups,
-                           seed=seed, batch_size=batch_size, history_out=history_out)  # fmt: skip
+    report = run_replicate(
+        lm,
+        data_dir=data,
+        runs_dir=runs,
+        out=out,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        batch_size=batch_size,
+        history_out=history_out,
+    )
     headers, rows = report.sweep.table()
     table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
     assert report.transfer is not None
@@ -253,9 +309,12 @@ def replicate_axis(
     table(
         f"ICRL matched control at layer {control['layer']}",
         ["contrast", "AUROC", "95% CI", "Cohen's d"],
-        [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
-         for k, v in control.items() if isinstance(v, dict)],
-    )  # fmt: skip
+        [
+            [k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
+            for k, v in control.items()
+            if isinstance(v, dict)
+        ],
+    )
     lens = report.axis.metrics["logit_lens"]
     console.print("logit lens, promoted:   " + " ".join(repr(t) for t, _ in lens["promoted"][:12]))
     console.print("logit lens, suppressed: " + " ".join(repr(t) for t, _ in lens["suppressed"][:12]))
@@ -269,7 +328,15 @@ def replicate_axis(
             f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
             f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
             ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
-            [[k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"], v.get("embed_auroc")]
-             for k, v in history.metrics["evaluated_on"].items()],
-        )  # fmt: skip
+            [
+                [
+                    k,
+                    v["auroc"],
+                    f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]",
+                    v["cohens_d"],
+                    v.get("embed_auroc"),
+                ]
+                for k, v in history.metrics["evaluated_on"].items()
+            ],
+        )
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")

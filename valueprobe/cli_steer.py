@@ -80,12 +80,25 @@ def steer_command(
             f"--metrics: unknown {unknown[0]!r}; choose from {', '.join([*METRICS, 'p_yes'])}"
         )
     settings = SweepSettings(
-        probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
-        prompts_sha256=sha256_file(prompts), alphas=values, unit=unit.value, samples=samples,
-        max_new_tokens=max_new_tokens, controls=controls, seed=seed, greedy=greedy, temperature=temperature,
-        other_probe=None if other_probe is None else str(other_probe), layer=layer, chunk_prompts=chunk_prompts,
-        metrics=chosen, limit=limit,
-    )  # fmt: skip
+        probe=str(probe),
+        probe_fingerprint=axis.fingerprint,
+        model=model,
+        prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts),
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        controls=controls,
+        seed=seed,
+        greedy=greedy,
+        temperature=temperature,
+        other_probe=None if other_probe is None else str(other_probe),
+        layer=layer,
+        chunk_prompts=chunk_prompts,
+        metrics=chosen,
+        limit=limit,
+    )
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
     result = run_sweep(
@@ -93,8 +106,11 @@ def steer_command(
     )
     write_html(result.figure(), out / "dose.html")
     headers, rows = result.table()
-    table(f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {controls} random directions)",
-          headers, rows)  # fmt: skip
+    table(
+        f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {controls} random directions)",
+        headers,
+        rows,
+    )
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
 
 
@@ -126,14 +142,40 @@ def replicate_steer_command(
     for bench in BENCHMARKS:  # every check before the model loads
         path = data / bench.file
         examples = _read_prompts(path, prompts)
-        settings = bench.settings(probe, other_probe, axis, model, path, values, unit.value, samples, controls,
-                                  seed, prompts, tokens)  # fmt: skip
+        settings = bench.settings(
+            probe,
+            other_probe,
+            axis,
+            model,
+            path,
+            values,
+            unit.value,
+            samples,
+            controls,
+            seed,
+            prompts,
+            tokens,
+        )
         check_settings(settings, axis, runs / bench.name, examples)
     lm = load(model, device=device)
-    report = replicate_steer(lm, axis=axis, other=other, probe=probe, other_probe=other_probe, data_dir=data,
-                             runs_dir=runs, out=out, prompts=prompts, alphas=values, unit=unit.value,
-                             samples=samples, controls=controls, seed=seed, tokens=tokens,
-                             batch_size=batch_size)  # fmt: skip
+    report = replicate_steer(
+        lm,
+        axis=axis,
+        other=other,
+        probe=probe,
+        other_probe=other_probe,
+        data_dir=data,
+        runs_dir=runs,
+        out=out,
+        prompts=prompts,
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        controls=controls,
+        seed=seed,
+        tokens=tokens,
+        batch_size=batch_size,
+    )
     write_html(report.combined().figure(), out / "dose.html")
     headers, rows = report.table()
     table(

@@ -61,12 +61,22 @@ def trace_cmd(
         if chat and getattr(lm.tokenizer, "chat_template", None)
         else prompt
     )
-    tr = value_trace(lm, axis, text, generate_tokens=generate or 0, alpha=alpha, unit=unit, layer=chosen,
-                     read_layers=reads)  # fmt: skip
+    tr = value_trace(
+        lm, axis, text, generate_tokens=generate or 0, alpha=alpha, unit=unit, layer=chosen, read_layers=reads
+    )
     files = write_trace(tr, out)
     steered = tr.values[tr.steered]
     gen = [v for v in steered[tr.n_prompt :] if v == v]
-    table(f"trace: {probe.name} at {tr.steered}", ["tokens", "prompt mean σ", "generated mean σ", "alpha"],
-          [[len(tr.tokens), sum(steered[: tr.n_prompt]) / max(1, tr.n_prompt),
-            (sum(gen) / len(gen)) if gen else "-", f"{alpha:g} {unit.value}"]])  # fmt: skip
+    table(
+        f"trace: {probe.name} at {tr.steered}",
+        ["tokens", "prompt mean σ", "generated mean σ", "alpha"],
+        [
+            [
+                len(tr.tokens),
+                sum(steered[: tr.n_prompt]) / max(1, tr.n_prompt),
+                (sum(gen) / len(gen)) if gen else "-",
+                f"{alpha:g} {unit.value}",
+            ]
+        ],
+    )
     console.print("wrote " + ", ".join(str(p) for p in files.values()))

@@ -11,7 +11,7 @@ Options are checked before any model loads; the work is one library call each.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -21,16 +21,12 @@ from valueprobe.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.dpo_words import write_report as write_words
 from valueprobe.errors import ValueprobeError
 from valueprobe.models import load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.safety import replicate_safety as run_safety
 from valueprobe.safety import write_report as write_safety
-from valueprobe.tune import TuneSettings, check_out, data_record, read_pairs, train
+from valueprobe.tune import TuneMethod, TuneSettings, check_out, train
 
-__all__ = ["tune_app", "replicate_dpo_words", "replicate_safety"]
-
-tune_app = typer.Typer(
-    no_args_is_help=True, help="Fine-tune with TRL (DPO or SFT) and a LoRA adapter, resumably."
-)
-app.add_typer(tune_app, name="tune")
+__all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
 
 
 def _print(title: str, headers: list[str], rows: list[list[object]]) -> None:
@@ -42,59 +38,63 @@ def _say(text: str) -> None:
     console.print(text)
 
 
-# --- tune ---
-
-TuneData = Annotated[
-    Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
-]
-TuneOut = Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")]
-TuneGroup = Annotated[
-    str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
-]
-TuneSplit = Annotated[str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")]
-TuneLora = Annotated[
-    bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
-]
 TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
-TuneOverwrite = Annotated[bool, typer.Option(help="replace an existing --out")]
 
 
-def _tune(method: Literal["dpo", "sft"], *, model: str, data: Path, out: Path, lora: bool, epochs: float, seed: int, lr: float,
-          batch_size: int, group: str | None, split: str | None, max_steps: int, overwrite: bool,
-          beta: float = 0.1) -> None:  # fmt: skip
+@app.command("tune")
+def tune(
+    method: Annotated[
+        TuneMethod,
+        typer.Argument(help="dpo: TRL's DPOTrainer (sigmoid loss) | sft: SFTTrainer on prompt + chosen"),
+    ],
+    data: Annotated[
+        Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
+    ],
+    out: Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")],
+    model: ModelOpt = "smollm2-135m",
+    lora: Annotated[
+        bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+    ] = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss); SFT ignores it")] = 0.1,
+    epochs: float = 1.0,
+    seed: int = 0,
+    lr: float = 3e-4,
+    batch_size: int = 8,
+    group: Annotated[
+        str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")
+    ] = None,
+    max_steps: TuneSteps = -1,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
+) -> None:
+    """Fine-tune with TRL and a LoRA adapter: tune dpo, or tune sft (loss on the completion only).
+    Rerun the same command to resume an interrupted run."""
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
     pairs = read_pairs(data, groups=groups, split=split)
-    settings = TuneSettings(method=method, lora=lora, beta=beta, epochs=epochs, seed=seed,
-                            learning_rate=lr, batch_size=batch_size, max_steps=max_steps)  # fmt: skip
-    res = train(model, pairs, out, settings=settings, overwrite=overwrite,
-                data=data_record(data, groups=groups, split=split))  # fmt: skip
+    settings = TuneSettings(
+        method=method,
+        lora=lora,
+        beta=beta,
+        epochs=epochs,
+        seed=seed,
+        learning_rate=lr,
+        batch_size=batch_size,
+        max_steps=max_steps,
+    )
+    res = train(
+        model,
+        pairs,
+        out,
+        settings=settings,
+        overwrite=overwrite,
+        data=data_record(data, groups=groups, split=split),
+    )
     headers, rows = res.table()
     _print(f"tune {method} -> {out}", headers, rows)
     _say(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
-
-
-@tune_app.command("dpo")
-def tune_dpo(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True,
-    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss)")] = 0.1, epochs: float = 1.0, seed: int = 0,
-    lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
-    """DPO with TRL's DPOTrainer (sigmoid loss) and a LoRA adapter; rerun to resume an interrupted run."""
-    _tune("dpo", model=model, data=data, out=out, lora=lora, beta=beta, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
-
-
-@tune_app.command("sft")
-def tune_sft(
-    data: TuneData, out: TuneOut, model: ModelOpt = "smollm2-135m", lora: TuneLora = True, epochs: float = 1.0,
-    seed: int = 0, lr: float = 3e-4, batch_size: int = 8, group: TuneGroup = None, split: TuneSplit = None,
-    max_steps: TuneSteps = -1, overwrite: TuneOverwrite = False,
-) -> None:  # fmt: skip
-    """SFT on prompt + chosen with TRL's SFTTrainer (completion-only loss) and a LoRA adapter."""
-    _tune("sft", model=model, data=data, out=out, lora=lora, epochs=epochs, seed=seed, lr=lr,
-          batch_size=batch_size, group=group, split=split, max_steps=max_steps, overwrite=overwrite)  # fmt: skip
 
 
 ShippedAxes = Annotated[
@@ -139,8 +139,18 @@ def replicate_dpo_words(
     settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
     axes = _axes(probes)
     lm = load(model)
-    report = run_dpo_words(lm, axes=axes, data_dir=data, runs_dir=runs, k=k, avoid=avoid, n_random=n_random,
-                 settings=settings, seed=seed, progress=_say)  # fmt: skip
+    report = run_dpo_words(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        k=k,
+        avoid=avoid,
+        n_random=n_random,
+        settings=settings,
+        seed=seed,
+        progress=_say,
+    )
     headers, rows = report.table()
     _print(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
     _say("wrote " + ", ".join(str(p) for p in write_words(report, out)))
@@ -170,8 +180,17 @@ def replicate_safety(
     settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
     axes = _axes(probes)
     lm = load(model)
-    report = run_safety(lm, axes=axes, data_dir=data, runs_dir=runs, settings=settings, n_random=n_random,
-                 per_group=per_group, seed=seed, progress=_say)  # fmt: skip
+    report = run_safety(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        settings=settings,
+        n_random=n_random,
+        per_group=per_group,
+        seed=seed,
+        progress=_say,
+    )
     headers, rows = report.table()
     _print("safety DPO: refusal and shift", headers, rows)
     _say("wrote " + ", ".join(str(p) for p in write_safety(report, out)))

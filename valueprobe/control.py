@@ -124,11 +124,27 @@ def control(
     """
     reads = [] if not read_layers else parse_layers(read_layers, n_layers=lm.n_layers)
     layers = [axis.best_layer if layer is None else layer]
-    gens = generate(lm, axis, prompts, alphas=[pid.target], samples=samples, seed=seed,
-                    max_new_tokens=max_new_tokens, greedy=greedy, temperature=temperature, top_p=top_p,
-                    unit=Unit.sigma, layers=layers, positions="generated", read_layers=reads,
-                    trace=True, batch_size=batch_size, direction_name="axis (pid)",
-                    source=lambda rows: _source(pid, axis, rows), progress=progress)  # fmt: skip
+    gens = generate(
+        lm,
+        axis,
+        prompts,
+        alphas=[pid.target],
+        samples=samples,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        temperature=temperature,
+        top_p=top_p,
+        unit=Unit.sigma,
+        layers=layers,
+        positions="generated",
+        read_layers=reads,
+        trace=True,
+        batch_size=batch_size,
+        direction_name="axis (pid)",
+        source=lambda rows: _source(pid, axis, rows),
+        progress=progress,
+    )
     return [_with_after(g, float(axis.scale)) for g in gens]
 
 

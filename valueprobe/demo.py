@@ -41,6 +41,7 @@ from valueprobe.files import atomic_write_text
 from valueprobe.fit import fit_probe
 from valueprobe.generation import generate
 from valueprobe.models import DEFAULT_MODEL, LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.probe import Method
 from valueprobe.readout import logit_lens
 from valueprobe.replicate import (
@@ -56,7 +57,7 @@ from valueprobe.stages import StageCache
 from valueprobe.steer_sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.store import ActivationStore
 from valueprobe.transfer import transfer_matrix
-from valueprobe.tune import TuneSettings, data_record, load_tuned, read_pairs, train
+from valueprobe.tune import TuneSettings, load_tuned, train
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
 
@@ -78,30 +79,12 @@ class DemoSize:
 
 
 # Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
-FULL = DemoSize(
-    icrl=60,
-    code=16,
-    backtracking=16,
-    confidence=8,
-    refusal=40,
-    splits=5,
-    trace_tokens=48,
-    preference=8,
-    dpo_steps=4,
-    shift_prompts=10,
-)
-QUICK = DemoSize(
-    icrl=18,
-    code=4,
-    backtracking=6,
-    confidence=2,
-    refusal=12,
-    splits=3,
-    trace_tokens=24,
-    preference=2,
-    dpo_steps=1,
-    shift_prompts=4,
-)
+# A table: one row per size, columns in DemoSize's field order.
+# fmt: off
+#                icrl code backtracking confidence refusal splits trace_tokens preference dpo_steps shift_prompts
+FULL = DemoSize(   60,  16,          16,         8,     40,     5,          48,         8,        4,           10)
+QUICK = DemoSize(  18,   4,           6,         2,     12,     3,          24,         2,        1,            4)
+# fmt: on
 CONTRASTS = ("icrl", "code", "backtracking", "confidence", "refusal")
 TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
 TUNE_TARGET, SHIFT_OTHERS = "dolphin", ("volcano", "lantern")  # the tuned word; two untargeted words
@@ -151,11 +134,19 @@ def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
     examples = read_jsonl(prompts)[: 4 if quick else 16]
     axis = ValueAxis.load(probe_dir)
     settings = SweepSettings(
-        probe=str(probe_dir), probe_fingerprint=axis.fingerprint, model=lm().model_id, prompts=str(prompts),
-        prompts_sha256=sha256_file(prompts), alphas=(-4.0, 0.0, 4.0) if quick else (-4.0, -2.0, 0.0, 2.0, 4.0),
-        max_new_tokens=6, controls=2 if quick else 6, seed=seed, greedy=True, metrics=metrics_for(prompts, examples),
+        probe=str(probe_dir),
+        probe_fingerprint=axis.fingerprint,
+        model=lm().model_id,
+        prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts),
+        alphas=(-4.0, 0.0, 4.0) if quick else (-4.0, -2.0, 0.0, 2.0, 4.0),
+        max_new_tokens=6,
+        controls=2 if quick else 6,
+        seed=seed,
+        greedy=True,
+        metrics=metrics_for(prompts, examples),
         limit=len(examples),
-    )  # fmt: skip
+    )
     sweep = run_sweep(
         lm(), axis, examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False
     )
@@ -181,14 +172,29 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
     settings = TuneSettings(max_steps=size.dpo_steps, seed=seed, save_steps=max(1, size.dpo_steps))
     tuned_dir = out / "tune" / TUNE_TARGET
     # a fresh copy of the base: LoRA training wraps the model it is given
-    train(lm().model_id, pairs, tuned_dir, settings=settings, overwrite=True,
-          data=data_record(pairs_file, groups=[target], split="train"))  # fmt: skip
+    train(
+        lm().model_id,
+        pairs,
+        tuned_dir,
+        settings=settings,
+        overwrite=True,
+        data=data_record(pairs_file, groups=[target], split="train"),
+    )
     groups = [target, *(f"preference_words/{w}" for w in SHIFT_OTHERS)]
     examples = [
         ex for g in groups for ex in [e for e in read_jsonl(eval_file) if e.group == g][: size.shift_prompts]
     ]
-    result = shift(ValueAxis.load(probe_dir), lm(), load_tuned(tuned_dir, device=str(lm().device)), examples,
-                   targeted=[target], n_random=32, n_boot=200 if quick else 1000, seed=seed, progress=False)  # fmt: skip
+    result = shift(
+        ValueAxis.load(probe_dir),
+        lm(),
+        load_tuned(tuned_dir, device=str(lm().device)),
+        examples,
+        targeted=[target],
+        n_random=32,
+        n_boot=200 if quick else 1000,
+        seed=seed,
+        progress=False,
+    )
     d = _finite(result.to_dict())
     g = next(x for x in d["groups"] if x["targeted"])
     lo, hi = g["null_range"]
@@ -249,14 +255,19 @@ def run_demo(
         k: shas[Path(spec.file).stem] for k, spec in families.items()
     }  # steering prompts are not captured
     capture_key = {"model": model, "data": captured}
-    cache.run("capture", capture_key, lambda: {k: str(v.path) for k, v in stores().items()},
-              label=f"{len(families)} families, all layers + embedding")  # fmt: skip
+    cache.run(
+        "capture",
+        capture_key,
+        lambda: {k: str(v.path) for k, v in stores().items()},
+        label=f"{len(families)} families, all layers + embedding",
+    )
     opened = {k: ActivationStore.open(runs_dir / k) for k in families}
     base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
 
     def fit() -> dict:
-        report = fit_probe({"icrl": opened["icrl"]}, method=Method.span_diff, n_splits=size.splits, seed=seed,
-                           transfer=False)  # fmt: skip
+        report = fit_probe(
+            {"icrl": opened["icrl"]}, method=Method.span_diff, n_splits=size.splits, seed=seed, transfer=False
+        )
         report.axis.save(probe_dir)
         return report.sweep.to_dict()
 
@@ -265,40 +276,81 @@ def run_demo(
     sweep = cache.run("fit", base, fit, label="pre/post construction, held-out rules, controls")
     axis = ValueAxis.load(probe_dir)
     history = cache.run(
-        "history", base, lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
+        "history",
+        base,
+        lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
         label="reward-history construction (identical text)",
-    )  # fmt: skip
+    )
     transfer = cache.run(
-        "transfer", {**base, "layer": axis.best_layer},
-        lambda: transfer_matrix({k: opened[k] for k in TRANSFER}, layer=axis.best_layer, method=Method.diff_means,
-                                n_splits=size.splits, seed=seed).to_dict(),
+        "transfer",
+        {**base, "layer": axis.best_layer},
+        lambda: transfer_matrix(
+            {k: opened[k] for k in TRANSFER},
+            layer=axis.best_layer,
+            method=Method.diff_means,
+            n_splits=size.splits,
+            seed=seed,
+        ).to_dict(),
         label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
-    )  # fmt: skip
+    )
     fit_key = {"fit": cache.keys["fit"]}
-    control = cache.run("matched_control", fit_key,
-                        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict())  # fmt: skip
+    control = cache.run(
+        "matched_control",
+        fit_key,
+        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict(),
+    )
     lens = cache.run("logit_lens", {**fit_key, "model": model}, lambda: logit_lens(axis, lm(), k=20))
 
     def trace() -> dict:
-        (gen,) = generate(lm(), axis, [TRACE_PROMPT], alphas=[0.0], greedy=True, trace=True,
-                          max_new_tokens=size.trace_tokens, seed=seed, progress=False)  # fmt: skip
+        (gen,) = generate(
+            lm(),
+            axis,
+            [TRACE_PROMPT],
+            alphas=[0.0],
+            greedy=True,
+            trace=True,
+            max_new_tokens=size.trace_tokens,
+            seed=seed,
+            progress=False,
+        )
         assert gen.trace is not None
         return _finite({"text": gen.text, **gen.trace.to_dict()})
 
-    traced = cache.run("trace", {**fit_key, "model": model, "tokens": size.trace_tokens}, trace,
-                       label="one greedy generation, value read at every token")  # fmt: skip
-    sections = {"sweep": sweep, "history": history, "transfer": transfer, "matched_control": control,
-                "logit_lens": lens, "trace": traced}  # fmt: skip
+    traced = cache.run(
+        "trace",
+        {**fit_key, "model": model, "tokens": size.trace_tokens},
+        trace,
+        label="one greedy generation, value read at every token",
+    )
+    sections = {
+        "sweep": sweep,
+        "history": history,
+        "transfer": transfer,
+        "matched_control": control,
+        "logit_lens": lens,
+        "trace": traced,
+    }
     missing = {}
     for name, why in MISSING_WHY.items():
         if (stage := LATER_STAGES.get(name)) is not None:
-            sections[name] = cache.run(name, {**fit_key, "model": model, "quick": quick, "data": shas},
-                                       functools.partial(stage, lm, probe_dir, out, seed, quick))  # fmt: skip
+            sections[name] = cache.run(
+                name,
+                {**fit_key, "model": model, "quick": quick, "data": shas},
+                functools.partial(stage, lm, probe_dir, out, seed, quick),
+            )
         else:
             missing[name] = why
     summary = summarize(sections)
-    results = {"format": "valueprobe.results", "format_version": 1, "model": model, "quick": quick,
-               "summary": summary, "sections": sections, "missing": missing, "stages": cache.keys}  # fmt: skip
+    results = {
+        "format": "valueprobe.results",
+        "format_version": 1,
+        "model": model,
+        "quick": quick,
+        "summary": summary,
+        "sections": sections,
+        "missing": missing,
+        "stages": cache.keys,
+    }
     results_path = out / RESULTS_FILE
     atomic_write_text(results_path, _json(results))
     report = write_report(results, out / "report.html", title=f"valueprobe demo: {model}")

@@ -50,15 +50,29 @@ class SweepRow:
         return (self.prompt_id, self.alpha, self.direction, self.sample)
 
     def to_dict(self) -> dict:
-        return {"prompt_id": self.prompt_id, "group": self.group, "alpha": self.alpha,
-                "direction": self.direction, "sample": self.sample, "seed": self.seed, "text": self.text,
-                "metrics": self.metrics}  # fmt: skip
+        return {
+            "prompt_id": self.prompt_id,
+            "group": self.group,
+            "alpha": self.alpha,
+            "direction": self.direction,
+            "sample": self.sample,
+            "seed": self.seed,
+            "text": self.text,
+            "metrics": self.metrics,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> SweepRow:
-        return cls(prompt_id=str(d["prompt_id"]), group=str(d["group"]), alpha=float(d["alpha"]),
-                   direction=str(d["direction"]), sample=int(d["sample"]), seed=d.get("seed"),
-                   text=str(d["text"]), metrics=dict(d["metrics"]))  # fmt: skip
+        return cls(
+            prompt_id=str(d["prompt_id"]),
+            group=str(d["group"]),
+            alpha=float(d["alpha"]),
+            direction=str(d["direction"]),
+            sample=int(d["sample"]),
+            seed=d.get("seed"),
+            text=str(d["text"]),
+            metrics=dict(d["metrics"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -101,14 +115,21 @@ class Effect:
 
     def to_dict(self) -> dict:
         return {
-            "metric": self.metric, "subset": self.subset, "axis": self.axis.to_dict(),
-            "other": None if self.other is None else self.other.to_dict(), "other_name": self.other_name,
-            "null_slopes": list(self.null), "null_range": list(self.null_range), "outside_null": self.outside,
+            "metric": self.metric,
+            "subset": self.subset,
+            "axis": self.axis.to_dict(),
+            "other": None if self.other is None else self.other.to_dict(),
+            "other_name": self.other_name,
+            "null_slopes": list(self.null),
+            "null_range": list(self.null_range),
+            "outside_null": self.outside,
             "other_outside_null": self.other_outside,
             "dropped_alphas": list(self.dropped),
-            "curves": {k: {"alpha": list(c.alphas), "mean": list(c.means), "lo": list(c.lo), "hi": list(c.hi)}
-                       for k, c in self.curves.items()},
-        }  # fmt: skip
+            "curves": {
+                k: {"alpha": list(c.alphas), "mean": list(c.means), "lo": list(c.lo), "hi": list(c.hi)}
+                for k, c in self.curves.items()
+            },
+        }
 
 
 @dataclass(frozen=True)
@@ -126,23 +147,41 @@ class SteerSweep:
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         per = f"per {self.step:g} {self.unit}"
-        headers = ["metric", "subset", f"axis slope ({per})", "95% CI", "other axis", "null 95% range",
-                   "outside null", "dropped α"]  # fmt: skip
+        headers = [
+            "metric",
+            "subset",
+            f"axis slope ({per})",
+            "95% CI",
+            "other axis",
+            "null 95% range",
+            "outside null",
+            "dropped α",
+        ]
         rows: list[list[object]] = []
         k = self.step
         for e in self.effects:
-            rows.append([
-                e.metric, e.subset, e.axis.slope * k, f"[{e.axis.ci[0] * k:+.4f}, {e.axis.ci[1] * k:+.4f}]",
-                "-" if e.other is None else e.other.slope * k,
-                f"[{e.null_range[0] * k:+.4f}, {e.null_range[1] * k:+.4f}]" if e.null else "-",
-                {True: "yes", False: "no", None: "-"}[e.outside],
-                ",".join(f"{a:g}" for a in e.dropped) or "-",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    e.metric,
+                    e.subset,
+                    e.axis.slope * k,
+                    f"[{e.axis.ci[0] * k:+.4f}, {e.axis.ci[1] * k:+.4f}]",
+                    "-" if e.other is None else e.other.slope * k,
+                    f"[{e.null_range[0] * k:+.4f}, {e.null_range[1] * k:+.4f}]" if e.null else "-",
+                    {True: "yes", False: "no", None: "-"}[e.outside],
+                    ",".join(f"{a:g}" for a in e.dropped) or "-",
+                ]
+            )
         return headers, rows
 
     def to_dict(self) -> dict:
-        return {"unit": self.unit, "slope_step": self.step, "n_rows": self.n_rows, "settings": self.settings,
-                "effects": [e.to_dict() for e in self.effects]}  # fmt: skip
+        return {
+            "unit": self.unit,
+            "slope_step": self.step,
+            "n_rows": self.n_rows,
+            "settings": self.settings,
+            "effects": [e.to_dict() for e in self.effects],
+        }
 
     def csv(self) -> str:
         lines = [
@@ -150,37 +189,75 @@ class SteerSweep:
         ]
         for e in self.effects:
             other = "" if e.other is None else f"{e.other.slope:.6g}"
-            lines.append(f"{e.metric},{e.subset},{e.axis.slope:.6g},{e.axis.ci[0]:.6g},{e.axis.ci[1]:.6g},"
-                         f"{other},{e.null_range[0]:.6g},{e.null_range[1]:.6g},{e.outside},{self.step:g}")  # fmt: skip
+            lines.append(
+                f"{e.metric},{e.subset},{e.axis.slope:.6g},{e.axis.ci[0]:.6g},{e.axis.ci[1]:.6g},"
+                f"{other},{e.null_range[0]:.6g},{e.null_range[1]:.6g},{e.outside},{self.step:g}"
+            )
         return "\n".join(lines) + "\n"
 
     def figure(self) -> go.Figure:
         """Dose-response panels: axis (95% CI over prompts), other axis, and the random-direction band."""
         n = max(len(self.effects), 1)
         cols = min(3, n)
-        fig = make_subplots(rows=(n + cols - 1) // cols, cols=cols,
-                            subplot_titles=[f"{e.metric} ({e.subset})" for e in self.effects])  # fmt: skip
+        fig = make_subplots(
+            rows=(n + cols - 1) // cols,
+            cols=cols,
+            subplot_titles=[f"{e.metric} ({e.subset})" for e in self.effects],
+        )
         for i, e in enumerate(self.effects):
             r, c = i // cols + 1, i % cols + 1
             first = i == 0
             if "null" in e.curves:
                 band = e.curves["null"]
-                fig.add_trace(go.Scatter(x=[*band.alphas, *band.alphas[::-1]], y=[*band.hi, *band.lo[::-1]],
-                                         fill="toself", fillcolor="rgba(150,150,150,0.3)", line={"width": 0},
-                                         name="random directions (95% range)", legendgroup="null",
-                                         showlegend=first), row=r, col=c)  # fmt: skip
+                fig.add_trace(
+                    go.Scatter(
+                        x=[*band.alphas, *band.alphas[::-1]],
+                        y=[*band.hi, *band.lo[::-1]],
+                        fill="toself",
+                        fillcolor="rgba(150,150,150,0.3)",
+                        line={"width": 0},
+                        name="random directions (95% range)",
+                        legendgroup="null",
+                        showlegend=first,
+                    ),
+                    row=r,
+                    col=c,
+                )
             if "other" in e.curves:
                 o = e.curves["other"]
-                fig.add_trace(go.Scatter(x=o.alphas, y=o.means, mode="lines+markers", line={"color": "#e69f00"},
-                                         name=e.other_name or "other axis", legendgroup="other",
-                                         showlegend=first), row=r, col=c)  # fmt: skip
+                fig.add_trace(
+                    go.Scatter(
+                        x=o.alphas,
+                        y=o.means,
+                        mode="lines+markers",
+                        line={"color": "#e69f00"},
+                        name=e.other_name or "other axis",
+                        legendgroup="other",
+                        showlegend=first,
+                    ),
+                    row=r,
+                    col=c,
+                )
             a = e.curves[AXIS]
-            fig.add_trace(go.Scatter(
-                x=a.alphas, y=a.means, mode="lines+markers", line={"color": "#0072b2"}, name="axis",
-                legendgroup="axis", showlegend=first,
-                error_y={"type": "data", "symmetric": False, "array": np.subtract(a.hi, a.means).tolist(),
-                         "arrayminus": np.subtract(a.means, a.lo).tolist()},
-            ), row=r, col=c)  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=a.alphas,
+                    y=a.means,
+                    mode="lines+markers",
+                    line={"color": "#0072b2"},
+                    name="axis",
+                    legendgroup="axis",
+                    showlegend=first,
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": np.subtract(a.hi, a.means).tolist(),
+                        "arrayminus": np.subtract(a.means, a.lo).tolist(),
+                    },
+                ),
+                row=r,
+                col=c,
+            )
         fig.update_xaxes(title_text=f"α ({self.unit})")
         fig.update_layout(
             title="steering dose-response: axis vs random directions", height=320 * ((n + 2) // 3)
@@ -266,8 +343,9 @@ def summarise(
                 sub = [r for r in drows if subset == "all" or r.group == subset]
                 drop = _drops(sub)
                 x, y, p = _valid(sub, metric, drop)
-                slope = dose_slope(x, y, p, n_boot=n_boot if name == AXIS or name.startswith(OTHER_PREFIX) else 0,
-                                   seed=seed)  # fmt: skip
+                slope = dose_slope(
+                    x, y, p, n_boot=n_boot if name == AXIS or name.startswith(OTHER_PREFIX) else 0, seed=seed
+                )
                 curve = _curve(x, y, p, seed=seed) if x.size else None
                 per[name] = (slope, curve, tuple(sorted(drop)))
             axis_curve = per[AXIS][1] if AXIS in per else None
@@ -281,9 +359,17 @@ def summarise(
                 curves["null"] = band
             if other is not None and other[1][1] is not None:
                 curves["other"] = other[1][1]
-            effects.append(Effect(
-                metric=metric, subset=subset, axis=per[AXIS][0], other=None if other is None else other[1][0],
-                other_name=None if other is None else other[0][len(OTHER_PREFIX):], null=null,
-                null_range=null_range(null), dropped=per[AXIS][2], curves=curves,
-            ))  # fmt: skip
+            effects.append(
+                Effect(
+                    metric=metric,
+                    subset=subset,
+                    axis=per[AXIS][0],
+                    other=None if other is None else other[1][0],
+                    other_name=None if other is None else other[0][len(OTHER_PREFIX) :],
+                    null=null,
+                    null_range=null_range(null),
+                    dropped=per[AXIS][2],
+                    curves=curves,
+                )
+            )
     return SteerSweep(unit=unit, effects=tuple(effects), n_rows=len(rows), settings=settings or {})

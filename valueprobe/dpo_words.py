@@ -31,8 +31,9 @@ import numpy as np
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.prefread import (
     Direction,
     calibrate_nulls,
@@ -43,7 +44,7 @@ from valueprobe.prefread import (
     item_example,
     read_items,
 )
-from valueprobe.tune import TuneSettings, data_record, read_pairs, train
+from valueprobe.tune import TuneSettings, train
 
 __all__ = ["SENTENCES", "WordsReport", "replicate_dpo_words"]
 
@@ -84,12 +85,33 @@ class WordsReport:
                 ]
             )
             for name, a in s["axes"].items():
-                rows.append([kind, f"{name}: target ranked top", _fmt(a["top_before"]), _fmt(a["top_after"]),
-                             f"null Δ {_rng(a['null_top_change'])}"])  # fmt: skip
-                rows.append([kind, f"{name}: Δσ target − control (items)", "", _fmt(a["item_delta"]),
-                             f"null {_rng(a['null_item_delta'])}"])  # fmt: skip
-                rows.append([kind, f"{name}: Δσ target / control (sentences)", _fmt(a["sent_target"]),
-                             _fmt(a["sent_control"]), f"Δ {_fmt(a['sent_delta'])}, null {_rng(a['null_sent_delta'])}"])  # fmt: skip
+                rows.append(
+                    [
+                        kind,
+                        f"{name}: target ranked top",
+                        _fmt(a["top_before"]),
+                        _fmt(a["top_after"]),
+                        f"null Δ {_rng(a['null_top_change'])}",
+                    ]
+                )
+                rows.append(
+                    [
+                        kind,
+                        f"{name}: Δσ target − control (items)",
+                        "",
+                        _fmt(a["item_delta"]),
+                        f"null {_rng(a['null_item_delta'])}",
+                    ]
+                )
+                rows.append(
+                    [
+                        kind,
+                        f"{name}: Δσ target / control (sentences)",
+                        _fmt(a["sent_target"]),
+                        _fmt(a["sent_control"]),
+                        f"Δ {_fmt(a['sent_delta'])}, null {_rng(a['null_sent_delta'])}",
+                    ]
+                )
         return ["models", "measure", "before", "after", "reference"], rows
 
     def figure(self) -> Any:
@@ -100,13 +122,25 @@ class WordsReport:
             for name, a in self.summary.get(kind, {}).get("axes", {}).items():
                 for when in ("before", "after"):
                     p, lo, hi = a[f"top_{when}"]
-                    fig.add_bar(name=f"{kind} · {name} · {when}", x=[f"{kind} · {name}"], y=[p],
-                                error_y={"type": "data", "symmetric": False, "array": [hi - p], "arrayminus": [p - lo]})  # fmt: skip
+                    fig.add_bar(
+                        name=f"{kind} · {name} · {when}",
+                        x=[f"{kind} · {name}"],
+                        y=[p],
+                        error_y={
+                            "type": "data",
+                            "symmetric": False,
+                            "array": [hi - p],
+                            "arrayminus": [p - lo],
+                        },
+                    )
         chance = self.summary.get("prefer", {}).get("chance")
         if chance:
             fig.add_hline(y=chance, line_dash="dot", annotation_text="chance")
-        fig.update_layout(title="Share of held-out trials where the axis ranks the target highest (95% CI)",
-                          barmode="group", yaxis_title="share")  # fmt: skip
+        fig.update_layout(
+            title="Share of held-out trials where the axis ranks the target highest (95% CI)",
+            barmode="group",
+            yaxis_title="share",
+        )
         return fig
 
 
@@ -122,19 +156,32 @@ def _items(evals: list[Example]) -> list[Example]:
     out = []
     for e in evals:
         for o in e.meta["options"]:
-            out.append(item_example(f"{e.id}|{o}", e.messages or (), o, o, group=e.group, label=int(o == e.meta["target"]),
-                                    meta={"prompt": e.id, "option": o, "target": e.meta["target"]}))  # fmt: skip
+            out.append(
+                item_example(
+                    f"{e.id}|{o}",
+                    e.messages or (),
+                    o,
+                    o,
+                    group=e.group,
+                    label=int(o == e.meta["target"]),
+                    meta={"prompt": e.id, "option": o, "target": e.meta["target"]},
+                )
+            )
     return out
 
 
 def _sentences(words: list[str]) -> list[Example]:
     msgs = ({"role": "user", "content": "Write one sentence."},)
-    return [item_example(f"s{i}|{w}", msgs, t.format(w=w), w, meta={"word": w})
-            for w in words for i, t in enumerate(SENTENCES)]  # fmt: skip
+    return [
+        item_example(f"s{i}|{w}", msgs, t.format(w=w), w, meta={"word": w})
+        for w in words
+        for i, t in enumerate(SENTENCES)
+    ]
 
 
-def _measure(lm: LoadedModel, evals: list[Example], items: list[Example], sents: list[Example],
-             dirs: list[Direction]) -> dict[str, Any]:  # fmt: skip
+def _measure(
+    lm: LoadedModel, evals: list[Example], items: list[Example], sents: list[Example], dirs: list[Direction]
+) -> dict[str, Any]:
     """Choices, item scores and sentence scores of one model."""
     scores, _ = read_items(lm, items, dirs)
     sent_scores, _ = read_items(lm, sents, dirs)
@@ -142,19 +189,28 @@ def _measure(lm: LoadedModel, evals: list[Example], items: list[Example], sents:
     return {"scores": scores, "sent_scores": sent_scores, "picks": picks}
 
 
-def _model_stats(target: str, evals: list[Example], items: list[Example], sents: list[Example],
-                 before: dict, after: dict, dirs: list[Direction]) -> dict[str, Any]:  # fmt: skip
+def _model_stats(
+    target: str,
+    evals: list[Example],
+    items: list[Example],
+    sents: list[Example],
+    before: dict,
+    after: dict,
+    dirs: list[Direction],
+) -> dict[str, Any]:
     """Per-prompt arrays for one tuned model against the base."""
     mine = [e for e in evals if e.meta["target"] == target]
     idx = {it.id: i for i, it in enumerate(items)}
     sidx = [i for i, s in enumerate(sents) if s.meta["word"] == target]
     cidx = [i for i, s in enumerate(sents) if s.meta["word"] != target]
     out: dict[str, Any] = {
-        "target": target, "prompts": [e.id for e in mine],
+        "target": target,
+        "prompts": [e.id for e in mine],
         "chance": [1 / len(e.meta["options"]) for e in mine],
         "picked_before": [before["picks"][e.id] == target for e in mine],
-        "picked_after": [after["picks"][e.id] == target for e in mine], "dirs": {},
-    }  # fmt: skip
+        "picked_after": [after["picks"][e.id] == target for e in mine],
+        "dirs": {},
+    }
     for d in dirs:
         top_b, top_a, item_delta = [], [], []
         for e in mine:
@@ -167,9 +223,12 @@ def _model_stats(target: str, evals: list[Example], items: list[Example], sents:
             item_delta.append(float((a[t] - b[t]) - np.mean(a[ctrl] - b[ctrl])))
         sb, sa = before["sent_scores"][d.name], after["sent_scores"][d.name]
         out["dirs"][d.name] = {
-            "top_before": top_b, "top_after": top_a, "item_delta": item_delta,
-            "sent_target": (sa[sidx] - sb[sidx]).tolist(), "sent_control": float(np.mean(sa[cidx] - sb[cidx])),
-        }  # fmt: skip
+            "top_before": top_b,
+            "top_after": top_a,
+            "item_delta": item_delta,
+            "sent_target": (sa[sidx] - sb[sidx]).tolist(),
+            "sent_control": float(np.mean(sa[cidx] - sb[cidx])),
+        }
     return out
 
 
@@ -179,13 +238,14 @@ def _pool(models: list[dict[str, Any]], axes: list[str], n_random: int) -> dict[
 
     chance = float(np.mean([c for m in models for c in m["chance"]]))
     pooled: dict[str, Any] = {
-        "n_models": len(models), "chance": chance,
+        "n_models": len(models),
+        "chance": chance,
         "selection_accuracy": {
             "before": hier_boot([np.asarray(m["picked_before"], float) for m in models]),
             "after": hier_boot([np.asarray(m["picked_after"], float) for m in models]),
         },
         "axes": {},
-    }  # fmt: skip
+    }
     for name in axes:
         nulls = [f"{name}/random{r:02d}" for r in range(n_random)]
 
@@ -204,14 +264,19 @@ def _pool(models: list[dict[str, Any]], axes: list[str], n_random: int) -> dict[
         sent_c = float(np.mean([m["dirs"][name]["sent_control"] for m in models]))
         null_item = [float(np.mean([np.mean(m["dirs"][n]["item_delta"]) for m in models])) for n in nulls]
         pooled["axes"][name] = {
-            "top_before": stat(name, "top_before"), "top_after": stat(name, "top_after"),
-            "top_change": change(name), "null_top_change": ci([change(n) for n in nulls]),
-            "item_delta": item, "null_item_delta": ci(null_item),
+            "top_before": stat(name, "top_before"),
+            "top_after": stat(name, "top_after"),
+            "top_change": change(name),
+            "null_top_change": ci([change(n) for n in nulls]),
+            "item_delta": item,
+            "null_item_delta": ci(null_item),
             "item_delta_outside_null": not (ci(null_item)["lo"] <= item[0] <= ci(null_item)["hi"]),
-            "sent_target": sent_t, "sent_control": sent_c, "sent_delta": sent_delta(name),
+            "sent_target": sent_t,
+            "sent_control": sent_c,
+            "sent_delta": sent_delta(name),
             "sent_ratio": abs(sent_t[0]) / abs(sent_c) if sent_c else float("inf"),
             "null_sent_delta": ci([sent_delta(n) for n in nulls]),
-        }  # fmt: skip
+        }
     return pooled
 
 
@@ -252,8 +317,13 @@ def replicate_dpo_words(
         out = runs_dir / f"{kind}-{word}"
         if not out.exists():
             progress(f"training {kind}-{word} on {len(pairs)} pairs -> {out}")
-            train(lm.model_id, pairs, out, settings=replace(settings or TuneSettings(), seed=seed),
-                  data=data_record(train_file, groups=[group], flipped=kind == "avoid"))  # fmt: skip
+            train(
+                lm.model_id,
+                pairs,
+                out,
+                settings=replace(settings or TuneSettings(), seed=seed),
+                data=data_record(train_file, groups=[group], flipped=kind == "avoid"),
+            )
         tuned = load(str(out))
         after = _measure(tuned, evals, items, sents, dirs)
         stats = _model_stats(word, evals, items, sents, before, after, dirs)
@@ -264,26 +334,35 @@ def replicate_dpo_words(
         )
         models.append(stats)
         del tuned
-    summary = {kind: _pool([m for m in models if m["kind"] == kind], list(axes), n_random)
-               for kind in ("prefer", "avoid") if any(m["kind"] == kind for m in models)}  # fmt: skip
-    return WordsReport(models=models, summary=summary,
-                       settings={"k": k, "avoid": avoid, "n_random": n_random, "seed": seed,
-                                 "tune": (settings or TuneSettings()).__dict__, "axes": list(axes)})  # fmt: skip
+    summary = {
+        kind: _pool([m for m in models if m["kind"] == kind], list(axes), n_random)
+        for kind in ("prefer", "avoid")
+        if any(m["kind"] == kind for m in models)
+    }
+    return WordsReport(
+        models=models,
+        summary=summary,
+        settings={
+            "k": k,
+            "avoid": avoid,
+            "n_random": n_random,
+            "seed": seed,
+            "tune": (settings or TuneSettings()).__dict__,
+            "axes": list(axes),
+        },
+    )
 
 
 def write_report(report: WordsReport, out: Path) -> list[Path]:
     """results.json, summary.md and figure.html in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "results.json", out / "summary.md", out / "figure.html"]
-    atomic_write_text(files[0], json.dumps(report.to_dict(), indent=2, default=float) + "\n")
-    headers, rows = report.table()
-    md = ["# DPO word preference: the axis before and after", "",
-          "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]  # fmt: skip
-    md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    md += ["", f"Settings: {json.dumps(report.settings, default=str)}", "",
-           "Intervals are 95% bootstrap CIs over models, then prompts; null ranges are the 2.5–97.5 percentiles over"
-           " random unit directions at the same layer (σ from the base model's readings)."]  # fmt: skip
-    atomic_write_text(files[1], "\n".join(md) + "\n")
+    notes = [
+        f"Settings: {json.dumps(report.settings, default=str)}",
+        "",
+        "Intervals are 95% bootstrap CIs over models, then prompts; null ranges are the 2.5–97.5 percentiles"
+        " over random unit directions at the same layer (σ from the base model's readings).",
+    ]
+    files = write_summary(out, report, "DPO word preference: the axis before and after", notes)
+    files.append(out / "figure.html")
     fig = report.figure()
     atomic_write(files[2], lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
     return files

@@ -21,8 +21,9 @@ import math
 import os
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -36,9 +37,11 @@ __all__ = [
     "check_output_dir",
     "check_output_file",
     "jsonable",
+    "markdown_table",
     "mmap_safetensors",
     "read_safetensors_header",
     "sha256_file",
+    "write_summary",
 ]
 
 # What each artifact folder is recognised by: a folder holding one artifact's marker file is never
@@ -86,6 +89,37 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], cell: Callable[[object], str] = str
+) -> list[str]:
+    """A markdown table, one line per row: the summary.md of the replicate commands.
+
+    >>> markdown_table(["a", "b"], [[1, 2]])
+    ['| a | b |', '|---|---|', '| 1 | 2 |']
+    """
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+
+
+class Summarized(Protocol):
+    """A result that writes itself as a summary: ``to_dict()`` for JSON, ``table()`` for people."""
+
+    def to_dict(self) -> dict: ...
+
+    def table(self) -> tuple[list[str], list[list[object]]]: ...
+
+
+def write_summary(out: Path, result: Summarized, title: str, notes: Sequence[str]) -> list[Path]:
+    """``results.json`` and ``summary.md`` (the title, the result's table, then ``notes``) in ``out``,
+    created if missing; returns both paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "results.json", out / "summary.md"]
+    atomic_write_text(files[0], json.dumps(result.to_dict(), indent=2, default=float) + "\n")
+    md = [f"# {title}", "", *markdown_table(*result.table()), "", *notes]
+    atomic_write_text(files[1], "\n".join(md) + "\n")
+    return files
 
 
 def sha256_file(path: str | Path) -> str:

@@ -239,7 +239,7 @@ def generate(
                     trace=trace,
                     backend=backend,
                     source=None if source is None else source(len(chunk)),
-                )  # fmt: skip
+                )
             )
             bar.update(len(chunk))
     return out
@@ -283,15 +283,18 @@ def _run_chunk(
         scorers = {
             p: (lambda h, layer=p.layer: torch.as_tensor(axis.score(h.float(), layer)).cpu()) for p in points
         }
-        steering = Steering(lm, axis, plan, alpha=alpha, where=where, prompt_length=ids.shape[1], trace=trace,
-                            source=source)  # fmt: skip
+        steering = Steering(
+            lm, axis, plan, alpha=alpha, where=where, prompt_length=ids.shape[1], trace=trace, source=source
+        )
         with ExitStack() as stack, torch.no_grad():
             stack.enter_context(steering)
             recs = {p: stack.enter_context(record(lm, [p], reduce=fn)) for p, fn in scorers.items()}
             seqs = lm.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
                 logits_processor=processors,
-            )  # fmt: skip
+            )
         main = plan[0].point
         reads = {_point_name(main): steering.reads[main]} | {
             _point_name(p): r.values[p] for p, r in recs.items()
@@ -311,7 +314,7 @@ def _run_chunk(
             reads if trace else None,
             applied,
             _point_name(plan[0].point),
-        )  # fmt: skip
+        )
         for i, r in enumerate(chunk)
     ]
 
@@ -352,6 +355,15 @@ def _row_result(
             alpha=per_token(applied),
             steered=steered,
         )
-    return Generation(prompt=row.prompt, sample=row.sample, alpha=row.alpha, unit=unit.value,
-                      direction=direction_name, seed=row.seed, text=text, token_ids=tuple(kept),
-                      finished=finished, trace=trace)  # fmt: skip
+    return Generation(
+        prompt=row.prompt,
+        sample=row.sample,
+        alpha=row.alpha,
+        unit=unit.value,
+        direction=direction_name,
+        seed=row.seed,
+        text=text,
+        token_ids=tuple(kept),
+        finished=finished,
+        trace=trace,
+    )

@@ -60,15 +60,30 @@ def value_trace(
     if generate_tokens < 0:
         raise ValueprobeError(f"generate must be >= 1 new tokens (or omitted), got {generate_tokens}")
     layers = None if layer is None else [layer]
-    (g,) = generate(lm, axis, [prompt], alphas=[alpha], unit=unit, layers=layers, greedy=True,
-                    max_new_tokens=max(1, generate_tokens), trace=True, read_layers=read_layers,
-                    progress=False)  # fmt: skip
+    (g,) = generate(
+        lm,
+        axis,
+        [prompt],
+        alphas=[alpha],
+        unit=unit,
+        layers=layers,
+        greedy=True,
+        max_new_tokens=max(1, generate_tokens),
+        trace=True,
+        read_layers=read_layers,
+        progress=False,
+    )
     assert g.trace is not None
     tr = g.trace
     if generate_tokens == 0:  # the one token generated to run the prompt pass: drop it
         n = tr.n_prompt
-        tr = Trace(tokens=tr.tokens[:n], n_prompt=n, values={k: v[:n] for k, v in tr.values.items()},
-                   alpha=tr.alpha[:n], steered=tr.steered)  # fmt: skip
+        tr = Trace(
+            tokens=tr.tokens[:n],
+            n_prompt=n,
+            values={k: v[:n] for k, v in tr.values.items()},
+            alpha=tr.alpha[:n],
+            steered=tr.steered,
+        )
     return tr
 
 
@@ -78,17 +93,36 @@ def trace_figure(tr: Trace) -> go.Figure:
     x = list(range(len(tr.tokens)))
     for name, values in tr.values.items():
         label = f"{name} (before steering)" if name == tr.steered else name
-        fig.add_trace(go.Scatter(x=x, y=[_none(v) for v in values], mode="lines+markers", name=label,
-                                 text=list(tr.tokens), hovertemplate="%{text!r}<br>%{y:.2f} σ"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[_none(v) for v in values],
+                mode="lines+markers",
+                name=label,
+                text=list(tr.tokens),
+                hovertemplate="%{text!r}<br>%{y:.2f} σ",
+            )
+        )
     if any(a != 0 for a in tr.alpha if not math.isnan(a)):
         fig.add_trace(
             go.Scatter(x=x, y=[_none(a) for a in tr.alpha], name="α", yaxis="y2", line={"dash": "dot"})
         )
     if tr.n_prompt < len(tr.tokens):
-        fig.add_vrect(x0=-0.5, x1=tr.n_prompt - 0.5, fillcolor="grey", opacity=0.1, line_width=0,
-                      annotation_text="prompt")  # fmt: skip
-    fig.update_layout(title="value trace", xaxis_title="token", yaxis_title="score (σ)",
-                      yaxis2={"title": "α", "overlaying": "y", "side": "right"}, template="plotly_white")  # fmt: skip
+        fig.add_vrect(
+            x0=-0.5,
+            x1=tr.n_prompt - 0.5,
+            fillcolor="grey",
+            opacity=0.1,
+            line_width=0,
+            annotation_text="prompt",
+        )
+    fig.update_layout(
+        title="value trace",
+        xaxis_title="token",
+        yaxis_title="score (σ)",
+        yaxis2={"title": "α", "overlaying": "y", "side": "right"},
+        template="plotly_white",
+    )
     return fig
 
 
@@ -114,8 +148,10 @@ def trace_html(tr: Trace, fig: go.Figure | None = None) -> str:
     for i, (tok, v) in enumerate(zip(tr.tokens, values, strict=True)):
         title = f"token {i}: {'nan' if math.isnan(v) else f'{v:+.2f} σ'}, α {tr.alpha[i]:g}"
         cls = "p" if i < tr.n_prompt else "g"
-        spans.append(f'<span class="{cls}" style="background:{_colour(v, scale)}" title="{html.escape(title)}">'
-                     f"{html.escape(tok)}</span>")  # fmt: skip
+        spans.append(
+            f'<span class="{cls}" style="background:{_colour(v, scale)}" title="{html.escape(title)}">'
+            f"{html.escape(tok)}</span>"
+        )
     plot = (fig or trace_figure(tr)).to_html(include_plotlyjs=True, full_html=False)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>value trace</title><style>"

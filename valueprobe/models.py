@@ -30,7 +30,6 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import fingerprint
 from valueprobe.fingerprint import legacy_fingerprint as _legacy_fingerprint
 from valueprobe.gguf import ALIASES, alias_dir, gguf_dir
-from valueprobe.vocab import LayerSpec, parse_layers
 
 __all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
 
@@ -127,10 +126,6 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def resolve_layers(self, spec: LayerSpec) -> list[int]:
-        """This model's blocks named by ``spec``, e.g. ``"-2:"`` -> [28, 29] (:func:`~valueprobe.vocab.parse_layers`)."""
-        return parse_layers(spec, n_layers=self.n_layers)
 
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
@@ -281,8 +276,14 @@ def load(
             if (path / "adapter_config.json").exists() and (path / "valueprobe-tune.json").exists():
                 from valueprobe.tune import load_tuned  # a real cycle: tune trains through load
 
-                return load_tuned(path, dtype=torch_dtype, device=device, device_map=device_map,
-                                  trust_remote_code=trust_remote_code, layers_path=layers_path)  # fmt: skip
+                return load_tuned(
+                    path,
+                    dtype=torch_dtype,
+                    device=device,
+                    device_map=device_map,
+                    trust_remote_code=trust_remote_code,
+                    layers_path=layers_path,
+                )
             if not (path / "config.json").exists():
                 raise ValueprobeError(
                     f"model folder {path} has no config.json: pass a transformers model folder"

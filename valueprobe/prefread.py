@@ -70,8 +70,16 @@ def calibrate_nulls(dirs: Sequence[Direction], acts: Mapping[int, torch.Tensor])
     return out
 
 
-def item_example(ex_id: str, prompt: Sequence[Mapping[str, str]], answer: str, item: str, *,
-                 group: str = "items", label: int = 0, meta: dict | None = None) -> Example:  # fmt: skip
+def item_example(
+    ex_id: str,
+    prompt: Sequence[Mapping[str, str]],
+    answer: str,
+    item: str,
+    *,
+    group: str = "items",
+    label: int = 0,
+    meta: dict | None = None,
+) -> Example:
     """Prompt + an assistant ``answer``; the span ``item`` covers the item's first occurrence in it.
 
     The span starts at the space before the item, if any: byte-level tokenizers that keep the space
@@ -80,18 +88,33 @@ def item_example(ex_id: str, prompt: Sequence[Mapping[str, str]], answer: str, i
     """
     end = answer.index(item) + len(item)
     start = end - len(item) - (answer[: end - len(item)].endswith(" "))
-    return Example(id=ex_id, label=label, group=group,
-                   messages=(*({"role": m["role"], "content": m["content"]} for m in prompt),
-                             {"role": "assistant", "content": answer}),
-                   spans=(Span(start, end, "item", message=len(prompt)),), meta=meta or {})  # fmt: skip
+    return Example(
+        id=ex_id,
+        label=label,
+        group=group,
+        messages=(
+            *({"role": m["role"], "content": m["content"]} for m in prompt),
+            {"role": "assistant", "content": answer},
+        ),
+        spans=(Span(start, end, "item", message=len(prompt)),),
+        meta=meta or {},
+    )
 
 
-def read_items(lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[Direction], *,
-               batch_size: int = 16) -> tuple[dict[str, np.ndarray], dict[int, torch.Tensor]]:  # fmt: skip
+def read_items(
+    lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[Direction], *, batch_size: int = 16
+) -> tuple[dict[str, np.ndarray], dict[int, torch.Tensor]]:
     """σ score of every example's ``item`` span along each direction; also the raw activations."""
     layers = sorted({d.layer for d in dirs})
-    res = capture(lm, examples, layers=layers, positions=Positions.spans, span_labels=["item"], batch_size=batch_size,
-                  progress=False)  # fmt: skip
+    res = capture(
+        lm,
+        examples,
+        layers=layers,
+        positions=Positions.spans,
+        span_labels=["item"],
+        batch_size=batch_size,
+        progress=False,
+    )
     if res.rows.example_id != [e.id for e in examples]:
         raise RuntimeError("capture returned rows out of order")  # one span per example, by construction
     acts = {int(k): v for k, v in res.acts.items() if k != "embed"}

@@ -74,7 +74,7 @@ FAMILIES: dict[str, FamilySpec] = {
         span_labels=("prefix",),
         group_by="meta.pair",
         note="mean over the prefix before any backtrack marker",
-    ),  # fmt: skip
+    ),
     "confidence": FamilySpec(
         "confidence.jsonl", Positions.last, group_by="meta.pair", note="the prefilled response token"
     ),

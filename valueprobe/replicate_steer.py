@@ -21,7 +21,7 @@ from pathlib import Path
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.dose import SteerSweep
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, markdown_table
 from valueprobe.models import LoadedModel
 from valueprobe.steer_sweep import SweepSettings, run_sweep
 
@@ -38,15 +38,37 @@ class Benchmark:
     metrics: tuple[str, ...]
     note: str
 
-    def settings(self, probe: Path, other_probe: Path, axis: ValueAxis, model: str, path: Path,
-                 alphas: Sequence[float], unit: str, samples: int, controls: int, seed: int, prompts: int,
-                 tokens: float) -> SweepSettings:  # fmt: skip
+    def settings(
+        self,
+        probe: Path,
+        other_probe: Path,
+        axis: ValueAxis,
+        model: str,
+        path: Path,
+        alphas: Sequence[float],
+        unit: str,
+        samples: int,
+        controls: int,
+        seed: int,
+        prompts: int,
+        tokens: float,
+    ) -> SweepSettings:
         return SweepSettings(
-            probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(path),
-            prompts_sha256=sha256_file(path), alphas=tuple(alphas), unit=unit, samples=samples,
-            max_new_tokens=max(1, math.ceil(self.max_new_tokens * tokens)), controls=controls, seed=seed,
-            other_probe=str(other_probe), metrics=self.metrics, limit=prompts,
-        )  # fmt: skip
+            probe=str(probe),
+            probe_fingerprint=axis.fingerprint,
+            model=model,
+            prompts=str(path),
+            prompts_sha256=sha256_file(path),
+            alphas=tuple(alphas),
+            unit=unit,
+            samples=samples,
+            max_new_tokens=max(1, math.ceil(self.max_new_tokens * tokens)),
+            controls=controls,
+            seed=seed,
+            other_probe=str(other_probe),
+            metrics=self.metrics,
+            limit=prompts,
+        )
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -100,26 +122,46 @@ class ReplicateSteer:
     def table(self) -> tuple[list[str], list[list[object]]]:
         first = next(iter(self.sweeps.values()))
         k = first.step
-        headers = ["benchmark", "metric", "subset", "prompts", f"value slope /{k:g}", "95% CI", "null 95% range",
-                   "value vs null", f"reward-history /{k:g}", "history vs null"]  # fmt: skip
+        headers = [
+            "benchmark",
+            "metric",
+            "subset",
+            "prompts",
+            f"value slope /{k:g}",
+            "95% CI",
+            "null 95% range",
+            "value vs null",
+            f"reward-history /{k:g}",
+            "history vs null",
+        ]
         rows: list[list[object]] = []
         for name, s in self.sweeps.items():
             for e in s.effects:
                 other = e.other.slope * k if e.other is not None else float("nan")
                 other_ci = e.other.ci if e.other is not None else None
                 n_other = e.other.n_prompts if e.other is not None else 0
-                rows.append([
-                    name, e.metric, e.subset, e.axis.n_prompts, e.axis.slope * k,
-                    f"[{e.axis.ci[0] * k:+.4f}, {e.axis.ci[1] * k:+.4f}]",
-                    f"[{e.null_range[0] * k:+.4f}, {e.null_range[1] * k:+.4f}]",
-                    _verdict(e.axis.n_prompts, e.axis.slope, e.axis.ci, e.outside), other,
-                    _verdict(n_other, other, other_ci, e.other_outside),
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        name,
+                        e.metric,
+                        e.subset,
+                        e.axis.n_prompts,
+                        e.axis.slope * k,
+                        f"[{e.axis.ci[0] * k:+.4f}, {e.axis.ci[1] * k:+.4f}]",
+                        f"[{e.null_range[0] * k:+.4f}, {e.null_range[1] * k:+.4f}]",
+                        _verdict(e.axis.n_prompts, e.axis.slope, e.axis.ci, e.outside),
+                        other,
+                        _verdict(n_other, other, other_ci, e.other_outside),
+                    ]
+                )
         return headers, rows
 
     def to_dict(self) -> dict:
-        return {"probe": self.probe, "other_probe": self.other_probe,
-                "sweeps": {k: s.to_dict() for k, s in self.sweeps.items()}}  # fmt: skip
+        return {
+            "probe": self.probe,
+            "other_probe": self.other_probe,
+            "sweeps": {k: s.to_dict() for k, s in self.sweeps.items()},
+        }
 
     def markdown(self) -> str:
         first = next(iter(self.sweeps.values()))
@@ -135,14 +177,16 @@ class ReplicateSteer:
             " units of α with 95% bootstrap CIs over prompts; the null range is the central 95% of the"
             " random directions' slopes. Strengths with more than half degenerate outputs are dropped.",
             "",
-            "| " + " | ".join(headers) + " |",
-            "|" + "---|" * len(headers),
+            *markdown_table(headers, rows, lambda v: f"{v:+.4f}" if isinstance(v, float) else str(v)),
         ]
-        for r in rows:
-            lines.append("| " + " | ".join(f"{v:+.4f}" if isinstance(v, float) else str(v) for v in r) + " |")
-        lines += ["", "Sizes: " + "; ".join(
-            f"{n}: {s.n_rows} outputs, {s.settings.get('limit')} prompts, {s.settings.get('max_new_tokens')} new tokens"
-            for n, s in self.sweeps.items())]  # fmt: skip
+        lines += [
+            "",
+            "Sizes: "
+            + "; ".join(
+                f"{n}: {s.n_rows} outputs, {s.settings.get('limit')} prompts, {s.settings.get('max_new_tokens')} new tokens"
+                for n, s in self.sweeps.items()
+            ),
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -176,10 +220,23 @@ def replicate_steer(
     for bench in BENCHMARKS:
         path = data_dir / bench.file
         examples = read_jsonl(path)[:prompts]
-        settings = bench.settings(probe, other_probe, axis, lm.model_id, path, alphas, unit, samples, controls,
-                                  seed, prompts, tokens)  # fmt: skip
-        sweeps[bench.name] = run_sweep(lm, axis, examples, runs_dir / bench.name, settings, other=other,
-                                       batch_size=batch_size)  # fmt: skip
+        settings = bench.settings(
+            probe,
+            other_probe,
+            axis,
+            lm.model_id,
+            path,
+            alphas,
+            unit,
+            samples,
+            controls,
+            seed,
+            prompts,
+            tokens,
+        )
+        sweeps[bench.name] = run_sweep(
+            lm, axis, examples, runs_dir / bench.name, settings, other=other, batch_size=batch_size
+        )
         # Written after every benchmark, so a stopped run still shows what it finished.
         report = ReplicateSteer(sweeps=dict(sweeps), probe=str(probe), other_probe=str(other_probe))
         out.mkdir(parents=True, exist_ok=True)

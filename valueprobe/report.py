@@ -25,17 +25,19 @@ from plotly.offline import get_plotlyjs
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
-from valueprobe.report_figures import (
-    cosine_figure,
+from valueprobe.report_effects import (
     dose_response_figure,
-    logit_lens_figure,
-    matched_control_figure,
     shift_distribution_figure,
     shift_layers_figure,
-    sweep_figure_from_dict,
     trace_figure,
     trace_series,
     trace_tokens_html,
+)
+from valueprobe.report_figures import (
+    cosine_figure,
+    logit_lens_figure,
+    matched_control_figure,
+    sweep_figure_from_dict,
     transfer_figure,
 )
 
@@ -239,8 +241,15 @@ def render_report(results: dict, *, title: str | None = None) -> str:
         for part in parts:
             if isinstance(part, go.Figure):
                 n += 1
-                body.append(part.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{n}",
-                                         default_height=420, config={"displaylogo": False}))  # fmt: skip
+                body.append(
+                    part.to_html(
+                        full_html=False,
+                        include_plotlyjs=False,
+                        div_id=f"fig{n}",
+                        default_height=420,
+                        config={"displaylogo": False},
+                    )
+                )
             else:
                 body.append(part)
         blocks.append(

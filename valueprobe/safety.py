@@ -28,11 +28,12 @@ import torch
 
 from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import atomic_write, write_summary
 from valueprobe.models import LoadedModel, load
+from valueprobe.pairs import data_record, read_pairs
 from valueprobe.prefread import hier_boot
 from valueprobe.shift import ShiftResult, shift
-from valueprobe.tune import TuneSettings, data_record, read_pairs, train
+from valueprobe.tune import TuneSettings, train
 from valueprobe.vocab import Positions
 
 __all__ = ["REFUSAL_RE", "is_refusal", "SafetyReport", "replicate_safety"]
@@ -60,11 +61,14 @@ def replies(
     out: list[str] = []
     try:
         for i in range(0, len(prompts), batch_size):
-            texts = [tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False)
-                     for e in prompts[i : i + batch_size]]  # fmt: skip
+            texts = [
+                tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False)
+                for e in prompts[i : i + batch_size]
+            ]
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(lm.device)
-            gen = lm.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                    pad_token_id=tok.pad_token_id)  # fmt: skip
+            gen = lm.model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
+            )
             out += tok.batch_decode(gen[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
     finally:
         tok.padding_side = side
@@ -82,9 +86,14 @@ class SafetyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "refusal": self.refusal, "base_sensitive_minus_neutral": self.base_gap, "train": self.train,
-            "shifts": {name: {k: v for k, v in r.to_dict().items() if k != "records"} for name, r in self.shifts.items()},
-        }  # fmt: skip
+            "refusal": self.refusal,
+            "base_sensitive_minus_neutral": self.base_gap,
+            "train": self.train,
+            "shifts": {
+                name: {k: v for k, v in r.to_dict().items() if k != "records"}
+                for name, r in self.shifts.items()
+            },
+        }
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         rows: list[list[object]] = []
@@ -92,12 +101,26 @@ class SafetyReport:
             rows.append(["refusal rate", g, f"{r['before']:.3f}", f"{r['after']:.3f}", ""])
         for name, res in self.shifts.items():
             for gs in res.groups:
-                rows.append([name, gs.group, f"{gs.base_mean:+.3f}", f"{gs.tuned_mean:+.3f}",
-                             f"shift {gs.shift:+.3f} [{gs.ci[0]:+.3f}, {gs.ci[1]:+.3f}] σ; null {gs.null_range[0]:+.3f}.."
-                             f"{gs.null_range[1]:+.3f} (data σ); {'counts' if gs.counts else 'no'}"])  # fmt: skip
+                rows.append(
+                    [
+                        name,
+                        gs.group,
+                        f"{gs.base_mean:+.3f}",
+                        f"{gs.tuned_mean:+.3f}",
+                        f"shift {gs.shift:+.3f} [{gs.ci[0]:+.3f}, {gs.ci[1]:+.3f}] σ; null {gs.null_range[0]:+.3f}.."
+                        f"{gs.null_range[1]:+.3f} (data σ); {'counts' if gs.counts else 'no'}",
+                    ]
+                )
             gap = self.base_gap[name]
-            rows.append([name, "sensitive − neutral (base)", f"{gap['gap']:+.3f}",
-                         f"[{gap['lo']:+.3f}, {gap['hi']:+.3f}]", "claim tested: ≈ −1.7σ"])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    "sensitive − neutral (base)",
+                    f"{gap['gap']:+.3f}",
+                    f"[{gap['lo']:+.3f}, {gap['hi']:+.3f}]",
+                    "claim tested: ≈ −1.7σ",
+                ]
+            )
         return ["what", "group", "before", "after", "shift / note"], rows
 
 
@@ -152,8 +175,13 @@ def replicate_safety(
         idx = [i for i, e in enumerate(held) if e.group == g]
         b = np.array([is_refusal(before[i]) for i in idx], float)
         a = np.array([is_refusal(after[i]) for i in idx], float)
-        rates[g] = {"before": float(b.mean()), "after": float(a.mean()), "n": len(idx),
-                    "before_ci": hier_boot([b])[1:], "after_ci": hier_boot([a])[1:]}  # fmt: skip
+        rates[g] = {
+            "before": float(b.mean()),
+            "after": float(a.mean()),
+            "n": len(idx),
+            "before_ci": hier_boot([b])[1:],
+            "after_ci": hier_boot([a])[1:],
+        }
         samples[g] = [
             {
                 "prompt": (held[i].messages or ({"content": ""},))[0]["content"],
@@ -174,31 +202,41 @@ def replicate_safety(
     shifts = {}
     for name, axis in axes.items():
         progress(f"shift along {name} on {len(examples)} prompts")
-        shifts[name] = shift(axis, lm, tuned, examples, tokens=Positions.last, targeted=TARGETED,
-                             n_random=n_random, seed=seed, progress=False)  # fmt: skip
+        shifts[name] = shift(
+            axis,
+            lm,
+            tuned,
+            examples,
+            tokens=Positions.last,
+            targeted=TARGETED,
+            n_random=n_random,
+            seed=seed,
+            progress=False,
+        )
     record = json.loads((out / "valueprobe-tune.json").read_text())
     return SafetyReport(
-        refusal={"rate": rates, "samples": samples, "detector": "keyword rule valueprobe.safety.REFUSAL_RE on greedy"
-                 " replies of 24 tokens", "prompts": "refusal.jsonl, meta.split == eval"},  # fmt: skip
-        shifts=shifts, base_gap={n: _gap(r) for n, r in shifts.items()},
+        refusal={
+            "rate": rates,
+            "samples": samples,
+            "detector": "keyword rule valueprobe.safety.REFUSAL_RE on greedy replies of 24 tokens",
+            "prompts": "refusal.jsonl, meta.split == eval",
+        },
+        shifts=shifts,
+        base_gap={n: _gap(r) for n, r in shifts.items()},
         train={"checkpoint": str(out), **record["train"], "settings": record["settings"]},
-    )  # fmt: skip
+    )
 
 
 def write_report(report: SafetyReport, out: Path) -> list[Path]:
     """results.json, summary.md and one shift figure per axis in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "results.json", out / "summary.md"]
-    atomic_write_text(files[0], json.dumps(report.to_dict(), indent=2, default=float) + "\n")
-    headers, rows = report.table()
-    md = ["# Safety DPO: refusal and the axis before and after", "",
-          "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]  # fmt: skip
-    md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    md += ["", f"Training: {json.dumps(report.train, default=str)}", "",
-           "Scores are read at the assistant-start token (last prompt token) in the axis's base σ; shift CIs are"
-           " bootstrap 95% over prompts; the null is 32 random unit directions at the same layer, each in its own"
-           " σ over the data; sensitive and neutral prompts are untargeted (the second null)."]  # fmt: skip
-    atomic_write_text(files[1], "\n".join(md) + "\n")
+    notes = [
+        f"Training: {json.dumps(report.train, default=str)}",
+        "",
+        "Scores are read at the assistant-start token (last prompt token) in the axis's base σ; shift CIs are"
+        " bootstrap 95% over prompts; the null is 32 random unit directions at the same layer, each in its"
+        " own σ over the data; sensitive and neutral prompts are untargeted (the second null).",
+    ]
+    files = write_summary(out, report, "Safety DPO: refusal and the axis before and after", notes)
     for name, res in report.shifts.items():
         path = out / f"shift-{name}.html"
         _write_html(res.figure(), path)

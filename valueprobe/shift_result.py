@@ -76,13 +76,36 @@ class ShiftResult:
     records: tuple[dict, ...]  # per example: id, group, label, base, tuned (scores at ``layer``)
 
     def table(self) -> tuple[list[str], list[list[str]]]:
-        headers = ["group", "n", "targeted", "shift σ", "95% CI", "null 95% (data σ)", "axis %ile",
-                   "d before", "d after", "Q1 share before→after", "counts"]  # fmt: skip
+        headers = [
+            "group",
+            "n",
+            "targeted",
+            "shift σ",
+            "95% CI",
+            "null 95% (data σ)",
+            "axis %ile",
+            "d before",
+            "d after",
+            "Q1 share before→after",
+            "counts",
+        ]
         f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
-        rows = [[g.group, str(g.n), "yes" if g.targeted else "", f(g.shift), f"[{f(g.ci[0])}, {f(g.ci[1])}]",
-                 f"[{f(g.null_range[0])}, {f(g.null_range[1])}]", f"{g.null_percentile:.0f}",
-                 f(g.d_before), f(g.d_after), f"{g.quartiles_before[0]:.2f}→{g.quartiles_after[0]:.2f}",
-                 "YES" if g.counts else "no"] for g in self.groups]  # fmt: skip
+        rows = [
+            [
+                g.group,
+                str(g.n),
+                "yes" if g.targeted else "",
+                f(g.shift),
+                f"[{f(g.ci[0])}, {f(g.ci[1])}]",
+                f"[{f(g.null_range[0])}, {f(g.null_range[1])}]",
+                f"{g.null_percentile:.0f}",
+                f(g.d_before),
+                f(g.d_after),
+                f"{g.quartiles_before[0]:.2f}→{g.quartiles_after[0]:.2f}",
+                "YES" if g.counts else "no",
+            ]
+            for g in self.groups
+        ]
         return headers, rows
 
     def to_dict(self) -> dict:

@@ -27,7 +27,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.fingerprint import check_records
 from valueprobe.manifest import StoreManifest
 from valueprobe.store import ActivationStore
-from valueprobe.vocab import LayerKey, LayerSpec, Target, layer_ranges, parse_layers
+from valueprobe.vocab import LayerKey, LayerSelection, LayerSpec, Target, layer_ranges
 
 
 class StoreLike(Protocol):
@@ -264,16 +264,17 @@ def grouped_splits(
 
 
 def resolve_layers(spec: LayerSpec, src: Source) -> list[int]:
-    """The stored layers named by ``spec``, parsed by :func:`valueprobe.vocab.parse_layers` against
+    """The stored layers named by ``spec``, parsed by :meth:`valueprobe.vocab.LayerSelection.parse` against
     the model's depth (so ``-4:`` and ``::2`` mean what they mean in capture); "all" or None is
     every layer the stores share. Each named layer must be in every store.
 
     >>> resolve_layers("::2", Source("runs/icrl"))   # doctest: +SKIP
     [0, 2, 4, ...]
     """
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+    selection = LayerSelection.parse(spec)
+    if selection.parts is None:
         return list(src.layers)
-    out = parse_layers(spec, n_layers=src.n_layers)
+    out = selection.resolve(src.n_layers)
     for layer in out:
         src.check_layer(layer)
     return out

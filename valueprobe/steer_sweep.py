@@ -27,7 +27,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -39,12 +38,12 @@ from valueprobe.datasets.io import Example
 from valueprobe.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable
-from valueprobe.generation import encode_prompts, generate
+from valueprobe.generation import generate
 from valueprobe.models import LoadedModel, cache_dir
-from valueprobe.steer import steer
 from valueprobe.vocab import Unit
+from valueprobe.yes_no import p_yes
 
-__all__ = ["SweepSettings", "check_settings", "p_yes", "parse_alphas", "random_directions", "run_sweep"]
+__all__ = ["SweepSettings", "check_settings", "parse_alphas", "random_directions", "run_sweep"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
@@ -179,70 +178,6 @@ def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
     return (v / v.norm(dim=1, keepdim=True)).float()
 
 
-def _answer_ids(tokenizer: Any, word: str) -> set[int]:
-    """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
-    where the tokenizer has any, else the first token of each form."""
-    forms = [tokenizer(f, add_special_tokens=False)["input_ids"]
-             for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())]  # fmt: skip
-    single = {int(ids[0]) for ids in forms if len(ids) == 1}
-    return single or {int(ids[0]) for ids in forms if ids}
-
-
-def answer_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids read as "yes" and as "no"; a token both words start with (a bare space) counts for neither."""
-    yes, no = _answer_ids(tokenizer, "yes"), _answer_ids(tokenizer, "no")
-    return sorted(yes - no), sorted(no - yes)
-
-
-def p_yes(
-    lm: LoadedModel,
-    axis: ValueAxis,
-    prompts: Sequence[Sequence[dict[str, str]] | str],
-    alphas: Sequence[float],
-    *,
-    unit: Unit | str = Unit.sigma,
-    layer: int | None = None,
-    direction: torch.Tensor | None = None,
-    batch_size: int = 16,
-) -> np.ndarray:
-    """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
-
-    "yes" and "no" each pool the single-token forms of the word (on the default model: yes, Yes,
-    " yes", " Yes"; "YES" is two tokens and is left out), see `answer_tokens`.
-
-    Args:
-        prompts: one prompt per row (chats get the assistant turn opened).
-        alphas: one strength per row, in ``unit``.
-        layer, direction: as in `valueprobe.steer.steer` (default: the axis at its best layer).
-
-    >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])
-    array([0.31, 0.46])
-    """
-    if len(prompts) != len(alphas):
-        raise ValueprobeError(f"p_yes: {len(prompts)} prompts but {len(alphas)} strengths")
-    yes, no = answer_tokens(lm.tokenizer)
-    encoded = encode_prompts(lm, prompts)
-    pad = int(getattr(lm.tokenizer, "pad_token_id", None) or 0)
-    out = np.empty(len(encoded))
-    layers = None if layer is None else [layer]
-    for start in range(0, len(encoded), batch_size):
-        rows = encoded[start : start + batch_size]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):  # right padding: real tokens keep positions 0..n-1 and never see pads
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-        alpha = torch.tensor([float(a) for a in alphas[start : start + batch_size]])
-        with torch.no_grad(), steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction):
-            logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
-        last = torch.tensor([len(r) - 1 for r in rows])
-        probs = torch.softmax(logits[torch.arange(len(rows)), last.to(logits.device)].float(), dim=-1).cpu()
-        py, pn = probs[:, yes].sum(dim=1), probs[:, no].sum(dim=1)
-        out[start : start + len(rows)] = (py / (py + pn)).numpy()
-    return out
-
-
 def _asks_yes_no(examples: Sequence[Example]) -> bool:
     def last(ex: Example) -> str:
         return ex.messages[-1]["content"] if ex.messages else (ex.text or "")
@@ -334,15 +269,36 @@ def run_sweep(
             continue
         prompts = [_prompt(examples[p]) for p in block]
         block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
-        gens = generate(lm, axis, prompts, alphas=settings.alphas, samples=settings.samples, seed=block_seed,
-                        max_new_tokens=settings.max_new_tokens, greedy=settings.greedy,
-                        temperature=settings.temperature, unit=settings.unit, layers=[layer], direction=v,
-                        direction_name=name, batch_size=batch_size, progress=False)  # fmt: skip
+        gens = generate(
+            lm,
+            axis,
+            prompts,
+            alphas=settings.alphas,
+            samples=settings.samples,
+            seed=block_seed,
+            max_new_tokens=settings.max_new_tokens,
+            greedy=settings.greedy,
+            temperature=settings.temperature,
+            unit=settings.unit,
+            layers=[layer],
+            direction=v,
+            direction_name=name,
+            batch_size=batch_size,
+            progress=False,
+        )
         pyes: dict[tuple[int, float], float] = {}
         if yes_no:
             pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
-            got = p_yes(lm, axis, [prompts[p] for p, _ in pairs], [a for _, a in pairs], unit=settings.unit,
-                        layer=layer, direction=v, batch_size=batch_size)  # fmt: skip
+            got = p_yes(
+                lm,
+                axis,
+                [prompts[p] for p, _ in pairs],
+                [a for _, a in pairs],
+                unit=settings.unit,
+                layer=layer,
+                direction=v,
+                batch_size=batch_size,
+            )
             pyes = dict(zip(pairs, got.tolist(), strict=True))
         rows = []
         for g in gens:
@@ -350,15 +306,30 @@ def run_sweep(
             metrics = text_metrics(g.text)
             if yes_no:
                 metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
-            row = SweepRow(prompt_id=ex.id, group=ex.group, alpha=g.alpha, direction=name, sample=g.sample,
-                           seed=g.seed, text=g.text, metrics=metrics)  # fmt: skip
+            row = SweepRow(
+                prompt_id=ex.id,
+                group=ex.group,
+                alpha=g.alpha,
+                direction=name,
+                sample=g.sample,
+                seed=g.seed,
+                text=g.text,
+                metrics=metrics,
+            )
             if row.key() not in done:
                 rows.append(row)
         _append(path, rows)
         done.update(r.key() for r in rows)
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
-    result = summarise(_read_rows(path), unit=settings.unit, metrics=settings.metrics, by_group=by_group,
-                       n_boot=n_boot, seed=settings.seed, settings=settings.to_dict())  # fmt: skip
+    result = summarise(
+        _read_rows(path),
+        unit=settings.unit,
+        metrics=settings.metrics,
+        by_group=by_group,
+        n_boot=n_boot,
+        seed=settings.seed,
+        settings=settings.to_dict(),
+    )
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )

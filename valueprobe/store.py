@@ -53,6 +53,7 @@ from valueprobe.vocab import (
     Positions,
     Site,
     choice,
+    parse_layers,
 )
 
 __all__ = ["ActivationStore", "capture_to_store", "check_store_out", "FORMAT_VERSION"]
@@ -245,7 +246,7 @@ def capture_to_store(
     chat_template = choice(ChatTemplate, chat_template, what="chat template")
     if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
         raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
-    layer_list = lm.resolve_layers(layers)
+    layer_list = parse_layers(layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
     examples = regroup(examples, group_by)
     # Validate every example's token selection before writing anything. The token ids are not
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.

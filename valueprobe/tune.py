@@ -30,37 +30,32 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from datasets import Dataset
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, sha256_file
+from valueprobe.files import atomic_write_text
 from valueprobe.fingerprint import check_records
 from valueprobe.models import LoadedModel, load, wrap
+from valueprobe.pairs import Pair
 
-__all__ = ["Pair", "TuneSettings", "TuneResult", "read_pairs", "train", "load_tuned", "TUNE_FILE"]
+__all__ = [
+    "TuneMethod",
+    "TuneSettings",
+    "TuneResult",
+    "train",
+    "load_tuned",
+    "TUNE_FILE",
+]
 
 TUNE_FILE = "valueprobe-tune.json"
 FORMAT = 1
 
 
-@dataclass(frozen=True)
-class Pair:
-    """One preference pair: a chat prompt (user turns) and two assistant responses."""
-
-    prompt: tuple[dict[str, str], ...]
-    chosen: str
-    rejected: str
-    group: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def flipped(self) -> Pair:
-        """The same pair with chosen and rejected swapped (an avoid-the-target model)."""
-        return replace(self, chosen=self.rejected, rejected=self.chosen)
+TuneMethod = Literal["dpo", "sft"]  # DPO on chosen/rejected pairs, or SFT on prompt + chosen
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ class TuneSettings:
         save_steps: a resumable checkpoint every this many optimizer steps.
     """
 
-    method: Literal["dpo", "sft"] = "dpo"
+    method: TuneMethod = "dpo"
     lora: bool = True
     r: int = 16
     lora_alpha: int = 32
@@ -114,86 +109,28 @@ class TuneResult:
         return ["", "value"], rows
 
 
-def read_pairs(
-    path: str | Path,
-    *,
-    groups: Sequence[str] | None = None,
-    split: str | None = None,
-) -> list[Pair]:
-    """Read preference pairs from JSONL, in either of two forms per line.
+def _dataset(pairs: Sequence[Pair], method: str) -> Any:
+    """The pairs as an HF ``Dataset`` in TRL's conversational format."""
+    # Optional-dependency exception to imports-at-top: HF datasets (with pandas) serves training
+    # only, like TRL and peft below. Importing it here keeps `valueprobe --help` and every other
+    # command ~0.5 s faster, and keeps it from loading inside an nnsight trace (its anyio import
+    # trips over nnsight's `.save` patch), so `valueprobe` can import this module eagerly.
+    from datasets import Dataset
 
-    - TRL's: ``{"prompt": str | [messages], "chosen": str, "rejected": str}``;
-    - valueprobe's dataset rows: ``{"messages": [...], "meta": {"chosen": ..., "rejected": ...}}``
-      (``data/preference_*.jsonl``).
-
-    Args:
-        groups: keep rows whose ``group`` is one of these.
-        split: keep rows whose ``meta.split`` equals this (``train``).
-
-    Raises:
-        ValueprobeError: ``file:line`` for a line that is not JSON or lacks prompt/chosen/rejected.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueprobeError(f"pairs file {path} not found: pass a JSONL of prompt/chosen/rejected rows")
-    pairs: list[Pair] = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{i}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueprobeError(f"{where}: not JSON ({exc.msg}); one object per line") from None
-            if not isinstance(row, dict):
-                raise ValueprobeError(f"{where}: expected a JSON object with prompt, chosen, rejected")
-            meta: dict[str, Any] = row["meta"] if isinstance(row.get("meta"), dict) else {}
-            prompt = row.get("prompt", row.get("messages"))
-            if isinstance(prompt, str):
-                prompt = [{"role": "user", "content": prompt}]
-            missing = [k for k, v in (("prompt", prompt), ("chosen", row.get("chosen", meta.get("chosen"))),
-                                      ("rejected", row.get("rejected", meta.get("rejected")))) if not v]  # fmt: skip
-            if missing:
-                raise ValueprobeError(
-                    f"{where}: missing {', '.join(repr(m) for m in missing)}; each row needs a prompt "
-                    "(or messages) and chosen/rejected (top level or in meta)"
-                )
-            if not isinstance(prompt, list) or not all(
-                isinstance(m, dict) and "content" in m for m in prompt
-            ):
-                raise ValueprobeError(
-                    f"{where}: 'prompt' must be a string or a list of {{role, content}} messages"
-                )
-            chosen, rejected = (
-                row.get("chosen", meta.get("chosen")),
-                row.get("rejected", meta.get("rejected")),
-            )
-            if not isinstance(chosen, str) or not isinstance(rejected, str):
-                raise ValueprobeError(
-                    f"{where}: 'chosen' and 'rejected' must be strings (the assistant's reply)"
-                )
-            group = str(row.get("group", ""))
-            if groups is not None and group not in groups:
-                continue
-            if split is not None and meta.get("split") != split:
-                continue
-            msgs = tuple({"role": str(m.get("role", "user")), "content": str(m["content"])} for m in prompt)
-            pairs.append(Pair(prompt=msgs, chosen=chosen, rejected=rejected, group=group, meta=meta))
-    if not pairs:
-        what = f" in groups {list(groups)}" if groups is not None else ""
-        what += f" with meta.split == {split!r}" if split is not None else ""
-        raise ValueprobeError(f"{path}: no pairs{what}; check --group/--split against the file's rows")
-    return pairs
-
-
-def _dataset(pairs: Sequence[Pair], method: str) -> Dataset:
     if method == "dpo":
-        rows = [{"prompt": list(p.prompt), "chosen": [{"role": "assistant", "content": p.chosen}],
-                 "rejected": [{"role": "assistant", "content": p.rejected}]} for p in pairs]  # fmt: skip
+        rows = [
+            {
+                "prompt": list(p.prompt),
+                "chosen": [{"role": "assistant", "content": p.chosen}],
+                "rejected": [{"role": "assistant", "content": p.rejected}],
+            }
+            for p in pairs
+        ]
     else:
-        rows = [{"prompt": list(p.prompt), "completion": [{"role": "assistant", "content": p.chosen}]}
-                for p in pairs]  # fmt: skip
+        rows = [
+            {"prompt": list(p.prompt), "completion": [{"role": "assistant", "content": p.chosen}]}
+            for p in pairs
+        ]
     return Dataset.from_list(rows)
 
 
@@ -202,18 +139,33 @@ def _trainer_args(settings: TuneSettings, output_dir: Path) -> Any:
     from trl import DPOConfig, SFTConfig
 
     common: dict[str, Any] = dict(
-        output_dir=str(output_dir), learning_rate=settings.learning_rate, lr_scheduler_type=settings.lr_scheduler,
-        per_device_train_batch_size=settings.batch_size, num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps, seed=settings.seed, data_seed=settings.seed, max_length=settings.max_length,
-        bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="steps",
-        save_steps=settings.save_steps, save_total_limit=2, report_to="none", disable_tqdm=False,
-        dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        learning_rate=settings.learning_rate,
+        lr_scheduler_type=settings.lr_scheduler,
+        per_device_train_batch_size=settings.batch_size,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        max_length=settings.max_length,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=settings.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+    )
     if settings.method == "dpo":
         # more than one pass: the frozen reference's log-probs once, not once per epoch
         precompute = settings.epochs > 1 and settings.max_steps < 0
-        return DPOConfig(beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute,
-                         **common)  # fmt: skip
+        return DPOConfig(
+            beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute, **common
+        )
     return SFTConfig(completion_only_loss=True, packing=False, **common)
 
 
@@ -285,12 +237,22 @@ def train(
     if settings.lora:
         from peft import LoraConfig
 
-        peft_config = LoraConfig(r=settings.r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                                 target_modules=settings.target_modules, task_type="CAUSAL_LM")  # fmt: skip
+        peft_config = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=settings.target_modules,
+            task_type="CAUSAL_LM",
+        )
     torch.manual_seed(settings.seed)
     trainer_cls: Any = DPOTrainer if settings.method == "dpo" else SFTTrainer
-    trainer = trainer_cls(model=model, args=_trainer_args(settings, partial), train_dataset=_dataset(pairs, settings.method),
-                          processing_class=tok, peft_config=peft_config)  # fmt: skip
+    trainer = trainer_cls(
+        model=model,
+        args=_trainer_args(settings, partial),
+        train_dataset=_dataset(pairs, settings.method),
+        processing_class=tok,
+        peft_config=peft_config,
+    )
     output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     record = {
@@ -299,10 +261,14 @@ def train(
         "base": base_record,
         "data": data,
         "settings": asdict(settings),
-        "train": {"steps": trainer.state.global_step, "first_loss": losses[0] if losses else float("nan"),
-                  "last_loss": losses[-1] if losses else float("nan"),
-                  "seconds": float(output.metrics.get("train_runtime", 0.0)), "resumed_from": resume and resume.name},
-    }  # fmt: skip
+        "train": {
+            "steps": trainer.state.global_step,
+            "first_loss": losses[0] if losses else float("nan"),
+            "last_loss": losses[-1] if losses else float("nan"),
+            "seconds": float(output.metrics.get("train_runtime", 0.0)),
+            "resumed_from": resume and resume.name,
+        },
+    }
     final = partial / "final"
     if final.exists():
         shutil.rmtree(final)
@@ -330,8 +296,12 @@ def _spec_of(lm: LoadedModel) -> str:
 
 def _arch(lm: LoadedModel) -> dict[str, Any]:
     cfg = lm.model.config
-    return {"model_type": getattr(cfg, "model_type", None), "d_model": lm.d_model, "n_layers": lm.n_layers,
-            "vocab_size": len(lm.tokenizer)}  # fmt: skip
+    return {
+        "model_type": getattr(cfg, "model_type", None),
+        "d_model": lm.d_model,
+        "n_layers": lm.n_layers,
+        "vocab_size": len(lm.tokenizer),
+    }
 
 
 def is_adapter_dir(path: Path) -> bool:
@@ -361,12 +331,3 @@ def load_tuned(path: str | Path, **load_kwargs: Any) -> LoadedModel:
     lm = wrap(merged, base.tokenizer, model_id=str(path), layers_path=load_kwargs.get("layers_path"))
     lm.meta["tune"] = record
     return lm
-
-
-def data_record(path: str | Path, **selection: Any) -> dict[str, Any]:
-    """Provenance of a pairs file and the rows taken from it."""
-    return {
-        "path": str(path),
-        "sha256": sha256_file(path),
-        **{k: v for k, v in selection.items() if v is not None},
-    }

@@ -18,16 +18,19 @@ count from the end.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, TypeVar
 
 from valueprobe.errors import ValueprobeError
 
 __all__ = [
+    "ALL_LAYERS",
     "Backend",
     "ChatTemplate",
     "Dtype",
     "LayerKey",
+    "LayerSelection",
     "LayerSpec",
     "PaddingSide",
     "Positions",
@@ -36,6 +39,7 @@ __all__ = [
     "Tokens",
     "Unit",
     "choice",
+    "layer_out_of_range",
     "layer_ranges",
     "parse_layers",
 ]
@@ -135,16 +139,112 @@ def choice(kind: type[E], value: str, *, what: str) -> E:
 
 # A stored layer: a decoder block index, or the embedding output ("embed" == resid_pre[0]).
 LayerKey = int | Literal["embed"]
+# One part of a layer spec: a block index, or the (start, stop, step) of a Python slice.
+LayerPart = int | tuple[int | None, int | None, int | None]
+_SPEC_HELP = "use 'all', an index like '-1', a range like '0:10', '-4:' or '::2', or a list like '3,5,-2'"
+
+
+@dataclass(frozen=True)
+class LayerSelection:
+    """A layer spec parsed for syntax, not yet tied to a model: ``parts`` None means all layers.
+
+    ``valueprobe capture --layers`` parses its text into one of these as typer reads the command
+    line, so bad syntax fails before the model loads; :meth:`resolve` turns it into block indices
+    once, where the model's layer count is known. Parsing a selection again returns it unchanged.
+
+    >>> LayerSelection.parse("0:10,-1").resolve(30)[-3:]
+    [8, 9, 29]
+    """
+
+    text: str
+    parts: tuple[LayerPart, ...] | None
+
+    def __str__(self) -> str:  # as written: `--help` shows a default of ``all``
+        return self.text
+
+    @classmethod
+    def parse(cls, spec: LayerSpec) -> LayerSelection:
+        """The one parser of layer specs: ``"all"`` or None, an int, a list of ints, ``"3,5,-1"``,
+        and Python slices ``"0:10"``, ``"10:"``, ``"-4:"``, ``"::2"`` (end exclusive), alone or
+        mixed with commas. Negative indices count from the end."""
+        if isinstance(spec, LayerSelection):
+            return spec
+        if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+            return cls("all", None)
+        if isinstance(spec, bool):
+            raise ValueprobeError(f"{spec!r} is not a layer spec: {_SPEC_HELP}")
+        if isinstance(spec, int):
+            items: list[str | int] = [spec]
+        elif isinstance(spec, str):
+            items = [p.strip() for p in spec.split(",") if p.strip()]
+        else:
+            items = list(spec)
+        if not items:
+            raise ValueprobeError(f"{spec!r} is not a layer spec (it is empty): {_SPEC_HELP}")
+        try:
+            return cls(str(spec), tuple(_parse_part(item) for item in items))
+        except ValueprobeError as exc:
+            raise ValueprobeError(f"{spec!r} is not a layer spec: {exc}") from None
+
+    def resolve(self, n_layers: int) -> list[int]:
+        """Sorted, unique, 0-based block indices of a model with ``n_layers`` blocks."""
+        n = n_layers
+        if self.parts is None:
+            return list(range(n))
+        out: list[int] = []
+        for part in self.parts:
+            if isinstance(part, int):
+                if not -n <= part < n:
+                    raise layer_out_of_range(part, n)
+                out.append(part % n)
+                continue
+            text = ":".join("" if b is None else str(b) for b in part)
+            if any(b is not None and not -n <= b <= n for b in part[:2]):
+                raise ValueprobeError(f"layer range {text!r} out of range: {_valid(n)}")
+            picked = list(range(n))[slice(*part)]
+            if not picked:
+                raise ValueprobeError(f"layer range {text!r} selects no layer: {_valid(n)}")
+            out.extend(picked)
+        return sorted(set(out))
+
+
+ALL_LAYERS = LayerSelection("all", None)
 # What a user may write for a set of layers: "all", 12, "10:20", "-4:", "::2", "3,5,-1" or a list.
-LayerSpec = str | int | Sequence[int] | None
+LayerSpec = str | int | Sequence[int] | LayerSelection | None
+
+
+def _parse_part(item: str | int) -> LayerPart:
+    if isinstance(item, str) and ":" in item:
+        bits = item.split(":")
+        bad = f"bad layer range {item!r}: {_SPEC_HELP}"
+        if len(bits) > 3:
+            raise ValueprobeError(bad)
+        try:
+            bounds = [int(b) if b.strip() else None for b in bits]
+        except ValueError:
+            raise ValueprobeError(bad) from None
+        start, stop, step = [*bounds, None][:3]
+        if step is not None and step <= 0:
+            raise ValueprobeError(f"layer range {item!r}: the step must be positive")
+        return (start, stop, step)
+    try:
+        return int(item)
+    except (TypeError, ValueError):
+        raise ValueprobeError(f"bad layer {item!r}: {_SPEC_HELP}") from None
+
+
+def _valid(n: int) -> str:
+    return f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
+
+
+def layer_out_of_range(layer: int, n_layers: int) -> ValueprobeError:
+    """The one error for a layer index outside the model (indices follow Python: -n..n-1)."""
+    return ValueprobeError(f"layer {layer} out of range: {_valid(n_layers)}")
 
 
 def parse_layers(spec: LayerSpec, *, n_layers: int) -> list[int]:
-    """The one parser of layer specs: sorted, unique, 0-based block indices.
-
-    Accepts ``"all"`` or None, an int, a list of ints, ``"3,5,-1"``, and Python slices
-    ``"0:10"``, ``"10:"``, ``"-4:"``, ``"::2"`` (end exclusive), alone or mixed with commas.
-    Negative indices count from the end.
+    """Sorted, unique, 0-based block indices named by ``spec``: `LayerSelection.parse` then
+    `LayerSelection.resolve`, for callers that know the model.
 
     Args:
         spec: the layer spec.
@@ -153,52 +253,7 @@ def parse_layers(spec: LayerSpec, *, n_layers: int) -> list[int]:
     >>> parse_layers("0:10,-1", n_layers=30)[-3:]
     [8, 9, 29]
     """
-    n = n_layers
-    valid = f"this model has {n} layers: use 0..{n - 1} or -{n}..-1"
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
-        return list(range(n))
-    if isinstance(spec, bool):
-        raise ValueprobeError(f"bad layer spec {spec!r}: {valid}")
-    if isinstance(spec, int):
-        parts: list[str | int] = [spec]
-    elif isinstance(spec, str):
-        parts = [p.strip() for p in spec.split(",") if p.strip()]
-    else:
-        parts = list(spec)
-    if not parts:
-        raise ValueprobeError(f"empty layer spec {spec!r}: {valid}")
-    out: list[int] = []
-    for part in parts:
-        if isinstance(part, str) and ":" in part:
-            out.extend(_parse_slice(part, n, valid))
-            continue
-        try:
-            i = int(part)
-        except (TypeError, ValueError):
-            raise ValueprobeError(f"bad layer {part!r}: {valid}, or 'all', or a range like '0:10'") from None
-        if not -n <= i < n:
-            raise ValueprobeError(f"layer {i} out of range: {valid}")
-        out.append(i % n)
-    return sorted(set(out))
-
-
-def _parse_slice(part: str, n: int, valid: str) -> list[int]:
-    bits = part.split(":")
-    if len(bits) > 3:
-        raise ValueprobeError(f"bad layer range {part!r}: {valid}, e.g. '0:10', '-4:' or '::2'")
-    try:
-        bounds = [int(b) if b.strip() else None for b in bits]
-    except ValueError:
-        raise ValueprobeError(f"bad layer range {part!r}: {valid}, e.g. '0:10', '-4:' or '::2'") from None
-    for b in bounds[:2]:
-        if b is not None and not -n <= b <= n:
-            raise ValueprobeError(f"layer range {part!r} out of range: {valid}")
-    if len(bounds) == 3 and bounds[2] is not None and bounds[2] <= 0:
-        raise ValueprobeError(f"layer range {part!r}: the step must be positive")
-    picked = list(range(n))[slice(*bounds)]
-    if not picked:
-        raise ValueprobeError(f"layer range {part!r} selects no layer: {valid}")
-    return picked
+    return LayerSelection.parse(spec).resolve(n_layers)
 
 
 def layer_ranges(layers: Sequence[int]) -> str:

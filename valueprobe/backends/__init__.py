@@ -30,7 +30,7 @@ the bridge each derive positions from a left-padded mask.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -38,16 +38,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.backends._shared import (
+    Forward,
     Read,
+    Reduce,
     as_output,
     check_inputs,
-    plan_reads,
     position_ids_from_mask,
     steering_delta,
 )
 from valueprobe.backends.patch import Handle, Intervention, Point, Recording, Step, intervene, record
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Backend, Site
+from valueprobe.vocab import Backend, Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -74,43 +75,26 @@ __all__ = [
 class Route(Protocol):
     """What each backend implements: one forward that reads, one that steers.
 
-    ``reads`` are ``(block, reads the block's input?)`` in execution order; ``reduce`` is applied
-    to each ``[batch, pos, d_model]`` read (inside the hook where the route can). ``remote``
-    means NDIF and only the nnsight route accepts it (checked before dispatch).
+    Both get the pass as a `Forward` record (batch, explicit positions, ``remote``), already
+    checked by `residuals` / `steered_logits`: blocks are 0-based, reads are
+    ``(block, reads the block's input?)`` in execution order, and only the nnsight route is ever
+    given ``remote``. ``reduce`` is applied to each ``[batch, pos, d_model]`` read, inside the hook
+    where the route can.
     """
 
     name: str
 
-    def read(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        reads: Sequence[Read],
-        position_ids: Int[Tensor, "batch pos"],
-        reduce: Callable[[Tensor], Tensor] | None = None,
-        remote: bool | str = False,
-    ) -> dict[Read, Tensor]: ...
+    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]: ...
 
     def steered_logits(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        block: int,
-        site: Site,
-        delta: Float[Tensor, "batch pos d_model"],
-        position_ids: Int[Tensor, "batch pos"],
-        remote: bool | str = False,
+        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos vocab"]: ...
 
 
 # The registry: backend name -> (module, class). Imported on first use: nnsight and
 # TransformerLens take seconds to import and most runs never touch them.
 _ROUTES: dict[str, tuple[str, str]] = {
-    Backend.hooks: ("valueprobe.backends.hooks", "HooksRoute"),
+    Backend.hooks: ("valueprobe.backends.patch", "HooksRoute"),
     Backend.nnsight: ("valueprobe.backends.nnsight_backend", "NnsightRoute"),
     Backend.tlens: ("valueprobe.backends.tlens_backend", "TlensRoute"),
 }
@@ -132,6 +116,25 @@ def route(backend: str, *, remote: bool | str = False) -> Route:
     return _LOADED[backend]
 
 
+def plan_reads(
+    lm: LoadedModel, layers: Sequence[int], site: Site | str, include_embed: bool
+) -> tuple[dict[int, int], list[Read]]:
+    """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
+    execution order: block by block, a block's input before its output. nnsight must be read in
+    that order, and the hooks route stops the forward after the last read.
+
+    Layer specs were parsed and resolved upstream (`valueprobe.vocab.LayerSelection`); here plain
+    indices are only bounds-checked, as Python indexes the block list.
+    """
+    n = lm.n_layers
+    for layer in layers:
+        if not -n <= int(layer) < n:
+            raise layer_out_of_range(int(layer), n)
+    blocks = {int(layer): int(layer) % n for layer in layers}
+    wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
+    return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
+
+
 def residuals(
     lm: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
@@ -143,7 +146,7 @@ def residuals(
     backend: Backend | str = Backend.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
-    reduce: Callable[[Tensor], Tensor] | None = None,
+    reduce: Reduce | None = None,
 ) -> dict[int | str, Float[Tensor, "batch pos d_model"]]:
     """Residual-stream activations at ``site`` for each of ``layers``, in one forward pass.
 
@@ -172,8 +175,7 @@ def residuals(
     impl = route(backend, remote=remote)
     positions = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     blocks, reads = plan_reads(lm, layers, site, include_embed)
-    got = impl.read(lm, input_ids, attention_mask, reads=reads, position_ids=positions, reduce=reduce,
-                    remote=remote)  # fmt: skip
+    got = impl.read(Forward(lm, input_ids, attention_mask, positions, remote), reads, reduce)
     out: dict[int | str, Tensor] = {
         key: as_output(got[(b, site == "resid_pre")]) for key, b in blocks.items()
     }
@@ -216,21 +218,12 @@ def steered_logits(
     >>> up = steered_logits(lm, ids, mask, layer=6, vector=v, alpha=4.0, backend="nnsight")
     """
     check_inputs(input_ids, attention_mask, position_ids, site)
-    route(backend, remote=remote)
+    impl = route(backend, remote=remote)
     batch, pos = input_ids.shape
     param = next(lm.model.parameters())
     # For NDIF the local model may be a meta skeleton; the trace casts the delta on the server.
     dtype, device = (torch.float32, torch.device("cpu")) if remote else (param.dtype, param.device)
     delta = steering_delta(vector, alpha, positions, (batch, pos), dtype=dtype, device=device)
     fixed = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
-    (block,) = plan_reads(lm, [layer], site, include_embed=False)[0].values()
-    return route(backend, remote=remote).steered_logits(
-        lm,
-        input_ids,
-        attention_mask,
-        block=block,
-        site=Site(site),
-        delta=delta,
-        position_ids=fixed,
-        remote=remote,
-    )
+    _, (at,) = plan_reads(lm, [layer], site, include_embed=False)
+    return impl.steered_logits(Forward(lm, input_ids, attention_mask, fixed, remote), at, delta)

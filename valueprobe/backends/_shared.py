@@ -1,4 +1,4 @@
-"""Pieces the three backends share: input checks, the read plan, the steering delta, the twin.
+"""Pieces the three backends share: the `Forward` record, input checks, the steering delta, the twin.
 
 Used by :mod:`valueprobe.backends`; nothing here is public API.
 """
@@ -6,7 +6,8 @@ Used by :mod:`valueprobe.backends`; nothing here is public API.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,7 +15,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site, parse_layers
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -47,19 +48,31 @@ def check_inputs(
 
 
 Read = tuple[int, bool]  # (block, reads the block's input?): input is resid_pre, output resid_post
+Reduce = Callable[[Tensor], Tensor]  # applied to each [batch, pos, d_model] read, e.g. a token selection
 
 
-def plan_reads(
-    lm: LoadedModel, layers: Sequence[int], site: str, include_embed: bool
-) -> tuple[dict[int, int], list[Read]]:
-    """The block of each requested layer (keyed as given, so -1 stays -1), and the reads in
-    execution order: block by block, a block's input before its output. nnsight must be read in
-    that order, and the hooks route stops the forward after the last read."""
-    n = lm.n_layers
-    parse_layers(list(layers), n_layers=n)  # checked once, with the parser's messages
-    blocks = {int(layer): int(layer) % n for layer in layers}
-    wanted = {(b, site == "resid_pre") for b in blocks.values()} | ({(0, True)} if include_embed else set())
-    return blocks, sorted(wanted, key=lambda r: (r[0], not r[1]))
+@dataclass(frozen=True)
+class Forward:
+    """One forward pass as every route receives it: the batch, explicit positions, and where it runs
+    (``remote``: NDIF through nnsight; the other routes are never given it)."""
+
+    lm: LoadedModel
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    position_ids: Int[Tensor, "batch pos"]
+    remote: bool | str = False
+
+    def kwargs(self, device: torch.device) -> dict[str, Any]:
+        """Keyword arguments of the model's forward: the mask, explicit positions, no KV cache.
+
+        Positions are always given: an HF forward counts 0..pos-1 whatever the mask, while nnsight
+        and TransformerBridge derive their own from a left-padded mask.
+        """
+        return {
+            "attention_mask": self.attention_mask.to(device),
+            "position_ids": self.position_ids.to(device),
+            "use_cache": False,
+        }
 
 
 def position_ids_from_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
@@ -139,14 +152,6 @@ def twin(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, shared)
 
 
-def forward_kwargs(attention_mask: Tensor, position_ids: Tensor, device: torch.device) -> dict[str, Any]:
-    """Keyword arguments of one forward pass: the mask, explicit positions, no KV cache.
-
-    Positions are always given: an HF forward counts 0..pos-1 whatever the mask, while nnsight and
-    TransformerBridge derive their own from a left-padded mask.
-    """
-    return {
-        "attention_mask": attention_mask.to(device),
-        "position_ids": position_ids.to(device),
-        "use_cache": False,
-    }
+def reduced(got: dict[Read, Tensor], reduce: Reduce | None) -> dict[Read, Tensor]:
+    """``reduce`` applied after the forward, by the routes that cannot run it inside a hook."""
+    return got if reduce is None else {r: reduce(h) for r, h in got.items()}

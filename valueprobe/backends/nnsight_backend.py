@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import nnsight
@@ -28,9 +28,17 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from valueprobe.backends._shared import Read, as_output, module_path, state_signature, twin
+from valueprobe.backends._shared import (
+    Forward,
+    Read,
+    Reduce,
+    as_output,
+    module_path,
+    reduced,
+    state_signature,
+    twin,
+)
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -74,28 +82,45 @@ def _envoys(model: Any, lm: LoadedModel, blocks: Sequence[int]) -> list[Any]:
     return [model.get(module_path(lm.model, lm.layers[b])) for b in blocks]
 
 
-def read(
-    lm: LoadedModel,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    *,
-    reads: Sequence[Read],
-    position_ids: Int[Tensor, "batch pos"],
-    remote: Remote = False,
-) -> dict[Read, Tensor]:
-    """The residual at each read (in execution order, as nnsight requires), in one trace."""
-    model = nnsight_model(lm, remote=remote)
-    envoys = _envoys(model, lm, [b for b, _ in reads])
-    reads_input = [is_input for _, is_input in reads]
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    with torch.no_grad(), model.trace(**inputs, remote=remote) as tracer:
-        acts = []
-        for envoy, is_input in zip(envoys, reads_input, strict=True):
-            value = envoy.input if is_input else envoy.output
-            acts.append(value[0] if isinstance(value, tuple) else value)
-        acts = nnsight.save(acts)
-        tracer.stop()
-    return dict(zip(reads, acts, strict=True))
+class NnsightRoute:
+    """nnsight traces over a twin of the model, locally or on NDIF (`valueprobe.backends.Route`)."""
+
+    name = "nnsight"
+
+    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]:
+        """The residual at each read (in execution order, as nnsight requires), in one trace."""
+        model = nnsight_model(fwd.lm, remote=fwd.remote)
+        envoys = _envoys(model, fwd.lm, [b for b, _ in reads])
+        reads_input = [is_input for _, is_input in reads]
+        with torch.no_grad(), model.trace(**_inputs(fwd), remote=fwd.remote) as tracer:
+            acts = []
+            for envoy, is_input in zip(envoys, reads_input, strict=True):
+                value = envoy.input if is_input else envoy.output
+                acts.append(value[0] if isinstance(value, tuple) else value)
+            acts = nnsight.save(acts)
+            tracer.stop()
+        return reduced(dict(zip(reads, acts, strict=True)), reduce)
+
+    def steered_logits(
+        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits with ``delta`` added to the residual at ``at``, in an nnsight trace."""
+        model = nnsight_model(fwd.lm, remote=fwd.remote)
+        (envoy,) = _envoys(model, fwd.lm, [at[0]])
+        add_to_input = at[1]
+        with torch.no_grad(), model.trace(**_inputs(fwd), remote=fwd.remote):
+            _add(envoy, delta, to_input=add_to_input)
+            logits = nnsight.save(model.output.logits)
+        return as_output(logits)
+
+
+def _inputs(fwd: Forward) -> dict[str, Tensor]:
+    # Left on the CPU: nnsight moves them to the model (or ships them to NDIF) itself.
+    return {
+        "input_ids": fwd.input_ids,
+        "attention_mask": fwd.attention_mask,
+        "position_ids": fwd.position_ids,
+    }
 
 
 def _add(envoy: Any, delta: Tensor, *, to_input: bool) -> None:
@@ -113,71 +138,6 @@ def _add(envoy: Any, delta: Tensor, *, to_input: bool) -> None:
         envoy.output = (first + delta.to(device=first.device, dtype=first.dtype), *hidden[1:])
     else:
         envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
-
-
-def steered_logits(
-    lm: LoadedModel,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    *,
-    block: int,
-    site: Site,
-    delta: Float[Tensor, "batch pos d_model"],
-    position_ids: Int[Tensor, "batch pos"],
-    remote: Remote = False,
-) -> Float[Tensor, "batch pos vocab"]:
-    """Logits with ``delta`` added to the residual at (block, site), in an nnsight trace."""
-    model = nnsight_model(lm, remote=remote)
-    (envoy,) = _envoys(model, lm, [block])
-    add_to_input = site == "resid_pre"
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-    with torch.no_grad(), model.trace(**inputs, remote=remote):
-        _add(envoy, delta, to_input=add_to_input)
-        logits = nnsight.save(model.output.logits)
-    return as_output(logits)
-
-
-class NnsightRoute:
-    """nnsight traces over a twin of the model, locally or on NDIF (`valueprobe.backends.Route`)."""
-
-    name = "nnsight"
-
-    def read(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        reads: Sequence[Read],
-        position_ids: Int[Tensor, "batch pos"],
-        reduce: Callable[[Tensor], Tensor] | None = None,
-        remote: Remote = False,
-    ) -> dict[Read, Tensor]:
-        got = read(lm, input_ids, attention_mask, reads=reads, position_ids=position_ids, remote=remote)
-        return got if reduce is None else {r: reduce(h) for r, h in got.items()}
-
-    def steered_logits(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        block: int,
-        site: Site,
-        delta: Float[Tensor, "batch pos d_model"],
-        position_ids: Int[Tensor, "batch pos"],
-        remote: Remote = False,
-    ) -> Float[Tensor, "batch pos vocab"]:
-        return steered_logits(
-            lm,
-            input_ids,
-            attention_mask,
-            block=block,
-            site=site,
-            delta=delta,
-            position_ids=position_ids,
-            remote=remote,
-        )
 
 
 def steered_generate(
@@ -200,7 +160,7 @@ def steered_generate(
     `valueprobe.steer.Target` records. Equal to the hooks route (tests/test_steer.py).
     """
     model = nnsight_model(lm, remote=remote)
-    envoys = _envoys(model, lm, [lm.resolve_layers([t.point.layer])[0] for t in plan])
+    envoys = _envoys(model, lm, [t.point.layer for t in plan])  # blocks resolved by `steer.targets`
     on_input = [t.point.site == "resid_pre" for t in plan]
     real = attention_mask.to(torch.float32)[:, :, None]
     prompt_on = float(where in ("all", "prompt"))

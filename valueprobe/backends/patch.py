@@ -19,11 +19,16 @@ every forward re-runs every column, and ``fn`` sees them all again, as the model
 Works on any module tree ``valueprobe.models`` can load (Llama, Qwen, GPT-2, Gemma, NeoX...):
 the step is read by a pre-hook on the module that owns the decoder blocks, which receives the
 2-D ``attention_mask`` and the cache whichever causal-LM head called it.
+
+`HooksRoute`, the reference route of `valueprobe.backends` (``backend="hooks"``), is this layer
+behind the `Route` protocol; the nnsight and TransformerLens routes are tested against it, and it
+against ``output_hidden_states``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -31,13 +36,14 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from valueprobe.backends._shared import Forward, Read, Reduce, as_output
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site, parse_layers
+from valueprobe.vocab import Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
 
-__all__ = ["Handle", "Intervention", "Point", "Recording", "Step", "intervene", "record"]
+__all__ = ["Handle", "HooksRoute", "Intervention", "Point", "Recording", "Step", "intervene", "record"]
 
 
 class Point(NamedTuple):
@@ -146,12 +152,14 @@ class Handle:
         self.remove()
 
 
-def _resolve(lm: LoadedModel, point: Point) -> tuple[torch.nn.Module, bool]:
-    """(block module, hook its input?) for a point; checks layer and site."""
+def _resolve(lm: LoadedModel, point: Point) -> Read:
+    """(block, hook its input?) for a point; checks layer and site."""
     if point.site not in (Site.resid_pre, Site.resid_post):
         raise ValueprobeError(f"unknown site {point.site!r}: use resid_pre or resid_post")
-    (block,) = parse_layers(int(point.layer), n_layers=lm.n_layers)
-    return lm.layers[block], point.site == Site.resid_pre
+    n = lm.n_layers
+    if not -n <= int(point.layer) < n:  # negative counts from the end, as Python indexes the blocks
+        raise layer_out_of_range(int(point.layer), n)
+    return int(point.layer) % n, point.site == Site.resid_pre
 
 
 def _attach(
@@ -212,12 +220,12 @@ def intervene(
     Interventions run before any other hook on the block (so every recorder sees their result);
     two on one point run newest first.
     """
-    module, on_input = _resolve(lm, point)
+    block, on_input = _resolve(lm, point)
     reader = _StepReader()
     handle = Intervention()
     handle._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
     try:
-        _attach(handle, module, on_input, lambda h: fn(h, reader.step()), first=True)
+        _attach(handle, lm.layers[block], on_input, lambda h: fn(h, reader.step()), first=True)
     except BaseException:
         handle.remove()
         raise
@@ -249,7 +257,7 @@ def record(
     lm: LoadedModel,
     points: Sequence[Point],
     *,
-    reduce: Callable[[Tensor], Tensor] | None = None,
+    reduce: Reduce | None = None,
     stop: bool = False,
 ) -> Recording:
     """Keep the residual at each of ``points`` at every forward, until removed.
@@ -271,11 +279,9 @@ def record(
     reader = _StepReader()
     rec._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
     try:
-        by_hook: dict[tuple[int, bool], list[Point]] = {}
+        by_hook: dict[Read, list[Point]] = {}
         for point in rec.points:
-            _, on_input = _resolve(lm, point)
-            (block,) = parse_layers(int(point.layer), n_layers=lm.n_layers)
-            by_hook.setdefault((block, on_input), []).append(point)
+            by_hook.setdefault(_resolve(lm, point), []).append(point)
         order = sorted(by_hook, key=lambda k: (k[0], not k[1]))  # execution order
         for i, key in enumerate(order):
             module, on_input = lm.layers[key[0]], key[1]
@@ -302,3 +308,35 @@ def _saver(
             raise StopForward
 
     return body
+
+
+def _point(read: Read) -> Point:
+    block, is_input = read
+    return Point(block, Site.resid_pre if is_input else Site.resid_post)
+
+
+class HooksRoute:
+    """Plain forward hooks on the loaded model itself (`valueprobe.backends.Route`)."""
+
+    name = "hooks"
+
+    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]:
+        """The residual at each read in one forward; the last read stops it (no unembed).
+
+        ``reduce`` runs inside the hook (capture's token selection), so only its result is kept.
+        """
+        points = [_point(r) for r in reads]
+        device = fwd.lm.device
+        with record(fwd.lm, points, reduce=reduce, stop=True) as rec, torch.no_grad(), suppress(StopForward):
+            fwd.lm.model(input_ids=fwd.input_ids.to(device), **fwd.kwargs(device))
+        return {r: rec[p] for r, p in zip(reads, points, strict=True)}
+
+    def steered_logits(
+        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits with ``delta`` added to the residual at ``at``. See `backends.steered_logits`."""
+        param = next(fwd.lm.model.parameters())
+        delta = delta.to(device=param.device, dtype=param.dtype)
+        with intervene(fwd.lm, _point(at), lambda h, step: h + delta), torch.no_grad():
+            output = fwd.lm.model(input_ids=fwd.input_ids.to(param.device), **fwd.kwargs(param.device))
+        return as_output(output.logits)

@@ -17,19 +17,20 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from valueprobe.backends._shared import (
+    Forward,
     Read,
+    Reduce,
     as_output,
-    forward_kwargs,
     module_path,
+    reduced,
     state_signature,
     twin,
 )
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.models import LoadedModel
@@ -83,29 +84,39 @@ def _hook_name(block: int, is_input: bool) -> str:
     return f"blocks.{block}.hook_resid_{'pre' if is_input else 'post'}"
 
 
-def read(
-    lm: LoadedModel,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    *,
-    reads: Sequence[Read],
-    position_ids: Int[Tensor, "batch pos"],
-) -> dict[Read, Tensor]:
-    """The residual at each read, from the bridge's ``blocks.{L}.hook_resid_{pre,post}`` points."""
-    names = {r: _hook_name(*r) for r in reads}
-    model = bridge(lm)
-    device = lm.device
-    last = max(b for b, _ in reads)
-    # Stop before the first block not needed: skips the rest of the stack and the unembed.
-    stop = last + 1 if last + 1 < int(lm.n_layers) else None
-    with torch.no_grad():
-        _, cache = model.run_with_cache(
-            input_ids.to(device),
-            names_filter=sorted(set(names.values())),
-            stop_at_layer=stop,
-            **forward_kwargs(attention_mask, position_ids, device),
-        )
-    return {r: cache[name] for r, name in names.items()}
+class TlensRoute:
+    """TransformerLens 4's ``TransformerBridge`` over a twin of the model (`valueprobe.backends.Route`)."""
+
+    name = "tlens"
+
+    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]:
+        """The residual at each read, from the bridge's ``blocks.{L}.hook_resid_{pre,post}`` points."""
+        names = {r: _hook_name(*r) for r in reads}
+        model = bridge(fwd.lm)
+        device = fwd.lm.device
+        last = max(b for b, _ in reads)
+        # Stop before the first block not needed: skips the rest of the stack and the unembed.
+        stop = last + 1 if last + 1 < int(fwd.lm.n_layers) else None
+        with torch.no_grad():
+            _, cache = model.run_with_cache(
+                fwd.input_ids.to(device),
+                names_filter=sorted(set(names.values())),
+                stop_at_layer=stop,
+                **fwd.kwargs(device),
+            )
+        return reduced({r: cache[name] for r, name in names.items()}, reduce)
+
+    def steered_logits(
+        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits with ``delta`` added at the bridge's ``blocks.{L}.hook_resid_{pre,post}``."""
+        model = bridge(fwd.lm)
+        device = next(fwd.lm.model.parameters()).device
+        with torch.no_grad():
+            logits = model.run_with_hooks(
+                fwd.input_ids.to(device), fwd_hooks=[(_hook_name(*at), _add(delta))], **fwd.kwargs(device)
+            )
+        return as_output(logits)
 
 
 def _add(delta: Tensor) -> Callable[..., Tensor]:
@@ -113,61 +124,3 @@ def _add(delta: Tensor) -> Callable[..., Tensor]:
         return resid + delta.to(device=resid.device, dtype=resid.dtype)
 
     return hook
-
-
-def steered_logits(
-    lm: LoadedModel,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    *,
-    block: int,
-    site: Site,
-    delta: Float[Tensor, "batch pos d_model"],
-    position_ids: Int[Tensor, "batch pos"],
-) -> Float[Tensor, "batch pos vocab"]:
-    """Logits with ``delta`` added at the bridge's ``blocks.{L}.hook_resid_{pre,post}``."""
-    model = bridge(lm)
-    device = next(lm.model.parameters()).device
-    with torch.no_grad():
-        logits = model.run_with_hooks(
-            input_ids.to(device),
-            fwd_hooks=[(_hook_name(block, site == "resid_pre"), _add(delta))],
-            **forward_kwargs(attention_mask, position_ids, device),
-        )
-    return as_output(logits)
-
-
-class TlensRoute:
-    """TransformerLens 4's ``TransformerBridge`` over a twin of the model (`valueprobe.backends.Route`)."""
-
-    name = "tlens"
-
-    def read(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        reads: Sequence[Read],
-        position_ids: Int[Tensor, "batch pos"],
-        reduce: Callable[[Tensor], Tensor] | None = None,
-        remote: bool | str = False,
-    ) -> dict[Read, Tensor]:
-        got = read(lm, input_ids, attention_mask, reads=reads, position_ids=position_ids)
-        return got if reduce is None else {r: reduce(h) for r, h in got.items()}
-
-    def steered_logits(
-        self,
-        lm: LoadedModel,
-        input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Int[Tensor, "batch pos"],
-        *,
-        block: int,
-        site: Site,
-        delta: Float[Tensor, "batch pos d_model"],
-        position_ids: Int[Tensor, "batch pos"],
-        remote: bool | str = False,
-    ) -> Float[Tensor, "batch pos vocab"]:
-        return steered_logits(
-            lm, input_ids, attention_mask, block=block, site=site, delta=delta, position_ids=position_ids
-        )

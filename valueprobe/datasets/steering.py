@@ -158,8 +158,14 @@ def _confidence_problem(rng: random.Random, i: int) -> tuple[str, str, str, bool
         shown = 10 * b + (b if slip else 0)
         return kind, f"What is {a} × {b}?", f"First I multiply the ten: 10 × {b} = {shown}.", not slip
     x = rng.randint(2, 9)
-    unit, per, wrong, small = rng.choice((("hours", 60, 100, "minutes"), ("metres", 100, 1000, "centimetres"),
-                                          ("kilograms", 1000, 100, "grams"), ("minutes", 60, 100, "seconds")))  # fmt: skip
+    unit, per, wrong, small = rng.choice(
+        (
+            ("hours", 60, 100, "minutes"),
+            ("metres", 100, 1000, "centimetres"),
+            ("kilograms", 1000, 100, "grams"),
+            ("minutes", 60, 100, "seconds"),
+        )
+    )
     question = f"How many {small} are in {x} {unit}?"
     partial = f"One of the {unit[:-1]} is {wrong if slip else per} {small}, so I multiply that by {x}."
     return kind, question, partial, not slip
