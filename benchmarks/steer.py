@@ -7,7 +7,7 @@ Prints:
 - steered batched ``generate`` ÷ plain batched ``generate`` (24 prompts, one α per row, 48 tokens,
   greedy, fixed length; min of interleaved repeats). Target <= 1.05.
 - a full sweep (5 strengths × 24 prompts × 2 samples = 240 rows, 48 new tokens, sampled with
-  common random numbers) run batched (`valueprobe.generation.generate`, 60 rows a call) against
+  common random numbers) run batched (`valueprobe.generation.generate`, ``--batch-size`` rows a call) against
   the same rows run one per ``generate`` call, as the paper's code does. Target >= 8×.
   ``--seq-rows k`` times only the first k one-per-call rows and scales to 240 (then says so).
 - peak RSS of the sweep at 1× and 4× its rows (separate processes, same chunk size). Target:
@@ -80,7 +80,7 @@ def sweep(lm, axis, args) -> dict:
         progress=False,
     )
     start = time.perf_counter()
-    generate(lm, axis, ps, batch_size=60, **kw)
+    generate(lm, axis, ps, batch_size=args.batch_size, **kw)
     batched_s = time.perf_counter() - start
     rows = [(p, s, a) for p in range(24) for s in range(2) for a in ALPHAS]
     todo = rows[: args.seq_rows] if args.seq_rows else rows
@@ -110,14 +110,23 @@ def rss_child(args) -> None:
         samples=2,
         max_new_tokens=16,
         min_new_tokens=16,
-        batch_size=60,
+        batch_size=args.batch_size,
         progress=False,
     )
     print_peak()
 
 
 def rss(args, n_prompts: int) -> float:
-    sizes = ["--rss-prompts", str(n_prompts), "--model", args.model, "--probe", args.probe]
+    sizes = [
+        "--rss-prompts",
+        str(n_prompts),
+        "--model",
+        args.model,
+        "--probe",
+        args.probe,
+        "--batch-size",
+        str(args.batch_size),
+    ]
     return child_peak_mb(__file__, sizes)
 
 
@@ -126,6 +135,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--probe", default=str(ROOT / "probes" / "smollm2-135m-value"))
     p.add_argument("--new", type=int, default=48)
+    p.add_argument(
+        "--batch-size", type=int, default=120, help="rows per batched generate call (sweep and RSS)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--seq-rows", type=int, default=0, help="time only this many one-per-call rows, scale to 240"
@@ -146,7 +158,8 @@ def main() -> None:
     print(f"steered / plain batched generate:  {result['steer_ratio']:.3f}   (target <= 1.05)", flush=True)
     result.update(sweep(lm, axis, args))
     print(f"sweep: {result['speedup']:.1f}x", flush=True)
-    one, four = rss(args, 6), rss(args, 24)
+    base = max(6, -(-args.batch_size // 10))  # 10 rows a prompt: the 1x sweep fills at least one batch
+    one, four = rss(args, base), rss(args, 4 * base)
     result.update(peak_rss_mb_1x=one, peak_rss_mb_4x=four, rss_growth=(four - one) / one)
     result["loadavg_before_after"] = [load_before, os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
