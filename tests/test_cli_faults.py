@@ -167,6 +167,9 @@ def test_ctrl_c_exits_130_and_keeps_the_last_checkpoint(tiny_dir, tmp_path, caps
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # A job started with '&' from a script inherits SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt: give the child the default a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 240
     while not (out / "manifest.json").exists() and proc.poll() is None and time.monotonic() < deadline:
