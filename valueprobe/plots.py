@@ -7,6 +7,7 @@ transfer_heatmap(report.transfer).write_html("runs/fit/transfer.html")
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -62,12 +63,17 @@ def sweep_figure(sweep: SweepResult) -> go.Figure:
     return fig
 
 
-def layer_cosine_figure(sweep: SweepResult) -> go.Figure:
-    """Cosine similarity between the directions fitted at different layers."""
-    labels = [str(x) for x in sweep.layers]
+def cosine_heatmap(
+    cosine: np.ndarray | Sequence[Sequence[float]],
+    layers: Sequence[int],
+    *,
+    title: str = "cos(v_layer_i, v_layer_j)",
+) -> go.Figure:
+    """Cosine similarity between per-layer directions, on a fixed [-1, 1] diverging scale."""
+    labels = [str(x) for x in layers]
     fig = go.Figure(
         go.Heatmap(
-            z=sweep.cosine,
+            z=cosine,
             x=labels,
             y=labels,
             zmin=-1,
@@ -77,10 +83,13 @@ def layer_cosine_figure(sweep: SweepResult) -> go.Figure:
             colorbar={"title": "cos"},
         )
     )
-    fig.update_layout(
-        title="cos(v_layer_i, v_layer_j)", xaxis_title="layer", yaxis_title="layer", template="plotly_white"
-    )
+    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="layer", template="plotly_white")
     return fig
+
+
+def layer_cosine_figure(sweep: SweepResult) -> go.Figure:
+    """Cosine similarity between the directions fitted at different layers."""
+    return cosine_heatmap(sweep.cosine, sweep.layers)
 
 
 def transfer_heatmap(

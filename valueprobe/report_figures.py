@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from valueprobe.plots import cosine_heatmap
+
 __all__ = [
     "LAYOUT",
     "PALETTE",
@@ -102,22 +104,8 @@ def sweep_figure_from_dict(d: dict) -> go.Figure:
 
 def cosine_figure(d: dict) -> go.Figure:
     """Inter-layer cosine heatmap from ``SweepResult.to_dict()`` (``cosine``, ``cosine_layers``)."""
-    labels = [str(x) for x in d["cosine_layers"]]
-    fig = go.Figure(
-        go.Heatmap(
-            z=d["cosine"],
-            x=labels,
-            y=labels,
-            zmin=-1,
-            zmax=1,
-            colorscale="RdBu",
-            reversescale=True,
-            colorbar={"title": "cos"},
-        )
-    )
-    fig.update_layout(
-        title="cos(v_i, v_j) between layers", xaxis_title="layer", yaxis_title="layer", **LAYOUT
-    )
+    fig = cosine_heatmap(d["cosine"], d["cosine_layers"], title="cos(v_i, v_j) between layers")
+    fig.update_layout(**LAYOUT)
     return fig
 
 
