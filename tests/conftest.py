@@ -144,6 +144,16 @@ def tiny_lm_factory(tiny_tokenizer):
     return make
 
 
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_lm_factory) -> str:
+    """A tiny random llama and its tokenizer saved as a model folder (what users pass as --model)."""
+    lm = tiny_lm_factory("llama")
+    path = tmp_path_factory.mktemp("model")
+    lm.model.save_pretrained(path)
+    lm.tokenizer.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(params=ARCHS)
 def tiny_lm(request, tiny_lm_factory):
     return tiny_lm_factory(request.param)

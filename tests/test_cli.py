@@ -18,15 +18,6 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_lm_factory):
-    lm = tiny_lm_factory("llama")
-    path = tmp_path_factory.mktemp("model")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def icrl_small(tmp_path_factory):
     examples = read_jsonl(DATA / "icrl.jsonl")
     per_rule: dict[str, int] = {}

@@ -54,15 +54,6 @@ def fails(argv: list[str], capsys, *, want: int = 2) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_lm_factory):
-    lm = tiny_lm_factory("llama")
-    path = tmp_path_factory.mktemp("model")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def icrl_small(tmp_path_factory):
     per_rule: dict[str, int] = {}
     keep = []

@@ -7,6 +7,7 @@ targets and match elsewhere), TRL's logged loss, and a fresh `valueprobe.load` o
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,16 +21,7 @@ from valueprobe.pairs import Pair, read_pairs
 from valueprobe.tune import TUNE_FILE, TuneSettings, train
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-FAST = dict(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory, tiny_lm_factory) -> str:
-    lm = tiny_lm_factory("llama")
-    path = tmp_path_factory.mktemp("base")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return str(path)
+FAST = TuneSettings(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +34,11 @@ def _state(lm) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", ["dpo", "sft"])
-def test_train_changes_weights_and_reloads(method, base_dir, pairs, tmp_path):
-    base = load(base_dir)
+def test_train_changes_weights_and_reloads(method, tiny_dir, pairs, tmp_path):
+    base = load(tiny_dir)
     before = _state(base)
     out = tmp_path / "ckpt"
-    res = train(base_dir, pairs, out, settings=TuneSettings(method=method, **FAST))  # type: ignore[arg-type]
+    res = train(tiny_dir, pairs, out, settings=replace(FAST, method=method))
     assert res.record["train"]["steps"] == 4
     assert not out.with_name("ckpt.partial").exists()
     assert (out / "adapter_model.safetensors").exists()
@@ -70,14 +62,14 @@ def test_train_changes_weights_and_reloads(method, base_dir, pairs, tmp_path):
         assert not torch.allclose(base.model(ids).logits, tuned.model(ids).logits)
 
 
-def test_full_finetune_saves_a_plain_model(base_dir, pairs, tmp_path):
+def test_full_finetune_saves_a_plain_model(tiny_dir, pairs, tmp_path):
     out = tmp_path / "full"
-    train(base_dir, pairs, out, settings=TuneSettings(lora=False, **FAST))
+    train(tiny_dir, pairs, out, settings=replace(FAST, lora=False))
     assert (out / "config.json").exists() and not (out / "adapter_config.json").exists()
-    assert load(str(out)).fingerprint != load(base_dir).fingerprint
+    assert load(str(out)).fingerprint != load(tiny_dir).fingerprint
 
 
-def test_interrupted_run_resumes_from_its_last_checkpoint(base_dir, pairs, tmp_path, monkeypatch):
+def test_interrupted_run_resumes_from_its_last_checkpoint(tiny_dir, pairs, tmp_path, monkeypatch):
     """Kill training after step 2's checkpoint: no OUT appears; the rerun resumes at step 2."""
     from transformers import Trainer
 
@@ -90,26 +82,26 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(base_dir, pairs, tmp_p
 
     monkeypatch.setattr(Trainer, "_save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
-        train(base_dir, pairs, out, settings=TuneSettings(**FAST))
+        train(tiny_dir, pairs, out, settings=FAST)
     monkeypatch.setattr(Trainer, "_save_checkpoint", real_save)
     assert not out.exists()  # nothing that loads as complete
     partial = out.with_name("ckpt.partial")
     assert (partial / "checkpoint-2" / "adapter_model.safetensors").exists()
 
-    res = train(base_dir, pairs, out, settings=TuneSettings(**FAST))
+    res = train(tiny_dir, pairs, out, settings=FAST)
     assert res.record["train"]["resumed_from"] == "checkpoint-2"
     assert res.record["train"]["steps"] == 4
     assert not partial.exists()
     load(str(out))
 
 
-def test_partial_run_with_other_settings_is_refused(base_dir, pairs, tmp_path):
+def test_partial_run_with_other_settings_is_refused(tiny_dir, pairs, tmp_path):
     out = tmp_path / "ckpt"
     partial = out.with_name("ckpt.partial")
     partial.mkdir()
     (partial / "run.json").write_text(json.dumps({"format": 1, "settings": {}, "data": {}}))
     with pytest.raises(ValueprobeError, match="interrupted run with other settings"):
-        train(base_dir, pairs, out, settings=TuneSettings(**FAST))
+        train(tiny_dir, pairs, out, settings=FAST)
 
 
 def test_read_pairs_forms_and_errors(tmp_path):
@@ -160,13 +152,13 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert code == 2 and "already exists" in err and "--overwrite" in err
 
 
-def test_cli_trains_and_reports(base_dir, tmp_path, capsys):
+def test_cli_trains_and_reports(tiny_dir, tmp_path, capsys):
     out = tmp_path / "ckpt"
     argv = [
         "tune",
         "dpo",
         "--model",
-        base_dir,
+        tiny_dir,
         "--data",
         str(DATA / "preference_safety.jsonl"),
         "--split",

@@ -26,15 +26,6 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = TuneSettings(max_steps=2, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory, tiny_lm_factory) -> str:
-    lm = tiny_lm_factory("llama")
-    path = tmp_path_factory.mktemp("base")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return str(path)
-
-
 def random_axis(lm, *, seed: int = 0) -> ValueAxis:
     g = torch.Generator().manual_seed(seed)
     dirs = torch.randn(lm.n_layers, lm.d_model, generator=g)
@@ -57,12 +48,12 @@ def random_axis(lm, *, seed: int = 0) -> ValueAxis:
 
 @pytest.mark.parametrize("trimmed", [True, False])
 @pytest.mark.parametrize("item", ["dolphin", "the"])
-def test_read_items_equals_hidden_states_mean_over_the_item_tokens(base_dir, trimmed, item):
+def test_read_items_equals_hidden_states_mean_over_the_item_tokens(tiny_dir, trimmed, item):
     """The item's tokens, its leading space included: untrimmed offsets (SmolLM2's template
     post-processor) start a merged token such as " the" at the space, outside the bare word."""
     from tokenizers import processors
 
-    lm = load(base_dir)
+    lm = load(tiny_dir)
     if not trimmed:
         lm.tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
             single="$A", pair="$A $B"
@@ -84,8 +75,8 @@ def test_read_items_equals_hidden_states_mean_over_the_item_tokens(base_dir, tri
     assert scores["d"][0] == pytest.approx(want, abs=1e-4)
 
 
-def test_choose_matches_unpadded_log_probabilities(base_dir):
-    lm = load(base_dir)
+def test_choose_matches_unpadded_log_probabilities(tiny_dir):
+    lm = load(tiny_dir)
     prompt = [{"role": "user", "content": "Pick one: a / b"}]
     options = ["Paris", "the lazy dog", "3 times?"]
     tok = lm.tokenizer
@@ -129,8 +120,8 @@ def small_data(tmp: Path) -> Path:
     return out
 
 
-def test_dpo_words_end_to_end(base_dir, tmp_path):
-    lm = load(base_dir)
+def test_dpo_words_end_to_end(tiny_dir, tmp_path):
+    lm = load(tiny_dir)
     data = small_data(tmp_path)
     report = replicate_dpo_words(
         lm,
@@ -157,8 +148,8 @@ def test_dpo_words_end_to_end(base_dir, tmp_path):
     assert json.loads(files[0].read_text())["summary"]["prefer"]["n_models"] == 1
 
 
-def test_safety_end_to_end(base_dir, tmp_path):
-    lm = load(base_dir)
+def test_safety_end_to_end(tiny_dir, tmp_path):
+    lm = load(tiny_dir)
     data = small_data(tmp_path)
     report = replicate_safety(
         lm,
