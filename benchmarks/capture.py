@@ -62,10 +62,10 @@ def _bare_forward(lm, batches) -> float:
 
 
 def timing(args) -> dict:
-    from valueprobe.capture import _backend_run, _pad_id, iter_batches
-    from valueprobe.encode import encode
-    from valueprobe.models import load
-    from valueprobe.store import capture_to_store
+    from valueprobe.activations.capture import _backend_run, _pad_id, iter_batches
+    from valueprobe.activations.encode import encode
+    from valueprobe.activations.store import capture_to_store
+    from valueprobe.model.load import load
 
     start = time.perf_counter()
     lm = load(args.model)
@@ -110,8 +110,8 @@ def timing(args) -> dict:
 
 def rss_child(args) -> None:
     """Child process: capture n examples to disk, print peak RSS in MB."""
-    from valueprobe.models import load
-    from valueprobe.store import capture_to_store
+    from valueprobe.activations.store import capture_to_store
+    from valueprobe.model.load import load
 
     lm = load(args.model)
     exs = _examples(args.n, args.data)

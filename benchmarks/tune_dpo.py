@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from valueprobe.pairs import read_pairs
-from valueprobe.tune import TuneSettings, train
+from valueprobe.tune.pairs import read_pairs
+from valueprobe.tune.train import TuneSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

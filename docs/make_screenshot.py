@@ -4,7 +4,7 @@
     python docs/make_screenshot.py --from probes/smollm2-135m-value
 
 Rebuilds report.html from the saved results into a temporary folder, opens it with
-:func:`valueprobe.browser.open_report` (which also checks every figure drew, offline), and keeps
+:func:`valueprobe.report.browser.open_report` (which also checks every figure drew, offline), and keeps
 the top of the page as an 8-bit palette PNG under 300 kB.
 """
 
@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from valueprobe.browser import open_report
-from valueprobe.report import load_results, write_report
+from valueprobe.report.browser import open_report
+from valueprobe.report.page import load_results, write_report
 
 MAX_BYTES = 300_000
 

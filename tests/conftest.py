@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
-from valueprobe.cli import main
+from valueprobe.cli.main import main
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -130,7 +130,7 @@ def tiny_tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_lm_factory(tiny_tokenizer):
-    from valueprobe.models import wrap
+    from valueprobe.model.load import wrap
 
     cache: dict = {}
 
@@ -162,7 +162,7 @@ def tiny_lm(request, tiny_lm_factory):
 @pytest.fixture(scope="session")
 def default_lm():
     """The real default model through the offline route (slow tests only)."""
-    from valueprobe.models import load
+    from valueprobe.model.load import load
 
     return load("smollm2-135m")
 

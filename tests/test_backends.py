@@ -13,9 +13,9 @@ import pytest
 import torch
 import transformers
 
-from valueprobe.backends import BACKENDS, position_ids_from_mask, residuals, steered_logits
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import wrap
+from valueprobe.hooks.route import BACKENDS, position_ids_from_mask, residuals, steered_logits
+from valueprobe.model.load import wrap
 
 ARCHS = ("llama", "qwen2", "gpt2", "gemma2", "gpt_neox")
 ATOL = 1e-4

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
+from valueprobe.activations.encode import encode, render
 from valueprobe.datasets.io import Example, Span
-from valueprobe.encode import encode, render
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import LayerSelection, parse_layers
 

@@ -24,14 +24,14 @@ import torch
 import tqdm.auto
 from conftest import run_cli as run
 
-from valueprobe.axis import ValueAxis
-from valueprobe.capture import capture
-from valueprobe.cli import main
+from valueprobe.activations.capture import capture
+from valueprobe.activations.encode import render, render_plain
+from valueprobe.activations.store import ActivationStore, capture_to_store
+from valueprobe.cli.main import main
 from valueprobe.datasets.io import Example, Span, read_jsonl, write_jsonl
-from valueprobe.encode import render, render_plain
-from valueprobe.models import load
-from valueprobe.readout import score_dataset
-from valueprobe.store import ActivationStore, capture_to_store
+from valueprobe.model.load import load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.readout import score_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -153,7 +153,7 @@ def test_ctrl_c_exits_130_and_keeps_the_last_checkpoint(tiny_dir, tmp_path, caps
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "valueprobe.cli", *argv],
+        [sys.executable, "-m", "valueprobe", *argv],
         env=env,
         text=True,
         stdout=subprocess.PIPE,
@@ -215,10 +215,10 @@ def test_output_path_checked_before_work(
 ):
     # Any model load or store read would fail loudly here: the checks must come first.
     monkeypatch.setattr(
-        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     monkeypatch.setattr(
-        "valueprobe.cli_capture_fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
+        "valueprobe.cli.capture_fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
     )
     args = {
         "fit": ["fit", "--store", str(store_dir)],
@@ -343,7 +343,7 @@ def test_splits_below_one(splits, store_dir, tmp_path, capsys):
 
 def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     base = ["capture", "--data", str(icrl_small), "--out", str(tmp_path / "s")]
     assert "--batch-size 0" in fails([*base, "--batch-size", "0"], capsys)
@@ -356,7 +356,7 @@ def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, caps
 
 def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli_capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     out = tmp_path / "s"
     line = fails(
@@ -410,7 +410,9 @@ def test_text_over_context_is_named_or_truncated_with_warning(tiny_dir, tmp_path
 
 
 def test_demo_out_checked_before_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("valueprobe.cli.load", lambda *a, **k: pytest.fail("model loaded before the check"))
+    monkeypatch.setattr(
+        "valueprobe.cli.main.load", lambda *a, **k: pytest.fail("model loaded before the check")
+    )
     out = tmp_path / "demo"
     out.write_text("not a folder")
     assert "is a file, not a folder" in fails(["demo", "--out", str(out)], capsys)
@@ -491,7 +493,7 @@ def test_time_checkpoints_give_the_same_store(tiny_lm_factory, tmp_path, monkeyp
         lm, exs, tmp_path / "one", layers="all", dtype="float32", batch_size=2, progress=False
     )
     clock = iter(range(0, 10**6, 100))  # every batch takes "100 s": each one ends a shard
-    monkeypatch.setattr("valueprobe.store.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("valueprobe.activations.store.time.monotonic", lambda: float(next(clock)))
     many = capture_to_store(
         lm,
         exs,
@@ -570,7 +572,7 @@ def test_internal_error_names_a_traceback_log(store_dir, tmp_path, capsys, monke
         raise RuntimeError("a bug")
 
     monkeypatch.setenv("VALUEPROBE_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr("valueprobe.cli_capture_fit.fit_probe", broken)
+    monkeypatch.setattr("valueprobe.cli.capture_fit.fit_probe", broken)
     line = fails(["fit", "--store", str(store_dir), "--out", str(tmp_path / "p")], capsys, want=1)
     assert "internal error (RuntimeError: a bug)" in line
     (log,) = (tmp_path / "logs").iterdir()
@@ -596,7 +598,7 @@ def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch)
             steps.append(n)
             return super().update(n)
 
-    monkeypatch.setattr("valueprobe.readout.tqdm", Recorder)
+    monkeypatch.setattr("valueprobe.read.readout.tqdm", Recorder)
     exs = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text=f"x = {i}\n") for i in range(10)]
     score_dataset(
         ValueAxis.load(probe_dir), tiny_lm_factory("llama"), exs, batch_size=3, bootstrap=0, force=True

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from valueprobe.axis import ValueAxis
-from valueprobe.cli import main
-from valueprobe.report import SECTIONS
-from valueprobe.stages import StageCache
+from valueprobe.cli.main import main
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.stages import StageCache
+from valueprobe.report.page import SECTIONS
 
 RAN_SECTIONS = ("sweep", "history", "transfer", "matched_control", "logit_lens", "trace", "steer", "shift")
 

@@ -1,4 +1,4 @@
-"""The public hook layer (`valueprobe.backends.record` / `intervene`) against trusted references.
+"""The public hook layer (`valueprobe.hooks.route.record` / `intervene`) against trusted references.
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_hooks.py``
 References: ``output_hidden_states`` (what the blocks carry), and the model's own outputs before
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from valueprobe.backends import BACKENDS, Point, Route, intervene, position_ids_from_mask, record, route
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.route import BACKENDS, Point, Route, intervene, position_ids_from_mask, record, route
 from valueprobe.vocab import Site
 
 ARCHS = ("llama", "gpt2", "gpt_neox", "qwen2")

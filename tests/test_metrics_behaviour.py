@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from valueprobe.behaviour import (
+from valueprobe.stats.metrics import dose_slope, null_range
+from valueprobe.steering.behaviour import (
     code_stats,
     dropped,
     has_backtrack,
@@ -19,7 +20,6 @@ from valueprobe.behaviour import (
     text_metrics,
     yes_no,
 )
-from valueprobe.metrics import dose_slope, null_range
 
 # (text, label) pairs labelled by hand.
 YES_NO = [

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
+from valueprobe.activations.encode import encode
 from valueprobe.datasets.io import Example, Span
-from valueprobe.encode import encode
 from valueprobe.errors import ValueprobeError
-from valueprobe.fingerprint import (
+from valueprobe.model.fingerprint import (
     Fingerprint,
     FingerprintWarning,
     Match,
@@ -22,7 +22,7 @@ from valueprobe.fingerprint import (
     compare,
     fingerprint,
 )
-from valueprobe.models import find_layers_path, load, wrap
+from valueprobe.model.load import find_layers_path, load, wrap
 
 
 def test_fingerprint_ignores_dtype_but_not_weights(tiny_lm_factory):
@@ -50,7 +50,7 @@ def test_architecture_part_covers_the_vocabulary(tiny_lm_factory, tiny_tokenizer
 
 def test_fine_tuned_copy_is_read_with_a_warning_other_arch_refused(tiny_lm_factory, tmp_path):
     """Save a perturbed copy, load it from its folder: the base's probe reads it with a warning."""
-    from valueprobe.axis import ValueAxis
+    from valueprobe.probe.axis import ValueAxis
 
     base = tiny_lm_factory("llama")
     tuned = copy.deepcopy(base.model)
@@ -220,7 +220,7 @@ def test_default_model_offline_answers_and_captures(default_lm):
 
 @pytest.mark.slow
 def test_default_model_cache_is_plain_safetensors_and_fast(default_lm):
-    from valueprobe.models import cache_dir
+    from valueprobe.model.load import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m"
     assert (folder / "model.safetensors").exists()

@@ -7,11 +7,11 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from valueprobe.axis import ValueAxis
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
 from valueprobe.datasets.io import Example
-from valueprobe.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.readout import score_dataset
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.readout import score_dataset
+from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_directions
 
 
 def test_bootstrap_ci_covers_the_mean_93_to_97_percent():

@@ -14,11 +14,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from valueprobe.axis import ValueAxis
 from valueprobe.errors import ValueprobeError
-from valueprobe.fingerprint import FingerprintWarning
-from valueprobe.metrics import auroc
-from valueprobe.probe import (
+from valueprobe.model.fingerprint import FingerprintWarning
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fitters import (
     METHODS,
     DiffMeans,
     Logistic,
@@ -27,6 +26,7 @@ from valueprobe.probe import (
     SpanDiff,
     make_fitter,
 )
+from valueprobe.stats.metrics import auroc
 
 D, DELTA = 16, 1.5  # planted class-mean separation along v, isotropic unit noise
 

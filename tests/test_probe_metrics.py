@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 
-from valueprobe.controls import shuffle_within_group
 from valueprobe.errors import ValueprobeError
-from valueprobe.metrics import auroc, bootstrap_ci, cohens_d
+from valueprobe.probe.baselines import shuffle_within_group
+from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 
 scores_labels = (
     st.integers(2, 60)

@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from valueprobe.axis import ValueAxis
-from valueprobe.capture import Rows
+from valueprobe.activations.capture import Rows
+from valueprobe.activations.manifest import DatasetInfo, StoreManifest
 from valueprobe.errors import ValueprobeError
-from valueprobe.fingerprint import FingerprintWarning
-from valueprobe.fit import calibrate, fit_probe
-from valueprobe.manifest import DatasetInfo, StoreManifest
-from valueprobe.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
-from valueprobe.source import Source, grouped_splits
-from valueprobe.sweep import fit_store, sweep_layers
-from valueprobe.transfer import transfer_matrix
+from valueprobe.model.fingerprint import FingerprintWarning
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fit import calibrate, fit_probe
+from valueprobe.probe.layer_sweep import fit_store, sweep_layers
+from valueprobe.probe.source import Source, grouped_splits
+from valueprobe.probe.transfer import transfer_matrix
+from valueprobe.report.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
 from valueprobe.vocab import ChatTemplate, Dtype, Positions, Site
 
 D = 16
@@ -196,7 +196,7 @@ def test_label_mode_and_methods_run_on_stores():
 
 
 def test_fit_store_streams_and_equals_in_memory_fit():
-    from valueprobe.probe import DiffMeans
+    from valueprobe.probe.fitters import DiffMeans
 
     store = icrl_store(shard_rows=7)
     axis = fit_store(store, method="diff_means", layers="1:3")
@@ -315,8 +315,8 @@ def test_calibrate_restores_sigma_after_arithmetic():
 
 def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
     """End to end through capture_to_store: ICRL-style spans, fit, save, load against the model."""
+    from valueprobe.activations.store import capture_to_store
     from valueprobe.datasets.io import Example, Span
-    from valueprobe.store import capture_to_store
 
     lm = tiny_lm_factory("llama")
     examples = []

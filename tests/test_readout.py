@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.metrics import auroc
-from valueprobe.readout import logit_lens, score_dataset, token_cos, val
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.readout import logit_lens, score_dataset, token_cos, val
+from valueprobe.stats.metrics import auroc
 
 
 def test_val_is_mean_token_cosine():

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.replicate import FAMILIES, matched_control, replicate_axis
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.axis import FAMILIES, matched_control, replicate_axis
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -53,8 +53,8 @@ def test_replicate_axis_end_to_end(tiny_lm_factory, tmp_path):
     # Main and control final paragraphs are identical text: at the embedding output nothing separates them.
     assert history.metrics["sweep"]["controls"]["embed"]["mean"] == pytest.approx(0.5)
     # evaluate_axis against a hand computation on the refusal store (labels: benign 1, harmful 0).
-    from valueprobe.metrics import auroc
-    from valueprobe.store import ActivationStore
+    from valueprobe.activations.store import ActivationStore
+    from valueprobe.stats.metrics import auroc
 
     refusal = ActivationStore.open(tmp_path / "runs" / "refusal")
     proj = refusal.acts(history.best_layer) @ history.direction().numpy()
@@ -85,8 +85,8 @@ def test_matched_control_matches_hand_computation(tiny_lm_factory, tmp_path):
     """Each contrast of matched_control is the AUROC of the stated rows' projections, computed by hand."""
     import torch
 
-    from valueprobe.metrics import auroc
-    from valueprobe.store import ActivationStore
+    from valueprobe.activations.store import ActivationStore
+    from valueprobe.stats.metrics import auroc
 
     lm = tiny_lm_factory("llama")
     _slice_data(tmp_path / "data", per_group=1)

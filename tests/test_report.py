@@ -8,9 +8,9 @@ import re
 import pytest
 from report_data import all_sections
 
-from valueprobe.cli import main
+from valueprobe.cli.main import main
 from valueprobe.errors import ValueprobeError
-from valueprobe.report import RESULTS_FILE, SECTIONS, load_results, render_report, write_report
+from valueprobe.report.page import RESULTS_FILE, SECTIONS, load_results, render_report, write_report
 
 
 def test_every_section_drawn_and_plotly_inlined_once(tmp_path):

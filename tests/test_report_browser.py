@@ -12,8 +12,8 @@ import shutil
 import pytest
 from report_data import all_sections
 
-from valueprobe.browser import open_report
-from valueprobe.report import write_report
+from valueprobe.report.browser import open_report
+from valueprobe.report.page import write_report
 
 HAVE_CHROMIUM = bool(
     shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("VALUEPROBE_CHROMIUM")

@@ -9,12 +9,13 @@ import pytest
 import torch
 from conftest import run_cli
 
-from valueprobe.axis import ValueAxis
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
 from valueprobe.datasets.io import Example, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.models import wrap
-from valueprobe.shift import shift
+from valueprobe.model.load import wrap
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.plots import shift_figure
+from valueprobe.tune.shift import shift
 
 TEXTS = [
     "The capital of France is Paris, and the capital of Italy is Rome.",
@@ -144,7 +145,7 @@ def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     exs = examples()
     res = shift(calibrated_axis(lm, exs), lm, lm, exs, n_boot=50, progress=False)
-    out = res.write(tmp_path / "out")
+    out = res.write(tmp_path / "out", figure=shift_figure(res))
     assert sorted(p.name for p in out.iterdir()) == ["examples.csv", "shift.html", "shift.json"]
     assert "plotly" in (out / "shift.html").read_text()[:2_000_000]
     with pytest.raises(ValueprobeError, match="already exists"):

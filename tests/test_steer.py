@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from valueprobe.axis import ValueAxis
-from valueprobe.backends import Point, position_ids_from_mask, record
-from valueprobe.control import PID, control
 from valueprobe.errors import ValueprobeError
-from valueprobe.generation import encode_prompts, generate, left_pad
-from valueprobe.sampling import RowSampler, row_seed
-from valueprobe.steer import steer
+from valueprobe.hooks.route import Point, position_ids_from_mask, record
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.generation import encode_prompts, generate, left_pad
+from valueprobe.steering.handle import steer
+from valueprobe.steering.pid import PID, control
+from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Site
 
 ARCHS = ("llama", "gpt2", "gpt_neox")

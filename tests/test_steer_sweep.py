@@ -13,15 +13,15 @@ import pytest
 import torch
 from conftest import run_cli as run
 
-from valueprobe import generation
-from valueprobe.axis import ValueAxis
-from valueprobe.backends import steered_logits
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
-from valueprobe.dose import SweepRow, summarise
 from valueprobe.errors import ValueprobeError
-from valueprobe.generation import encode_prompts
-from valueprobe.steer_sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
-from valueprobe.yes_no import answer_tokens, p_yes
+from valueprobe.hooks.route import steered_logits
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering import generation
+from valueprobe.steering.dose import SweepRow, summarise
+from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -133,7 +133,7 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr("valueprobe.steer_sweep.generate", counting)
+    monkeypatch.setattr("valueprobe.steering.sweep.generate", counting)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(lm, axis, examples, tmp_path / "resumed", settings, other=other, n_boot=50, progress=False)
     path = tmp_path / "resumed" / GENERATIONS
@@ -278,7 +278,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli_steer.load", no_load)
+    monkeypatch.setattr("valueprobe.cli.steer.load", no_load)
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
@@ -310,7 +310,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
 
 
 def test_shipped_steering_sets_parse_and_pick_metrics():
-    from valueprobe.steer_sweep import metrics_for
+    from valueprobe.steering.sweep import metrics_for
 
     conf = read_jsonl(DATA / "steer_confidence.jsonl")
     assert metrics_for(DATA / "steer_confidence.jsonl", conf) == ("yes", "p_yes")
@@ -318,7 +318,7 @@ def test_shipped_steering_sets_parse_and_pick_metrics():
 
 
 def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
-    from valueprobe.replicate_steer import BENCHMARKS, replicate_steer
+    from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
 
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)

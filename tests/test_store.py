@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
+from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
-from valueprobe.store import ActivationStore, capture_to_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,8 +83,8 @@ CHILD = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import conftest
     import safetensors.torch as st
-    import valueprobe.store as vs
-    from valueprobe.models import wrap
+    import valueprobe.activations.store as vs
+    from valueprobe.model.load import wrap
     from test_store import _examples
     tok = conftest.build_tokenizer()
     lm = wrap(conftest.build_model("llama", len(tok)), tok, model_id="tiny-llama")
@@ -174,7 +174,9 @@ def test_missing_layer_and_not_a_store(tiny_lm_factory, tmp_path):
 def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkeypatch):
     lm = tiny_lm_factory("llama")
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr("valueprobe.store.shutil.disk_usage", lambda p: Usage(10**6, 10**6 - 10, 10))
+    monkeypatch.setattr(
+        "valueprobe.activations.store.shutil.disk_usage", lambda p: Usage(10**6, 10**6 - 10, 10)
+    )
     with pytest.raises(ValueprobeError, match="no space left"):
         capture_to_store(lm, _examples(3), tmp_path / "s", layers="all", progress=False)
     assert not list((tmp_path / "s").glob("shard-*"))

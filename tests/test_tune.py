@@ -1,4 +1,4 @@
-"""TRL DPO / SFT through valueprobe.tune on a tiny random model: weights change, checkpoints reload.
+"""TRL DPO / SFT through valueprobe.tune.train on a tiny random model: weights change, checkpoints reload.
 
 Trusted references: the base model's own state dict (the tuned one must differ in the layers LoRA
 targets and match elsewhere), TRL's logged loss, and a fresh `valueprobe.load` of the folder.
@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from valueprobe.cli import main
+from valueprobe.cli.main import main
 from valueprobe.errors import ValueprobeError
-from valueprobe.fingerprint import Fingerprint
-from valueprobe.models import load
-from valueprobe.pairs import Pair, read_pairs
-from valueprobe.tune import TUNE_FILE, TuneSettings, train
+from valueprobe.model.adapter import TUNE_FILE
+from valueprobe.model.fingerprint import Fingerprint
+from valueprobe.model.load import load
+from valueprobe.tune.pairs import Pair, read_pairs
+from valueprobe.tune.train import TuneSettings, train
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = TuneSettings(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)

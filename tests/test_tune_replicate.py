@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.axis import ValueAxis
 from valueprobe.datasets.io import read_jsonl
-from valueprobe.dpo_words import replicate_dpo_words, write_report
-from valueprobe.models import load
-from valueprobe.prefread import Direction, choose, hier_boot, item_example, read_items
-from valueprobe.safety import is_refusal, replicate_safety
-from valueprobe.tune import TuneSettings
+from valueprobe.model.load import load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.preference import Direction, choose, hier_boot, item_example, read_items
+from valueprobe.replicate.dpo_words import replicate_dpo_words, write_report
+from valueprobe.replicate.safety import is_refusal, replicate_safety
+from valueprobe.tune.train import TuneSettings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = TuneSettings(max_steps=2, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)

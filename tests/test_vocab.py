@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from test_probe_sweep import icrl_store
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.source import Source, resolve_layers
-from valueprobe.sweep import fit_store
+from valueprobe.probe.layer_sweep import fit_store
+from valueprobe.probe.source import Source, resolve_layers
 from valueprobe.vocab import LayerSelection, Site, choice, layer_ranges, parse_layers
 
 N = 8

@@ -6,29 +6,29 @@
     >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("data/code.jsonl")[:50])
 
 The names below are what the notebooks and the README use, plus the result types they return;
-everything else is reached through its module (``valueprobe.metrics.auroc``, ``valueprobe.vocab.Site``).
+everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).
 """
 
 from __future__ import annotations
 
-from valueprobe.axis import ValueAxis
-from valueprobe.capture import capture
+from valueprobe.activations.capture import capture
+from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.fit import FitReport, fit_probe
-from valueprobe.generation import Generation, generate
-from valueprobe.models import LoadedModel, load, wrap
-from valueprobe.pairs import read_pairs
-from valueprobe.plots import sweep_figure, transfer_heatmap
-from valueprobe.readout import logit_lens, score_dataset, val
-from valueprobe.scores import ScoreResult
-from valueprobe.shift import shift
-from valueprobe.shift_result import ShiftResult
-from valueprobe.steer import Steering, steer
-from valueprobe.store import ActivationStore, capture_to_store
-from valueprobe.sweep import SweepResult
-from valueprobe.transfer import TransferResult
-from valueprobe.tune import TuneResult, TuneSettings, train
+from valueprobe.model.load import LoadedModel, load, wrap
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fit import FitReport, fit_probe
+from valueprobe.probe.layer_sweep import SweepResult
+from valueprobe.probe.transfer import TransferResult
+from valueprobe.read.readout import logit_lens, score_dataset, val
+from valueprobe.read.scores import ScoreResult
+from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
+from valueprobe.steering.generation import Generation, generate
+from valueprobe.steering.handle import Steering, steer
+from valueprobe.tune.pairs import read_pairs
+from valueprobe.tune.shift import shift
+from valueprobe.tune.shift_records import ShiftResult
+from valueprobe.tune.train import TuneResult, TuneSettings, train
 from valueprobe.version import __version__
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "capture_to_store",
     "fit_probe",
     "sweep_figure",
+    "shift_figure",
     "transfer_heatmap",
     # read and steer
     "ValueAxis",

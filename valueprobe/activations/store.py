@@ -1,0 +1,374 @@
+"""Sharded on-disk activation store: stream a capture to safetensors, resume it, memory-map it.
+
+    valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl
+
+    >>> store = vp.ActivationStore.open("runs/icrl")
+    >>> X, rows = store.acts(20), store.rows()      # float32 [n_rows, d_model], row metadata
+
+Layout: ``manifest.json`` plus ``shard-00000.safetensors``, ... Each shard holds a range of
+examples (``examples_per_shard``, or fewer when ``checkpoint_seconds`` pass first): one tensor per layer key (``resid_post.12``, ``embed``) of shape ``[rows, d_model]``, the
+numeric row columns (``row.label``, ``row.token_index``, ``row.n_tokens``) and the string columns as
+JSON in the safetensors metadata. A shard is written under a temporary name and renamed when
+complete, then the manifest is rewritten (also atomically): a kill -9 at any point leaves a store
+that resumes, and never a half-written shard that reads. Opening a store verifies it: every listed
+shard present with the size its header promises, and ``complete`` true unless ``allow_partial``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from valueprobe.activations.capture import Rows, run_until
+from valueprobe.activations.encode import encode
+from valueprobe.activations.manifest import FORMAT_VERSION, DatasetInfo, Shard, StoreManifest
+from valueprobe.datasets.io import Example, regroup
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import (
+    atomic_write,
+    atomic_write_text,
+    check_output_dir,
+    mmap_safetensors,
+    read_safetensors_header,
+)
+from valueprobe.model.load import LoadedModel
+from valueprobe.version import __version__
+from valueprobe.vocab import (
+    Backend,
+    ChatTemplate,
+    Dtype,
+    LayerKey,
+    LayerSpec,
+    PaddingSide,
+    Positions,
+    Site,
+    choice,
+    parse_layers,
+)
+
+__all__ = ["ActivationStore", "capture_to_store", "check_store_out", "FORMAT_VERSION"]
+
+MANIFEST = "manifest.json"
+
+
+def _key_name(key: LayerKey, site: str) -> str:
+    return "embed" if key == "embed" else f"{site}.{key}"
+
+
+class ActivationStore:
+    """A captured activation store on disk (read side): its folder and its :class:`StoreManifest`."""
+
+    def __init__(self, path: Path, manifest: StoreManifest) -> None:
+        self.path = path
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, path: str | Path, *, allow_partial: bool = False) -> ActivationStore:
+        """Open and verify a store: listed shards present, sizes matching their headers, complete.
+
+        Args:
+            path: the store folder.
+            allow_partial: accept a capture that did not finish (read the rows it has).
+
+        Raises:
+            ValueprobeError: not a store, a missing or truncated shard, or (without
+                ``allow_partial``) an unfinished capture; each says how to fix it.
+        """
+        store = cls._read(Path(path))
+        problem = store._first_bad_shard()
+        if problem is not None:
+            raise ValueprobeError(
+                f"store {store.path}: {problem}; rerun the same `valueprobe capture --out {store.path}` to recapture it"
+            )
+        m = store.manifest
+        if not m.complete and not allow_partial:
+            raise ValueprobeError(
+                f"store {store.path} is partial: its capture stopped after {m.n_examples_done} of"
+                f" {m.dataset.n_examples} examples; rerun the same `valueprobe capture`"
+                " to finish it, or pass --allow-partial to use the rows it has"
+            )
+        if not m.complete:
+            logging.getLogger("valueprobe").warning(
+                f"{store.path} is a partial store: using its {m.n_rows} rows ({m.n_examples_done} of"
+                f" {m.dataset.n_examples} examples)"
+            )
+        return store
+
+    def _first_bad_shard(self) -> str | None:
+        m = self.manifest
+        names = {_key_name(k, m.site) for k in m.keys} | {"row.label", "row.token_index", "row.n_tokens"}
+        for shard in m.shards:
+            try:
+                _, header = read_safetensors_header(self.path / shard.file)
+            except ValueprobeError as exc:
+                return f"shard {exc}"
+            if missing := names - header.keys():
+                return f"shard {shard.file} lacks {', '.join(sorted(missing))}"
+            if header["row.label"]["shape"] != [shard.rows]:
+                return f"shard {shard.file} holds {header['row.label']['shape']} rows, the manifest says {shard.rows}"
+        return None
+
+    @classmethod
+    def _read(cls, path: Path) -> ActivationStore:
+        """The manifest, unverified (resuming a capture repairs what :meth:`open` would refuse)."""
+        mpath = path / MANIFEST
+        if not mpath.exists():
+            raise ValueprobeError(
+                f"{path} is not an activation store (no {MANIFEST}): run `valueprobe capture --out {path}`"
+            )
+        try:
+            raw = json.loads(mpath.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueprobeError(f"{mpath}:{exc.lineno}: manifest is not valid JSON ({exc.msg})") from None
+        return cls(path, StoreManifest.from_dict(raw, where=mpath))
+
+    def _check_key(self, layer: LayerKey) -> None:
+        if layer not in self.manifest.keys:
+            have = ", ".join(str(k) for k in self.manifest.keys)
+            raise ValueprobeError(
+                f"store {self.path} has no layer {layer!r} (it holds {have}): capture that layer with --layers"
+            )
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (
+            f"ActivationStore({str(self.path)!r}, model={m.model_id!r}, layers={len(m.layers)}, "
+            f"site={m.site}, positions={m.positions}, rows={m.n_rows})"
+        )
+
+    def iter_shards(
+        self, layers: Sequence[LayerKey] | None = None
+    ) -> Iterator[tuple[dict[LayerKey, np.ndarray], Rows]]:
+        """Yield ``({layer: memmap [rows, d_model]}, rows)`` per complete shard, in order."""
+        keys = list(layers) if layers is not None else self.manifest.keys
+        for k in keys:
+            self._check_key(k)
+        for shard in self.manifest.shards:
+            arrays, meta = mmap_safetensors(self.path / shard.file)
+            strings = json.loads(meta["rows"])
+            rows = Rows(
+                example_id=strings["example_id"],
+                label=np.asarray(arrays["row.label"], np.float64),
+                group=strings["group"],
+                span=strings["span"],
+                token_index=np.asarray(arrays["row.token_index"], np.int64),
+                n_tokens=np.asarray(arrays["row.n_tokens"], np.int64),
+            )
+            yield {k: arrays[_key_name(k, self.manifest.site)] for k in keys}, rows
+
+    def rows(self) -> Rows:
+        return Rows.concat([rows for _, rows in self.iter_shards(layers=[])])
+
+    def acts(self, layer: LayerKey) -> np.ndarray:
+        """All rows of one layer as float32 ``[n_rows, d_model]`` (materialized in RAM)."""
+        self._check_key(layer)
+        out = np.empty((self.manifest.n_rows, self.manifest.d_model), np.float32)
+        i = 0
+        for arrays, rows in self.iter_shards(layers=[layer]):
+            out[i : i + len(rows)] = arrays[layer]
+            i += len(rows)
+        return out
+
+
+def _shard_tensors(
+    acts: dict[LayerKey, torch.Tensor], rows: Rows, *, site: str, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    tensors = {_key_name(k, site): v.to(dtype).contiguous() for k, v in acts.items()}
+    tensors["row.label"] = torch.from_numpy(rows.label.astype(np.float64))
+    tensors["row.token_index"] = torch.from_numpy(rows.token_index.astype(np.int64))
+    tensors["row.n_tokens"] = torch.from_numpy(rows.n_tokens.astype(np.int64))
+    strings = {"example_id": rows.example_id, "group": rows.group, "span": rows.span}
+    return tensors, {"rows": json.dumps(strings, ensure_ascii=False)}
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    need = sum(t.numel() * t.element_size() for t in tensors.values()) + len(meta["rows"]) + (1 << 16)
+    free = shutil.disk_usage(path.parent).free
+    if free < need:
+        raise ValueprobeError(
+            f"no space left for {path.name} ({need / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free in {path.parent}): "
+            "free space and rerun the same command to resume"
+        )
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+
+def capture_to_store(
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    out_dir: str | Path,
+    *,
+    layers: LayerSpec = "all",
+    site: Site = Site.resid_post,
+    positions: Positions = Positions.last,
+    batch_size: int = 8,
+    examples_per_shard: int = 256,
+    dtype: Dtype = Dtype.float16,
+    include_embed: bool = True,
+    padding_side: PaddingSide = PaddingSide.right,
+    max_length: int | None = None,
+    span_labels: Sequence[str] | None = None,
+    group_by: str | None = None,
+    dataset_path: str | None = None,
+    dataset_sha256: str | None = None,
+    backend: Backend = Backend.hooks,
+    remote: bool = False,
+    chat_template: ChatTemplate = ChatTemplate.model,
+    checkpoint_seconds: float = 60.0,
+    progress: bool = True,
+) -> ActivationStore:
+    """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
+
+    Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
+    of the dataset. A shard is also closed after ``checkpoint_seconds`` of work (at a batch
+    boundary), so an interruption loses at most about that much. Rerunning the same call after an
+    interruption skips the complete shards and gives the same store as an uninterrupted run. A
+    capture that fails before its first shard leaves no store behind.
+
+    Raises:
+        ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
+            settings, or no disk space.
+    """
+    if not examples:
+        raise ValueprobeError("no examples to capture: the dataset is empty")
+    dtype = choice(Dtype, dtype, what="dtype")
+    site = choice(Site, site, what="site")
+    positions = choice(Positions, positions, what="positions")
+    chat_template = choice(ChatTemplate, chat_template, what="chat template")
+    if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
+        raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
+    layer_list = parse_layers(layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
+    examples = regroup(examples, group_by)
+    # Validate every example's token selection before writing anything. The token ids are not
+    # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
+    encode(
+        lm,
+        examples,
+        positions=positions,
+        max_length=max_length,
+        span_labels=span_labels,
+        chat_template=chat_template,
+    )
+    out = Path(out_dir)
+    wanted = StoreManifest(
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        layers=tuple(layer_list),
+        include_embed=include_embed,
+        site=site,
+        positions=positions,
+        span_labels=tuple(sorted(span_labels)) if span_labels else None,
+        group_by=group_by,
+        dtype=dtype,
+        examples_per_shard=examples_per_shard,
+        chat_template=chat_template,
+        d_model=lm.d_model,
+        n_layers=lm.n_layers,
+        dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
+        valueprobe_version=__version__,
+    )
+    created = not out.exists()
+    manifest = _open_or_start(out, wanted)
+    torch_dtype = torch.float16 if dtype == Dtype.float16 else torch.float32
+    n = len(examples)
+    start = manifest.n_examples_done  # shards are contiguous from 0
+    try:
+        with tqdm(
+            total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
+        ) as bar:
+            while start < n:
+                chunk = encode(
+                    lm,
+                    examples[start : start + examples_per_shard],
+                    positions=positions,
+                    max_length=max_length,
+                    span_labels=span_labels,
+                    chat_template=chat_template,
+                    warn=False,
+                )
+                deadline = time.monotonic() + checkpoint_seconds
+                got, done = run_until(
+                    lm,
+                    chunk,
+                    deadline=deadline,
+                    on_batch=bar.update,
+                    layers=layer_list,
+                    site=site,
+                    include_embed=include_embed,
+                    batch_size=batch_size,
+                    padding_side=padding_side,
+                    backend=backend,
+                    remote=remote,
+                )
+                tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
+                name = f"shard-{len(manifest.shards):05d}.safetensors"
+                _write_shard(out / name, tensors, meta)
+                manifest = manifest.with_shard(Shard(name, (start, start + done), len(got.rows)))
+                start += done
+                atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+    except BaseException:
+        if created and not manifest.shards:  # nothing was captured: leave no empty store behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    return ActivationStore.open(out)
+
+
+def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:
+    """The manifest of the store at ``out`` if it was captured the way ``wanted`` says, else a new
+    one (written with the first shard: a capture that fails before it leaves no store)."""
+    if (out / MANIFEST).exists():
+        store = ActivationStore._read(out)
+        manifest = store.manifest
+        differ = manifest.settings_differ(wanted)
+        if differ is not None:
+            key, have, want = differ
+            raise ValueprobeError(
+                f"store {out} was captured with {key}={have!r}, not {want!r}: "
+                "resume with the same settings, or capture into a new --out"
+            )
+        old, new = manifest.dataset, wanted.dataset
+        if (old.sha256, old.n_examples) != (new.sha256, new.n_examples):
+            raise ValueprobeError(
+                f"store {out} was captured from another dataset ({old.path}, sha256 "
+                f"{str(old.sha256)[:12]}, {old.n_examples} examples): use a new --out"
+            )
+        for stray in out.glob("*.tmp"):  # a shard or manifest killed mid-write
+            stray.unlink()
+        if store._first_bad_shard() is not None:  # keep the good prefix; recapture from the first bad shard
+            good: list[Shard] = []
+            for shard in manifest.shards:
+                store.manifest = replace(manifest, shards=(*good, shard))
+                if store._first_bad_shard() is not None:
+                    break
+                good.append(shard)
+            manifest = replace(manifest, shards=tuple(good), complete=False)
+        return manifest
+    check_store_out(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueprobeError(f"cannot create store folder {out}: {exc.strerror}") from None
+    return wanted
+
+
+def check_store_out(out: str | Path) -> Path:
+    """Fail before any work unless ``out`` can hold a store: new, empty, or a store to resume.
+
+    >>> check_store_out("runs/icrl")   # valueprobe capture calls this before loading the model
+    PosixPath('runs/icrl')
+    """
+    out = check_output_dir(out, holds="store")
+    if (out / MANIFEST).exists():
+        ActivationStore._read(out)  # a manifest of another format fails here, not after the model loads
+    elif out.exists() and any(out.iterdir()):
+        raise ValueprobeError(f"{out} exists and is not an activation store: choose an empty or new --out")
+    return out

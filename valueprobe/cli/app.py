@@ -1,0 +1,78 @@
+"""The typer app, its command groups and the helpers every command module shares.
+
+Command modules (``cli_capture_fit``, ``cli_steer``, ``cli_trace``, ``cli_tune``) import this module and
+register their commands on its app; ``valueprobe.cli.main`` imports them all and runs the app. Imports point
+one way: nothing here imports a command module.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import plotly.graph_objects as go
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.vocab import ChatTemplate
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find, read and steer the value axis of language models.",
+)
+datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datasets.")
+app.add_typer(datasets_app, name="datasets")
+replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
+app.add_typer(replicate_app, name="replicate")
+# Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
+TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
+DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(help="read a probe of another architecture (d_model still checked); other weights warn"),
+]
+ChatTemplateOpt = Annotated[
+    ChatTemplate,
+    typer.Option(
+        help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
+]
+AllowPartialOpt = Annotated[
+    bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
+]
+
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
+]
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print one summary table."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r])
+    console.print(t)
+
+
+def write_json(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def write_html(fig: go.Figure, path: Path) -> None:
+    """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))

@@ -1,0 +1,342 @@
+"""CLI commands that capture activations, fit and score a probe, and rebuild the paper's axis.
+
+valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl
+valueprobe fit --store runs/icrl --method span_diff --out probes/smollm2-135m-value
+valueprobe score --probe probes/smollm2-135m-value --model smollm2-135m --data data/code.jsonl --out runs/score
+valueprobe replicate axis --out probes/smollm2-135m-value
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
+from valueprobe.cli.app import (
+    AllowPartialOpt,
+    ChatTemplateOpt,
+    DeviceOpt,
+    ForceOpt,
+    LayersPathOpt,
+    ModelOpt,
+    TrustOpt,
+    app,
+    console,
+    replicate_app,
+    table,
+    write_html,
+)
+from valueprobe.cli.boundary import check_at_least
+from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import check_output_dir
+from valueprobe.model.load import check_device, load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fit import fit_probe
+from valueprobe.probe.fitters import Method
+from valueprobe.read.readout import score_dataset
+from valueprobe.replicate.axis import replicate_axis as run_replicate
+from valueprobe.report.plots import sweep_figure, transfer_heatmap
+from valueprobe.vocab import (
+    ALL_LAYERS,
+    Backend,
+    ChatTemplate,
+    Dtype,
+    LayerSelection,
+    PaddingSide,
+    Positions,
+    Site,
+    Target,
+    Tokens,
+    layer_ranges,
+)
+
+
+@app.command()
+def capture(
+    data: Annotated[
+        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
+    ],
+    out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
+    model: ModelOpt = "smollm2-135m",
+    layers: Annotated[
+        LayerSelection,
+        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
+    ] = ALL_LAYERS,
+    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
+    site: Annotated[
+        Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
+    ] = Site.resid_post,
+    batch_size: int = 8,
+    examples_per_shard: int = 256,
+    checkpoint_seconds: Annotated[
+        float,
+        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
+    ] = 60.0,
+    dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
+    padding_side: Annotated[
+        PaddingSide, typer.Option(help="side of the batch that is padded")
+    ] = PaddingSide.right,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
+    span_labels: Annotated[
+        str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
+    ] = None,
+    backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
+    remote: Annotated[
+        bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
+    ] = False,
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Capture residual-stream activations of a dataset into a sharded store."""
+
+    check_store_out(out)
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--examples-per-shard", examples_per_shard, 1)
+    check_at_least("--max-length", max_length, 1)
+    check_at_least("--checkpoint-seconds", checkpoint_seconds, 1)
+    check_device(device)
+    if remote and backend != "nnsight":
+        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
+    examples = read_jsonl(data)
+    regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
+    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    store = capture_to_store(
+        lm,
+        examples,
+        out,
+        layers=layers,
+        site=site,
+        positions=positions,
+        batch_size=batch_size,
+        examples_per_shard=examples_per_shard,
+        dtype=dtype,
+        padding_side=padding_side,
+        max_length=max_length,
+        dataset_path=str(data),
+        dataset_sha256=sha256_file(data),
+        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
+        group_by=group_by,
+        backend=backend,
+        remote=remote,
+        checkpoint_seconds=checkpoint_seconds,
+        chat_template=chat_template,
+    )
+    rows, m = store.rows(), store.manifest
+    table(
+        f"capture -> {out}",
+        ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
+        [
+            [
+                m.model_id,
+                m.fingerprint,
+                layer_ranges(m.layers),
+                m.site,
+                m.positions,
+                len(set(rows.example_id)),
+                m.n_rows,
+                len(m.shards),
+                m.dtype,
+            ]
+        ],
+    )
+
+
+@app.command()
+def fit(
+    store: Annotated[
+        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
+    ],
+    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+    layers: Annotated[
+        LayerSelection | None,
+        typer.Option(
+            parser=LayerSelection.parse, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
+        ),
+    ] = None,
+    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
+    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
+    seed: int = 0,
+    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
+    target: Annotated[
+        Target, typer.Option(help="auto: pre/post spans if present, else labels")
+    ] = Target.auto,
+    share_groups: Annotated[
+        bool,
+        typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
+    ] = False,
+    allow_partial: AllowPartialOpt = False,
+) -> None:
+    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
+
+    check_output_dir(out, holds="probe")
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
+    report = fit_probe(
+        stores,
+        method=method,
+        layers=layers,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        transfer=transfer,
+        target=target,
+        share_groups=share_groups,
+    )
+    report.axis.save(out)
+    headers, rows = report.sweep.table()
+    table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
+    write_html(sweep_figure(report.sweep), out / "sweep.html")
+    if report.transfer is not None:
+        headers, rows = report.transfer.table()
+        table(f"transfer matrix at layer {report.transfer.layer}", headers, rows)
+        write_html(transfer_heatmap(report.transfer), out / "transfer.html")
+    console.print(report.summary())
+    console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
+
+
+@app.command()
+def score(
+    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    data: Annotated[Path, typer.Option(help="dataset JSONL")],
+    out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
+    model: ModelOpt = "smollm2-135m",
+    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
+    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all,
+    batch_size: int = 8,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    null: Annotated[int, typer.Option(help="random unit directions at the same layer and tokens (≥ 32)")] = 0,
+    force: ForceOpt = False,
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None,
+    chat_template: ChatTemplateOpt = ChatTemplate.model,
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+
+    check_output_dir(out, holds="scores")
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--null", null, 0)
+    check_at_least("--max-length", max_length, 1)
+    check_device(device)
+    examples = read_jsonl(data)
+    axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
+    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    res = score_dataset(
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        bootstrap=bootstrap,
+        seed=seed,
+        null=null,
+        force=force,
+        max_length=max_length,
+        chat_template=chat_template,
+    )
+    files = res.write(out)
+    headers, rows = res.table()
+    table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
+    console.print("wrote " + ", ".join(str(p) for p in files.values()))
+
+
+@replicate_app.command("axis")
+def replicate_axis(
+    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("probes/smollm2-135m-value"),
+    model: ModelOpt = "smollm2-135m",
+    data: Annotated[Path, typer.Option(help="folder with the committed datasets")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the activation stores go (resumable)")] = Path(
+        "runs/axis-smollm2-135m"
+    ),
+    splits: int = 5,
+    train_groups: Annotated[int, typer.Option(help="training rules per split (paper: 35)")] = 35,
+    seed: int = 0,
+    batch_size: int = 8,
+    history_out: Annotated[
+        Path | None, typer.Option(help="also fit the matched-control (reward history) axis and save it here")
+    ] = None,
+    layers_path: LayersPathOpt = None,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+) -> None:
+    """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+
+    check_output_dir(out, holds="probe")
+    check_output_dir(runs, holds="runs", option="--runs")
+    if history_out is not None:
+        check_output_dir(history_out, holds="probe", option="--history-out")
+    check_at_least("--splits", splits, 1)
+    check_at_least("--train-groups", train_groups, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
+    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    report = run_replicate(
+        lm,
+        data_dir=data,
+        runs_dir=runs,
+        out=out,
+        n_splits=splits,
+        train_groups=train_groups,
+        seed=seed,
+        batch_size=batch_size,
+        history_out=history_out,
+    )
+    headers, rows = report.sweep.table()
+    table("ICRL layer sweep (span_diff, held-out rules)", headers, rows)
+    assert report.transfer is not None
+    headers, rows = report.transfer.table()
+    table(f"transfer matrix at layer {report.transfer.layer} (diff_means)", headers, rows)
+    control = report.axis.metrics["icrl_matched_control"]
+    table(
+        f"ICRL matched control at layer {control['layer']}",
+        ["contrast", "AUROC", "95% CI", "Cohen's d"],
+        [
+            [k, v["auroc"], f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]", v["cohens_d"]]
+            for k, v in control.items()
+            if isinstance(v, dict)
+        ],
+    )
+    lens = report.axis.metrics["logit_lens"]
+    console.print("logit lens, promoted:   " + " ".join(repr(t) for t, _ in lens["promoted"][:12]))
+    console.print("logit lens, suppressed: " + " ".join(repr(t) for t, _ in lens["suppressed"][:12]))
+    write_html(sweep_figure(report.sweep), runs / "sweep.html")
+    write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
+    console.print(report.summary())
+    if history_out is not None:
+        history = ValueAxis.load(history_out)
+        sweep = history.metrics["sweep"]
+        table(
+            f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
+            f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
+            ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
+            [
+                [
+                    k,
+                    v["auroc"],
+                    f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]",
+                    v["cohens_d"],
+                    v.get("embed_auroc"),
+                ]
+                for k, v in history.metrics["evaluated_on"].items()
+            ],
+        )
+    console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")

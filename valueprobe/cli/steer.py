@@ -1,0 +1,184 @@
+"""The steering sweep commands of the ``valueprobe`` CLI (registered on the app of `valueprobe.cli.app`).
+
+    valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
+        --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --controls 8 --out runs/steer-code
+    valueprobe replicate steer --out probes/steering-smollm2-135m
+
+Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
+before loading the model, and both resume: rerun the same command after an interruption.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.cli.app import ModelOpt, app, console, replicate_app, table, write_html
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+from valueprobe.steering.behaviour import METRICS
+from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, parse_alphas, run_sweep
+from valueprobe.vocab import Unit
+
+__all__ = ["replicate_steer_command", "steer_command"]
+
+
+def _read_prompts(path: Path, limit: int | None):
+    if not path.is_file():
+        raise ValueprobeError(
+            f"--prompts {path} does not exist: give a dataset JSONL (e.g. data/steer_code.jsonl)"
+        )
+    examples = read_jsonl(path)
+    if not examples:
+        raise ValueprobeError(f"--prompts {path} is empty: give a file with at least one prompt")
+    if limit is not None and limit < 1:
+        raise ValueprobeError(f"--limit {limit} must be at least 1")
+    return examples[:limit] if limit else examples
+
+
+@app.command("steer")
+def steer_command(
+    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_code.jsonl")],
+    out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
+    model: ModelOpt = "smollm2-135m",
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-2,-1,0,1,2",
+    unit: Annotated[Unit, typer.Option(help="sigma | norm (% of mean residual norm) | raw")] = Unit.sigma,
+    samples: Annotated[int, typer.Option(help="samples per (prompt, α, direction)")] = 1,
+    max_new_tokens: int = 48,
+    controls: Annotated[int, typer.Option(help="random unit directions steered as the null")] = 8,
+    other_probe: Annotated[Path | None, typer.Option(help="another axis, steered as a control")] = None,
+    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
+    metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+    chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8,
+    batch_size: int = 32,
+    bootstrap: int = 1000,
+    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+) -> None:
+    """Steer generations along an axis at several strengths, with random-direction controls."""
+    values = parse_alphas(alphas)
+    axis = ValueAxis.load(probe)
+    other = ValueAxis.load(other_probe) if other_probe is not None else None
+    examples = _read_prompts(prompts, limit)
+    chosen = (
+        tuple(m.strip() for m in metrics.split(",") if m.strip())
+        if metrics
+        else metrics_for(prompts, examples)
+    )
+    unknown = [m for m in chosen if m not in METRICS and m != "p_yes"]
+    if unknown:
+        raise ValueprobeError(
+            f"--metrics: unknown {unknown[0]!r}; choose from {', '.join([*METRICS, 'p_yes'])}"
+        )
+    settings = SweepSettings(
+        probe=str(probe),
+        probe_fingerprint=axis.fingerprint,
+        model=model,
+        prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts),
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        controls=controls,
+        seed=seed,
+        greedy=greedy,
+        temperature=temperature,
+        other_probe=None if other_probe is None else str(other_probe),
+        layer=layer,
+        chunk_prompts=chunk_prompts,
+        metrics=chosen,
+        limit=limit,
+    )
+    check_settings(settings, axis, out, examples)
+    lm = load(model, device=device)
+    result = run_sweep(
+        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap
+    )
+    write_html(result.figure(), out / "dose.html")
+    headers, rows = result.table()
+    table(
+        f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {controls} random directions)",
+        headers,
+        rows,
+    )
+    console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+@replicate_app.command("steer")
+def replicate_steer_command(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/steering-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probe: Annotated[Path, typer.Option(help="the axis steered")] = Path("probes/smollm2-135m-value"),
+    other_probe: Annotated[Path, typer.Option(help="the other shipped axis (a control)")] = Path(
+        "probes/smollm2-135m-reward-history"
+    ),
+    data: Annotated[Path, typer.Option(help="folder with data/steer_*.jsonl")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
+        "runs/steer-smollm2-135m"
+    ),
+    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12,
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30",
+    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm,
+    samples: int = 1,
+    controls: int = 8,
+    tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0,
+    seed: int = 0,
+    batch_size: int = 32,
+    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+) -> None:
+    """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
+    values = parse_alphas(alphas)
+    axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
+    for bench in BENCHMARKS:  # every check before the model loads
+        path = data / bench.file
+        examples = _read_prompts(path, prompts)
+        settings = bench.settings(
+            probe,
+            other_probe,
+            axis,
+            model,
+            path,
+            values,
+            unit.value,
+            samples,
+            controls,
+            seed,
+            prompts,
+            tokens,
+        )
+        check_settings(settings, axis, runs / bench.name, examples)
+    lm = load(model, device=device)
+    report = replicate_steer(
+        lm,
+        axis=axis,
+        other=other,
+        probe=probe,
+        other_probe=other_probe,
+        data_dir=data,
+        runs_dir=runs,
+        out=out,
+        prompts=prompts,
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        controls=controls,
+        seed=seed,
+        tokens=tokens,
+        batch_size=batch_size,
+    )
+    write_html(report.combined().figure(), out / "dose.html")
+    headers, rows = report.table()
+    table(
+        f"replicate steer: {probe.name} vs {other_probe.name} and {controls} random directions", headers, rows
+    )
+    console.print(f"wrote {out}/results.json, summary.md, dose.html (sweeps in {runs}/)")

@@ -1,0 +1,196 @@
+"""The tuning commands: ``valueprobe tune dpo|sft`` and ``valueprobe replicate dpo-words|safety``.
+
+    valueprobe tune dpo --data data/preference_words.jsonl --group preference_words/dolphin --out runs/tune/dolphin
+    valueprobe replicate dpo-words --k 6 --avoid 2 --out probes/dpo-words-smollm2-135m
+    valueprobe replicate safety --out probes/safety-smollm2-135m
+
+Registers itself on the app of :mod:`valueprobe.cli.app`; :mod:`valueprobe.cli.main` imports it.
+Options are checked before any model loads; the work is one library call each.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.cli.app import ModelOpt, app, console, replicate_app, table
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
+from valueprobe.replicate.dpo_words import write_report as write_words
+from valueprobe.replicate.safety import replicate_safety as run_safety
+from valueprobe.replicate.safety import write_report as write_safety
+from valueprobe.tune.pairs import data_record, read_pairs
+from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
+
+__all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
+
+
+def _print(title: str, headers: list[str], rows: list[list[object]]) -> None:
+    table(title, headers, rows)
+    console.print()
+
+
+def _say(text: str) -> None:
+    console.print(text)
+
+
+TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
+
+
+@app.command("tune")
+def tune(
+    method: Annotated[
+        TuneMethod,
+        typer.Argument(help="dpo: TRL's DPOTrainer (sigmoid loss) | sft: SFTTrainer on prompt + chosen"),
+    ],
+    data: Annotated[
+        Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
+    ],
+    out: Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")],
+    model: ModelOpt = "smollm2-135m",
+    lora: Annotated[
+        bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+    ] = True,
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss); SFT ignores it")] = 0.1,
+    epochs: float = 1.0,
+    seed: int = 0,
+    lr: float = 3e-4,
+    batch_size: int = 8,
+    group: Annotated[
+        str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")
+    ] = None,
+    max_steps: TuneSteps = -1,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
+) -> None:
+    """Fine-tune with TRL and a LoRA adapter: tune dpo, or tune sft (loss on the completion only).
+    Rerun the same command to resume an interrupted run."""
+    check_out(out, overwrite=overwrite)
+    groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
+    pairs = read_pairs(data, groups=groups, split=split)
+    settings = TuneSettings(
+        method=method,
+        lora=lora,
+        beta=beta,
+        epochs=epochs,
+        seed=seed,
+        learning_rate=lr,
+        batch_size=batch_size,
+        max_steps=max_steps,
+    )
+    res = train(
+        model,
+        pairs,
+        out,
+        settings=settings,
+        overwrite=overwrite,
+        data=data_record(data, groups=groups, split=split),
+    )
+    headers, rows = res.table()
+    _print(f"tune {method} -> {out}", headers, rows)
+    _say(f"wrote {out}/ (load it with valueprobe.load({str(out)!r}))")
+
+
+ShippedAxes = Annotated[
+    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
+]
+SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
+
+
+def _axes(spec: str) -> dict[str, ValueAxis]:
+    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
+    return {p.name: ValueAxis.load(p) for p in paths}
+
+
+def _tune_settings(*, epochs: float, lr: float, max_steps: int) -> TuneSettings:
+    if epochs <= 0 or lr <= 0:
+        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
+    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
+
+
+@replicate_app.command("dpo-words")
+def replicate_dpo_words(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
+        "runs/dpo-words-smollm2-135m"
+    ),
+    k: Annotated[int, typer.Option(help="prefer-word models")] = 6,
+    avoid: Annotated[int, typer.Option(help="avoid-word models")] = 2,
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
+    if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
+        raise ValueprobeError(
+            f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
+        )
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = load(model)
+    report = run_dpo_words(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        k=k,
+        avoid=avoid,
+        n_random=n_random,
+        settings=settings,
+        seed=seed,
+        progress=_say,
+    )
+    headers, rows = report.table()
+    _print(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
+    _say("wrote " + ", ".join(str(p) for p in write_words(report, out)))
+
+
+@replicate_app.command("safety")
+def replicate_safety(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    probes: ShippedAxes = SHIPPED,
+    data: Annotated[
+        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
+    ] = Path("data"),
+    runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
+        "runs/safety-smollm2-135m"
+    ),
+    n_random: Annotated[int, typer.Option(help="random directions in the null")] = 32,
+    per_group: Annotated[int | None, typer.Option(help="read at most this many prompts per group")] = None,
+    epochs: float = 1.0,
+    lr: float = 3e-4,
+    max_steps: TuneSteps = -1,
+    seed: int = 0,
+) -> None:
+    """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
+    if n_random < 1 or (per_group is not None and per_group < 2):
+        raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
+    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
+    axes = _axes(probes)
+    lm = load(model)
+    report = run_safety(
+        lm,
+        axes=axes,
+        data_dir=data,
+        runs_dir=runs,
+        settings=settings,
+        n_random=n_random,
+        per_group=per_group,
+        seed=seed,
+        progress=_say,
+    )
+    headers, rows = report.table()
+    _print("safety DPO: refusal and shift", headers, rows)
+    _say("wrote " + ", ".join(str(p) for p in write_safety(report, out)))

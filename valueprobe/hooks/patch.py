@@ -1,0 +1,342 @@
+"""The public hook layer: `record` what the residual stream carries, `intervene` to change it.
+
+Both return a handle that is also a context manager (like steering-vectors' patch handle):
+hooks come off in ``finally`` on leaving the ``with`` block, or on ``.remove()``, so the model
+is bit-identical afterwards, even when the forward raised.
+
+    >>> from valueprobe.hooks.route import Point, intervene, record
+    >>> v = torch.randn(lm.d_model)
+    >>> with intervene(lm, Point(12, "resid_post"), lambda h, step: h + 4.0 * v), record(lm, [Point(20)]) as rec:
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=8)
+    >>> rec.trace(Point(20)).shape          # [batch, prompt + 8 - 1, d_model]: every column once
+
+``fn(h, step)`` and the recorder run at every forward of the model, each step of ``generate``
+included. With the KV cache on (generate's default) a forward carries only the new columns:
+``step.offset`` says how many columns the cache already holds, ``step.pad`` which of the new
+cells are padding, so a column is seen exactly once over a whole generation. Without a cache
+every forward re-runs every column, and ``fn`` sees them all again, as the model does.
+
+Works on any module tree ``valueprobe.model.load`` can load (Llama, Qwen, GPT-2, Gemma, NeoX...):
+the step is read by a pre-hook on the module that owns the decoder blocks, which receives the
+2-D ``attention_mask`` and the cache whichever causal-LM head called it.
+
+`HooksRoute`, the reference route of `valueprobe.hooks.route` (``backend="hooks"``), is this layer
+behind the `Route` protocol; the nnsight and TransformerLens routes are tested against it, and it
+against ``output_hidden_states``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.forward import Forward, Read, Reduce, as_output
+from valueprobe.vocab import Site, layer_out_of_range
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+
+__all__ = ["Handle", "HooksRoute", "Intervention", "Point", "Recording", "Step", "intervene", "record"]
+
+
+class Point(NamedTuple):
+    """A place in the residual stream: decoder block ``layer`` (negative counts from the end), at ``site``."""
+
+    layer: int
+    site: Site = Site.resid_post
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one forward pass carries, as seen by a hook.
+
+    Attributes:
+        index: forwards seen by this handle before this one (0: the first; under ``generate``,
+            the prompt pass).
+        offset: columns already in the KV cache; the hidden state's column ``j`` is column
+            ``offset + j`` of the full (left-padded) sequence.
+        pad: ``[batch, new]``, True where a new cell is padding (never steer or read those).
+    """
+
+    index: int
+    offset: int
+    pad: Bool[Tensor, "batch new"]
+
+    @property
+    def n_new(self) -> int:
+        return int(self.pad.shape[1])
+
+    def columns(self) -> torch.Tensor:
+        """Full-sequence column of each new cell, ``[new]``."""
+        return torch.arange(self.offset, self.offset + self.n_new, device=self.pad.device)
+
+
+class StopForward(Exception):
+    """Raised by a recorder with ``stop=True`` after its last point: blocks past it never run."""
+
+
+def _first(value: Any) -> Tensor:
+    # Decoder blocks return a tensor in transformers 5 but a tuple (hidden, ...) in some
+    # architectures and older releases; the residual stream is always the first element.
+    return value[0] if isinstance(value, tuple) else value
+
+
+def _owner(lm: LoadedModel) -> torch.nn.Module:
+    """The module whose forward runs the decoder blocks (``model`` in ``model.layers``)."""
+    parent = lm.layers_path.rpartition(".")[0]
+    return lm.model.get_submodule(parent) if parent else lm.model
+
+
+def _cache_length(kwargs: dict) -> int | None:
+    for key in ("past_key_values", "cache", "past_key_value"):
+        cache = kwargs.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+    return None
+
+
+class _StepReader:
+    """Pre-hook on the blocks' owner: turns each forward's inputs into a `Step`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.current: Step | None = None
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("input_ids")
+        if ids is None:
+            ids = kwargs["inputs_embeds"]
+        batch, new = int(ids.shape[0]), int(ids.shape[1])
+        mask = kwargs.get("attention_mask")
+        cached = _cache_length(kwargs)
+        if isinstance(mask, Tensor) and mask.ndim == 2:
+            offset = int(mask.shape[1]) - new if cached is None else cached
+            pad = mask[:, offset : offset + new] == 0
+        else:
+            offset = cached or 0
+            pad = torch.zeros(batch, new, dtype=torch.bool, device=ids.device)
+        self.current = Step(index=self.count, offset=offset, pad=pad)
+        self.count += 1
+
+    def step(self) -> Step:
+        if self.current is None:  # the blocks' owner was bypassed: nothing to say about padding
+            raise ValueprobeError("a decoder block ran outside its model's forward: call lm.model(...)")
+        return self.current
+
+
+class Handle:
+    """Hooks on a model, removed by ``.remove()`` or on leaving ``with`` (exception or not)."""
+
+    def __init__(self) -> None:
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def _add(self, handle: torch.utils.hooks.RemovableHandle) -> None:
+        self._handles.append(handle)
+
+    def remove(self) -> None:
+        """Take every hook off; safe to call twice."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _resolve(lm: LoadedModel, point: Point) -> Read:
+    """(block, hook its input?) for a point; checks layer and site."""
+    if point.site not in (Site.resid_pre, Site.resid_post):
+        raise ValueprobeError(f"unknown site {point.site!r}: use resid_pre or resid_post")
+    n = lm.n_layers
+    if not -n <= int(point.layer) < n:  # negative counts from the end, as Python indexes the blocks
+        raise layer_out_of_range(int(point.layer), n)
+    return int(point.layer) % n, point.site == Site.resid_pre
+
+
+def _attach(
+    handle: Handle,
+    module: torch.nn.Module,
+    on_input: bool,
+    body: Callable[[Tensor], Tensor | None],
+    *,
+    first: bool = False,
+) -> None:
+    """Hook ``body(h)`` on a block's input or output; a tensor it returns replaces h.
+
+    ``first`` puts the hook ahead of those already there: an intervention is part of the block's
+    output, so recorders and transformers' own output capture (``output_hidden_states`` runs on
+    hooks of its own in transformers 5) must see the changed residual.
+    """
+    if on_input:
+
+        def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            h = args[0] if args else kwargs["hidden_states"]
+            new = body(h)
+            if new is None:
+                return None
+            if args:
+                return (new, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": new}
+
+        handle._add(module.register_forward_pre_hook(pre, with_kwargs=True, prepend=first))
+    else:
+
+        def post(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+            new = body(_first(output))
+            if new is None:
+                return None
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+
+        handle._add(module.register_forward_hook(post, prepend=first))
+
+
+class Intervention(Handle):
+    """The handle `intervene` returns."""
+
+
+def intervene(
+    lm: LoadedModel, point: Point, fn: Callable[[Float[Tensor, "batch new d_model"], Step], Tensor | None]
+) -> Intervention:
+    """Replace the residual at ``point`` by ``fn(h, step)`` at every forward, until removed.
+
+    Args:
+        lm: the loaded model.
+        point: where (``Point(layer, site)``).
+        fn: gets the hidden state of the new columns and their `Step`; returns the new hidden
+            state (same shape) or None to leave it. It must not write into ``h`` in place.
+
+    >>> with intervene(lm, Point(-3), lambda h, step: h + alpha * v):
+    ...     steered = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
+
+    Interventions run before any other hook on the block (so every recorder sees their result);
+    two on one point run newest first.
+    """
+    block, on_input = _resolve(lm, point)
+    reader = _StepReader()
+    handle = Intervention()
+    handle._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
+    try:
+        _attach(handle, lm.layers[block], on_input, lambda h: fn(h, reader.step()), first=True)
+    except BaseException:
+        handle.remove()
+        raise
+    return handle
+
+
+class Recording(Handle):
+    """The handle `record` returns: ``.values[point]`` holds one entry per forward, ``.steps`` the steps."""
+
+    def __init__(self, points: Sequence[Point]) -> None:
+        super().__init__()
+        self.points = list(points)
+        self.values: dict[Point, list[Tensor]] = {p: [] for p in self.points}
+        self.steps: list[Step] = []
+
+    def __getitem__(self, point: Point) -> Tensor:
+        """The value at ``point`` from the latest forward."""
+        return self.values[point][-1]
+
+    def trace(self, point: Point) -> Tensor:
+        """Every forward's value at ``point`` joined along the column axis (dim 1): a whole generation."""
+        return torch.cat(self.values[point], dim=1)
+
+    def __enter__(self) -> Recording:
+        return self
+
+
+def record(
+    lm: LoadedModel,
+    points: Sequence[Point],
+    *,
+    reduce: Reduce | None = None,
+    stop: bool = False,
+) -> Recording:
+    """Keep the residual at each of ``points`` at every forward, until removed.
+
+    Args:
+        lm: the loaded model.
+        points: where to read; reads of the same block input/output are shared.
+        reduce: applied inside the hook (e.g. a token selection or a projection), so only its
+            result is kept; default keeps ``h.detach()``.
+        stop: raise `StopForward` after the last point of the forward, skipping the rest of the
+            model (capture's one-pass reads; the caller catches it).
+
+    >>> with record(lm, [Point(0, "resid_pre"), Point(-1)]) as rec:
+    ...     lm.model(ids, attention_mask=mask)
+    >>> rec[Point(-1)].shape
+    """
+    keep = reduce or (lambda h: h.detach())
+    rec = Recording(points)
+    reader = _StepReader()
+    rec._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
+    try:
+        by_hook: dict[Read, list[Point]] = {}
+        for point in rec.points:
+            by_hook.setdefault(_resolve(lm, point), []).append(point)
+        order = sorted(by_hook, key=lambda k: (k[0], not k[1]))  # execution order
+        for i, key in enumerate(order):
+            module, on_input = lm.layers[key[0]], key[1]
+            _attach(
+                rec, module, on_input, _saver(rec, reader, by_hook[key], keep, stop and i == len(order) - 1)
+            )
+    except BaseException:
+        rec.remove()
+        raise
+    return rec
+
+
+def _saver(
+    rec: Recording, reader: _StepReader, points: list[Point], keep: Callable[[Tensor], Tensor], stop: bool
+) -> Callable[[Tensor], None]:
+    def body(h: Tensor) -> None:
+        step = reader.step()
+        if not rec.steps or rec.steps[-1] is not step:
+            rec.steps.append(step)
+        value = keep(h)
+        for point in points:
+            rec.values[point].append(value)
+        if stop:
+            raise StopForward
+
+    return body
+
+
+def _point(read: Read) -> Point:
+    block, is_input = read
+    return Point(block, Site.resid_pre if is_input else Site.resid_post)
+
+
+class HooksRoute:
+    """Plain forward hooks on the loaded model itself (`valueprobe.hooks.route.Route`)."""
+
+    name = "hooks"
+
+    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]:
+        """The residual at each read in one forward; the last read stops it (no unembed).
+
+        ``reduce`` runs inside the hook (capture's token selection), so only its result is kept.
+        """
+        points = [_point(r) for r in reads]
+        device = fwd.lm.device
+        with record(fwd.lm, points, reduce=reduce, stop=True) as rec, torch.no_grad(), suppress(StopForward):
+            fwd.lm.model(input_ids=fwd.input_ids.to(device), **fwd.kwargs(device))
+        return {r: rec[p] for r, p in zip(reads, points, strict=True)}
+
+    def steered_logits(
+        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits with ``delta`` added to the residual at ``at``. See `backends.steered_logits`."""
+        param = next(fwd.lm.model.parameters())
+        delta = delta.to(device=param.device, dtype=param.dtype)
+        with intervene(fwd.lm, _point(at), lambda h, step: h + delta), torch.no_grad():
+            output = fwd.lm.model(input_ids=fwd.input_ids.to(param.device), **fwd.kwargs(param.device))
+        return as_output(output.logits)

@@ -1,0 +1,316 @@
+"""The ``ValueAxis`` artifact: one unit direction per layer, with σ calibration and provenance.
+
+Fitted by :func:`valueprobe.probe.layer_sweep.fit_store` / :func:`valueprobe.probe.fit.fit_probe`, saved as a
+folder (``axis.safetensors`` + ``probe.json``), and read back checked against the model::
+
+    from valueprobe.probe.axis import ValueAxis
+    axis = ValueAxis.load("probes/value-smollm2", lm=lm)        # checks d_model + fingerprint
+    axis.score(h, layer=18)                                     # (h·v̂ − μ)/σ
+    (axis_a - axis_b).save("probes/diff")                       # μ, σ uncalibrated until calibrate()
+
+Sign convention everywhere: positive = success / value up (label 1, span ``post``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write, atomic_write_text, jsonable
+from valueprobe.model.fingerprint import check_model, check_records
+from valueprobe.version import __version__
+from valueprobe.vocab import Site, Unit, choice, layer_ranges
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+
+FORMAT_VERSION = 1
+ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
+
+
+@dataclass(frozen=True, eq=False)
+class ValueAxis:
+    """The value axis: one unit direction per layer plus what is needed to use it.
+
+    ``mu``/``sigma`` are the mean and standard deviation of ``h @ v̂`` over ``sigma_reference``
+    (default: the rows the axis was fitted on, both classes pooled). ``mean_norm`` is the mean
+    L2 norm of the residual at each layer over the same rows, for α as a % of norm.
+
+    Arithmetic: ``-axis`` flips every direction (and μ); ``k * axis`` keeps the unit
+    directions and multiplies ``scale``, the steering strength (negative k also flips);
+    ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, leaving μ and σ
+    uncalibrated (NaN) until :func:`valueprobe.probe.fit.calibrate`. ``axis[18]`` keeps one layer.
+    Readouts (``project``, ``score``) ignore ``scale``.
+
+    >>> axis = ValueAxis.load("probes/value-smollm2", lm=lm)
+    >>> (-axis).score(h, layer=18) == -axis.score(h, layer=18)
+    """
+
+    directions: torch.Tensor  # [n_layers_kept, d_model] float32, unit rows
+    layers: tuple[int, ...]
+    mu: torch.Tensor  # [n_layers_kept]
+    sigma: torch.Tensor  # [n_layers_kept]
+    mean_norm: torch.Tensor  # [n_layers_kept]
+    best_layer: int
+    site: Site
+    method: str
+    model_id: str
+    fingerprint: str
+    d_model: int
+    scale: float = 1.0
+    sigma_reference: str = "fitting set"
+    metrics: dict = field(default_factory=dict)
+    datasets: tuple[dict, ...] = ()
+    ops: tuple[str, ...] = ()
+    version: str = __version__
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        if tuple(self.directions.shape) != (n, self.d_model):
+            raise ValueprobeError(
+                f"axis: directions {tuple(self.directions.shape)} do not match {n} layers × d_model {self.d_model}"
+            )
+        for name in ("mu", "sigma", "mean_norm"):
+            if tuple(getattr(self, name).shape) != (n,):
+                raise ValueprobeError(
+                    f"axis: {name} has shape {tuple(getattr(self, name).shape)}, expected ({n},)"
+                )
+        if self.best_layer not in self.layers:
+            raise ValueprobeError(
+                f"axis: best layer {self.best_layer} is not among its layers {list(self.layers)}"
+            )
+
+    def _index(self, layer: int | None) -> int:
+        layer = self.best_layer if layer is None else layer
+        if layer not in self.layers:
+            raise ValueprobeError(
+                f"layer {layer} is not in this axis; it has layers {layer_ranges(self.layers)}"
+            )
+        return self.layers.index(layer)
+
+    def direction(self, layer: int | None = None) -> torch.Tensor:
+        """Unit direction [d_model] at ``layer`` (default: the best layer)."""
+        return self.directions[self._index(layer)]
+
+    def project(self, h: ArrayOrTensor, layer: int | None = None) -> ArrayOrTensor:
+        """``h @ v̂`` for h [..., d_model]; returns [...] of the input's kind."""
+        i = self._index(layer)
+        if isinstance(h, np.ndarray):
+            return np.asarray(h, dtype=np.float64) @ self.directions[i].double().numpy()
+        return h @ self.directions[i].to(device=h.device, dtype=h.dtype)
+
+    def calibrated(self, layer: int | None = None) -> bool:
+        """Whether ``layer`` has a usable σ (axis arithmetic leaves it NaN until calibrate)."""
+        sigma = float(self.sigma[self._index(layer)])
+        return math.isfinite(sigma) and sigma > 0
+
+    def sigma_at(self, layer: int | None = None) -> float:
+        """σ of the projection at ``layer``; the one place an uncalibrated axis is refused."""
+        i = self._index(layer)
+        if not self.calibrated(self.layers[i]):
+            raise ValueprobeError(
+                f"axis layer {self.layers[i]} has no σ calibration ({self.sigma_reference});"
+                " run valueprobe.probe.fit.calibrate(axis, store) first"
+            )
+        return float(self.sigma[i])
+
+    def standardize(self, proj: ArrayOrTensor | float, layer: int | None = None) -> ArrayOrTensor | float:
+        """Projections in σ units, ``(proj − μ) / σ``."""
+        sigma = self.sigma_at(layer)
+        return (proj - float(self.mu[self._index(layer)])) / sigma
+
+    def score(self, h: ArrayOrTensor, layer: int | None = None) -> ArrayOrTensor:
+        """Projection in σ units, ``(h @ v̂ − μ) / σ``, for h [..., d_model]."""
+        return (self.project(h, layer) - float(self.mu[self._index(layer)])) / self.sigma_at(layer)
+
+    def vector(
+        self, layer: int | None = None, *, alpha: float = 1.0, units: Unit = Unit.sigma
+    ) -> torch.Tensor:
+        """The steering vector α·scale·v̂ [d_model] with α in ``units`` (see :class:`valueprobe.vocab.Unit`):
+        α·σ, α % of the layer's mean norm, or α as given."""
+        i = self._index(layer)
+        units = choice(Unit, units, what="units")
+        if units == Unit.sigma:
+            size = self.sigma_at(self.layers[i])
+        else:
+            size = float(self.mean_norm[i]) / 100.0 if units == Unit.norm else 1.0
+        return self.directions[i] * (alpha * self.scale * size)
+
+    def __getitem__(self, layer: int) -> ValueAxis:
+        i = self._index(layer)
+        keep = slice(i, i + 1)
+        return replace(
+            self,
+            directions=self.directions[keep],
+            layers=(layer,),
+            mu=self.mu[keep],
+            sigma=self.sigma[keep],
+            mean_norm=self.mean_norm[keep],
+            best_layer=layer,
+        )
+
+    def __neg__(self) -> ValueAxis:
+        return replace(self, directions=-self.directions, mu=-self.mu, ops=(*self.ops, "neg"))
+
+    def __mul__(self, k: float) -> ValueAxis:
+        if not isinstance(k, (int, float)) or not math.isfinite(k):
+            return NotImplemented
+        base = -self if k < 0 else self
+        return replace(base, scale=self.scale * abs(k), ops=(*base.ops, f"scale {abs(k):g}"))
+
+    __rmul__ = __mul__
+
+    def _combine(self, other: ValueAxis, sign: float) -> ValueAxis:
+        if not isinstance(other, ValueAxis):
+            return NotImplemented
+        if other.d_model != self.d_model:
+            raise ValueprobeError(
+                f"cannot combine axes of different widths: {self.model_id} (d_model {self.d_model})"
+                f" and {other.model_id} (d_model {other.d_model})"
+            )
+        check_records(
+            self.fingerprint, other.fingerprint, what=f"axes of {self.model_id} and {other.model_id}"
+        )
+        shared = [layer for layer in self.layers if layer in other.layers]
+        if not shared:
+            raise ValueprobeError(
+                f"axes share no layer: {layer_ranges(self.layers)} vs {layer_ranges(other.layers)}"
+            )
+        a = torch.stack([self.direction(layer) * self.scale for layer in shared])
+        b = torch.stack([other.direction(layer) * other.scale for layer in shared])
+        v = a + sign * b
+        norms = v.norm(dim=1, keepdim=True)
+        if (norms == 0).any():
+            raise ValueprobeError("axis arithmetic gave a zero direction (the axes cancel)")
+        nan = torch.full((len(shared),), float("nan"))
+        op = "-" if sign < 0 else "+"
+        return ValueAxis(
+            directions=v / norms,
+            layers=tuple(shared),
+            mu=nan,
+            sigma=nan.clone(),
+            mean_norm=torch.stack([self.mean_norm[self._index(layer)] for layer in shared]),
+            best_layer=self.best_layer if self.best_layer in shared else shared[0],
+            site=self.site,
+            method=f"({self.method}) {op} ({other.method})",
+            model_id=self.model_id,
+            fingerprint=self.fingerprint,
+            d_model=self.d_model,
+            sigma_reference="uncalibrated (axis arithmetic): run valueprobe.probe.fit.calibrate(axis, store)",
+            datasets=self.datasets + other.datasets,
+            ops=(*self.ops, f"{op} axis"),
+        )
+
+    def __sub__(self, other: ValueAxis) -> ValueAxis:
+        return self._combine(other, -1.0)
+
+    def __add__(self, other: ValueAxis) -> ValueAxis:
+        return self._combine(other, 1.0)
+
+    def check(self, lm: LoadedModel, *, force: bool = False) -> None:
+        """Refuse ``lm`` unless it has this axis's width, layers and architecture; warn if only its weights differ.
+
+        A fine-tuned descendant of the axis's model (same config shape and vocabulary, other
+        weights) is read with a :class:`~valueprobe.model.fingerprint.FingerprintWarning`. ``force``
+        reads a model of another architecture too (d_model and layers are always checked).
+        """
+        if lm.d_model != self.d_model:
+            raise ValueprobeError(
+                f"probe has d_model {self.d_model} ({self.model_id}) but the model has d_model {lm.d_model}"
+                f" ({lm.model_id}); use a probe fitted on this model"
+            )
+        if max(self.layers) >= lm.n_layers:
+            raise ValueprobeError(
+                f"probe uses layer {max(self.layers)} but the model has layers 0..{lm.n_layers - 1}"
+            )
+        check_model(self.fingerprint, lm, what="probe", model_id=self.model_id, force=force)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/axis.safetensors`` and ``path/probe.json`` (each atomically; JSON last)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            "directions": self.directions.float().contiguous(),
+            "mu": self.mu.float().contiguous(),
+            "sigma": self.sigma.float().contiguous(),
+            "mean_norm": self.mean_norm.float().contiguous(),
+            "layers": torch.tensor(self.layers, dtype=torch.int64),
+        }
+        atomic_write(
+            path / "axis.safetensors",
+            lambda p: save_file(tensors, str(p), metadata={"format": "valueprobe.probe.axis"}),
+        )
+        info = {
+            "format": "valueprobe.probe.axis",
+            "format_version": FORMAT_VERSION,
+            "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
+            "d_model": self.d_model,
+            "layers": list(self.layers),
+            "best_layer": self.best_layer,
+            "site": str(self.site),
+            "method": self.method,
+            "scale": self.scale,
+            "sigma_reference": self.sigma_reference,
+            "ops": list(self.ops),
+            "datasets": list(self.datasets),
+            "metrics": self.metrics,
+            "valueprobe_version": self.version,
+        }
+        text = json.dumps(jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        atomic_write_text(path / "probe.json", text)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, lm: LoadedModel | None = None, force: bool = False) -> ValueAxis:
+        """Read a probe folder; with ``lm``, also :meth:`check` it against the model."""
+        path = Path(path)
+        meta_path, tensor_path = path / "probe.json", path / "axis.safetensors"
+        if not meta_path.is_file() or not tensor_path.is_file():
+            raise ValueprobeError(f"{path} is not a probe folder: it needs probe.json and axis.safetensors")
+        try:
+            info = json.loads(meta_path.read_text(encoding="utf-8"))
+            version = int(info["format_version"])
+            tensors = load_file(str(tensor_path))
+        except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
+            raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
+        if version > FORMAT_VERSION:
+            raise ValueprobeError(
+                f"{meta_path}: format_version {version} is newer than this valueprobe reads ({FORMAT_VERSION}); upgrade"
+            )
+        try:
+            axis = cls(
+                directions=tensors["directions"],
+                layers=tuple(int(x) for x in info["layers"]),
+                mu=tensors["mu"],
+                sigma=tensors["sigma"],
+                mean_norm=tensors["mean_norm"],
+                best_layer=int(info["best_layer"]),
+                site=Site(info["site"]),
+                method=info["method"],
+                model_id=info["model_id"],
+                fingerprint=info["fingerprint"],
+                d_model=int(info["d_model"]),
+                scale=float(info.get("scale", 1.0)),
+                sigma_reference=info.get("sigma_reference", ""),
+                metrics=info.get("metrics", {}),
+                datasets=tuple(info.get("datasets", [])),
+                ops=tuple(info.get("ops", [])),
+                version=info.get("valueprobe_version", "unknown"),
+            )
+        except KeyError as e:
+            raise ValueprobeError(f"{path}: probe is missing {e}; refit it") from None
+        if tensors["layers"].tolist() != list(axis.layers):
+            raise ValueprobeError(f"{path}: layers in probe.json and axis.safetensors disagree; refit it")
+        if lm is not None:
+            axis.check(lm, force=force)
+        return axis

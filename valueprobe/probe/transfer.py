@@ -1,0 +1,307 @@
+"""Transfer matrix: fit the axis on one contrast family, evaluate it on another.
+
+The test of the central claim, that one axis serves all the contrasts::
+
+    from valueprobe.probe.transfer import transfer_matrix
+    from valueprobe.report.plots import transfer_heatmap
+    tr = transfer_matrix({"icrl": "runs/icrl", "code": "runs/code", "refusal": "runs/refusal"}, layer=18)
+    print(tr.summary()); transfer_heatmap(tr).write_html("transfer.html")
+
+Rows are the family fitted on, columns the family evaluated on. Off-diagonal cells fit on all
+of A and score all of B; diagonal cells are held-out-group AUROCs within the family (from
+:func:`valueprobe.probe.layer_sweep.sweep_layers`), so no cell is scored on its own fitting rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.fingerprint import check_records
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.baselines import position_sign, shuffle_within_group
+from valueprobe.probe.fitters import Method, MethodArg, make_fitter, method_name, unit_or_zero
+from valueprobe.probe.layer_sweep import sweep_layers
+from valueprobe.probe.project import project_layer
+from valueprobe.probe.source import Source, StoreArg
+from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d, mean_sd
+from valueprobe.vocab import LayerKey, Target
+
+__all__ = ["AxisEvaluation", "TransferResult", "evaluate_axis", "transfer_matrix"]
+
+
+@dataclass(frozen=True, eq=False)
+class TransferResult:
+    """[n_families, n_families] matrices, row = fitted on, column = evaluated on.
+
+    Controls, the AUROC of each per cell: ``embed_auroc`` (same fit at the embedding output; None
+    without an embed layer), ``shuffled_auroc`` (fit on A and scored on B with both families' labels
+    permuted within group: the permutation null), ``random_auroc`` (random direction, sign chosen on
+    the fitting family), ``position_auroc`` (1-D position scores ``token_index`` /
+    ``relative_index`` / ``n_tokens``, sign chosen on the fitting family).
+    """
+
+    families: tuple[str, ...]
+    layer: int
+    method: str
+    auroc: np.ndarray
+    cohens_d: np.ndarray
+    cosine: np.ndarray  # between the family-specific all-row directions
+    embed_auroc: np.ndarray | None
+    shuffled_auroc: np.ndarray
+    random_auroc: np.ndarray
+    position_auroc: dict[str, np.ndarray]  # position score name -> [F, F]
+    notes: tuple[str, ...] = ()
+
+    def controls(self) -> dict[str, np.ndarray]:
+        """Each control's [F, F] AUROC by its reported name (``embed``, ``shuffled``, ``random``,
+        ``position:NAME``)."""
+        out = {} if self.embed_auroc is None else {"embed": self.embed_auroc}
+        out |= {"shuffled": self.shuffled_auroc, "random": self.random_auroc}
+        return out | {f"position:{k}": v for k, v in self.position_auroc.items()}
+
+    @property
+    def strongest_control(self) -> np.ndarray:
+        """[F, F] AUROC of the strongest control in each cell."""
+        return np.nanmax(np.stack(list(self.controls().values())), axis=0)
+
+    @property
+    def margin(self) -> np.ndarray:
+        """[F, F] AUROC minus the strongest control's AUROC."""
+        return self.auroc - self.strongest_control
+
+    def _off(self, a: np.ndarray) -> np.ndarray:
+        return a[~np.eye(len(self.families), dtype=bool)]
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """(headers, rows): one row per (fit on, evaluated on) cell."""
+        controls = self.controls()
+        headers = ["fit on", "eval on", "AUROC", "Cohen's d", "cos", *controls, "margin"]
+        rows = []
+        for i, a in enumerate(self.families):
+            for j, b in enumerate(self.families):
+                rows.append(
+                    [
+                        a,
+                        b + (" (held-out)" if i == j else ""),
+                        f"{self.auroc[i, j]:.3f}",
+                        f"{self.cohens_d[i, j]:.2f}",
+                        f"{self.cosine[i, j]:.2f}",
+                        *(f"{c[i, j]:.3f}" for c in controls.values()),
+                        f"{self.margin[i, j]:+.3f}",
+                    ]
+                )
+        return headers, rows
+
+    def summary(self) -> str:
+        off = self._off(self.auroc)
+        return (
+            f"transfer at layer {self.layer} ({len(self.families)} families): off-diagonal AUROC"
+            f" {np.nanmean(off):.3f} (min {np.nanmin(off):.3f}), mean margin over the strongest control"
+            f" {np.nanmean(self._off(self.margin)):+.3f}, mean cosine {np.nanmean(self._off(self.cosine)):.2f}"
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready, stored in probe.json under ``metrics.transfer``."""
+        return {
+            "families": list(self.families),
+            "layer": self.layer,
+            "method": self.method,
+            "auroc": self.auroc.tolist(),
+            "cohens_d": self.cohens_d.tolist(),
+            "cosine": self.cosine.tolist(),
+            "controls": {k: v.tolist() for k, v in self.controls().items()},
+            "margin": self.margin.tolist(),
+            "off_diagonal_auroc": mean_sd(self._off(self.auroc)),
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class _FamilyFit:
+    units: dict[LayerKey, np.ndarray]  # fitted direction per layer key
+    shuffled: dict[LayerKey, np.ndarray]
+    random: np.ndarray  # [d_model], sign chosen on this family
+    position_sign: dict[str, float]
+
+
+def _fit_family(src: Source, keys: list[LayerKey], method: MethodArg, rng: np.random.Generator) -> _FamilyFit:
+    y_shuf = shuffle_within_group(src.y, src.group, src.keep, rng)
+    units, shuffled = {}, {}
+    class_diff = np.zeros(src.d_model)
+    for key in keys:
+        fit, shuf = make_fitter(method), make_fitter(method)
+        pair_keys = src.keys(fit.pair_by)
+        sums, counts = np.zeros((2, src.d_model)), np.zeros(2)
+        for x, sl in src.iter_layer(key):
+            m = src.keep[sl]
+            if not m.any():
+                continue
+            kk = None if pair_keys is None else pair_keys[sl][m]
+            fit.update(x[m], src.y[sl][m], keys=kk)
+            shuf.update(x[m], y_shuf[sl][m], keys=kk)
+            yb = src.y[sl][m]
+            sums[1] += x[m][yb].sum(axis=0)
+            sums[0] += x[m][~yb].sum(axis=0)
+            counts += [(~yb).sum(), yb.sum()]
+        strict = key != "embed"  # controls: no signal is a result, not an error
+        units[key] = fit.fit().unit if strict else unit_or_zero(fit, src.d_model)
+        shuffled[key] = unit_or_zero(shuf, src.d_model)
+        if key == keys[0]:
+            class_diff = sums[1] / counts[1] - sums[0] / counts[0]
+    r = rng.standard_normal(src.d_model)
+    r /= np.linalg.norm(r)
+    r = r if r @ class_diff >= 0 else -r  # a one-parameter probe: only the sign is fitted
+    signs = {name: position_sign(p, src.y, src.keep) for name, p in src.position.items()}
+    return _FamilyFit(units, shuffled, r, signs)
+
+
+def transfer_matrix(
+    stores: Mapping[str, StoreArg],
+    *,
+    layer: int,
+    method: MethodArg = Method.diff_means,
+    n_splits: int = 5,
+    val_frac: float = 0.2,
+    test_frac: float = 0.2,
+    seed: int = 0,
+    target: Target = Target.auto,
+) -> TransferResult:
+    """Fit on each family, evaluate on every other; diagonal = held-out groups within the family.
+
+    Args:
+        stores: family name -> store (or store path), e.g. ``{"icrl": ..., "code": ...}``.
+        layer: the layer to compare at (usually the sweep's best layer).
+        n_splits, val_frac, test_frac: grouped splits for the diagonal cells.
+
+    >>> tr = transfer_matrix({"icrl": "runs/icrl", "code": "runs/code"}, layer=18)
+    """
+    if len(stores) < 2:
+        raise ValueprobeError(f"a transfer matrix needs at least two families, got {list(stores)}")
+    Source(stores, target=target)  # same model, site and d_model across families; both classes in each
+    srcs = {name: Source({name: s}, target=target) for name, s in stores.items()}
+    names = tuple(srcs)
+    for src in srcs.values():
+        src.check_layer(layer)
+    with_embed = all(s.has_embed for s in srcs.values())
+    keys: list[LayerKey] = [layer, "embed"] if with_embed else [layer]
+    rng = np.random.default_rng(seed)
+    fits = [_fit_family(srcs[n], keys, method, rng) for n in names]
+    f = len(names)
+    nan = lambda: np.full((f, f), np.nan)  # noqa: E731
+    auc, d, embed, shuffled, random = nan(), nan(), nan(), nan(), nan()
+    position = {name: nan() for name, _ in srcs[names[0]].position.items()}
+    for j, b in enumerate(names):
+        src = srcs[b]
+        k, y = src.keep, src.y[src.keep]
+        y_null = shuffle_within_group(src.y, src.group, src.keep, rng)[k]
+        for key in keys:
+            units, shuf, rand = (
+                p[k]  # [kept rows, F]: column i is family i's direction
+                for p in project_layer(
+                    src,
+                    key,
+                    np.stack([fit.units[key] for fit in fits], axis=1),
+                    np.stack([fit.shuffled[key] for fit in fits], axis=1),
+                    np.stack([fit.random for fit in fits], axis=1),
+                )
+            )
+            for i in range(f):
+                if i == j:
+                    continue
+                if key == "embed":
+                    embed[i, j] = auroc(units[:, i], y)
+                    continue
+                auc[i, j], d[i, j] = auroc(units[:, i], y), cohens_d(units[:, i], y)
+                shuffled[i, j] = auroc(shuf[:, i], y_null)
+                random[i, j] = auroc(rand[:, i], y)
+                for name, p in src.position.items():
+                    position[name][i, j] = auroc(fits[i].position_sign[name] * p[k], y)
+    notes = []
+    for i, a in enumerate(names):
+        try:
+            sw = sweep_layers(
+                srcs[a],
+                method=method,
+                layers=[layer],
+                n_splits=n_splits,
+                val_frac=val_frac,
+                test_frac=test_frac,
+                seed=seed,
+            )
+        except ValueprobeError as e:
+            notes.append(f"{a}: no held-out diagonal ({e})")
+            continue
+        auc[i, i], d[i, i] = sw.test_auroc[0].mean(), sw.test_d[0].mean()
+        shuffled[i, i], random[i, i] = sw.shuffled_auroc[0].mean(), sw.random_auroc[0].mean()
+        if sw.embed_auroc is not None:
+            embed[i, i] = sw.embed_auroc.mean()
+        for name, v in sw.position_auroc.items():
+            position[name][i, i] = v.mean()
+    units = np.stack([fit.units[layer] for fit in fits])
+    return TransferResult(
+        families=names,
+        layer=layer,
+        method=method_name(method),
+        auroc=auc,
+        cohens_d=d,
+        cosine=units @ units.T,
+        embed_auroc=embed if with_embed else None,
+        shuffled_auroc=shuffled,
+        random_auroc=random,
+        position_auroc=position,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class AxisEvaluation:
+    """A fixed axis scored on one family, nothing refitted: AUROC with a bootstrap 95% CI, Cohen's d,
+    and the control, the same direction's AUROC at the embedding output (None without one)."""
+
+    auroc: float
+    auroc_ci: tuple[float, float]
+    cohens_d: float
+    embed_auroc: float | None
+
+    def to_dict(self) -> dict:
+        out: dict = {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
+        if self.embed_auroc is not None:
+            out["embed_auroc"] = self.embed_auroc
+        return out
+
+
+def evaluate_axis(
+    axis: ValueAxis,
+    stores: Mapping[str, StoreArg],
+    *,
+    layer: int | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, AxisEvaluation]:
+    """Score a fixed axis on other families: AUROC (with a bootstrap 95% CI) and Cohen's d per store.
+
+    Nothing is refitted, so every number is out of sample; the same direction's projection at the
+    embedding output is reported beside it as the control.
+
+    >>> evaluate_axis(ValueAxis.load("probes/x"), {"refusal": "runs/refusal"})["refusal"].auroc
+    """
+    layer = axis.best_layer if layer is None else layer
+    v = axis.direction(layer).double().numpy()
+    out: dict[str, AxisEvaluation] = {}
+    for name, store in stores.items():
+        src = Source({name: store})
+        check_records(src.fingerprint, axis.fingerprint, what=f"store {name} and axis {axis.model_id}")
+        y = src.y[src.keep]
+        (p,) = project_layer(src, layer, v)
+        p = p[src.keep]
+        embed = None
+        if src.has_embed:
+            (e,) = project_layer(src, "embed", v)
+            embed = auroc(e[src.keep], y)
+        ci = bootstrap_ci(auroc, p, y, n_boot=n_boot, seed=seed)
+        out[name] = AxisEvaluation(auroc(p, y), ci, cohens_d(p, y), embed)
+    return out

@@ -1,0 +1,284 @@
+"""Rebuild the shipped value axis of a model from the committed data, in one command.
+
+    valueprobe replicate axis --model smollm2-135m --data data --runs runs/axis-smollm2-135m \\
+        --out probes/smollm2-135m-value
+
+Steps, each resumable (rerun the same command after an interruption):
+1. capture every contrast family into ``RUNS/FAMILY`` (all layers plus the embedding output);
+2. fit the axis on ICRL with the paper's construction (``span_diff``: per rule, mean of ``post``
+   spans minus mean of ``pre`` spans, averaged over rules), sweeping layers with held-out rules
+   (35 train rules, the rest split into validation and test, as in the paper);
+3. the transfer matrix between the families at the chosen layer (``diff_means`` per family);
+4. the logit lens of the axis at the chosen layer (top promoted and suppressed tokens);
+5. the matched ICRL control: the same final paragraph after a history that never rewarded the
+   rule. If the axis reads value, main ``post`` sits above control ``post`` (identical text); if
+   it reads wording or position, ``post`` beats ``pre`` as much in the control as in the main set;
+6. with ``history_out``, a second axis fitted on that matched contrast itself (rewarded vs never
+   rewarded history, identical final text, rules held out in both conditions), scored without
+   refitting on every other family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from valueprobe.activations.store import ActivationStore, capture_to_store
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fit import FitReport, fit_probe
+from valueprobe.probe.fitters import Method
+from valueprobe.probe.project import project_layer
+from valueprobe.probe.source import Source
+from valueprobe.probe.transfer import evaluate_axis, transfer_matrix
+from valueprobe.read.readout import logit_lens
+from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
+from valueprobe.vocab import LayerKey, Positions, Target
+
+__all__ = [
+    "FamilySpec",
+    "FAMILIES",
+    "MatchedControl",
+    "capture_families",
+    "matched_control",
+    "replicate_axis",
+]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """How one contrast family is read: which file, which tokens, how rows are grouped."""
+
+    file: str
+    positions: Positions
+    span_labels: tuple[str, ...] | None = None
+    group_by: str | None = None
+    note: str = ""
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "icrl": FamilySpec(
+        "icrl.jsonl", Positions.spans, note="pre vs post spans of the first post-discovery paragraph"
+    ),
+    "code": FamilySpec(
+        "code.jsonl", Positions.mean, group_by="meta.pair", note="mean over the function's tokens"
+    ),
+    "backtracking": FamilySpec(
+        "backtracking.jsonl",
+        Positions.spans,
+        span_labels=("prefix",),
+        group_by="meta.pair",
+        note="mean over the prefix before any backtrack marker",
+    ),
+    "confidence": FamilySpec(
+        "confidence.jsonl", Positions.last, group_by="meta.pair", note="the prefilled response token"
+    ),
+    "refusal": FamilySpec(
+        "refusal.jsonl", Positions.last, group_by="meta.pair", note="the assistant-start token"
+    ),
+    "icrl_control": FamilySpec(
+        "icrl_control.jsonl", Positions.spans, note="matched control for icrl (evaluation only)"
+    ),
+}
+TRANSFER_FAMILIES = ("icrl", "code", "backtracking", "confidence", "refusal")
+
+
+def capture_families(
+    lm: LoadedModel,
+    data_dir: str | Path,
+    runs_dir: str | Path,
+    *,
+    families: Mapping[str, FamilySpec] = FAMILIES,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> dict[str, ActivationStore]:
+    """Capture (or resume) one store per family under ``runs_dir``; all layers plus ``embed``."""
+    data_dir, runs_dir = Path(data_dir), Path(runs_dir)
+    stores = {}
+    for name, spec in families.items():
+        path = data_dir / spec.file
+        stores[name] = capture_to_store(
+            lm,
+            read_jsonl(path),
+            runs_dir / name,
+            layers="all",
+            positions=spec.positions,
+            span_labels=spec.span_labels,
+            group_by=spec.group_by,
+            batch_size=batch_size,
+            dataset_path=str(path),
+            dataset_sha256=sha256_file(path),
+            progress=progress,
+        )
+    return stores
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One two-sample contrast of projections: AUROC with a bootstrap 95% CI, and Cohen's d."""
+
+    auroc: float
+    auroc_ci: tuple[float, float]
+    cohens_d: float
+
+    @classmethod
+    def of(cls, pos: np.ndarray, neg: np.ndarray, *, seed: int) -> Contrast:
+        scores = np.concatenate([pos, neg])
+        labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
+        ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
+        return cls(auroc(scores, labels), ci, cohens_d(scores, labels))
+
+    def to_dict(self) -> dict:
+        return {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
+
+
+@dataclass(frozen=True)
+class MatchedControl:
+    """The axis on ICRL conversations and their matched controls (see the module docstring)."""
+
+    layer: int
+    post_vs_pre_main: Contrast
+    post_vs_pre_control: Contrast
+    main_post_vs_control_post: Contrast  # identical text, different reward history
+    embed_main_post_vs_control_post: Contrast | None  # must be 0.5: the text is identical
+    main_minus_control_post_sigma: float
+
+    def contrasts(self) -> dict[str, Contrast]:
+        out = {
+            "post_vs_pre_main": self.post_vs_pre_main,
+            "post_vs_pre_control": self.post_vs_pre_control,
+            "main_post_vs_control_post": self.main_post_vs_control_post,
+        }
+        if self.embed_main_post_vs_control_post is not None:
+            out["embed_main_post_vs_control_post"] = self.embed_main_post_vs_control_post
+        return out
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """(headers, rows): one row per contrast."""
+        rows = [
+            [name, f"{c.auroc:.3f}", f"[{c.auroc_ci[0]:.3f}, {c.auroc_ci[1]:.3f}]", f"{c.cohens_d:.3f}"]
+            for name, c in self.contrasts().items()
+        ]
+        return ["contrast", "AUROC", "95% CI", "Cohen's d"], rows
+
+    def to_dict(self) -> dict:
+        """JSON-ready, stored in probe.json under ``metrics.icrl_matched_control``."""
+        return {
+            "layer": self.layer,
+            **{name: c.to_dict() for name, c in self.contrasts().items()},
+            "main_minus_control_post_sigma": self.main_minus_control_post_sigma,
+        }
+
+
+def _post_pre(store: ActivationStore, v: np.ndarray, layer: LayerKey) -> tuple[np.ndarray, np.ndarray]:
+    """Projections of the ``post`` and of the ``pre`` span rows of ``store`` on ``v``."""
+    src = Source({"store": store}, target=Target.span)
+    (proj,) = project_layer(src, layer, v)
+    return proj[src.keep & src.y], proj[src.keep & ~src.y]
+
+
+def matched_control(
+    axis: ValueAxis,
+    main: ActivationStore,
+    control: ActivationStore,
+    *,
+    layer: int | None = None,
+    seed: int = 0,
+) -> MatchedControl:
+    """Compare the axis on ICRL conversations with their matched controls (see module docstring).
+
+    AUROCs with bootstrap 95% CIs: ``post_vs_pre_main``, ``post_vs_pre_control`` and
+    ``main_post_vs_control_post`` at the axis layer, and the last one at the embedding output,
+    where identical text must give 0.5.
+    """
+    layer = axis.best_layer if layer is None else layer
+    v = axis.direction(layer).double().numpy()
+    (m_post, m_pre), (c_post, c_pre) = _post_pre(main, v, layer), _post_pre(control, v, layer)
+    embed = None
+    if main.manifest.has_embed and control.manifest.has_embed:
+        embed = Contrast.of(_post_pre(main, v, "embed")[0], _post_pre(control, v, "embed")[0], seed=seed)
+    return MatchedControl(
+        layer=layer,
+        post_vs_pre_main=Contrast.of(m_post, m_pre, seed=seed),
+        post_vs_pre_control=Contrast.of(c_post, c_pre, seed=seed),
+        main_post_vs_control_post=Contrast.of(m_post, c_post, seed=seed),
+        embed_main_post_vs_control_post=embed,
+        main_minus_control_post_sigma=float(m_post.mean() - c_post.mean()) / axis.sigma_at(layer),
+    )
+
+
+def replicate_axis(
+    lm: LoadedModel,
+    *,
+    data_dir: str | Path = "data",
+    runs_dir: str | Path = "runs/axis",
+    out: str | Path | None = None,
+    n_splits: int = 5,
+    train_groups: int = 35,
+    seed: int = 0,
+    batch_size: int = 8,
+    history_out: str | Path | None = None,
+    progress: bool = True,
+) -> FitReport:
+    """Capture all families, fit on ICRL, add transfer and the matched control; save to ``out``.
+
+    Returns the :class:`valueprobe.probe.fit.FitReport` of the main axis (its axis carries every
+    metric); with ``history_out`` also fits and saves the matched-control axis (see module doc).
+    """
+    for spec in FAMILIES.values():
+        if not (Path(data_dir) / spec.file).exists():
+            raise ValueprobeError(
+                f"{Path(data_dir) / spec.file} is missing: run `valueprobe datasets build --family all --out {data_dir}`"
+            )
+    stores = capture_families(lm, data_dir, runs_dir, batch_size=batch_size, progress=progress)
+    report = fit_probe(
+        {"icrl": stores["icrl"]},
+        method=Method.span_diff,
+        n_splits=n_splits,
+        train_groups=train_groups,
+        seed=seed,
+        transfer=False,
+    )
+    transfer = transfer_matrix(
+        {name: stores[name] for name in TRANSFER_FAMILIES},
+        layer=report.sweep.best_layer,
+        method=Method.diff_means,
+        n_splits=n_splits,
+        seed=seed,
+    )
+    control = matched_control(report.axis, stores["icrl"], stores["icrl_control"], seed=seed)
+    lens = logit_lens(report.axis, lm, k=20)
+    metrics = {
+        **report.axis.metrics,
+        "transfer": transfer.to_dict(),
+        "icrl_matched_control": control.to_dict(),
+        "logit_lens": lens,
+        "families": {name: vars(spec) for name, spec in FAMILIES.items()},
+    }
+    axis = replace(report.axis, metrics=metrics)
+    if out is not None:
+        axis.save(out)
+    if history_out is not None:
+        fit_history_axis(stores, n_splits=n_splits, seed=seed).save(history_out)
+    return FitReport(axis, report.sweep, transfer)
+
+
+def fit_history_axis(stores: Mapping[str, ActivationStore], *, n_splits: int = 5, seed: int = 0) -> ValueAxis:
+    """Fit rewarded-vs-never-rewarded history at identical text, then score it on every family."""
+    report = fit_probe(
+        {"icrl": stores["icrl"], "icrl_control": stores["icrl_control"]},
+        method=Method.diff_means,
+        target=Target.label,
+        share_groups=True,
+        n_splits=n_splits,
+        seed=seed,
+        transfer=False,
+    )
+    others = {name: stores[name] for name in TRANSFER_FAMILIES}
+    evaluated = {name: e.to_dict() for name, e in evaluate_axis(report.axis, others, seed=seed).items()}
+    return replace(report.axis, metrics={**report.axis.metrics, "evaluated_on": evaluated})

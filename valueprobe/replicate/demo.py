@@ -1,0 +1,398 @@
+"""The main job, end to end: find the value axis, check it against controls, read it live, report.
+
+    valueprobe demo                    # ~15 min on 2 CPU cores -> runs/demo/report.html, results.json
+    valueprobe demo --quick            # ~3 min, smaller sets, 3 splits
+
+Stages (each cached by its inputs under ``OUT/stages``: a re-run reuses them, an interrupted run
+resumes; captures also resume shard by shard):
+
+1. ``datasets``: generate the contrast sets (ICRL with its matched control, code, backtracking,
+   confidence, refusal);
+2. ``capture``: every layer plus the embedding output into on-disk stores;
+3. ``fit``: the paper's pre/post construction, layer sweep on held-out rules with controls; saves ``OUT/probe``;
+4. ``history``: the reward-history construction (identical text, different history), same sweep;
+5. ``transfer``: fit on each family, score on every other, with controls;
+6. ``matched_control`` and ``logit_lens`` of the pre/post axis;
+7. ``trace``: one greedy generation with the value read at every token;
+8. ``steer``: a steering sweep on yes/no confidence prompts with its random-direction null;
+9. ``shift``: one short LoRA DPO model (preference for one word) and its shift on held-out prompts of
+   that word and two others, against the random-direction null.
+
+Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.html``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from valueprobe.activations.store import ActivationStore
+from valueprobe.datasets import build
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text
+from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fit import fit_probe
+from valueprobe.probe.fitters import Method
+from valueprobe.probe.transfer import transfer_matrix
+from valueprobe.read.readout import logit_lens
+from valueprobe.replicate.axis import (
+    FAMILIES,
+    TRANSFER_FAMILIES,
+    capture_families,
+    fit_history_axis,
+    matched_control,
+)
+from valueprobe.replicate.stages import StageCache
+from valueprobe.report.page import RESULTS_FILE, write_report
+from valueprobe.steering.generation import generate
+from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
+from valueprobe.tune.pairs import data_record, read_pairs
+from valueprobe.tune.shift import shift
+from valueprobe.tune.train import TuneSettings, train
+
+__all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """Dataset sizes (``n`` as ``valueprobe datasets build`` reads it) and the number of splits."""
+
+    icrl: int
+    code: int
+    backtracking: int
+    confidence: int
+    refusal: int
+    splits: int
+    trace_tokens: int
+    preference: int  # training prompts per target word (each gives 3-5 DPO pairs)
+    dpo_steps: int
+    shift_prompts: int  # held-out prompts per group in the shift
+
+
+# Sized for 2 CPU cores: capture dominates (an ICRL conversation is ~1k tokens through 30 layers).
+# A table: one row per size, columns in DemoSize's field order.
+# fmt: off
+#                icrl code backtracking confidence refusal splits trace_tokens preference dpo_steps shift_prompts
+FULL = DemoSize(   60,  16,          16,         8,     40,     5,          48,         8,        4,           10)
+QUICK = DemoSize(  18,   4,           6,         2,     12,     3,          24,         2,        1,            4)
+# fmt: on
+CONTRASTS = ("icrl", "code", "backtracking", "confidence", "refusal")
+TRANSFER = TRANSFER_FAMILIES  # the families the reward-history axis is scored on, too
+TUNE_TARGET, SHIFT_OTHERS = "dolphin", ("volcano", "lantern")  # the tuned word; two untargeted words
+TRACE_PROMPT = [{"role": "user", "content": "Is 91 a prime number? Answer, then explain in one sentence."}]
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """Where the demo wrote its outputs, its summary lines, and which stages ran or were reused."""
+
+    out: Path
+    report: Path
+    results: Path
+    probe: Path
+    summary: tuple[str, ...]
+    ran: tuple[str, ...]
+    reused: tuple[str, ...]
+
+
+class _Model:
+    """Loads the model on first use, so a fully cached re-run never loads it."""
+
+    def __init__(self, name: str, device: str) -> None:
+        self.name, self.device = name, device
+        self._lm: LoadedModel | None = None
+
+    def __call__(self) -> LoadedModel:
+        if self._lm is None:
+            self._lm = load(self.name, device=self.device)
+        return self._lm
+
+
+def _finite(x: Any) -> Any:
+    """JSON-safe: NaN/inf (e.g. the last generated token, never fed back) become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
+    """The steering sweep (valueprobe.steering.sweep) on the yes/no confidence prompts, random-direction null."""
+    prompts = out / "data" / "steer_confidence.jsonl"
+    examples = read_jsonl(prompts)[: 4 if quick else 16]
+    axis = ValueAxis.load(probe_dir)
+    settings = SweepSettings(
+        probe=str(probe_dir),
+        probe_fingerprint=axis.fingerprint,
+        model=lm().model_id,
+        prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts),
+        alphas=(-4.0, 0.0, 4.0) if quick else (-4.0, -2.0, 0.0, 2.0, 4.0),
+        max_new_tokens=6,
+        controls=2 if quick else 6,
+        seed=seed,
+        greedy=True,
+        metrics=metrics_for(prompts, examples),
+        limit=len(examples),
+    )
+    sweep = run_sweep(
+        lm(), axis, examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False
+    )
+    d = sweep.to_dict()
+    e = next((x for x in d["effects"] if x["metric"] == "p_yes"), d["effects"][0])
+    where = {True: "outside", False: "inside", None: "undetermined vs"}[e["outside_null"]]
+    d["headline"] = (
+        f"steering ({e['metric']}, {e['subset']}): slope {e['axis']['slope']:+.4f} per σ, {where} the"
+        f" random-direction null [{e['null_range'][0]:+.4f}, {e['null_range'][1]:+.4f}]"
+    )
+    return d
+
+
+def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
+    """Train one short LoRA DPO model to prefer :data:`TUNE_TARGET`, then measure its shift on the axis."""
+    size = QUICK if quick else FULL
+    pairs_file, eval_file = (
+        out / "data" / "preference_words.jsonl",
+        out / "data" / "preference_words_eval.jsonl",
+    )
+    target = f"preference_words/{TUNE_TARGET}"
+    pairs = read_pairs(pairs_file, groups=[target], split="train")
+    settings = TuneSettings(max_steps=size.dpo_steps, seed=seed, save_steps=max(1, size.dpo_steps))
+    tuned_dir = out / "tune" / TUNE_TARGET
+    # a fresh copy of the base: LoRA training wraps the model it is given
+    train(
+        lm().model_id,
+        pairs,
+        tuned_dir,
+        settings=settings,
+        overwrite=True,
+        data=data_record(pairs_file, groups=[target], split="train"),
+    )
+    groups = [target, *(f"preference_words/{w}" for w in SHIFT_OTHERS)]
+    examples = [
+        ex for g in groups for ex in [e for e in read_jsonl(eval_file) if e.group == g][: size.shift_prompts]
+    ]
+    result = shift(
+        ValueAxis.load(probe_dir),
+        lm(),
+        load(str(tuned_dir), device=str(lm().device)),
+        examples,
+        targeted=[target],
+        n_random=32,
+        n_boot=200 if quick else 1000,
+        seed=seed,
+        progress=False,
+    )
+    d = _finite(result.to_dict())
+    g = next(x for x in d["groups"] if x["targeted"])
+    lo, hi = g["null_range"]
+    d["tune"] = {
+        "target": TUNE_TARGET,
+        "pairs": len(pairs),
+        "steps": settings.max_steps,
+        "checkpoint": str(tuned_dir),
+    }
+    d["headline"] = (
+        f"shift after {settings.max_steps}-step DPO ({TUNE_TARGET}, layer {d['layer']}): {g['shift_data_sigma']:+.3f}"
+        f" data σ vs random-direction null [{lo:+.3f}, {hi:+.3f}] ({g['null_percentile']:.0f}th pct)"
+    )
+    return d
+
+
+# Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.
+# A section with no registered stage is reported as missing, with the reason below.
+LATER_STAGES: dict[str, Callable[..., dict]] = {"steer": steer_stage, "shift": shift_stage}
+MISSING_WHY = {
+    "steer": "the steering sweep is not registered in this build",
+    "shift": "the DPO shift stage is not registered in this build",
+}
+
+
+def run_demo(
+    *,
+    out: str | Path = "runs/demo",
+    model: str = DEFAULT_MODEL,
+    quick: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+    console: Console | None = None,
+) -> DemoResult:
+    """Run (or resume) every stage and write ``results.json`` and ``report.html`` under ``out``."""
+    out, size = Path(out), QUICK if quick else FULL
+    console = console or Console()
+    cache = StageCache(out / "stages", console=console)
+    lm = _Model(model, device)
+    data_dir, runs_dir, probe_dir = out / "data", out / "stores", out / "probe"
+
+    def datasets() -> dict:
+        files: dict[str, Path] = {}
+        for family in CONTRASTS:
+            files.update(build(family, data_dir, seed=seed, n=getattr(size, family)))
+        files.update(build("steering", data_dir, seed=seed))
+        files.update(build("preference", data_dir, seed=seed, n=size.preference))
+        return {name: sha256_file(path) for name, path in sorted(files.items())}
+
+    inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering", "preference"]}
+    shas = cache.run("datasets", inputs, datasets, label="contrast sets and steering prompts")
+    families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
+
+    def stores() -> dict[str, ActivationStore]:
+        return capture_families(lm(), data_dir, runs_dir, families=families)
+
+    captured = {
+        k: shas[Path(spec.file).stem] for k, spec in families.items()
+    }  # steering prompts are not captured
+    capture_key = {"model": model, "data": captured}
+    cache.run(
+        "capture",
+        capture_key,
+        lambda: {k: str(v.path) for k, v in stores().items()},
+        label=f"{len(families)} families, all layers + embedding",
+    )
+    opened = {k: ActivationStore.open(runs_dir / k) for k in families}
+    base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
+
+    def fit() -> dict:
+        report = fit_probe(
+            {"icrl": opened["icrl"]}, method=Method.span_diff, n_splits=size.splits, seed=seed, transfer=False
+        )
+        report.axis.save(probe_dir)
+        return report.sweep.to_dict()
+
+    if not (probe_dir / "axis.safetensors").is_file():  # no probe on disk: its cached sweep is stale
+        (out / "stages" / "fit.json").unlink(missing_ok=True)
+    sweep = cache.run("fit", base, fit, label="pre/post construction, held-out rules, controls")
+    axis = ValueAxis.load(probe_dir)
+    history = cache.run(
+        "history",
+        base,
+        lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
+        label="reward-history construction (identical text)",
+    )
+    transfer = cache.run(
+        "transfer",
+        {**base, "layer": axis.best_layer},
+        lambda: transfer_matrix(
+            {k: opened[k] for k in TRANSFER},
+            layer=axis.best_layer,
+            method=Method.diff_means,
+            n_splits=size.splits,
+            seed=seed,
+        ).to_dict(),
+        label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
+    )
+    fit_key = {"fit": cache.keys["fit"]}
+    control = cache.run(
+        "matched_control",
+        fit_key,
+        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict(),
+    )
+    lens = cache.run("logit_lens", {**fit_key, "model": model}, lambda: logit_lens(axis, lm(), k=20))
+
+    def trace() -> dict:
+        (gen,) = generate(
+            lm(),
+            axis,
+            [TRACE_PROMPT],
+            alphas=[0.0],
+            greedy=True,
+            trace=True,
+            max_new_tokens=size.trace_tokens,
+            seed=seed,
+            progress=False,
+        )
+        assert gen.trace is not None
+        return _finite({"text": gen.text, **gen.trace.to_dict()})
+
+    traced = cache.run(
+        "trace",
+        {**fit_key, "model": model, "tokens": size.trace_tokens},
+        trace,
+        label="one greedy generation, value read at every token",
+    )
+    sections = {
+        "sweep": sweep,
+        "history": history,
+        "transfer": transfer,
+        "matched_control": control,
+        "logit_lens": lens,
+        "trace": traced,
+    }
+    missing = {}
+    for name, why in MISSING_WHY.items():
+        if (stage := LATER_STAGES.get(name)) is not None:
+            sections[name] = cache.run(
+                name,
+                {**fit_key, "model": model, "quick": quick, "data": shas},
+                functools.partial(stage, lm, probe_dir, out, seed, quick),
+            )
+        else:
+            missing[name] = why
+    summary = summarize(sections)
+    results = {
+        "format": "valueprobe.results",
+        "format_version": 1,
+        "model": model,
+        "quick": quick,
+        "summary": summary,
+        "sections": sections,
+        "missing": missing,
+        "stages": cache.keys,
+    }
+    results_path = out / RESULTS_FILE
+    atomic_write_text(results_path, _json(results))
+    report = write_report(results, out / "report.html", title=f"valueprobe demo: {model}")
+    return DemoResult(
+        out, report, results_path, probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
+    )
+
+
+def _json(obj: object) -> str:
+    return json.dumps(obj, indent=1, default=float) + "\n"
+
+
+def _sweep_line(name: str, d: dict) -> str:
+    c = d["controls"][d["strongest_control"]]["mean"]
+    return (
+        f"{name} (layer {d['best_layer']}): held-out AUROC {d['heldout_auroc']['mean']:.3f} vs strongest control"
+        f" {d['strongest_control']} {c:.3f} (margin {d['margin']:+.3f})"
+    )
+
+
+def summarize(sections: dict) -> list[str]:
+    """At most six lines, each a headline figure beside its control."""
+    lines = [
+        _sweep_line("pre/post axis", sections["sweep"]),
+        _sweep_line("reward-history axis", sections["history"]),
+    ]
+    t = sections["transfer"]
+    n = len(t["families"])
+    off = [(i, j) for i in range(n) for j in range(n) if i != j]
+    strongest = [t["auroc"][i][j] - t["margin"][i][j] for i, j in off]
+    lines.append(
+        f"transfer (layer {t['layer']}): off-diagonal AUROC {t['off_diagonal_auroc']['mean']:.3f} vs strongest"
+        f" control {sum(strongest) / len(strongest):.3f} (mean over {len(off)} cells)"
+    )
+    mc = sections["matched_control"]
+    lines.append(
+        f"matched control: main vs control post (identical text) AUROC {mc['main_post_vs_control_post']['auroc']:.3f};"
+        f" post vs pre in never-rewarded control {mc['post_vs_pre_control']['auroc']:.3f}"
+    )
+    for name in ("steer", "shift"):
+        if name in sections and "headline" in sections[name]:
+            lines.append(str(sections[name]["headline"]))
+    if len(lines) > 6:
+        raise ValueprobeError("internal: the demo summary has more than six lines")
+    return lines

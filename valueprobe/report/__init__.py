@@ -1,0 +1,1 @@
+"""The self-contained HTML report and its figures, one function per figure."""

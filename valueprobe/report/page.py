@@ -1,0 +1,301 @@
+"""One self-contained HTML report, rebuilt from the result JSON a demo or a fit saved.
+
+    valueprobe report --from runs/demo                       # -> runs/demo/report.html
+    valueprobe report --from probes/smollm2-135m-value --out axis.html
+
+    from valueprobe.report.page import load_results, write_report
+    write_report(load_results("runs/demo"), "runs/demo/report.html")
+
+The report reads ``results.json`` (``valueprobe demo`` writes it: one key per section) or a probe
+folder's ``probe.json`` (its metrics give the sweep, cosine, transfer and logit-lens sections).
+plotly.js is inlined once, so the file opens offline and fetches nothing. A section whose
+results are absent is left out with a note saying which command produces it; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text
+from valueprobe.report.effects import (
+    dose_response_figure,
+    shift_distribution_figure,
+    shift_layers_figure,
+    trace_figure,
+    trace_series,
+    trace_tokens_html,
+)
+from valueprobe.report.figures import (
+    cosine_figure,
+    logit_lens_figure,
+    matched_control_figure,
+    sweep_figure_from_dict,
+    transfer_figure,
+)
+
+__all__ = ["RESULTS_FILE", "SECTIONS", "Section", "load_results", "render_report", "write_report"]
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass(frozen=True)
+class Section:
+    """One report section: a title, the results key it reads, and how to draw and caption it."""
+
+    key: str
+    title: str
+    produced_by: str  # the command that writes this section, shown when it is absent
+    draw: Callable[[dict], list[go.Figure | str]]
+    caption: Callable[[dict], str]
+
+
+def _fmt(ms: Mapping | float | None) -> str:
+    if ms is None:
+        return "n/a"
+    if isinstance(ms, Mapping):
+        return f"{ms['mean']:.3f} ± {ms['sd']:.3f}"
+    return f"{ms:.3f}"
+
+
+def _sweep_caption(d: dict) -> str:
+    c = d.get("controls", {})
+    strongest = d.get("strongest_control", "")
+    return (
+        f"Held-out-group AUROC of the axis fitted at each layer (band: ± sd over {d.get('n_splits', '?')} splits);"
+        f" dashed lines are the controls. At layer {d['best_layer']} (chosen on validation groups) the held-out"
+        f" AUROC is {_fmt(d['heldout_auroc'])}; the strongest control, {strongest}, reaches"
+        f" {_fmt(c.get(strongest))}, a margin of {d['margin']:+.3f}. A margin near zero means the controls"
+        " explain the separation."
+    )
+
+
+def _cosine_caption(d: dict) -> str:
+    return (
+        "Cosine between the directions fitted at each pair of layers (red: same direction, blue: opposite)."
+        " A block of red means one axis persists across those layers; the chosen layer is"
+        f" {d['best_layer']}."
+    )
+
+
+def _transfer_caption(d: dict) -> str:
+    off = d.get("off_diagonal_auroc", {})
+    return (
+        f"AUROC of an axis fitted on one family (row) and scored on another (column), at layer {d['layer']};"
+        " the diagonal is held-out groups of the same family. 0.5 is chance; off-diagonal mean"
+        f" {_fmt(off) if off else 'n/a'}. The margin over the strongest control per cell is in results.json."
+    )
+
+
+def _history_caption(d: dict) -> str:
+    return (
+        "Reward-history construction: the identical final paragraph after a history that rewarded the rule vs"
+        " one that never did, rules held out. The text is identical, so the embedding control is 0.5 by"
+        " construction. " + _sweep_caption(d)
+    )
+
+
+def _matched_caption(d: dict) -> str:
+    mc = d.get("main_post_vs_control_post", {})
+    return (
+        f"The pre/post axis at layer {d['layer']} on main and matched-control conversations. If it read value,"
+        " main post would sit above control post (identical text); it reaches AUROC"
+        f" {_fmt(mc.get('auroc'))}, while post vs pre separates the never-rewarded control too"
+        f" ({_fmt(d.get('post_vs_pre_control', {}).get('auroc'))})."
+    )
+
+
+def _lens_caption(d: dict) -> str:
+    return (
+        f"Tokens the axis at layer {d['layer']} promotes (right) and suppresses (left) through the final norm"
+        " and the unembedding: what pushing the residual up the axis makes more likely as the next token."
+        " Punctuation or end-of-text at the top points to sentence position rather than success."
+    )
+
+
+def _trace_caption(d: dict) -> str:
+    return (
+        f"The value read at {trace_series(d)[0]} (σ units) at each token of one generation, and the"
+        " tokens coloured by it (red high, blue low). The dotted lines are ±1 σ of the reference set: a"
+        " swing inside them is within the spread of ordinary text."
+    )
+
+
+def _steer_caption(d: dict) -> str:
+    k = d.get("slope_step", 1.0)
+    parts = [
+        f"{e['metric']} ({e['subset']}): slope {e['axis']['slope'] * k:+.3f}, null [{e['null_range'][0] * k:+.3f},"
+        f" {e['null_range'][1] * k:+.3f}]" + (" outside" if e.get("outside_null") else " inside")
+        for e in d["effects"][:4]
+    ]
+    return (
+        "Behavioural metrics as the steering strength α grows along the axis (mean, 95% CI over prompts), against"
+        " the same strengths along random directions (grey: the null) and the other axis. An effect counts only"
+        f" where the axis's slope leaves the null range. Slopes per {k:g} {d.get('unit', 'sigma')}: "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def _shift_caption(d: dict) -> str:
+    moved = [
+        f"{g['group']} {g['shift']:+.2f} σ [{g['ci'][0]:+.2f}, {g['ci'][1]:+.2f}] (random directions: {g['null_percentile']:.0f}th pct)"
+        for g in d["groups"]
+    ]
+    return (
+        f"Scores on the base model's axis (layer {d['layer']}) before and after tuning, same token ids, σ from the"
+        " base reference set (grey bar: central 95% of random directions), and the separation between groups"
+        " at every layer. Shift per group with 95% CI: " + "; ".join(moved) + "."
+    )
+
+
+def _one(fig: Callable[[dict], go.Figure]) -> Callable[[dict], list[go.Figure | str]]:
+    return lambda d: [fig(d)]
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("sweep", "Where the value axis lives: AUROC by layer (pre/post construction)",
+            "`valueprobe demo` or `valueprobe fit`", _one(sweep_figure_from_dict), _sweep_caption),
+    Section("sweep", "Is it one axis? Inter-layer cosine", "`valueprobe demo` or `valueprobe fit`",
+            _one(cosine_figure), _cosine_caption),
+    Section("history", "A construction with identical text: reward-history axis by layer",
+            "`valueprobe demo` or `valueprobe replicate axis --history-out`", _one(sweep_figure_from_dict),
+            _history_caption),
+    Section("transfer", "Does it transfer? Fit on one contrast, score on another",
+            "`valueprobe demo` or `valueprobe fit` with several --store", _one(transfer_figure), _transfer_caption),
+    Section("matched_control", "Matched control: same text, different history", "`valueprobe demo` or `valueprobe replicate axis`",
+            _one(matched_control_figure), _matched_caption),
+    Section("logit_lens", "What the axis says: logit-lens tokens", "`valueprobe demo` or `valueprobe replicate axis`",
+            _one(logit_lens_figure), _lens_caption),
+    Section("trace", "Reading it live: the value trace of one generation", "`valueprobe demo` or `valueprobe trace`",
+            lambda d: [trace_figure(d), trace_tokens_html(d)], _trace_caption),
+    Section("steer", "Steering: dose-response against random directions", "`valueprobe demo` or `valueprobe steer`",
+            _one(dose_response_figure), _steer_caption),
+    Section("shift", "Tuning moves the axis: shift after DPO", "`valueprobe demo` or `valueprobe shift`",
+            lambda d: [shift_distribution_figure(d), shift_layers_figure(d)], _shift_caption),
+)  # fmt: skip
+
+
+def load_results(folder: str | Path) -> dict:
+    """The result sections saved in ``folder``: its ``results.json``, else its ``probe.json`` metrics.
+
+    Raises:
+        ValueprobeError: the folder holds neither (one line saying which command writes them).
+    """
+    folder = Path(folder)
+    results, probe = folder / RESULTS_FILE, folder / "probe.json"
+    try:
+        if results.is_file():
+            data = json.loads(results.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("sections"), dict):
+                raise ValueprobeError(
+                    f"{results} has no 'sections' object: rerun `valueprobe demo --out {folder}`"
+                )
+            return data
+        if probe.is_file():
+            meta = json.loads(probe.read_text())
+            metrics = dict(meta.get("metrics", {}))
+            if "icrl_matched_control" in metrics:  # replicate axis stores it under this name
+                metrics["matched_control"] = metrics.pop("icrl_matched_control")
+            return {"model": meta.get("model_id"), "source": str(probe), "sections": metrics}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueprobeError(
+            f"{folder}: result file is not valid JSON ({exc}); rerun the command that wrote it"
+        ) from None
+    raise ValueprobeError(
+        f"{folder} has no {RESULTS_FILE} or probe.json: run `valueprobe demo --out {folder}` (or give a probe folder)"
+    )
+
+
+def render_report(results: dict, *, title: str | None = None) -> str:
+    """The report as one HTML string: plotly.js inlined once, one block per section present."""
+    sections = results.get("sections", {})
+    missing_notes = results.get("missing", {})
+    model = results.get("model") or "?"
+    title = title or f"valueprobe report: {model}"
+    blocks, absent, n = [], [], 0
+    for sec in SECTIONS:
+        data = sections.get(sec.key)
+        if not isinstance(data, dict) or not data:
+            why = missing_notes.get(
+                sec.key, f"no '{sec.key}' results in this folder; {sec.produced_by} writes them"
+            )
+            absent.append(f"<li><b>{html.escape(sec.title)}</b>: {html.escape(why)}</li>")
+            continue
+        try:
+            parts = sec.draw(data)
+            caption = sec.caption(data)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            absent.append(
+                f"<li><b>{html.escape(sec.title)}</b>: results unreadable ({html.escape(repr(exc))})</li>"
+            )
+            continue
+        body = []
+        for part in parts:
+            if isinstance(part, go.Figure):
+                n += 1
+                body.append(
+                    part.to_html(
+                        full_html=False,
+                        include_plotlyjs=False,
+                        div_id=f"fig{n}",
+                        default_height=420,
+                        config={"displaylogo": False},
+                    )
+                )
+            else:
+                body.append(part)
+        blocks.append(
+            f"<section><h2>{html.escape(sec.title)}</h2>{''.join(body)}"
+            f'<p class="caption">{html.escape(caption)}</p></section>'
+        )
+    if absent:
+        blocks.append(
+            '<section class="absent"><h2>Not in this run</h2><ul>' + "".join(absent) + "</ul></section>"
+        )
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in results.get("summary", []))
+    return _PAGE.format(
+        title=html.escape(title),
+        plotlyjs=get_plotlyjs(),
+        summary=f"<ul class='summary'>{summary}</ul>" if summary else "",
+        body="\n".join(blocks),
+    )
+
+
+def write_report(results: dict, out: str | Path, *, title: str | None = None) -> Path:
+    """Render and write the report atomically; returns its path."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueprobeError(
+            f"{out}: cannot create its folder ({exc.strerror}); choose a writable --out"
+        ) from None
+    return atomic_write_text(out, render_report(results, title=title))
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1100px; margin: 1.5em auto; color: #222; }}
+h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.1em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }}
+.caption {{ color: #444; font-size: 0.92em; max-width: 60em; }}
+.summary li {{ font-family: ui-monospace, monospace; font-size: 0.9em; }}
+.tokens {{ line-height: 1.9; font-family: ui-monospace, monospace; font-size: 0.9em; white-space: pre-wrap; }}
+.tokens span {{ padding: 1px 0; border-radius: 2px; }}
+.absent li {{ color: #666; }}
+</style>
+<script type="text/javascript">{plotlyjs}</script>
+</head><body>
+<h1>{title}</h1>
+{summary}
+{body}
+</body></html>
+"""

@@ -1,0 +1,1 @@
+"""Statistics with no model in them: metrics, random-direction nulls, bootstrap intervals."""

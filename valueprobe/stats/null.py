@@ -1,0 +1,87 @@
+"""Nulls and intervals: random unit directions, where a figure falls among them, bootstrap of a mean.
+
+An axis figure means something only beside what any direction shows on the same tokens: on
+last-token contrasts of fixed words ("Yes" vs "No") random directions reach AUROC 0 or 1.
+``valueprobe score --null 32`` and ``valueprobe shift`` use these helpers::
+
+    >>> R = random_directions(576, 32, seed=0)          # [32, 576] unit rows
+    >>> null = np.array([auroc(h @ r, y) for r in R])
+    >>> percentile_in(auroc(h @ v, y), null), null_range(null)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.stats.metrics import auroc, cohens_d
+
+__all__ = ["direction_null", "mean_ci", "null_range", "percentile_in", "random_directions"]
+
+
+def random_directions(d_model: int, n: int, *, seed: int = 0) -> np.ndarray:
+    """``n`` random unit directions [n, d_model] (isotropic Gaussian, normalized), reproducible by seed."""
+    if n < 1:
+        raise ValueprobeError(f"the random-direction null needs at least 1 direction, got {n}")
+    g = np.random.default_rng(seed).standard_normal((n, d_model))
+    return g / np.linalg.norm(g, axis=1, keepdims=True)
+
+
+def null_range(null: np.ndarray, *, level: float = 0.95) -> tuple[float, float]:
+    """Central ``level`` range of a null sample (2.5th and 97.5th percentiles by default)."""
+    x = np.asarray(null, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return (float("nan"), float("nan"))
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(x, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def percentile_in(x: float, null: np.ndarray) -> float:
+    """Where ``x`` falls in the null, 0–100 (ties count half): 50 is typical, 100 beats every direction."""
+    n = np.asarray(null, dtype=np.float64)
+    n = n[np.isfinite(n)]
+    if n.size == 0 or not np.isfinite(x):
+        return float("nan")
+    return float(100.0 * ((n < x).sum() + 0.5 * (n == x).sum()) / n.size)
+
+
+def mean_ci(x: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """Bootstrap CI of the mean of ``x`` [n], resampling its entries (e.g. examples).
+
+    Percentile interval with the resampled means' spread about the sample mean widened by
+    √(n/(n−1)): the plain percentile bootstrap uses the biased variance and under-covers in
+    small samples (≈ 93.5% for n = 100 normal draws; the simulation test checks 93–97%).
+    A sample of one, or ``n_boot=0``, gives (nan, nan).
+
+    >>> mean_ci(np.array([0.1, -0.2, 0.4, 0.0]), n_boot=2000)
+    """
+    a = np.asarray(x, dtype=np.float64).reshape(-1)
+    if a.size < 2 or n_boot < 1:
+        return (float("nan"), float("nan"))
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(n_boot, a.size))
+    tail = (1 - level) / 2 * 100
+    m = a.mean()
+    lo, hi = m + (np.percentile(a[idx].mean(axis=1), [tail, 100 - tail]) - m) * np.sqrt(a.size / (a.size - 1))
+    return float(lo), float(hi)
+
+
+def direction_null(proj: np.ndarray, labels: np.ndarray, *, auroc_axis: float, d_axis: float) -> dict:
+    """AUROC and Cohen's d of each random direction (columns of ``proj`` [n, k]) against ``labels``,
+    their central 95% ranges, and where the axis's own figures fall among them (percentiles).
+
+    Random directions come in ± pairs with equal chance, so their AUROCs centre on 0.5; an axis
+    AUROC at the 100th percentile beats every direction tried.
+    """
+    y = np.asarray(labels, dtype=np.float64) >= 0.5
+    p = np.asarray(proj, dtype=np.float64)
+    aurocs = np.array([auroc(p[:, j], y) for j in range(p.shape[1])])
+    ds = np.array([cohens_d(p[:, j], y) for j in range(p.shape[1])])
+    return {
+        "null_n": int(p.shape[1]),
+        "null_auroc_range": list(null_range(aurocs)),
+        "null_cohens_d_range": list(null_range(ds)),
+        "score_auroc_null_percentile": percentile_in(auroc_axis, aurocs),
+        "score_cohens_d_null_percentile": percentile_in(d_axis, ds),
+    }

@@ -1,0 +1,369 @@
+"""A whole steering sweep as batched generation: prompts × samples × strengths, one row each.
+
+    >>> gens = generate(lm, axis, ["Is 7 prime?", "Write a haiku."], alphas=[-2, 0, 2], samples=2,
+    ...                 max_new_tokens=48, temperature=0.7, seed=0)
+    >>> gens[0].to_dict()      # {"prompt": 0, "sample": 0, "alpha": -2.0, "seed": ..., "text": ...}
+
+Every row carries its own α (`valueprobe.steering.handle.Steering`), rows are left padded and run in chunks
+of ``batch_size``. Sampling uses common random numbers (`valueprobe.steering.sampling`): the seed of a row
+depends only on (seed, prompt, sample), so every strength and direction of one (prompt, sample)
+draws the same uniforms, and a row draws the same numbers whatever chunk it lands in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, LogitsProcessorList
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.route import Point, record
+from valueprobe.steering.handle import AlphaSource, Steering, Where, targets
+from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.vocab import Backend, LayerSpec, Site, Unit
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = ["Generation", "Trace", "generate", "encode_prompts"]
+
+Prompt = str | Sequence[dict[str, str]]  # raw text, or a chat (rendered with the chat template)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-token readout of one row: σ-scores by layer, and the α applied, for every token fed.
+
+    ``values[name]`` has one entry per token of ``tokens`` (prompt then generated); the last
+    generated token is never fed back, so its entries are NaN. Names are ``"resid_post[21]"``;
+    at the steered point the value is read *before* the addition.
+    """
+
+    tokens: tuple[str, ...]
+    n_prompt: int
+    values: dict[str, tuple[float, ...]]
+    alpha: tuple[float, ...]
+    steered: str  # the name in ``values`` of the steered point
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated row of a sweep.
+
+    Attributes:
+        prompt: index into the prompts given; sample: the sample index of that prompt.
+        alpha: the strength, in ``unit``; direction: the name of the steered direction.
+        seed: the row's sampling seed (None under greedy decoding).
+        text: the generated text (no prompt, no EOS); token_ids: its token ids.
+        finished: whether the row stopped on EOS before ``max_new_tokens``.
+        trace: the per-token readout, when asked for.
+    """
+
+    prompt: int
+    sample: int
+    alpha: float
+    unit: str
+    direction: str
+    seed: int | None
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    trace: Trace | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["trace"] = None if self.trace is None else self.trace.to_dict()
+        return out
+
+
+def _pad_eos(lm: LoadedModel) -> tuple[int, int | None]:
+    tok = lm.tokenizer
+    eos = getattr(tok, "eos_token_id", None)
+    pad = getattr(tok, "pad_token_id", None)
+    pad = eos if pad is None else pad
+    return (0 if pad is None else int(pad)), (None if eos is None else int(eos))
+
+
+def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt: text as is, a chat list through the chat template (with the
+    assistant turn opened)."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            text, special = p, True
+        else:
+            text = lm.tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)
+            special = False
+        ids = lm.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if not ids:
+            raise ValueprobeError(f"prompt {i} is empty: give at least one token of text")
+        out.append(list(ids))
+    return out
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "b p"], Int[Tensor, "b p"]]:
+    """Left-padded ids and mask: every row's last prompt token sits in the last column."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt: int
+    sample: int
+    alpha: float
+    seed: int | None
+
+
+def _chunks(rows: Sequence[_Row], size: int) -> Iterator[list[_Row]]:
+    for i in range(0, len(rows), size):
+        yield list(rows[i : i + size])
+
+
+def _point_name(p: Point) -> str:
+    return f"{Site(p.site).value}[{p.layer}]"
+
+
+def generate(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    prompts: Sequence[Prompt],
+    *,
+    alphas: Sequence[float] = (0.0,),
+    samples: int = 1,
+    seed: int = 0,
+    max_new_tokens: int = 48,
+    min_new_tokens: int = 0,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    unit: Unit | str = Unit.sigma,
+    layers: LayerSpec = None,
+    site: Site | str | None = None,
+    positions: Where = "all",
+    direction: Tensor | None = None,
+    direction_name: str = "axis",
+    read_layers: Sequence[int] = (),
+    trace: bool = False,
+    batch_size: int = 32,
+    backend: Backend | str = Backend.hooks,
+    source: Callable[[int], AlphaSource] | None = None,
+    progress: bool = True,
+) -> list[Generation]:
+    """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
+
+    Args:
+        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it).
+        prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
+        alphas: strengths in ``unit``; samples: samples per (prompt, α).
+        seed: base seed; row seeds are `valueprobe.steering.sampling.row_seed(seed, prompt, sample)`.
+        max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (benchmarks: fixed length).
+        greedy: argmax decoding (then samples are identical).
+        temperature, top_p: sampling settings.
+        unit, layers, site, positions, direction: as in `valueprobe.steering.handle.steer`.
+        direction_name: recorded in each `Generation` (e.g. ``"random-3"``).
+        read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
+        trace: return a per-token `Trace` with each row.
+        batch_size: rows per ``generate`` call (memory grows with it, time falls).
+        backend: ``hooks``, or ``nnsight`` (open-loop only, no trace: the NDIF route).
+        source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
+            hook's α source. Hooks route only.
+
+    >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
+    """
+    if max_new_tokens < 1:
+        raise ValueprobeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if samples < 1 or batch_size < 1:
+        raise ValueprobeError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
+    if not prompts:
+        raise ValueprobeError("no prompts to generate from")
+    if not alphas:
+        raise ValueprobeError("no strengths (alphas) given")
+    backend = Backend(backend)
+    if backend == Backend.tlens:
+        raise ValueprobeError("steered generation runs through backend 'hooks' or 'nnsight', not 'tlens'")
+    if backend == Backend.nnsight and (trace or read_layers or source is not None):
+        raise ValueprobeError(
+            "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
+            "cannot hand a value read in one step back to Python before that step's addition"
+        )
+    plan = targets(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    encoded = encode_prompts(lm, prompts)
+    rows = [
+        _Row(p, s, float(a), None if greedy else row_seed(seed, p, s))
+        for p in range(len(prompts))
+        for s in range(samples)
+        for a in alphas
+    ]
+    pad_id, eos = _pad_eos(lm)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=eos,
+    )
+    out: list[Generation] = []
+    with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
+        for chunk in _chunks(rows, batch_size):
+            out.extend(
+                _run_chunk(
+                    lm,
+                    axis,
+                    plan,
+                    chunk,
+                    encoded,
+                    config=config,
+                    temperature=temperature,
+                    top_p=top_p,
+                    unit=Unit(unit),
+                    where=positions,
+                    direction_name=direction_name,
+                    read_layers=read_layers,
+                    trace=trace,
+                    backend=backend,
+                    source=None if source is None else source(len(chunk)),
+                )
+            )
+            bar.update(len(chunk))
+    return out
+
+
+def _run_chunk(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    plan: list,
+    chunk: list[_Row],
+    encoded: list[list[int]],
+    *,
+    config: GenerationConfig,
+    temperature: float,
+    top_p: float,
+    unit: Unit,
+    where: Where,
+    direction_name: str,
+    read_layers: Sequence[int],
+    trace: bool,
+    backend: Backend,
+    source: AlphaSource | None,
+) -> list[Generation]:
+    ids, mask = left_pad([encoded[r.prompt] for r in chunk], config.pad_token_id)
+    seeds = [r.seed for r in chunk]
+    processors = LogitsProcessorList()
+    if seeds[0] is not None:
+        processors.append(RowSampler([int(s or 0) for s in seeds], temperature=temperature, top_p=top_p))
+    alpha = torch.tensor([r.alpha for r in chunk])
+    device = lm.device
+    if backend == Backend.nnsight:
+        from valueprobe.hooks import nnsight_route  # nnsight takes seconds to import
+
+        seqs = nnsight_route.steered_generate(
+            lm, ids, mask, plan=plan, alpha=alpha, where=where, config=config, processors=processors
+        )
+        reads: dict[str, list[Tensor]] = {}
+        applied: list[Tensor] = []
+    else:
+        points = [Point(layer, Site.resid_post) for layer in read_layers]
+        scorers = {
+            p: (lambda h, layer=p.layer: torch.as_tensor(axis.score(h.float(), layer)).cpu()) for p in points
+        }
+        steering = Steering(
+            lm, axis, plan, alpha=alpha, where=where, prompt_length=ids.shape[1], trace=trace, source=source
+        )
+        with ExitStack() as stack, torch.no_grad():
+            stack.enter_context(steering)
+            recs = {p: stack.enter_context(record(lm, [p], reduce=fn)) for p, fn in scorers.items()}
+            seqs = lm.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                logits_processor=processors,
+            )
+        main = plan[0].point
+        reads = {_point_name(main): steering.reads[main]} | {
+            _point_name(p): r.values[p] for p, r in recs.items()
+        }
+        applied = steering.applied[main]
+    return [
+        _row_result(
+            lm,
+            i,
+            r,
+            seqs[i].cpu(),
+            ids.shape[1],
+            mask[i],
+            config,
+            unit,
+            direction_name,
+            reads if trace else None,
+            applied,
+            _point_name(plan[0].point),
+        )
+        for i, r in enumerate(chunk)
+    ]
+
+
+def _row_result(
+    lm: LoadedModel,
+    i: int,
+    row: _Row,
+    seq: Tensor,
+    width: int,
+    prompt_mask: Tensor,
+    config: GenerationConfig,
+    unit: Unit,
+    direction_name: str,
+    reads: dict[str, list[Tensor]] | None,
+    applied: list[Tensor],
+    steered: str,
+) -> Generation:
+    new = seq[width:].tolist()
+    eos = config.eos_token_id
+    finished = eos is not None and eos in new
+    kept = new[: new.index(eos)] if finished else new
+    text = lm.tokenizer.decode(kept, skip_special_tokens=True)
+    trace = None
+    if reads is not None:
+        n_prompt = int(prompt_mask.sum())
+        cols = list(range(width - n_prompt, width + len(kept)))
+        pieces = [lm.tokenizer.decode([t]) for t in seq[width - n_prompt : width + len(kept)].tolist()]
+
+        def per_token(parts: list[Tensor]) -> tuple[float, ...]:
+            full = torch.cat(parts, dim=1)[i] if parts else torch.empty(0)
+            return tuple(float(full[c]) if c < full.numel() else float("nan") for c in cols)
+
+        trace = Trace(
+            tokens=tuple(pieces),
+            n_prompt=n_prompt,
+            values={name: per_token(parts) for name, parts in reads.items()},
+            alpha=per_token(applied),
+            steered=steered,
+        )
+    return Generation(
+        prompt=row.prompt,
+        sample=row.sample,
+        alpha=row.alpha,
+        unit=unit.value,
+        direction=direction_name,
+        seed=row.seed,
+        text=text,
+        token_ids=tuple(kept),
+        finished=finished,
+        trace=trace,
+    )

@@ -1,0 +1,241 @@
+"""Steer along an axis: add α·v̂ to the residual stream, on prompt, generated or all tokens.
+
+    >>> import valueprobe as vp
+    >>> lm = vp.load("smollm2-135m"); axis = vp.ValueAxis.load("probes/value-smollm2", lm=lm)
+    >>> with vp.steer(lm, axis, 2.0):                     # +2 σ at the axis's own layer and site
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
+    >>> gens = vp.generate(lm, axis, ["Is 7 prime?"], alphas=[-2, 0, 2], samples=2, max_new_tokens=48)
+
+Strength units (`valueprobe.vocab.Unit`): ``sigma`` moves the projection on the axis by exactly
+α σ of its reference set (adds α·σ·v̂); ``norm`` adds α % of the layer's mean residual norm
+(the paper's unit: α = 25 is 8.4% on Qwen3-8B's layer 21 in their table); ``raw`` adds α·v̂.
+``k * axis`` multiplies every strength by k.
+
+Exactness: the addition runs in a hook on the decoder block at every forward, and under the KV
+cache a forward carries only the new columns (`valueprobe.hooks.route.Step`), so each position gets
+one addition once, the prompt pass included (which is what steers the first generated token).
+Pad cells are never touched, and cells with α = 0 are passed through bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.route import Handle, Point, Step, intervene
+from valueprobe.vocab import LayerSpec, Site, Unit, parse_layers
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = ["Steering", "Target", "check_unit", "steer", "targets"]
+
+Where = Literal["prompt", "generated", "all"]
+WHERE: tuple[str, ...] = ("prompt", "generated", "all")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place steering writes: the point, its unit direction, and the size of one unit of α there."""
+
+    point: Point
+    direction: Float[Tensor, " d_model"]  # unit vector, float32
+    unit_size: float  # σ, mean_norm / 100 or 1, times axis.scale
+    layer: int  # the axis layer this target reads its statistics from
+
+    def score(self, axis: ValueAxis, h: Tensor) -> Tensor:
+        """The projection of ``h`` on the axis at this layer, in σ (float32)."""
+        return torch.as_tensor(axis.score(h.float(), self.layer))
+
+
+def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
+    """The size of one unit of α at ``layer``; one clear error when the axis lacks the layer or the
+    statistics the unit needs (checked by the CLI before a model loads)."""
+    if layer not in axis.layers:
+        raise ValueprobeError(f"the axis has no layer {layer}: pick from its layers {list(axis.layers)}")
+    i = axis.layers.index(layer)
+    if unit == Unit.raw:
+        return float(axis.scale)
+    stat, name, fix = (
+        (axis.sigma[i], "σ", "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw")
+        if unit == Unit.sigma
+        else (
+            axis.mean_norm[i],
+            "mean residual norm",
+            "refit the probe with norm statistics or use --unit sigma",
+        )
+    )
+    value = float(stat)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueprobeError(f"axis layer {layer} has no {name} statistics for --unit {unit.value}: {fix}")
+    return value * (1.0 if unit == Unit.sigma else 0.01) * float(axis.scale)
+
+
+def targets(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    *,
+    layers: LayerSpec = None,
+    site: Site | str | None = None,
+    unit: Unit | str = Unit.sigma,
+    direction: Float[Tensor, " d_model"] | None = None,
+) -> list[Target]:
+    """Resolve where and how hard one unit of α pushes: one `Target` per steered layer.
+
+    Args:
+        lm: the model (its width and depth are checked against the axis).
+        axis: gives the direction, σ and mean norms; layers default to its best layer.
+        layers: any layers the axis has (``"18:22"``, ``[12, 21]``...).
+        site: ``resid_pre`` or ``resid_post``; default the axis's own site.
+        unit: ``sigma``, ``norm`` or ``raw`` (see the module doc).
+        direction: steer along this vector instead of v̂ (normalized; e.g. a random control),
+            keeping the axis's layer statistics so strengths match.
+    """
+    if axis.d_model != lm.d_model:
+        raise ValueprobeError(
+            f"the axis is for d_model {axis.d_model} but the model has {lm.d_model}: "
+            f"use a probe fitted on this architecture (the axis is from {axis.model_id})"
+        )
+    unit = Unit(unit)
+    chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
+    missing = [layer for layer in chosen if layer not in axis.layers]
+    if missing:
+        raise ValueprobeError(f"the axis has no layer {missing[0]}: pick from its layers {list(axis.layers)}")
+    point_site = Site(site or axis.site)
+    out = []
+    for layer in chosen:
+        v = axis.direction(layer) if direction is None else direction
+        if v.shape != (lm.d_model,):
+            raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
+        v = v.detach().float().cpu()
+        out.append(Target(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
+    return out
+
+
+# What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
+AlphaSource = Callable[[Target, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
+
+
+class Steering(Handle):
+    """The handle `steer` returns: hooks that add α·v̂; ``.alpha`` may be changed between calls.
+
+    Attributes:
+        alpha: ``[batch]`` strengths in the chosen unit (a scalar broadcasts).
+        prompt_length: the (padded) prompt width; columns at or past it are generated tokens.
+        reads: with ``trace=True``, per target point, one ``[batch, new]`` σ-score per forward of
+            the residual *before* the addition.
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        axis: ValueAxis,
+        targets_: Sequence[Target],
+        *,
+        alpha: float | Tensor,
+        where: Where,
+        prompt_length: int | None,
+        trace: bool,
+        source: AlphaSource | None = None,
+    ) -> None:
+        super().__init__()
+        if where not in WHERE:
+            raise ValueprobeError(f"unknown positions {where!r}: use one of {', '.join(WHERE)}")
+        if where != "all" and prompt_length is None:
+            raise ValueprobeError(f"positions={where!r} needs prompt_length (the padded prompt width)")
+        self.axis = axis
+        self.targets = list(targets_)
+        self.alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
+        self.where = where
+        self.prompt_length = prompt_length
+        self.trace = trace
+        self.source = source
+        self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.targets}
+        self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.targets}
+        try:
+            for t in self.targets:
+                self._add_all(intervene(lm, t.point, self._hook(t)))
+        except BaseException:
+            self.remove()
+            raise
+
+    def _add_all(self, other: Handle) -> None:
+        self._handles.extend(other._handles)
+        other._handles = []
+
+    def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
+        """The cells of this forward steering may touch: not padding, and in the chosen positions."""
+        ok = ~step.pad
+        if self.where != "all":
+            assert self.prompt_length is not None
+            in_prompt = step.columns() < self.prompt_length
+            ok = ok & (in_prompt if self.where == "prompt" else ~in_prompt)[None, :]
+        return ok
+
+    def _hook(self, target: Target) -> Callable[[Tensor, Step], Tensor | None]:
+        def fn(h: Tensor, step: Step) -> Tensor | None:
+            cells = self.cells(step)
+            if self.trace:
+                self.reads[target.point].append(target.score(self.axis, h.detach()).cpu())
+            if self.source is not None:
+                alpha = self.source(target, h, step, cells).to(h.device)
+            else:
+                a = self.alpha.to(h.device)
+                if a.numel() not in (1, h.shape[0]):
+                    raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
+                alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
+            alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
+            if self.trace:
+                self.applied[target.point].append(alpha.detach().cpu())
+            touch = alpha != 0
+            if not bool(touch.any()):
+                return None
+            step_ = (alpha * target.unit_size)[..., None] * target.direction.to(h.device)
+            return torch.where(touch[..., None], h + step_.to(h.dtype), h)
+
+        return fn
+
+    def __enter__(self) -> Steering:
+        return self
+
+
+def steer(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    alpha: float | Float[Tensor, " batch"] = 1.0,
+    *,
+    layers: LayerSpec = None,
+    site: Site | str | None = None,
+    positions: Where = "all",
+    unit: Unit | str = Unit.sigma,
+    prompt_length: int | None = None,
+    direction: Float[Tensor, " d_model"] | None = None,
+    trace: bool = False,
+) -> Steering:
+    """Add α·v̂ at every forward until removed: a handle and a context manager.
+
+    Args:
+        lm: the loaded model.
+        axis: the value axis (``ValueAxis.load``); ``-axis`` steers the other way.
+        alpha: one strength, or one per batch row (``[batch]``), in ``unit``.
+        layers: default the axis's best layer; any layers the axis has.
+        site: default the axis's site.
+        positions: ``all`` (the paper's choice), ``prompt`` or ``generated`` (columns at or past
+            ``prompt_length``, the padded prompt width of the batch).
+        unit: ``sigma`` (default), ``norm`` (% of mean residual norm) or ``raw``.
+        direction: steer along another vector with the axis's statistics (random controls).
+        trace: keep the σ-score of the residual before the addition at each forward.
+
+    >>> with steer(lm, axis, torch.tensor([-2.0, 0.0, 2.0]), positions="generated", prompt_length=ids.shape[1]):
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
+    """
+    plan = targets(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    return Steering(lm, axis, plan, alpha=alpha, where=positions, prompt_length=prompt_length, trace=trace)

@@ -1,0 +1,337 @@
+"""A steering sweep with its controls: prompts × strengths × samples × directions, resumable.
+
+    valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
+        --prompts data/steer_confidence.jsonl --alphas -2,-1,0,1,2 --samples 2 --controls 8 \\
+        --other-probe probes/smollm2-135m-reward-history --out runs/steer-confidence
+
+Directions, all at the same strengths: ``axis`` (the probe's direction at its layer), ``other:NAME``
+(the other shipped axis's direction at the same layer) and ``random-K`` (unit vectors drawn from
+a seeded Gaussian). Every direction uses the probe's σ or mean norm to size one unit of α, so the
+vector added has the same length in every direction and only its orientation differs; a random
+direction's slopes form the null a value effect must leave.
+
+The folder holds ``settings.json`` (the sweep's definition; a rerun with other settings is refused),
+``generations.jsonl`` (one row per (prompt, α, direction, sample), appended chunk by chunk, so an
+interrupted sweep resumes where it stopped), and, when every row is done, ``metrics.json``,
+``metrics.csv`` and ``dose.html``.
+
+Prompts ending in a yes/no question also get ``p_yes``: P(yes) / (P(yes) + P(no)) at the first
+answer token under the same steering, read from one forward pass (no sampling).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from valueprobe.datasets.io import Example
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.model.load import LoadedModel, cache_dir
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.behaviour import text_metrics
+from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
+from valueprobe.steering.generation import generate
+from valueprobe.steering.yes_no import p_yes
+from valueprobe.vocab import Unit
+
+__all__ = ["SweepSettings", "check_settings", "parse_alphas", "random_directions", "run_sweep"]
+
+SETTINGS = "settings.json"
+GENERATIONS = "generations.jsonl"
+# Metrics tabled for each steering prompt set (data/steer_*.jsonl); other files get DEFAULT_METRICS.
+SET_METRICS: dict[str, tuple[str, ...]] = {
+    "steer_confidence": ("yes", "p_yes"),
+    "steer_backtracking": ("backtrack", "length"),
+    "steer_code": ("code_lines", "code_comments", "code_hints"),
+    "steer_refusal": ("refusal",),
+    "steer_open": ("length", "degenerate"),
+}
+DEFAULT_METRICS = ("length", "degenerate")
+# Sets whose groups are conditions to compare (the question and its inverted control; harmful and
+# benign requests): their effects are reported per group. Other files pool their groups.
+BY_GROUP = ("steer_confidence", "steer_refusal")
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What defines a sweep; recorded in ``settings.json`` so a resumed run is the same sweep."""
+
+    probe: str
+    probe_fingerprint: str
+    model: str
+    prompts: str
+    prompts_sha256: str
+    alphas: tuple[float, ...]
+    unit: str = "sigma"
+    samples: int = 1
+    max_new_tokens: int = 48
+    controls: int = 8
+    seed: int = 0
+    greedy: bool = False
+    temperature: float = 1.0
+    other_probe: str | None = None
+    layer: int | None = None
+    chunk_prompts: int = 8
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    limit: int | None = None  # only the first ``limit`` prompts of the file
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
+
+    >>> parse_alphas("-50, -25, 0, 25, 50")
+    (-50.0, -25.0, 0.0, 25.0, 50.0)
+    """
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
+    if len(set(values)) < 2:
+        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
+    return values
+
+
+def _model_shape(model: str) -> tuple[int, int] | None:
+    """(d_model, n_layers) from a model's config.json without loading weights; None if not local."""
+    for folder in (Path(model).expanduser(), cache_dir() / "models" / model):
+        cfg = folder / "config.json"
+        if cfg.is_file():
+            try:
+                info = json.loads(cfg.read_text(encoding="utf-8"))
+                info = info.get("text_config", info)
+                return int(info["hidden_size"]), int(info["num_hidden_layers"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples: Sequence[Example]) -> None:
+    """Every check that needs no model: run it before loading one. Raises `ValueprobeError`."""
+    if settings.max_new_tokens < 1:
+        raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
+    if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
+        raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --controls >= 0")
+    unit = Unit(settings.unit)
+    layer = axis.best_layer if settings.layer is None else settings.layer
+    if layer not in axis.layers:
+        raise ValueprobeError(
+            f"--layer {layer}: the probe has no such layer; it has layers {list(axis.layers)}"
+        )
+    i = axis.layers.index(layer)
+    stat = {Unit.sigma: axis.sigma[i], Unit.norm: axis.mean_norm[i], Unit.raw: torch.tensor(1.0)}[unit]
+    if not (math.isfinite(float(stat)) and float(stat) > 0):
+        what = "norm statistics (mean residual norm)" if unit == Unit.norm else "σ statistics"
+        raise ValueprobeError(
+            f"--unit {unit.value}: the probe has no {what} at layer {layer}; use --unit raw"
+        )
+    shape = _model_shape(settings.model)
+    if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
+        raise ValueprobeError(
+            f"the probe is from {axis.model_id} (d_model {axis.d_model}, layers up to {max(axis.layers)}) but"
+            f" {settings.model} has d_model {shape[0]} and {shape[1]} layers: use a probe fitted on this model"
+        )
+    if not examples:
+        raise ValueprobeError(f"--prompts {settings.prompts} holds no prompts")
+    for ex in examples:
+        if ex.messages is not None and ex.messages[-1].get("role") == "assistant":
+            raise ValueprobeError(
+                f"--prompts {settings.prompts}: row {ex.id!r} ends on an assistant message; steering prompts end"
+                " on the user's turn (see data/steer_*.jsonl)"
+            )
+    recorded = out / SETTINGS
+    if out.exists() and not out.is_dir():
+        raise ValueprobeError(f"--out {out} is a file: give a folder")
+    if recorded.is_file():
+        try:
+            before = json.loads(recorded.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = None
+        if before != json.loads(json.dumps(settings.to_dict())):
+            raise ValueprobeError(
+                f"--out {out} holds a different sweep (see {recorded}): use a new folder, or the same settings to resume"
+            )
+    elif out.is_dir() and any(out.iterdir()):
+        raise ValueprobeError(f"--out {out} is not empty and holds no {SETTINGS}: give a new or empty folder")
+
+
+def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
+    """``k`` unit vectors [k, d_model], uniform on the sphere, the same for the same seed."""
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 7]).generate_state(1)[0]))
+    v = torch.randn(k, d_model, generator=g, dtype=torch.float64)
+    return (v / v.norm(dim=1, keepdim=True)).float()
+
+
+def _asks_yes_no(examples: Sequence[Example]) -> bool:
+    def last(ex: Example) -> str:
+        return ex.messages[-1]["content"] if ex.messages else (ex.text or "")
+
+    return all("yes or no" in last(ex).lower() for ex in examples)
+
+
+def metrics_for(prompts_path: str | Path, examples: Sequence[Example]) -> tuple[str, ...]:
+    """The metrics tabled for a prompts file: by its steering set, else length and degeneracy."""
+    base = SET_METRICS.get(Path(prompts_path).stem, DEFAULT_METRICS)
+    if _asks_yes_no(examples) and "p_yes" not in base:
+        base = ("yes", "p_yes", *base)
+    return base
+
+
+def _read_rows(path: Path) -> list[SweepRow]:
+    """Finished rows; a last line cut by an interruption is dropped (and cut from the file)."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+    return [SweepRow.from_dict(json.loads(line)) for line in data[:end].decode("utf-8").splitlines() if line]
+
+
+def _append(path: Path, rows: Sequence[SweepRow]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r.to_dict(), ensure_ascii=False, allow_nan=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _prompt(ex: Example) -> Sequence[dict[str, str]] | str:
+    return list(ex.messages) if ex.messages is not None else (ex.text or "")
+
+
+def run_sweep(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: Sequence[Example],
+    out: str | Path,
+    settings: SweepSettings,
+    *,
+    other: ValueAxis | None = None,
+    batch_size: int = 32,
+    n_boot: int = 1000,
+    progress: bool = True,
+) -> SteerSweep:
+    """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
+
+    Args:
+        lm, axis: the model and the axis (checked against each other).
+        examples: the prompts, in file order (``settings.prompts`` is their path).
+        settings: the sweep's definition (check it with `check_settings` before loading the model).
+        other: the other axis, steered as a control along its direction at the same layer.
+        batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
+    """
+    out = Path(out)
+    check_settings(settings, axis, out, examples)
+    axis.check(lm, force=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / SETTINGS).is_file():
+        atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
+    layer = axis.best_layer if settings.layer is None else settings.layer
+    directions: list[tuple[str, torch.Tensor | None]] = [(AXIS, None)]
+    if other is not None:
+        directions.append(
+            (f"{OTHER_PREFIX}{Path(settings.other_probe or 'other').name}", other.direction(layer))
+        )
+    rand = random_directions(axis.d_model, settings.controls, seed=settings.seed)
+    directions += [(f"{RANDOM_PREFIX}{k}", rand[k]) for k in range(settings.controls)]
+    path = out / GENERATIONS
+    done = {r.key() for r in _read_rows(path)}
+    yes_no = "p_yes" in settings.metrics
+    size = settings.chunk_prompts
+    blocks = [list(range(i, min(i + size, len(examples)))) for i in range(0, len(examples), size)]
+    chunks = [(name, v, b, block) for name, v in directions for b, block in enumerate(blocks)]
+    for name, v, b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
+        keys = [
+            (examples[p].id, float(a), name, s)
+            for p in block
+            for s in range(settings.samples)
+            for a in settings.alphas
+        ]
+        if all(k in done for k in keys):
+            continue
+        prompts = [_prompt(examples[p]) for p in block]
+        block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
+        gens = generate(
+            lm,
+            axis,
+            prompts,
+            alphas=settings.alphas,
+            samples=settings.samples,
+            seed=block_seed,
+            max_new_tokens=settings.max_new_tokens,
+            greedy=settings.greedy,
+            temperature=settings.temperature,
+            unit=settings.unit,
+            layers=[layer],
+            direction=v,
+            direction_name=name,
+            batch_size=batch_size,
+            progress=False,
+        )
+        pyes: dict[tuple[int, float], float] = {}
+        if yes_no:
+            pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
+            got = p_yes(
+                lm,
+                axis,
+                [prompts[p] for p, _ in pairs],
+                [a for _, a in pairs],
+                unit=settings.unit,
+                layer=layer,
+                direction=v,
+                batch_size=batch_size,
+            )
+            pyes = dict(zip(pairs, got.tolist(), strict=True))
+        rows = []
+        for g in gens:
+            ex = examples[block[g.prompt]]
+            metrics = text_metrics(g.text)
+            if yes_no:
+                metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
+            row = SweepRow(
+                prompt_id=ex.id,
+                group=ex.group,
+                alpha=g.alpha,
+                direction=name,
+                sample=g.sample,
+                seed=g.seed,
+                text=g.text,
+                metrics=metrics,
+            )
+            if row.key() not in done:
+                rows.append(row)
+        _append(path, rows)
+        done.update(r.key() for r in rows)
+    by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
+    result = summarise(
+        _read_rows(path),
+        unit=settings.unit,
+        metrics=settings.metrics,
+        by_group=by_group,
+        n_boot=n_boot,
+        seed=settings.seed,
+        settings=settings.to_dict(),
+    )
+    atomic_write_text(
+        out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
+    )
+    atomic_write_text(out / "metrics.csv", result.csv())
+    return result

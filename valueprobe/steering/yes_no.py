@@ -1,0 +1,90 @@
+"""P(yes) under steering: how a steered model answers a yes/no question, read from one forward
+pass at the first answer token (no sampling). `valueprobe.steering.sweep` tables it as ``p_yes``.
+
+    >>> from valueprobe.steering.yes_no import p_yes
+    >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])   # one (prompt, α) per row
+    array([0.31, 0.46])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.handle import steer
+from valueprobe.vocab import Unit
+
+__all__ = ["answer_tokens", "p_yes"]
+
+
+def _answer_ids(tokenizer: Any, word: str) -> set[int]:
+    """Tokens an answer ``word`` starts with: its single-token forms (yes, Yes, YES, " yes", " Yes")
+    where the tokenizer has any, else the first token of each form."""
+    forms = [
+        tokenizer(f, add_special_tokens=False)["input_ids"]
+        for f in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize())
+    ]
+    single = {int(ids[0]) for ids in forms if len(ids) == 1}
+    return single or {int(ids[0]) for ids in forms if ids}
+
+
+def answer_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Token ids read as "yes" and as "no"; a token both words start with (a bare space) counts for neither."""
+    yes, no = _answer_ids(tokenizer, "yes"), _answer_ids(tokenizer, "no")
+    return sorted(yes - no), sorted(no - yes)
+
+
+def p_yes(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    prompts: Sequence[Sequence[dict[str, str]] | str],
+    alphas: Sequence[float],
+    *,
+    unit: Unit | str = Unit.sigma,
+    layer: int | None = None,
+    direction: torch.Tensor | None = None,
+    batch_size: int = 16,
+) -> np.ndarray:
+    """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
+
+    "yes" and "no" each pool the single-token forms of the word (on the default model: yes, Yes,
+    " yes", " Yes"; "YES" is two tokens and is left out), see `answer_tokens`.
+
+    Args:
+        prompts: one prompt per row (chats get the assistant turn opened).
+        alphas: one strength per row, in ``unit``.
+        layer, direction: as in `valueprobe.steering.handle.steer` (default: the axis at its best layer).
+
+    >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])
+    array([0.31, 0.46])
+    """
+    if len(prompts) != len(alphas):
+        raise ValueprobeError(f"p_yes: {len(prompts)} prompts but {len(alphas)} strengths")
+    yes, no = answer_tokens(lm.tokenizer)
+    encoded = encode_prompts(lm, prompts)
+    pad = int(getattr(lm.tokenizer, "pad_token_id", None) or 0)
+    out = np.empty(len(encoded))
+    layers = None if layer is None else [layer]
+    for start in range(0, len(encoded), batch_size):
+        rows = encoded[start : start + batch_size]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):  # right padding: real tokens keep positions 0..n-1 and never see pads
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        alpha = torch.tensor([float(a) for a in alphas[start : start + batch_size]])
+        with torch.no_grad(), steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction):
+            logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
+        last = torch.tensor([len(r) - 1 for r in rows])
+        probs = torch.softmax(logits[torch.arange(len(rows)), last.to(logits.device)].float(), dim=-1).cpu()
+        py, pn = probs[:, yes].sum(dim=1), probs[:, no].sum(dim=1)
+        out[start : start + len(rows)] = (py / (py + pn)).numpy()
+    return out

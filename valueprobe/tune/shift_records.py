@@ -1,0 +1,155 @@
+"""The result records of :func:`valueprobe.tune.shift.shift`: per-group shifts, pair separations, the whole comparison.
+
+>>> res = shift(axis, base, tuned, examples, targeted=["harmful"])
+>>> headers, rows = res.table(); res.write("runs/shift-safety")   # shift.json, examples.csv, shift.html
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from valueprobe.errors import ValueprobeError
+
+__all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
+
+
+@dataclass(frozen=True)
+class GroupShift:
+    """One group's move along the axis at the headline layer (scores in the axis's base σ)."""
+
+    group: str
+    n: int
+    targeted: bool
+    base_mean: float
+    tuned_mean: float
+    shift: float  # mean over examples of (tuned − base) score
+    ci: tuple[float, float]  # bootstrap 95% CI of ``shift`` over examples
+    shift_data_sigma: float  # the same shift in the axis's σ over the data: the unit of the null
+    null_range: tuple[float, float]  # central 95% of random directions' shifts (each in its own σ)
+    null_percentile: float  # where the axis's shift falls among the random directions, 0–100
+    d_before: float | None  # Cohen's d by label inside the group (contrast), base model
+    d_after: float | None
+    share: float  # the group's share of all examples
+    quartiles_before: tuple[float, float, float, float]  # share of each base quartile (low → high) held
+    quartiles_after: tuple[float, float, float, float]
+    counts: bool  # leaves the random null and (if there are untargeted groups) their range
+
+
+@dataclass(frozen=True)
+class PairSeparation:
+    """Cohen's d of group ``a`` against group ``b`` at each layer, base and tuned."""
+
+    a: str
+    b: str
+    d_base: tuple[float, ...]
+    d_tuned: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ShiftResult:
+    """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
+
+    base_id: str
+    tuned_id: str
+    base_fingerprint: str
+    tuned_fingerprint: str
+    probe: dict
+    layer: int
+    layers: tuple[int, ...]
+    tokens: str
+    n_random: int
+    groups: tuple[GroupShift, ...]
+    shift_by_layer: dict[str, tuple[float, ...]]  # group -> mean shift in σ at each of ``layers``
+    pairs: tuple[PairSeparation, ...]
+    untargeted_range: tuple[float, float] | None  # min, max shift of the untargeted groups
+    axis_cosine: dict[str, tuple[float, ...]] | None  # refit: cos per layer (see shift(refit=...))
+    records: tuple[dict, ...]  # per example: id, group, label, base, tuned (scores at ``layer``)
+
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        headers = [
+            "group",
+            "n",
+            "targeted",
+            "shift σ",
+            "95% CI",
+            "null 95% (data σ)",
+            "axis %ile",
+            "d before",
+            "d after",
+            "Q1 share before→after",
+            "counts",
+        ]
+        f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
+        rows = [
+            [
+                g.group,
+                str(g.n),
+                "yes" if g.targeted else "",
+                f(g.shift),
+                f"[{f(g.ci[0])}, {f(g.ci[1])}]",
+                f"[{f(g.null_range[0])}, {f(g.null_range[1])}]",
+                f"{g.null_percentile:.0f}",
+                f(g.d_before),
+                f(g.d_after),
+                f"{g.quartiles_before[0]:.2f}→{g.quartiles_after[0]:.2f}",
+                "YES" if g.counts else "no",
+            ]
+            for g in self.groups
+        ]
+        return headers, rows
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["format"], out["format_version"] = "valueprobe.tune.shift", 1
+        return out
+
+    def write(self, out_dir: str | Path, *, overwrite: bool = False, figure: go.Figure | None = None) -> Path:
+        """Write shift.json, examples.csv and, given ``figure``, shift.html (plotly inlined), all or nothing.
+
+        ``figure`` is `valueprobe.report.plots.shift_figure` of this result: figures live in
+        ``report/``, above this record. The files go to a temporary sibling first; the folder
+        appears under its name only when complete.
+        """
+        out = Path(out_dir)
+        if out.exists() and not overwrite:
+            raise ValueprobeError(
+                f"output folder {out} already exists: pass --overwrite or choose another --out"
+            )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+        try:
+            text = json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False) + "\n"
+            (tmp / "shift.json").write_text(text, encoding="utf-8")
+            with open(tmp / "examples.csv", "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
+                writer.writeheader()
+                writer.writerows(self.records)
+            if figure is not None:
+                figure.write_html(str(tmp / "shift.html"), include_plotlyjs=True, full_html=True)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+
+def _strict(obj: object) -> object:
+    """JSON-safe: NaN and inf become null (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
