@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +45,8 @@ from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
 
 __all__ = [
+    "METHODS",
+    "MethodSpec",
     "TuneMethod",
     "TuneSettings",
     "TuneResult",
@@ -106,64 +110,116 @@ class TuneResult:
         return ["", "value"], rows
 
 
-def _dataset(pairs: Sequence[Pair], method: str) -> Any:
+def _dpo_row(pair: Pair) -> dict[str, Any]:
+    return {
+        "prompt": list(pair.prompt),
+        "chosen": [{"role": "assistant", "content": pair.chosen}],
+        "rejected": [{"role": "assistant", "content": pair.rejected}],
+    }
+
+
+def _sft_row(pair: Pair) -> dict[str, Any]:
+    return {"prompt": list(pair.prompt), "completion": [{"role": "assistant", "content": pair.chosen}]}
+
+
+def _dpo_options(settings: TuneSettings) -> dict[str, Any]:
+    # more than one pass: the frozen reference's log-probs once, not once per epoch
+    precompute = settings.epochs > 1 and settings.max_steps < 0
+    return dict(beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute)
+
+
+def _sft_options(settings: TuneSettings) -> dict[str, Any]:
+    return dict(completion_only_loss=True, packing=False)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How one tune method trains: TRL's trainer and config classes (named, so TRL is imported
+    only when training), the config fields the method sets, and one dataset row per pair in TRL's
+    conversational format."""
+
+    trainer: str
+    config: str
+    options: Callable[[TuneSettings], dict[str, Any]]
+    row: Callable[[Pair], dict[str, Any]]
+
+
+METHODS: dict[TuneMethod, MethodSpec] = {
+    "dpo": MethodSpec("DPOTrainer", "DPOConfig", _dpo_options, _dpo_row),  # chosen vs rejected
+    "sft": MethodSpec("SFTTrainer", "SFTConfig", _sft_options, _sft_row),  # loss on the completion only
+}
+
+
+def _trl(name: str) -> Any:
+    """A class of TRL's. Optional-dependency exception to imports-at-top: TRL (with transformers'
+    Trainer and accelerate) serves training only and takes seconds to import."""
+    import trl
+
+    return getattr(trl, name)
+
+
+def _dataset(pairs: Sequence[Pair], spec: MethodSpec) -> Any:
     """The pairs as an HF ``Dataset`` in TRL's conversational format."""
     # Optional-dependency exception to imports-at-top: HF datasets (with pandas) serves training
-    # only, like TRL and peft below. Importing it here keeps `valueprobe --help` and every other
+    # only, like TRL and peft. Importing it here keeps `valueprobe --help` and every other
     # command ~0.5 s faster, and keeps it from loading inside an nnsight trace (its anyio import
     # trips over nnsight's `.save` patch), so `valueprobe` can import this module eagerly.
     from datasets import Dataset
 
-    if method == "dpo":
-        rows = [
-            {
-                "prompt": list(p.prompt),
-                "chosen": [{"role": "assistant", "content": p.chosen}],
-                "rejected": [{"role": "assistant", "content": p.rejected}],
-            }
-            for p in pairs
-        ]
-    else:
-        rows = [
-            {"prompt": list(p.prompt), "completion": [{"role": "assistant", "content": p.chosen}]}
-            for p in pairs
-        ]
-    return Dataset.from_list(rows)
+    return Dataset.from_list([spec.row(p) for p in pairs])
+
+
+def _checkpointing_field() -> str:
+    """The training-argument name that switches activation (gradient) checkpointing.
+
+    transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; the old name
+    still works but prints a FutureWarning. TRL's configs default it to on, so it is always passed.
+    """
+    from transformers import TrainingArguments  # with TRL: loaded only when training
+
+    fields = TrainingArguments.__dataclass_fields__
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
 
 
 def _trainer_args(settings: TuneSettings, output_dir: Path) -> Any:
     """DPOConfig / SFTConfig with the settings; CPU-friendly precision, progress bar on."""
-    from trl import DPOConfig, SFTConfig
+    spec = METHODS[settings.method]
+    common: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "learning_rate": settings.learning_rate,
+        "lr_scheduler_type": settings.lr_scheduler,
+        "per_device_train_batch_size": settings.batch_size,
+        "num_train_epochs": settings.epochs,
+        "max_steps": settings.max_steps,
+        "seed": settings.seed,
+        "data_seed": settings.seed,
+        "max_length": settings.max_length,
+        "bf16": False,
+        "fp16": False,
+        _checkpointing_field(): False,
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": settings.save_steps,
+        "save_total_limit": 2,
+        "report_to": "none",
+        "disable_tqdm": False,
+        "dataloader_num_workers": 0,
+        "use_cpu": not torch.cuda.is_available(),
+    }
+    return _trl(spec.config)(**spec.options(settings), **common)
 
-    common: dict[str, Any] = dict(
-        output_dir=str(output_dir),
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type=settings.lr_scheduler,
-        per_device_train_batch_size=settings.batch_size,
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        seed=settings.seed,
-        data_seed=settings.seed,
-        max_length=settings.max_length,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=settings.save_steps,
-        save_total_limit=2,
-        report_to="none",
-        disable_tqdm=False,
-        dataloader_num_workers=0,
-        use_cpu=not torch.cuda.is_available(),
-    )
-    if settings.method == "dpo":
-        # more than one pass: the frozen reference's log-probs once, not once per epoch
-        precompute = settings.epochs > 1 and settings.max_steps < 0
-        return DPOConfig(
-            beta=settings.beta, loss_type=[settings.loss_type], precompute_ref_log_probs=precompute, **common
+
+@contextmanager
+def _ignore_old_checkpointing_reads() -> Iterator[None]:
+    """Silence the one FutureWarning valueprobe cannot fix by renaming: peft's ``PeftModel`` and
+    TRL's DPO reference pass read ``model.is_gradient_checkpointing`` themselves (peft 0.21,
+    TRL 1.16), which transformers 5 renamed ``is_activation_checkpointing``. Every other warning,
+    FutureWarnings included, still shows (tests/test_tune.py turns them into errors)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
         )
-    return SFTConfig(completion_only_loss=True, packing=False, **common)
+        yield
 
 
 def _last_checkpoint(folder: Path) -> Path | None:
@@ -176,6 +232,85 @@ def check_out(out: Path, *, overwrite: bool) -> None:
     """Refuse an existing output folder unless ``overwrite`` (checked before any model loads)."""
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: choose another --out or pass --overwrite")
+
+
+def _open_partial(partial: Path, run: dict[str, Any], *, overwrite: bool) -> Path | None:
+    """Start ``partial`` afresh with ``run.json``, or find the checkpoint to resume when it holds
+    the same run; an interrupted run with other settings is refused unless ``overwrite``."""
+    run_file = partial / "run.json"
+    same = run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run, default=str))
+    if run_file.exists() and not same and not overwrite:
+        raise ValueprobeError(
+            f"{partial} holds an interrupted run with other settings or data: delete it or pass --overwrite"
+        )
+    if same:
+        return _last_checkpoint(partial)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    atomic_write_text(run_file, json.dumps(run, indent=2, default=str))
+    return None
+
+
+def _lora(settings: TuneSettings) -> Any:
+    """peft's LoraConfig for the settings; None for full fine-tuning."""
+    if not settings.lora:
+        return None
+    from peft import LoraConfig  # with TRL: loaded only when training
+
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=settings.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
+def _trainer(lm: LoadedModel, pairs: Sequence[Pair], settings: TuneSettings, output_dir: Path) -> Any:
+    """TRL's trainer for the method, around ``lm``'s model (put in train mode; a pad token set)."""
+    lm.model.train()
+    tok = lm.tokenizer
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    peft_config = _lora(settings)
+    torch.manual_seed(settings.seed)
+    spec = METHODS[settings.method]
+    with _ignore_old_checkpointing_reads():
+        return _trl(spec.trainer)(
+            model=lm.model,
+            args=_trainer_args(settings, output_dir),
+            train_dataset=_dataset(pairs, spec),
+            processing_class=tok,
+            peft_config=peft_config,
+        )
+
+
+def _train_record(trainer: Any, output: Any, resume: Path | None) -> dict[str, Any]:
+    """Steps, first and last logged loss, seconds, and the checkpoint resumed from."""
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {
+        "steps": trainer.state.global_step,
+        "first_loss": losses[0] if losses else float("nan"),
+        "last_loss": losses[-1] if losses else float("nan"),
+        "seconds": float(output.metrics.get("train_runtime", 0.0)),
+        "resumed_from": resume and resume.name,
+    }
+
+
+def _publish(trainer: Any, tok: Any, record: dict[str, Any], partial: Path, out: Path) -> None:
+    """Save the trained model, tokenizer and record in ``partial/final``, rename it to ``out`` in
+    one step, then drop ``partial``."""
+    final = partial / "final"
+    if final.exists():
+        shutil.rmtree(final)
+    trainer.model.save_pretrained(str(final), safe_serialization=True)
+    tok.save_pretrained(str(final))
+    (final / TUNE_FILE).write_text(json.dumps(record, indent=2, default=str))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(final, out)
+    shutil.rmtree(partial, ignore_errors=True)
 
 
 def train(
@@ -199,8 +334,6 @@ def train(
         The checkpoint folder and its record. An interrupted call leaves only ``out.partial``;
         calling again with the same arguments resumes there.
     """
-    from trl import DPOTrainer, SFTTrainer  # heavy: imported only when training
-
     out = Path(out)
     check_out(out, overwrite=overwrite)
     if not pairs:
@@ -208,77 +341,22 @@ def train(
     partial = out.with_name(out.name + ".partial")
     data = {"rows": len(pairs), **(data or {})}
     run = {"format": FORMAT, "settings": asdict(settings), "data": data}
-    run_file = partial / "run.json"
-    resume: Path | None = None
-    same = run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run, default=str))
-    if run_file.exists() and not same and not overwrite:
-        raise ValueprobeError(
-            f"{partial} holds an interrupted run with other settings or data: delete it or pass --overwrite"
-        )
-    if same:
-        resume = _last_checkpoint(partial)
-    else:
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir(parents=True)
-        atomic_write_text(run_file, json.dumps(run, indent=2, default=str))
+    resume = _open_partial(partial, run, overwrite=overwrite)
 
     lm = base if isinstance(base, LoadedModel) else load(base)
     base_record = {"spec": _spec_of(lm), "fingerprint": lm.fingerprint, **_arch(lm)}
-    model = lm.model
-    model.train()
-    tok = lm.tokenizer
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    peft_config = None
-    if settings.lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=settings.r,
-            lora_alpha=settings.lora_alpha,
-            lora_dropout=settings.lora_dropout,
-            target_modules=settings.target_modules,
-            task_type="CAUSAL_LM",
-        )
-    torch.manual_seed(settings.seed)
-    trainer_cls: Any = DPOTrainer if settings.method == "dpo" else SFTTrainer
-    trainer = trainer_cls(
-        model=model,
-        args=_trainer_args(settings, partial),
-        train_dataset=_dataset(pairs, settings.method),
-        processing_class=tok,
-        peft_config=peft_config,
-    )
-    output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trainer = _trainer(lm, pairs, settings, partial)
+    with _ignore_old_checkpointing_reads():
+        output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     record = {
         "format": FORMAT,
         "kind": "lora-adapter" if settings.lora else "full",
         "base": base_record,
         "data": data,
         "settings": asdict(settings),
-        "train": {
-            "steps": trainer.state.global_step,
-            "first_loss": losses[0] if losses else float("nan"),
-            "last_loss": losses[-1] if losses else float("nan"),
-            "seconds": float(output.metrics.get("train_runtime", 0.0)),
-            "resumed_from": resume and resume.name,
-        },
+        "train": _train_record(trainer, output, resume),
     }
-    final = partial / "final"
-    if final.exists():
-        shutil.rmtree(final)
-    trained = trainer.model
-    trained.save_pretrained(str(final), safe_serialization=True)
-    tok.save_pretrained(str(final))
-    (final / TUNE_FILE).write_text(json.dumps(record, indent=2, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(final, out)
-    shutil.rmtree(partial, ignore_errors=True)
-    if not isinstance(base, LoadedModel):  # a model we loaded ourselves: free its adapter wrappers
-        del trainer, trained
+    _publish(trainer, lm.tokenizer, record, partial, out)
     return TuneResult(out=out, record=record)
 
 
