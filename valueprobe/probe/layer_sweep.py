@@ -318,45 +318,17 @@ def sweep_layers(
         train_groups=train_groups,
         seed=seed,
     )
-    rng = np.random.default_rng(seed + 1)
-    shuffled = [shuffle_within_group(src.y, src.group, src.keep, rng) for _ in splits]
-    parts = [_SplitRows.of(src, sp) for sp in splits]
-    y = src.y
-
-    def evaluate(fit: _LayerFit) -> _LayerScores:
-        def each(metric) -> np.ndarray:  # one value per split
-            return np.array([metric(s, m) for s, m in enumerate(parts)])
-
-        return _LayerScores(
-            val_auroc=each(lambda s, m: auroc(fit.fitted[m.val, s], y[m.val])),
-            test_auroc=each(lambda s, m: auroc(fit.fitted[m.test, s], y[m.test])),
-            test_d=each(lambda s, m: cohens_d(fit.fitted[m.test, s], y[m.test])),
-            shuffled_auroc=each(lambda s, m: auroc(fit.shuffled[m.test, s], shuffled[s][m.test])),
-            random_auroc=each(lambda s, m: oriented_auroc(fit.random[:, s], y, m.train, m.test)),
-        )
-
-    def random_dirs() -> np.ndarray:
-        r = rng.standard_normal((len(splits), src.d_model))
-        return r / np.linalg.norm(r, axis=1, keepdims=True)
-
-    fits, scores = [], []
-    for layer in layer_list:
-        fit = _run_layer(src, layer, method, splits, shuffled, random_dirs())
-        scores.append(evaluate(fit))
-        empty = np.empty((0, 0))  # keep direction and calibration, free the projections
-        fits.append(replace(fit, full=empty, fitted=empty, shuffled=empty, random=empty))
-    embed = None
-    if src.has_embed:
-        embed = evaluate(_run_layer(src, "embed", method, splits, shuffled, random_dirs())).test_auroc
+    held = _HeldOut.draw(src, splits, np.random.default_rng(seed + 1))
+    fits, scores = zip(*(held.run(layer, method) for layer in layer_list), strict=True)
+    embed = held.run("embed", method)[1].test_auroc if src.has_embed else None
     position = {
-        name: np.array([oriented_auroc(p, y, m.train, m.test) for m in parts])
+        name: np.array([oriented_auroc(p, src.y, m.train, m.test) for m in held.parts])
         for name, p in src.position.items()
     }
     val = np.stack([sc.val_auroc for sc in scores])  # [n_layers, n_splits]
     test = np.stack([sc.test_auroc for sc in scores])
     best = layer_list[int(np.argmax(val.mean(axis=1)))]
     chosen = tuple(layer_list[int(i)] for i in np.argmax(val, axis=0))
-    heldout = np.array([test[layer_list.index(c), s] for s, c in enumerate(chosen)])
     dirs = np.stack([f.direction for f in fits])
     return SweepResult(
         method=method_name(method),
@@ -371,10 +343,50 @@ def sweep_layers(
         cosine=dirs @ dirs.T,
         best_layer=best,
         chosen_layers=chosen,
-        heldout_auroc=heldout,
+        heldout_auroc=np.array([test[layer_list.index(c), s] for s, c in enumerate(chosen)]),
         splits=tuple(splits),
-        axis=_axis(src, method, layer_list, fits, best),
+        axis=_axis(src, method, layer_list, list(fits), best),
     )
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    """What every layer of a sweep shares: the splits, their row masks, one within-group label
+    shuffle per split, and the generator the random-direction controls are drawn from."""
+
+    src: Source
+    splits: Sequence[Split]
+    parts: list[_SplitRows]
+    shuffled: list[np.ndarray]  # [n_rows] labels per split, permuted within group
+    rng: np.random.Generator
+
+    @classmethod
+    def draw(cls, src: Source, splits: Sequence[Split], rng: np.random.Generator) -> _HeldOut:
+        shuffled = [shuffle_within_group(src.y, src.group, src.keep, rng) for _ in splits]
+        return cls(src, splits, [_SplitRows.of(src, sp) for sp in splits], shuffled, rng)
+
+    def run(self, layer: LayerKey, method: MethodArg) -> tuple[_LayerFit, _LayerScores]:
+        """Fit and score one layer; the fit keeps its direction and calibration, not its projections."""
+        r = self.rng.standard_normal((len(self.splits), self.src.d_model))
+        random_dirs = r / np.linalg.norm(r, axis=1, keepdims=True)  # one unit direction per split
+        fit = _run_layer(self.src, layer, method, self.splits, self.shuffled, random_dirs)
+        empty = np.empty((0, 0))
+        return replace(fit, full=empty, fitted=empty, shuffled=empty, random=empty), self.score(fit)
+
+    def score(self, fit: _LayerFit) -> _LayerScores:
+        """The held-out metrics of one layer's fit, one value per split."""
+        y = self.src.y
+
+        def each(metric) -> np.ndarray:
+            return np.array([metric(s, m) for s, m in enumerate(self.parts)])
+
+        return _LayerScores(
+            val_auroc=each(lambda s, m: auroc(fit.fitted[m.val, s], y[m.val])),
+            test_auroc=each(lambda s, m: auroc(fit.fitted[m.test, s], y[m.test])),
+            test_d=each(lambda s, m: cohens_d(fit.fitted[m.test, s], y[m.test])),
+            shuffled_auroc=each(lambda s, m: auroc(fit.shuffled[m.test, s], self.shuffled[s][m.test])),
+            random_auroc=each(lambda s, m: oriented_auroc(fit.random[:, s], y, m.train, m.test)),
+        )
 
 
 @dataclass(frozen=True)

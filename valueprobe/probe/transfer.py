@@ -14,7 +14,7 @@ of A and score all of B; diagonal cells are held-out-group AUROCs within the fam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,6 +159,97 @@ def _fit_family(src: Source, keys: list[LayerKey], method: MethodArg, rng: np.ra
     return _FamilyFit(units, shuffled, r, signs)
 
 
+@dataclass(frozen=True)
+class _Cells:
+    """The [F, F] AUROC (and Cohen's d) matrices of a transfer matrix, NaN until a cell is scored."""
+
+    auroc: np.ndarray
+    cohens_d: np.ndarray
+    embed: np.ndarray
+    shuffled: np.ndarray
+    random: np.ndarray
+    position: dict[str, np.ndarray]  # position score name -> [F, F]
+
+    @classmethod
+    def empty(cls, f: int, position_names: Iterable[str]) -> _Cells:
+        def nan() -> np.ndarray:
+            return np.full((f, f), np.nan)
+
+        return cls(nan(), nan(), nan(), nan(), nan(), {name: nan() for name in position_names})
+
+
+def _score_across(
+    cells: _Cells,
+    srcs: Sequence[Source],
+    fits: Sequence[_FamilyFit],
+    keys: list[LayerKey],
+    rng: np.random.Generator,
+) -> None:
+    """The off-diagonal cells: family i's directions (fitted on all of i) scored on all of family j."""
+    for j, src in enumerate(srcs):
+        k, y = src.keep, src.y[src.keep]
+        y_null = shuffle_within_group(src.y, src.group, src.keep, rng)[k]
+        for key in keys:
+            units, shuf, rand = (
+                p[k]  # [kept rows, F]: column i is family i's direction
+                for p in project_layer(
+                    src,
+                    key,
+                    np.stack([fit.units[key] for fit in fits], axis=1),
+                    np.stack([fit.shuffled[key] for fit in fits], axis=1),
+                    np.stack([fit.random for fit in fits], axis=1),
+                )
+            )
+            for i in range(len(fits)):
+                if i == j:
+                    continue
+                if key == "embed":
+                    cells.embed[i, j] = auroc(units[:, i], y)
+                    continue
+                cells.auroc[i, j], cells.cohens_d[i, j] = auroc(units[:, i], y), cohens_d(units[:, i], y)
+                cells.shuffled[i, j] = auroc(shuf[:, i], y_null)
+                cells.random[i, j] = auroc(rand[:, i], y)
+                for name, p in src.position.items():
+                    cells.position[name][i, j] = auroc(fits[i].position_sign[name] * p[k], y)
+
+
+def _score_within(
+    cells: _Cells,
+    srcs: Mapping[str, Source],
+    *,
+    layer: int,
+    method: MethodArg,
+    n_splits: int,
+    val_frac: float,
+    test_frac: float,
+    seed: int,
+) -> list[str]:
+    """The diagonal cells: held-out-group means of a one-layer sweep within each family. Returns a
+    note for each family that has none."""
+    notes = []
+    for i, (name, src) in enumerate(srcs.items()):
+        try:
+            sw = sweep_layers(
+                src,
+                method=method,
+                layers=[layer],
+                n_splits=n_splits,
+                val_frac=val_frac,
+                test_frac=test_frac,
+                seed=seed,
+            )
+        except ValueprobeError as e:
+            notes.append(f"{name}: no held-out diagonal ({e})")
+            continue
+        cells.auroc[i, i], cells.cohens_d[i, i] = sw.test_auroc[0].mean(), sw.test_d[0].mean()
+        cells.shuffled[i, i], cells.random[i, i] = sw.shuffled_auroc[0].mean(), sw.random_auroc[0].mean()
+        if sw.embed_auroc is not None:
+            cells.embed[i, i] = sw.embed_auroc.mean()
+        for pos, v in sw.position_auroc.items():
+            cells.position[pos][i, i] = v.mean()
+    return notes
+
+
 def transfer_matrix(
     stores: Mapping[str, StoreArg],
     *,
@@ -183,76 +274,36 @@ def transfer_matrix(
         raise ValueprobeError(f"a transfer matrix needs at least two families, got {list(stores)}")
     Source(stores, target=target)  # same model, site and d_model across families; both classes in each
     srcs = {name: Source({name: s}, target=target) for name, s in stores.items()}
-    names = tuple(srcs)
     for src in srcs.values():
         src.check_layer(layer)
     with_embed = all(s.has_embed for s in srcs.values())
     keys: list[LayerKey] = [layer, "embed"] if with_embed else [layer]
     rng = np.random.default_rng(seed)
-    fits = [_fit_family(srcs[n], keys, method, rng) for n in names]
-    f = len(names)
-    nan = lambda: np.full((f, f), np.nan)  # noqa: E731
-    auc, d, embed, shuffled, random = nan(), nan(), nan(), nan(), nan()
-    position = {name: nan() for name, _ in srcs[names[0]].position.items()}
-    for j, b in enumerate(names):
-        src = srcs[b]
-        k, y = src.keep, src.y[src.keep]
-        y_null = shuffle_within_group(src.y, src.group, src.keep, rng)[k]
-        for key in keys:
-            units, shuf, rand = (
-                p[k]  # [kept rows, F]: column i is family i's direction
-                for p in project_layer(
-                    src,
-                    key,
-                    np.stack([fit.units[key] for fit in fits], axis=1),
-                    np.stack([fit.shuffled[key] for fit in fits], axis=1),
-                    np.stack([fit.random for fit in fits], axis=1),
-                )
-            )
-            for i in range(f):
-                if i == j:
-                    continue
-                if key == "embed":
-                    embed[i, j] = auroc(units[:, i], y)
-                    continue
-                auc[i, j], d[i, j] = auroc(units[:, i], y), cohens_d(units[:, i], y)
-                shuffled[i, j] = auroc(shuf[:, i], y_null)
-                random[i, j] = auroc(rand[:, i], y)
-                for name, p in src.position.items():
-                    position[name][i, j] = auroc(fits[i].position_sign[name] * p[k], y)
-    notes = []
-    for i, a in enumerate(names):
-        try:
-            sw = sweep_layers(
-                srcs[a],
-                method=method,
-                layers=[layer],
-                n_splits=n_splits,
-                val_frac=val_frac,
-                test_frac=test_frac,
-                seed=seed,
-            )
-        except ValueprobeError as e:
-            notes.append(f"{a}: no held-out diagonal ({e})")
-            continue
-        auc[i, i], d[i, i] = sw.test_auroc[0].mean(), sw.test_d[0].mean()
-        shuffled[i, i], random[i, i] = sw.shuffled_auroc[0].mean(), sw.random_auroc[0].mean()
-        if sw.embed_auroc is not None:
-            embed[i, i] = sw.embed_auroc.mean()
-        for name, v in sw.position_auroc.items():
-            position[name][i, i] = v.mean()
+    fits = [_fit_family(src, keys, method, rng) for src in srcs.values()]
+    cells = _Cells.empty(len(srcs), [name for name, _ in next(iter(srcs.values())).position.items()])
+    _score_across(cells, list(srcs.values()), fits, keys, rng)
+    notes = _score_within(
+        cells,
+        srcs,
+        layer=layer,
+        method=method,
+        n_splits=n_splits,
+        val_frac=val_frac,
+        test_frac=test_frac,
+        seed=seed,
+    )
     units = np.stack([fit.units[layer] for fit in fits])
     return TransferResult(
-        families=names,
+        families=tuple(srcs),
         layer=layer,
         method=method_name(method),
-        auroc=auc,
-        cohens_d=d,
+        auroc=cells.auroc,
+        cohens_d=cells.cohens_d,
         cosine=units @ units.T,
-        embed_auroc=embed if with_embed else None,
-        shuffled_auroc=shuffled,
-        random_auroc=random,
-        position_auroc=position,
+        embed_auroc=cells.embed if with_embed else None,
+        shuffled_auroc=cells.shuffled,
+        random_auroc=cells.random,
+        position_auroc=cells.position,
         notes=tuple(notes),
     )
 
