@@ -157,10 +157,10 @@ def steered_generate(
     The deltas are built before the trace (so the graph needs no valueprobe names): the prompt
     pass adds ``α·size·v̂`` at the prompt's real cells when ``where`` is ``all``/``prompt``,
     every later step at its one new cell when ``where`` is ``all``/``generated``. ``plan`` holds
-    `valueprobe.steering.handle.Target` records. Equal to the hooks route (tests/test_steer.py).
+    `valueprobe.steering.handle.SteerPoint` records. Equal to the hooks route (tests/test_steer.py).
     """
     model = nnsight_model(lm, remote=remote)
-    envoys = _envoys(model, lm, [t.point.layer for t in plan])  # blocks resolved by `steer.targets`
+    envoys = _envoys(model, lm, [t.point.layer for t in plan])  # blocks resolved by `steer_points`
     on_input = [t.point.site == "resid_pre" for t in plan]
     real = attention_mask.to(torch.float32)[:, :, None]
     prompt_on = float(where in ("all", "prompt"))

@@ -25,7 +25,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Point, record
-from valueprobe.steering.handle import AlphaSource, Steering, Where, targets
+from valueprobe.steering.handle import AlphaSource, Steering, Where, steer_points
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Backend, LayerSpec, Site, Unit
 
@@ -203,7 +203,7 @@ def generate(
             "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
             "cannot hand a value read in one step back to Python before that step's addition"
         )
-    plan = targets(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
     encoded = encode_prompts(lm, prompts)
     rows = [
         _Row(p, s, float(a), None if greedy else row_seed(seed, p, s))

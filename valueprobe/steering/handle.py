@@ -36,20 +36,20 @@ if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
     from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["Steering", "Target", "check_unit", "steer", "targets"]
+__all__ = ["SteerPoint", "Steering", "check_unit", "steer", "steer_points"]
 
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
 
 
 @dataclass(frozen=True)
-class Target:
+class SteerPoint:
     """One place steering writes: the point, its unit direction, and the size of one unit of α there."""
 
     point: Point
     direction: Float[Tensor, " d_model"]  # unit vector, float32
     unit_size: float  # σ, mean_norm / 100 or 1, times axis.scale
-    layer: int  # the axis layer this target reads its statistics from
+    layer: int  # the axis layer this point reads its statistics from
 
     def score(self, axis: ValueAxis, h: Tensor) -> Tensor:
         """The projection of ``h`` on the axis at this layer, in σ (float32)."""
@@ -79,7 +79,7 @@ def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
     return value * (1.0 if unit == Unit.sigma else 0.01) * float(axis.scale)
 
 
-def targets(
+def steer_points(
     lm: LoadedModel,
     axis: ValueAxis,
     *,
@@ -87,8 +87,8 @@ def targets(
     site: Site | str | None = None,
     unit: Unit | str = Unit.sigma,
     direction: Float[Tensor, " d_model"] | None = None,
-) -> list[Target]:
-    """Resolve where and how hard one unit of α pushes: one `Target` per steered layer.
+) -> list[SteerPoint]:
+    """Resolve where and how hard one unit of α pushes: one `SteerPoint` per steered layer.
 
     Args:
         lm: the model (its width and depth are checked against the axis).
@@ -116,12 +116,12 @@ def targets(
         if v.shape != (lm.d_model,):
             raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
         v = v.detach().float().cpu()
-        out.append(Target(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
+        out.append(SteerPoint(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
     return out
 
 
-# What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
-AlphaSource = Callable[[Target, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
+# What a steering hook asks for α: (point, pre-intervention hidden state, step, cells it may touch)
+AlphaSource = Callable[[SteerPoint, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
 
 
 class Steering(Handle):
@@ -130,7 +130,7 @@ class Steering(Handle):
     Attributes:
         alpha: ``[batch]`` strengths in the chosen unit (a scalar broadcasts).
         prompt_length: the (padded) prompt width; columns at or past it are generated tokens.
-        reads: with ``trace=True``, per target point, one ``[batch, new]`` σ-score per forward of
+        reads: with ``trace=True``, per steered point, one ``[batch, new]`` σ-score per forward of
             the residual *before* the addition.
     """
 
@@ -138,7 +138,7 @@ class Steering(Handle):
         self,
         lm: LoadedModel,
         axis: ValueAxis,
-        targets_: Sequence[Target],
+        points: Sequence[SteerPoint],
         *,
         alpha: float | Tensor,
         where: Where,
@@ -152,17 +152,17 @@ class Steering(Handle):
         if where != "all" and prompt_length is None:
             raise ValueprobeError(f"positions={where!r} needs prompt_length (the padded prompt width)")
         self.axis = axis
-        self.targets = list(targets_)
+        self.points = list(points)
         self.alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
         self.where = where
         self.prompt_length = prompt_length
         self.trace = trace
         self.source = source
-        self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.targets}
-        self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.targets}
+        self.reads: dict[Point, list[Tensor]] = {p.point: [] for p in self.points}
+        self.applied: dict[Point, list[Tensor]] = {p.point: [] for p in self.points}
         try:
-            for t in self.targets:
-                self._add_all(intervene(lm, t.point, self._hook(t)))
+            for p in self.points:
+                self._add_all(intervene(lm, p.point, self._hook(p)))
         except BaseException:
             self.remove()
             raise
@@ -180,13 +180,13 @@ class Steering(Handle):
             ok = ok & (in_prompt if self.where == "prompt" else ~in_prompt)[None, :]
         return ok
 
-    def _hook(self, target: Target) -> Callable[[Tensor, Step], Tensor | None]:
+    def _hook(self, point: SteerPoint) -> Callable[[Tensor, Step], Tensor | None]:
         def fn(h: Tensor, step: Step) -> Tensor | None:
             cells = self.cells(step)
             if self.trace:
-                self.reads[target.point].append(target.score(self.axis, h.detach()).cpu())
+                self.reads[point.point].append(point.score(self.axis, h.detach()).cpu())
             if self.source is not None:
-                alpha = self.source(target, h, step, cells).to(h.device)
+                alpha = self.source(point, h, step, cells).to(h.device)
             else:
                 a = self.alpha.to(h.device)
                 if a.numel() not in (1, h.shape[0]):
@@ -194,11 +194,11 @@ class Steering(Handle):
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
             alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
             if self.trace:
-                self.applied[target.point].append(alpha.detach().cpu())
+                self.applied[point.point].append(alpha.detach().cpu())
             touch = alpha != 0
             if not bool(touch.any()):
                 return None
-            step_ = (alpha * target.unit_size)[..., None] * target.direction.to(h.device)
+            step_ = (alpha * point.unit_size)[..., None] * point.direction.to(h.device)
             return torch.where(touch[..., None], h + step_.to(h.dtype), h)
 
         return fn
@@ -237,5 +237,5 @@ def steer(
     >>> with steer(lm, axis, torch.tensor([-2.0, 0.0, 2.0]), positions="generated", prompt_length=ids.shape[1]):
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
     """
-    plan = targets(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
     return Steering(lm, axis, plan, alpha=alpha, where=positions, prompt_length=prompt_length, trace=trace)

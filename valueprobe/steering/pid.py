@@ -36,7 +36,7 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Step
 from valueprobe.steering.generation import Generation, Prompt, generate
-from valueprobe.steering.handle import AlphaSource, Target
+from valueprobe.steering.handle import AlphaSource, SteerPoint
 from valueprobe.vocab import LayerSpec, Unit, parse_layers
 
 if TYPE_CHECKING:
@@ -72,15 +72,15 @@ class _Loop:
         self.integral = torch.zeros(rows)
         self.last_y: Tensor | None = None
 
-    def __call__(self, target: Target, h: Tensor, step: Step, cells: Tensor) -> Float[Tensor, "batch new"]:
+    def __call__(self, point: SteerPoint, h: Tensor, step: Step, cells: Tensor) -> Float[Tensor, "batch new"]:
         alpha = torch.zeros(h.shape[0], h.shape[1])
         if step.offset == 0:  # the prompt pass: no generated token yet
             return alpha
         if h.shape[1] != 1:
             raise ValueprobeError("closed-loop steering needs the KV cache (one new token per forward)")
         p = self.pid
-        y = target.score(self.axis, h[:, -1].detach()).cpu()
-        gain = target.unit_size / float(self.axis.sigma[self.axis.layers.index(target.layer)])
+        y = point.score(self.axis, h[:, -1].detach()).cpu()
+        gain = point.unit_size / float(self.axis.sigma[self.axis.layers.index(point.layer)])
         dy = torch.zeros_like(y) if self.last_y is None else y - self.last_y
         u = p.kp * (p.target - y) + p.ki * self.integral - p.kd * dy
         a = (u / gain).clamp(-p.cap, p.cap)
