@@ -250,7 +250,7 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
         "-2,0,2",
         "--max-new-tokens",
         "3",
-        "--controls",
+        "--random-directions",
         "2",
         "--greedy",
         "--other-probe",
@@ -307,6 +307,53 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         assert code == 2, (change, err)
         assert err.startswith("error: ") and err.count("\n") == 1 and words in err, (change, err)
         assert not (tmp_path / "o").exists()
+
+
+def _stop_at_load(*a, **k):
+    raise ValueprobeError("stop: every argument was checked")
+
+
+@pytest.mark.parametrize("command", [["steer"], ["replicate", "steer"]])
+def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_path, capsys, monkeypatch):
+    """``--random-directions`` was ``--controls``: both spellings set the sweep's count, --help shows
+    only the new one, and the two given with different values are one clear error."""
+    from valueprobe.cli import steer as cli_steer
+
+    counts: list[int] = []
+    real_check = cli_steer.check_settings
+
+    def spy(settings, *a):
+        counts.append(settings.controls)
+        return real_check(settings, *a)
+
+    monkeypatch.setattr(cli_steer, "check_settings", spy)
+    monkeypatch.setattr(cli_steer, "load", _stop_at_load)
+    r = tiny_files
+    base = (
+        ["--probe", str(r / "probe"), "--model", str(r / "model"), "--prompts", str(r / "p.jsonl")]
+        if command == ["steer"]
+        else ["--probe", str(r / "probe"), "--other-probe", str(r / "other"), "--model", str(r / "model")]
+    )
+    base += ["--out", str(tmp_path / "o")] + (
+        [] if command == ["steer"] else ["--runs", str(tmp_path / "runs")]
+    )
+    for given, expected in [
+        ([], 8),
+        (["--random-directions", "3"], 3),
+        (["--controls", "3"], 3),
+        (["--random-directions", "3", "--controls", "3"], 3),
+    ]:
+        counts.clear()
+        code, _, err = run([*command, *base, *given], capsys)
+        assert code == 2 and "stop: every argument was checked" in err, (given, err)
+        assert counts and set(counts) == {expected}, (given, counts)
+    counts.clear()
+    code, _, err = run([*command, *base, "--random-directions", "3", "--controls", "2"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--random-directions 3 and --controls 2 disagree" in err
+    assert not counts
+    monkeypatch.setenv("COLUMNS", "200")  # rich cuts option names to fit 80 columns
+    code, out, _ = run([*command, "--help"], capsys)
+    assert code == 0 and "--random-directions" in out and "--controls" not in out
 
 
 def test_shipped_steering_sets_parse_and_pick_metrics():

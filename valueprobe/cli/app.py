@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.vocab import ChatTemplate
 
@@ -55,6 +56,29 @@ AllowPartialOpt = Annotated[
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")
 ]
+RandomDirectionsOpt = Annotated[
+    int, typer.Option("--random-directions", help="random unit directions steered as the null")
+]
+# `--random-directions` was `--controls` (a word the probe baselines also use): the old spelling
+# still works, and stays out of --help.
+ControlsOpt = Annotated[int | None, typer.Option("--controls", hidden=True)]
+
+
+def renamed(ctx: typer.Context, name: str, value: int, *, old: str, old_value: int | None) -> int:
+    """The value of option ``name``, or of its hidden old spelling ``old`` when only that was given.
+
+    Both given with different values is bad input (one clear line, exit 2).
+    """
+    if old_value is None:
+        return value
+    # typer vendors its own click, so its ParameterSource is compared by name, not to click's enum
+    source = ctx.get_parameter_source(name.lstrip("-").replace("-", "_"))
+    given = source is not None and source.name == "COMMANDLINE"
+    if given and value != old_value:
+        raise ValueprobeError(
+            f"{name} {value} and {old} {old_value} disagree: give {name} only ({old} is its old name)"
+        )
+    return old_value
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -1,7 +1,7 @@
 """The steering sweep commands of the ``valueprobe`` CLI (registered on the app of `valueprobe.cli.app`).
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
-        --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --controls 8 --out runs/steer-code
+        --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 --out runs/steer-code
     valueprobe replicate steer --out probes/steering-smollm2-135m
 
 Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
@@ -15,7 +15,17 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import ModelOpt, app, console, replicate_app, table, write_html
+from valueprobe.cli.app import (
+    ControlsOpt,
+    ModelOpt,
+    RandomDirectionsOpt,
+    app,
+    console,
+    renamed,
+    replicate_app,
+    table,
+    write_html,
+)
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
@@ -43,6 +53,7 @@ def _read_prompts(path: Path, limit: int | None):
 
 @app.command("steer")
 def steer_command(
+    ctx: typer.Context,
     probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
     prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_code.jsonl")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
@@ -51,7 +62,8 @@ def steer_command(
     unit: Annotated[Unit, typer.Option(help="sigma | norm (% of mean residual norm) | raw")] = Unit.sigma,
     samples: Annotated[int, typer.Option(help="samples per (prompt, α, direction)")] = 1,
     max_new_tokens: int = 48,
-    controls: Annotated[int, typer.Option(help="random unit directions steered as the null")] = 8,
+    random_directions: RandomDirectionsOpt = 8,
+    controls: ControlsOpt = None,
     other_probe: Annotated[Path | None, typer.Option(help="another axis, steered as a control")] = None,
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
     metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None,
@@ -64,7 +76,8 @@ def steer_command(
     bootstrap: int = 1000,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
 ) -> None:
-    """Steer generations along an axis at several strengths, with random-direction controls."""
+    """Steer generations along an axis at several strengths, with random directions as the null."""
+    n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
@@ -89,7 +102,7 @@ def steer_command(
         unit=unit.value,
         samples=samples,
         max_new_tokens=max_new_tokens,
-        controls=controls,
+        controls=n_random,
         seed=seed,
         greedy=greedy,
         temperature=temperature,
@@ -107,7 +120,7 @@ def steer_command(
     write_html(result.figure(), out / "dose.html")
     headers, rows = result.table()
     table(
-        f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {controls} random directions)",
+        f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)",
         headers,
         rows,
     )
@@ -116,6 +129,7 @@ def steer_command(
 
 @replicate_app.command("steer")
 def replicate_steer_command(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/steering-smollm2-135m"),
     model: ModelOpt = "smollm2-135m",
     probe: Annotated[Path, typer.Option(help="the axis steered")] = Path("probes/smollm2-135m-value"),
@@ -130,13 +144,15 @@ def replicate_steer_command(
     alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30",
     unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm,
     samples: int = 1,
-    controls: int = 8,
+    random_directions: RandomDirectionsOpt = 8,
+    controls: ControlsOpt = None,
     tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0,
     seed: int = 0,
     batch_size: int = 32,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
+    n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
     for bench in BENCHMARKS:  # every check before the model loads
@@ -151,7 +167,7 @@ def replicate_steer_command(
             values,
             unit.value,
             samples,
-            controls,
+            n_random,
             seed,
             prompts,
             tokens,
@@ -171,7 +187,7 @@ def replicate_steer_command(
         alphas=values,
         unit=unit.value,
         samples=samples,
-        controls=controls,
+        controls=n_random,
         seed=seed,
         tokens=tokens,
         batch_size=batch_size,
@@ -179,6 +195,6 @@ def replicate_steer_command(
     write_html(report.combined().figure(), out / "dose.html")
     headers, rows = report.table()
     table(
-        f"replicate steer: {probe.name} vs {other_probe.name} and {controls} random directions", headers, rows
+        f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions", headers, rows
     )
     console.print(f"wrote {out}/results.json, summary.md, dose.html (sweeps in {runs}/)")

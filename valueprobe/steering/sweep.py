@@ -1,7 +1,7 @@
 """A steering sweep with its controls: prompts × strengths × samples × directions, resumable.
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
-        --prompts data/steer_confidence.jsonl --alphas -2,-1,0,1,2 --samples 2 --controls 8 \\
+        --prompts data/steer_confidence.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 \\
         --other-probe probes/smollm2-135m-reward-history --out runs/steer-confidence
 
 Directions, all at the same strengths: ``axis`` (the probe's direction at its layer), ``other:NAME``
@@ -127,7 +127,7 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
     if settings.max_new_tokens < 1:
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
-        raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --controls >= 0")
+        raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
     unit = Unit(settings.unit)
     layer = axis.best_layer if settings.layer is None else settings.layer
     if layer not in axis.layers:
