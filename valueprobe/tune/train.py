@@ -29,9 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +38,7 @@ import torch
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
-from valueprobe.model.adapter import TUNE_FILE
+from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
 
@@ -209,19 +207,6 @@ def _trainer_args(settings: TuneSettings, output_dir: Path) -> Any:
     return _trl(spec.config)(**spec.options(settings), **common)
 
 
-@contextmanager
-def _ignore_old_checkpointing_reads() -> Iterator[None]:
-    """Silence the one FutureWarning valueprobe cannot fix by renaming: peft's ``PeftModel`` and
-    TRL's DPO reference pass read ``model.is_gradient_checkpointing`` themselves (peft 0.21,
-    TRL 1.16), which transformers 5 renamed ``is_activation_checkpointing``. Every other warning,
-    FutureWarnings included, still shows (tests/test_tune.py turns them into errors)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-        )
-        yield
-
-
 def _last_checkpoint(folder: Path) -> Path | None:
     ckpts = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
     complete = [p for p in ckpts if (p / "trainer_state.json").exists()]
@@ -276,7 +261,7 @@ def _trainer(lm: LoadedModel, pairs: Sequence[Pair], settings: TuneSettings, out
     peft_config = _lora(settings)
     torch.manual_seed(settings.seed)
     spec = METHODS[settings.method]
-    with _ignore_old_checkpointing_reads():
+    with ignore_old_checkpointing_reads():
         return _trl(spec.trainer)(
             model=lm.model,
             args=_trainer_args(settings, output_dir),
@@ -346,7 +331,7 @@ def train(
     lm = base if isinstance(base, LoadedModel) else load(base)
     base_record = {"spec": _spec_of(lm), "fingerprint": lm.fingerprint, **_arch(lm)}
     trainer = _trainer(lm, pairs, settings, partial)
-    with _ignore_old_checkpointing_reads():
+    with ignore_old_checkpointing_reads():
         output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     record = {
         "format": FORMAT,
