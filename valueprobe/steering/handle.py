@@ -56,27 +56,38 @@ class Target:
         return torch.as_tensor(axis.score(h.float(), self.layer))
 
 
-def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
-    """The size of one unit of α at ``layer``; one clear error when the axis lacks the layer or the
-    statistics the unit needs (checked by the CLI before a model loads)."""
+# unit -> (the axis statistic one unit is a fraction of, its name in errors, that fraction, the fix)
+_UNIT_STATS: dict[Unit, tuple[str, str, float, str]] = {
+    Unit.sigma: ("sigma", "σ", 1.0, "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw"),
+    Unit.norm: (
+        "mean_norm",
+        "mean residual norm",
+        0.01,
+        "refit the probe with norm statistics or use --unit sigma",
+    ),
+}
+
+
+def check_unit(axis: ValueAxis, layer: int, unit: Unit | str) -> float:
+    """The size of one unit of α at ``layer``: the one check of σ / %-norm units.
+
+    Raises one clear `ValueprobeError` when the axis lacks the layer or the statistics the unit
+    needs. Needs no model, so the CLI (``steer``, ``trace``) runs it before one loads.
+
+    >>> size = check_unit(axis, axis.best_layer, "norm")   # 1 % of that layer's mean residual norm
+    """
+    unit = Unit(unit)
     if layer not in axis.layers:
-        raise ValueprobeError(f"the axis has no layer {layer}: pick from its layers {list(axis.layers)}")
-    i = axis.layers.index(layer)
+        raise ValueprobeError(
+            f"the axis has no layer {layer}: pick one of its layers {list(axis.layers)} (--layer)"
+        )
     if unit == Unit.raw:
         return float(axis.scale)
-    stat, name, fix = (
-        (axis.sigma[i], "σ", "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw")
-        if unit == Unit.sigma
-        else (
-            axis.mean_norm[i],
-            "mean residual norm",
-            "refit the probe with norm statistics or use --unit sigma",
-        )
-    )
-    value = float(stat)
+    stat, name, fraction, fix = _UNIT_STATS[unit]
+    value = float(getattr(axis, stat)[axis.layers.index(layer)])
     if not (math.isfinite(value) and value > 0):
         raise ValueprobeError(f"axis layer {layer} has no {name} statistics for --unit {unit.value}: {fix}")
-    return value * (1.0 if unit == Unit.sigma else 0.01) * float(axis.scale)
+    return value * fraction * float(axis.scale)
 
 
 def targets(
@@ -106,17 +117,15 @@ def targets(
         )
     unit = Unit(unit)
     chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
-    missing = [layer for layer in chosen if layer not in axis.layers]
-    if missing:
-        raise ValueprobeError(f"the axis has no layer {missing[0]}: pick from its layers {list(axis.layers)}")
+    sizes = [check_unit(axis, layer, unit) for layer in chosen]
     point_site = Site(site or axis.site)
     out = []
-    for layer in chosen:
+    for layer, size in zip(chosen, sizes, strict=True):
         v = axis.direction(layer) if direction is None else direction
         if v.shape != (lm.d_model,):
             raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
         v = v.detach().float().cpu()
-        out.append(Target(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
+        out.append(Target(Point(layer, point_site), v / v.norm(), size, layer))
     return out
 
 
@@ -162,14 +171,10 @@ class Steering(Handle):
         self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.targets}
         try:
             for t in self.targets:
-                self._add_all(intervene(lm, t.point, self._hook(t)))
+                self.join(intervene(lm, t.point, self._hook(t)))
         except BaseException:
             self.remove()
             raise
-
-    def _add_all(self, other: Handle) -> None:
-        self._handles.extend(other._handles)
-        other._handles = []
 
     def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward steering may touch: not padding, and in the chosen positions."""
