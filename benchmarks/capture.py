@@ -62,9 +62,10 @@ def _bare_forward(lm, batches) -> float:
 
 
 def timing(args) -> dict:
-    from valueprobe.activations.capture import _backend_run, _pad_id, iter_batches
+    from valueprobe.activations.capture import _backend_run, iter_batches
     from valueprobe.activations.encode import encode
     from valueprobe.activations.store import capture_to_store
+    from valueprobe.hooks.padding import pad_id_for
     from valueprobe.model.load import load
 
     start = time.perf_counter()
@@ -75,7 +76,9 @@ def timing(args) -> dict:
     results: dict[str, list[float]] = {"bare": [], "last_all_layers": [], "spans_to_disk": []}
     enc_last = encode(lm, exs, positions="last")
     batches = list(
-        iter_batches(enc_last, batch_size=args.batch_size, padding_side="right", pad_id=_pad_id(lm))
+        iter_batches(
+            enc_last, batch_size=args.batch_size, padding_side="right", pad_id=pad_id_for(lm.tokenizer)
+        )
     )
     _bare_forward(lm, batches[:1])  # warm-up
     for _ in range(args.repeats):  # interleaved, min of repeats: robust to a busy machine

@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate, left_pad
+from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.steering.handle import steer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,13 +47,14 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
 
 
 def overhead(lm, axis, args) -> dict:
-    ids, mask = left_pad(encode_prompts(lm, prompts(24)), int(lm.tokenizer.pad_token_id or 0))
+    pad = pad_id_for(lm.tokenizer)
+    ids, mask = pad_rows(encode_prompts(lm, prompts(24)), pad_id=pad, side="left")
     alpha = torch.tensor([ALPHAS[i % 5] for i in range(24)])
     kw = dict(
         max_new_tokens=args.new,
         min_new_tokens=args.new,
         do_sample=False,
-        pad_token_id=int(lm.tokenizer.pad_token_id or 0),
+        pad_token_id=pad,
     )
     plain, steered = [], []
     with torch.inference_mode():

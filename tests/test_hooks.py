@@ -11,7 +11,17 @@ import pytest
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.route import BACKENDS, Point, Route, intervene, position_ids_from_mask, record, route
+from valueprobe.hooks.padding import pad_rows
+from valueprobe.hooks.route import (
+    BACKENDS,
+    Handle,
+    Point,
+    Route,
+    intervene,
+    position_ids_from_mask,
+    record,
+    route,
+)
 from valueprobe.vocab import Site
 
 ARCHS = ("llama", "gpt2", "gpt_neox", "qwen2")
@@ -20,13 +30,8 @@ ARCHS = ("llama", "gpt2", "gpt_neox", "qwen2")
 def _batch(vocab: int, lengths=(7, 4, 6), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded rows of the given lengths (pad id 0)."""
     g = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.zeros((len(lengths), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, width - n :] = torch.randint(3, vocab, (n,), generator=g)
-        mask[i, width - n :] = 1
-    return ids, mask
+    rows = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+    return pad_rows(rows, pad_id=0, side="left")
 
 
 def _logits(lm, ids, mask) -> torch.Tensor:
@@ -131,6 +136,29 @@ def test_handle_remove_without_with(tiny_lm_factory):
     assert torch.equal(_logits(lm, ids, mask), before) and _hooks(lm) == hooks
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_joined_handle_removes_every_hook_even_after_exception(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    hooks = _hooks(lm)
+    ids, mask = _batch(lm.model.config.vocab_size)
+    before = _logits(lm, ids, mask)
+    steer_ = intervene(lm, Point(0), lambda h, step: h + 100.0)
+    rec = record(lm, [Point(1), Point(2, Site.resid_pre)])
+    both = Handle().join(steer_, rec)
+    with pytest.raises(RuntimeError, match="inside the forward"), both:
+        steer_.join(intervene(lm, Point(-1), lambda h, step: h * 2))  # joins after joining: still taken off
+        both.join(steer_)
+        _logits(lm, ids, mask)
+        assert rec.values[Point(1)] and not torch.equal(_logits(lm, ids, mask), before)
+        raise RuntimeError("inside the forward")
+    assert _hooks(lm) == hooks
+    assert torch.equal(_logits(lm, ids, mask), before)
+    assert len(rec.values[Point(1)]) == 2  # the joined recording kept what it read
+    steer_.remove()  # empty after joining: a no-op
+    rec.remove()
+    assert _hooks(lm) == hooks
+
+
 def test_intervene_changes_what_later_blocks_see(tiny_lm_factory):
     lm = tiny_lm_factory("gpt2")
     ids, mask = _batch(lm.model.config.vocab_size)
@@ -151,7 +179,7 @@ def test_registry_routes_satisfy_protocol():
     for name in BACKENDS:
         impl = route(name)
         assert isinstance(impl.name, str) and impl.name == name
-        assert callable(impl.read) and callable(impl.steered_logits)
+        assert callable(impl.read) and callable(impl.steered_logits) and callable(impl.generate)
         typed: Route = impl
         assert typed is impl
     with pytest.raises(ValueprobeError, match="unknown backend"):

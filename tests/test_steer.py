@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.route import Point, position_ids_from_mask, record
+from valueprobe.hooks.padding import pad_rows
+from valueprobe.hooks.route import BACKENDS, Point, position_ids_from_mask, record
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate, left_pad
+from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.steering.handle import steer
 from valueprobe.steering.pid import PID, control
 from valueprobe.steering.sampling import RowSampler, row_seed
@@ -47,7 +48,7 @@ def planted_axis(lm, *, sigma: float = 0.5, mean_norm: float = 8.0, seed: int = 
 
 
 def _batch(lm, prompts=PROMPTS):
-    return left_pad(encode_prompts(lm, prompts), 0)
+    return pad_rows(encode_prompts(lm, prompts), pad_id=0, side="left")
 
 
 def _forward(lm, ids, mask, **kw):
@@ -171,6 +172,27 @@ def test_nnsight_route_equals_hooks_route(tiny_lm_factory, arch):
         nn = generate(lm, axis, PROMPTS[:2], backend="nnsight", **kw)
         assert [g.token_ids for g in hooks] == [g.token_ids for g in nn]
     assert len({g.token_ids for g in hooks}) > 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_generating_route_gives_the_hooks_routes_greedy_tokens(tiny_lm_factory, backend):
+    """Each route behind `Route.generate` against the plain hooks route; a route that cannot
+    generate says which can, and a graph route refuses what only Python hooks can run."""
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm, sigma=3.0)
+    kw = dict(alphas=[-3.0, 0.0, 3.0], greedy=True, max_new_tokens=6, layers=[0, 2], progress=False)
+    if backend == "tlens":
+        with pytest.raises(ValueprobeError, match="through backend 'hooks' or 'nnsight'"):
+            generate(lm, axis, PROMPTS[:1], backend=backend, **kw)
+        return
+    for positions in ("all", "prompt", "generated"):
+        want = generate(lm, axis, PROMPTS, positions=positions, **kw)
+        got = generate(lm, axis, PROMPTS, positions=positions, backend=backend, **kw)
+        assert [g.token_ids for g in got] == [g.token_ids for g in want]
+    assert len({g.token_ids for g in want}) > len(PROMPTS)  # the strengths changed the tokens
+    if backend != "hooks":
+        with pytest.raises(ValueprobeError, match="backend 'hooks' only"):
+            generate(lm, axis, PROMPTS[:1], backend=backend, trace=True, **kw)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -292,7 +292,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         ({"--alphas": "1,x"}, "does not parse"),
         ({"--alphas": ""}, "empty"),
         ({"--probe": str(r / "wide")}, "d_model"),
-        ({"--layer": "7"}, "no such layer"),
+        ({"--layer": "7"}, "has no layer 7"),
         ({"--probe": str(r / "no-norm"), "--unit": "norm"}, "norm statistics"),
         ({"--prompts": str(r / "empty.jsonl")}, "empty"),
         ({"--prompts": str(r / "bad.jsonl")}, "bad.jsonl"),

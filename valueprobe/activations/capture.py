@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from valueprobe.activations.encode import Encoded, encode
 from valueprobe.datasets.io import Example, regroup
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import position_ids_from_mask, residuals
 from valueprobe.model.load import LoadedModel
 from valueprobe.vocab import (
@@ -112,17 +113,9 @@ class Batch:
 
 def make_batch(items: Sequence[Encoded], *, padding_side: PaddingSide, pad_id: int) -> Batch:
     """Pad a batch, with explicit position ids so a left-padded row sees the same positions as alone."""
-    width = max(len(e.input_ids) for e in items)
-    b = len(items)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    shifts = []
-    for i, e in enumerate(items):
-        n = len(e.input_ids)
-        shift = width - n if padding_side == "left" else 0
-        ids[i, shift : shift + n] = torch.tensor(e.input_ids)
-        mask[i, shift : shift + n] = 1
-        shifts.append(shift)
+    ids, mask = pad_rows([e.input_ids for e in items], pad_id=pad_id, side=padding_side)
+    b, width = ids.shape
+    shifts = [width - len(e.input_ids) if padding_side == "left" else 0 for e in items]
     position_ids = position_ids_from_mask(mask)
     one_token = all(len(toks) == 1 for e in items for _, toks in e.selections)
     max_rows = max(len(e.selections) for e in items)
@@ -296,7 +289,9 @@ def run_encoded(
     """Batch, run and concatenate already-encoded examples; ``on_batch(n)`` reports progress."""
     parts: dict[LayerKey, list[Tensor]] = {}
     rows: list[Rows] = []
-    for batch in iter_batches(encoded, batch_size=batch_size, padding_side=padding_side, pad_id=_pad_id(lm)):
+    for batch in iter_batches(
+        encoded, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id_for(lm.tokenizer)
+    ):
         got = _backend_run(
             lm, batch, layers=layers, site=site, include_embed=include_embed, backend=backend, remote=remote
         )
@@ -306,14 +301,6 @@ def run_encoded(
         if on_batch is not None:
             on_batch(batch.input_ids.shape[0])
     return CaptureResult(rows=Rows.concat(rows), acts={k: torch.cat(v) for k, v in parts.items()})
-
-
-def _pad_id(lm: LoadedModel) -> int:
-    tok = lm.tokenizer
-    pad = getattr(tok, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(tok, "eos_token_id", None)
-    return int(pad) if pad is not None else 0
 
 
 def run_until(

@@ -29,6 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.decode import Decode
 from valueprobe.hooks.forward import (
     Forward,
     Read,
@@ -113,6 +114,49 @@ class NnsightRoute:
             logits = nnsight.save(model.output.logits)
         return as_output(logits)
 
+    def generate(self, run: Decode) -> Int[Tensor, "batch seq"]:
+        """Open-loop steered ``generate`` in one nnsight trace: the route for NDIF-sized models.
+
+        Takes the steering as data (`Decode`). The deltas are built before the trace, so the graph
+        needs no valueprobe names: the prompt pass adds ``α·size·v̂`` at the prompt's real cells
+        when ``where`` is ``all``/``prompt``, every later step at its one new cell when ``where`` is
+        ``all``/``generated``. Equal to the hooks route (tests/test_steer.py). A ``live`` run is
+        refused: the graph cannot hand a value read in one step back to Python before that step's
+        addition.
+        """
+        if run.live:
+            raise ValueprobeError(
+                "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
+                "cannot hand a value read in one step back to Python before that step's addition"
+            )
+        model = nnsight_model(run.lm, remote=run.remote)
+        envoys = _envoys(model, run.lm, [a.point.layer for a in run.additions])
+        on_input = [a.point.site == "resid_pre" for a in run.additions]
+        real = run.attention_mask.to(torch.float32)[:, :, None]
+        prompt_on = float(run.where in ("all", "prompt"))
+        gen_on = float(run.where in ("all", "generated"))
+        alpha = run.alpha.to(torch.float32)[:, None, None]
+        first = [alpha * real * (a.unit_size * prompt_on) * a.direction for a in run.additions]
+        later = [alpha * (a.unit_size * gen_on) * a.direction for a in run.additions]
+        inputs = {"input_ids": run.input_ids, "attention_mask": run.attention_mask}
+        with warnings.catch_warnings():
+            # The open loop ends with the run, and nnsight warns so at every call.
+            warnings.filterwarnings("ignore", message=".*was never reached.*")
+            with (
+                torch.no_grad(),
+                model.generate(
+                    generation_config=run.config, logits_processor=run.processors, remote=run.remote
+                ) as tracer,
+            ):
+                with tracer.invoke(**inputs):
+                    for step in tracer.iter[:]:  # open: ends with the generation, and nothing after it runs
+                        for envoy, is_input, d0, d1 in zip(envoys, on_input, first, later, strict=True):
+                            delta = d0 if step == 0 else d1
+                            _add(envoy, delta, to_input=is_input)
+                with tracer.invoke():
+                    seqs = nnsight.save(tracer.result)
+        return seqs.detach().cpu()
+
 
 def _inputs(fwd: Forward) -> dict[str, Tensor]:
     # Left on the CPU: nnsight moves them to the model (or ships them to NDIF) itself.
@@ -138,49 +182,3 @@ def _add(envoy: Any, delta: Tensor, *, to_input: bool) -> None:
         envoy.output = (first + delta.to(device=first.device, dtype=first.dtype), *hidden[1:])
     else:
         envoy.output = hidden + delta.to(device=hidden.device, dtype=hidden.dtype)
-
-
-def steered_generate(
-    lm: LoadedModel,
-    input_ids: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-    *,
-    plan: Sequence[Any],
-    alpha: Float[Tensor, " batch"],
-    where: str,
-    config: Any,
-    processors: Any,
-    remote: Remote = False,
-) -> Int[Tensor, "batch seq"]:
-    """Open-loop steered ``generate`` in one nnsight trace: the route for NDIF-sized models.
-
-    The deltas are built before the trace (so the graph needs no valueprobe names): the prompt
-    pass adds ``α·size·v̂`` at the prompt's real cells when ``where`` is ``all``/``prompt``,
-    every later step at its one new cell when ``where`` is ``all``/``generated``. ``plan`` holds
-    `valueprobe.steering.handle.SteerPoint` records. Equal to the hooks route (tests/test_steer.py).
-    """
-    model = nnsight_model(lm, remote=remote)
-    envoys = _envoys(model, lm, [t.point.layer for t in plan])  # blocks resolved by `steer_points`
-    on_input = [t.point.site == "resid_pre" for t in plan]
-    real = attention_mask.to(torch.float32)[:, :, None]
-    prompt_on = float(where in ("all", "prompt"))
-    gen_on = float(where in ("all", "generated"))
-    a = alpha.to(torch.float32)[:, None, None]
-    first = [a * real * (t.unit_size * prompt_on) * t.direction for t in plan]
-    later = [a * (t.unit_size * gen_on) * t.direction for t in plan]
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    with warnings.catch_warnings():
-        # The open loop ends with the run, and nnsight warns so at every call.
-        warnings.filterwarnings("ignore", message=".*was never reached.*")
-        with (
-            torch.no_grad(),
-            model.generate(generation_config=config, logits_processor=processors, remote=remote) as tracer,
-        ):
-            with tracer.invoke(**inputs):
-                for step in tracer.iter[:]:  # open: ends with the generation, and nothing after it runs
-                    for envoy, is_input, d0, d1 in zip(envoys, on_input, first, later, strict=True):
-                        delta = d0 if step == 0 else d1
-                        _add(envoy, delta, to_input=is_input)
-            with tracer.invoke():
-                seqs = nnsight.save(tracer.result)
-    return seqs.detach().cpu()

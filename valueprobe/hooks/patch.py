@@ -20,30 +20,30 @@ Works on any module tree ``valueprobe.model.load`` can load (Llama, Qwen, GPT-2,
 the step is read by a pre-hook on the module that owns the decoder blocks, which receives the
 2-D ``attention_mask`` and the cache whichever causal-LM head called it.
 
-`HooksRoute`, the reference route of `valueprobe.hooks.route` (``backend="hooks"``), is this layer
-behind the `Route` protocol; the nnsight and TransformerLens routes are tested against it, and it
-against ``output_hidden_states``.
+`valueprobe.hooks.hooks_route.HooksRoute`, the reference route (``backend="hooks"``), is this
+layer behind the `Route` protocol; the nnsight and TransformerLens routes are tested against it,
+and it against ``output_hidden_states``. A handle can `Handle.join` others, so that one
+``finally`` takes all of their hooks off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.forward import Forward, Read, Reduce, as_output
+from valueprobe.hooks.forward import Read, Reduce
 from valueprobe.vocab import Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["Handle", "HooksRoute", "Intervention", "Point", "Recording", "Step", "intervene", "record"]
+__all__ = ["Handle", "Intervention", "Point", "Recording", "Step", "StopForward", "intervene", "record"]
 
 
 class Point(NamedTuple):
@@ -139,6 +139,22 @@ class Handle:
 
     def _add(self, handle: torch.utils.hooks.RemovableHandle) -> None:
         self._handles.append(handle)
+
+    def join(self, *others: Handle) -> Self:
+        """Adopt the hooks of ``others``: removing this handle then removes theirs too.
+
+        Each other handle is left empty (its ``.remove()`` becomes a no-op) but keeps what it
+        recorded, so a `Recording` joined into a steering handle is still read as before. Returns
+        this handle, so one ``with`` (one ``finally``) takes every hook off, exception or not.
+
+        >>> with intervene(lm, Point(3), fn).join(record(lm, [Point(5)])) as both:
+        ...     lm.model(ids, attention_mask=mask)
+        """
+        for other in others:
+            if other is not self:
+                self._handles.extend(other._handles)
+                other._handles = []
+        return self
 
     def remove(self) -> None:
         """Take every hook off; safe to call twice."""
@@ -308,35 +324,3 @@ def _saver(
             raise StopForward
 
     return body
-
-
-def _point(read: Read) -> Point:
-    block, is_input = read
-    return Point(block, Site.resid_pre if is_input else Site.resid_post)
-
-
-class HooksRoute:
-    """Plain forward hooks on the loaded model itself (`valueprobe.hooks.route.Route`)."""
-
-    name = "hooks"
-
-    def read(self, fwd: Forward, reads: Sequence[Read], reduce: Reduce | None) -> dict[Read, Tensor]:
-        """The residual at each read in one forward; the last read stops it (no unembed).
-
-        ``reduce`` runs inside the hook (capture's token selection), so only its result is kept.
-        """
-        points = [_point(r) for r in reads]
-        device = fwd.lm.device
-        with record(fwd.lm, points, reduce=reduce, stop=True) as rec, torch.no_grad(), suppress(StopForward):
-            fwd.lm.model(input_ids=fwd.input_ids.to(device), **fwd.kwargs(device))
-        return {r: rec[p] for r, p in zip(reads, points, strict=True)}
-
-    def steered_logits(
-        self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
-    ) -> Float[Tensor, "batch pos vocab"]:
-        """Logits with ``delta`` added to the residual at ``at``. See `backends.steered_logits`."""
-        param = next(fwd.lm.model.parameters())
-        delta = delta.to(device=param.device, dtype=param.dtype)
-        with intervene(fwd.lm, _point(at), lambda h, step: h + delta), torch.no_grad():
-            output = fwd.lm.model(input_ids=fwd.input_ids.to(param.device), **fwd.kwargs(param.device))
-        return as_output(output.logits)

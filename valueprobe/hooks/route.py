@@ -4,7 +4,8 @@ Hook layer (`patch`): ``record(lm, points)`` and ``intervene(lm, point, fn)``, h
 also context managers; ``fn(h, step)`` runs at every forward, each step of ``generate`` included.
 
 Routes: residual capture and additive steering through plain hooks,
-nnsight 0.8 (and so NDIF remote execution) and TransformerLens 4's ``TransformerBridge``.
+nnsight 0.8 (and so NDIF remote execution) and TransformerLens 4's ``TransformerBridge``;
+steered generation (``route(backend).generate(Decode(...))``) through plain hooks and nnsight.
 
 ``tests/test_backends.py`` checks the three agree with each other and with
 ``output_hidden_states`` to 1e-4 on tiny random models. Typical use, from the capture engine:
@@ -38,6 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.decode import Addition, Decode
 from valueprobe.hooks.forward import (
     Forward,
     Read,
@@ -55,7 +57,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "Addition",
     "Backend",
+    "Decode",
     "Handle",
     "Intervention",
     "Point",
@@ -73,13 +77,18 @@ __all__ = [
 
 
 class Route(Protocol):
-    """What each backend implements: one forward that reads, one that steers.
+    """What each backend implements: one forward that reads, one that steers, and a steered generate.
 
-    Both get the pass as a `Forward` record (batch, explicit positions, ``remote``), already
-    checked by `residuals` / `steered_logits`: blocks are 0-based, reads are
+    ``read`` and ``steered_logits`` get the pass as a `Forward` record (batch, explicit positions,
+    ``remote``), already checked by `residuals` / `steered_logits`: blocks are 0-based, reads are
     ``(block, reads the block's input?)`` in execution order, and only the nnsight route is ever
     given ``remote``. ``reduce`` is applied to each ``[batch, pos, d_model]`` read, inside the hook
     where the route can.
+
+    ``generate`` runs one batched, steered ``generate`` described by a `Decode` record (the
+    steering as data and as Python hooks; each route takes the form it can run) and returns the
+    token ids, prompt then new tokens. A route that cannot generate, or cannot run what the record
+    asks (a ``live`` run on a graph route), raises one `ValueprobeError` naming the routes that can.
     """
 
     name: str
@@ -90,11 +99,13 @@ class Route(Protocol):
         self, fwd: Forward, at: Read, delta: Float[Tensor, "batch pos d_model"]
     ) -> Float[Tensor, "batch pos vocab"]: ...
 
+    def generate(self, run: Decode) -> Int[Tensor, "batch seq"]: ...
+
 
 # The registry: backend name -> (module, class). Imported on first use: nnsight and
 # TransformerLens take seconds to import and most runs never touch them.
 _ROUTES: dict[str, tuple[str, str]] = {
-    Backend.hooks: ("valueprobe.hooks.patch", "HooksRoute"),
+    Backend.hooks: ("valueprobe.hooks.hooks_route", "HooksRoute"),
     Backend.nnsight: ("valueprobe.hooks.nnsight_route", "NnsightRoute"),
     Backend.tlens: ("valueprobe.hooks.tlens_route", "TlensRoute"),
 }

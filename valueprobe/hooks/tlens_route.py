@@ -1,4 +1,4 @@
-"""Capture and steering through TransformerLens 4's ``TransformerBridge``.
+"""Capture and steering through TransformerLens 4's ``TransformerBridge`` (single forwards: no steered generation).
 
 The bridge wraps a twin of the loaded model (sharing its weights; see `forward.twin`), built
 offline with ``build_bridge_from_module`` rather than ``boot_transformers``, which would
@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.decode import Decode
 from valueprobe.hooks.forward import (
     Forward,
     Read,
@@ -117,6 +118,17 @@ class TlensRoute:
                 fwd.input_ids.to(device), fwd_hooks=[(_hook_name(*at), _add(delta))], **fwd.kwargs(device)
             )
         return as_output(logits)
+
+    def generate(self, run: Decode) -> Int[Tensor, "batch seq"]:
+        """Refused with one clear line: steered generation runs on the hooks and nnsight routes.
+
+        The bridge runs its twin with eager attention, so its tokens could part from the model's
+        own ``generate`` on a near tie; and its hook points see no step (cache offset, padding).
+        """
+        raise ValueprobeError(
+            "steered generation runs through backend 'hooks' or 'nnsight', not 'tlens': "
+            "TransformerLens's bridge reads and steers single forwards only"
+        )
 
 
 def _add(delta: Tensor) -> Callable[..., Tensor]:

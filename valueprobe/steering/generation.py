@@ -5,7 +5,8 @@
     >>> gens[0].to_dict()      # {"prompt": 0, "sample": 0, "alpha": -2.0, "seed": ..., "text": ...}
 
 Every row carries its own α (`valueprobe.steering.handle.Steering`), rows are left padded and run in chunks
-of ``batch_size``. Sampling uses common random numbers (`valueprobe.steering.sampling`): the seed of a row
+of ``batch_size``, each chunk one `valueprobe.hooks.decode.Decode` handed to the route's ``generate``
+(plain hooks, or nnsight for NDIF): this module never asks which route it has. Sampling uses common random numbers (`valueprobe.steering.sampling`): the seed of a row
 depends only on (seed, prompt, sample), so every strength and direction of one (prompt, sample)
 draws the same uniforms, and a row draws the same numbers whatever chunk it lands in.
 """
@@ -13,19 +14,19 @@ draws the same uniforms, and a row draws the same numbers whatever chunk it land
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.route import Point, record
-from valueprobe.steering.handle import AlphaSource, Steering, Where, steer_points
+from valueprobe.hooks.padding import pad_id_for, pad_rows
+from valueprobe.hooks.route import Decode, Point, Recording, Route, record, route
+from valueprobe.steering.handle import AlphaSource, Steering, SteerPoint, Where, steer_points
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Backend, LayerSpec, Site, Unit
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
     from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["Generation", "Trace", "generate", "encode_prompts"]
+__all__ = ["Generation", "Trace", "encode_prompts", "generate"]
 
 Prompt = str | Sequence[dict[str, str]]  # raw text, or a chat (rendered with the chat template)
 
@@ -87,14 +88,6 @@ class Generation:
         return out
 
 
-def _pad_eos(lm: LoadedModel) -> tuple[int, int | None]:
-    tok = lm.tokenizer
-    eos = getattr(tok, "eos_token_id", None)
-    pad = getattr(tok, "pad_token_id", None)
-    pad = eos if pad is None else pad
-    return (0 if pad is None else int(pad)), (None if eos is None else int(eos))
-
-
 def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:
     """Token ids of each prompt: text as is, a chat list through the chat template (with the
     assistant turn opened)."""
@@ -112,23 +105,61 @@ def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]
     return out
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "b p"], Int[Tensor, "b p"]]:
-    """Left-padded ids and mask: every row's last prompt token sits in the last column."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r)
-        mask[i, width - len(r) :] = 1
-    return ids, mask
-
-
 @dataclass(frozen=True)
 class _Row:
     prompt: int
     sample: int
     alpha: float
     seed: int | None
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every chunk of one `generate` call shares."""
+
+    config: GenerationConfig
+    temperature: float
+    top_p: float
+    unit: Unit
+    where: Where
+    direction_name: str
+    read_layers: Sequence[int]
+    trace: bool
+
+
+def _check_sizes(
+    prompts: Sequence[Prompt], alphas: Sequence[float], *, max_new_tokens: int, samples: int, batch_size: int
+) -> None:
+    if max_new_tokens < 1:
+        raise ValueprobeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if samples < 1 or batch_size < 1:
+        raise ValueprobeError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
+    if not prompts:
+        raise ValueprobeError("no prompts to generate from")
+    if not alphas:
+        raise ValueprobeError("no strengths (alphas) given")
+
+
+def _rows(n_prompts: int, samples: int, alphas: Sequence[float], *, seed: int, greedy: bool) -> list[_Row]:
+    """Every (prompt, sample, α) row in that nested order, each with its common-random-numbers seed."""
+    return [
+        _Row(p, s, float(a), None if greedy else row_seed(seed, p, s))
+        for p in range(n_prompts)
+        for s in range(samples)
+        for a in alphas
+    ]
+
+
+def _config(lm: LoadedModel, *, max_new_tokens: int, min_new_tokens: int) -> GenerationConfig:
+    """Greedy at the model (a `RowSampler` samples), with the pad and EOS ids of the tokenizer."""
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id_for(lm.tokenizer),
+        eos_token_id=None if eos is None else int(eos),
+    )
 
 
 def _chunks(rows: Sequence[_Row], size: int) -> Iterator[list[_Row]]:
@@ -181,125 +212,130 @@ def generate(
         read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
         trace: return a per-token `Trace` with each row.
         batch_size: rows per ``generate`` call (memory grows with it, time falls).
-        backend: ``hooks``, or ``nnsight`` (open-loop only, no trace: the NDIF route).
+        backend: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
+            ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
             hook's α source. Hooks route only.
 
     >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
     """
-    if max_new_tokens < 1:
-        raise ValueprobeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if samples < 1 or batch_size < 1:
-        raise ValueprobeError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
-    if not prompts:
-        raise ValueprobeError("no prompts to generate from")
-    if not alphas:
-        raise ValueprobeError("no strengths (alphas) given")
-    backend = Backend(backend)
-    if backend == Backend.tlens:
-        raise ValueprobeError("steered generation runs through backend 'hooks' or 'nnsight', not 'tlens'")
-    if backend == Backend.nnsight and (trace or read_layers or source is not None):
-        raise ValueprobeError(
-            "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
-            "cannot hand a value read in one step back to Python before that step's addition"
-        )
+    _check_sizes(prompts, alphas, max_new_tokens=max_new_tokens, samples=samples, batch_size=batch_size)
+    impl = route(backend)
     plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
     encoded = encode_prompts(lm, prompts)
-    rows = [
-        _Row(p, s, float(a), None if greedy else row_seed(seed, p, s))
-        for p in range(len(prompts))
-        for s in range(samples)
-        for a in alphas
-    ]
-    pad_id, eos = _pad_eos(lm)
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=min_new_tokens,
-        do_sample=False,
-        pad_token_id=pad_id,
-        eos_token_id=eos,
+    rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
+    run = _Settings(
+        config=_config(lm, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens),
+        temperature=temperature,
+        top_p=top_p,
+        unit=Unit(unit),
+        where=positions,
+        direction_name=direction_name,
+        read_layers=read_layers,
+        trace=trace,
     )
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
-            out.extend(
-                _run_chunk(
-                    lm,
-                    axis,
-                    plan,
-                    chunk,
-                    encoded,
-                    config=config,
-                    temperature=temperature,
-                    top_p=top_p,
-                    unit=Unit(unit),
-                    where=positions,
-                    direction_name=direction_name,
-                    read_layers=read_layers,
-                    trace=trace,
-                    backend=backend,
-                    source=None if source is None else source(len(chunk)),
-                )
-            )
+            alpha_source = None if source is None else source(len(chunk))
+            out.extend(_run_chunk(impl, lm, axis, plan, chunk, encoded, run, alpha_source))
             bar.update(len(chunk))
     return out
 
 
+class _ChunkHooks:
+    """One chunk's steering as Python, for the routes that run hooks (`Decode.hooks`): the
+    `Steering` handle, joined by a σ-score recorder at each read layer; read back after the run."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        axis: ValueAxis,
+        plan: Sequence[SteerPoint],
+        run: _Settings,
+        *,
+        alpha: Tensor,
+        prompt_length: int,
+        source: AlphaSource | None,
+    ) -> None:
+        self.lm, self.axis, self.plan = lm, axis, list(plan)
+        self.make = partial(
+            Steering,
+            lm,
+            axis,
+            self.plan,
+            alpha=alpha,
+            where=run.where,
+            prompt_length=prompt_length,
+            trace=run.trace,
+            source=source,
+        )
+        self.points = list(dict.fromkeys(Point(layer, Site.resid_post) for layer in run.read_layers))
+        self.steering: Steering | None = None
+        self.recordings: dict[Point, Recording] = {}
+
+    def __call__(self) -> Steering:
+        steering = self.make()
+        try:
+            for p in self.points:
+                score = partial(_score, self.axis, p.layer)
+                self.recordings[p] = record(self.lm, [p], reduce=score)
+                steering.join(self.recordings[p])
+        except BaseException:
+            steering.remove()
+            raise
+        self.steering = steering
+        return steering
+
+    def reads(self) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+        """Per point name, one ``[batch, new]`` σ-score per forward; and the α applied at the steered point."""
+        if self.steering is None:  # the route ran the steering as data
+            return {}, []
+        main = self.plan[0].point
+        reads = {_point_name(main): self.steering.reads[main]} | {
+            _point_name(p): r.values[p] for p, r in self.recordings.items()
+        }
+        return reads, self.steering.applied[main]
+
+
+def _score(axis: ValueAxis, layer: int, h: Tensor) -> Tensor:
+    return torch.as_tensor(axis.score(h.float(), layer)).cpu()
+
+
 def _run_chunk(
+    impl: Route,
     lm: LoadedModel,
     axis: ValueAxis,
-    plan: list,
+    plan: Sequence[SteerPoint],
     chunk: list[_Row],
     encoded: list[list[int]],
-    *,
-    config: GenerationConfig,
-    temperature: float,
-    top_p: float,
-    unit: Unit,
-    where: Where,
-    direction_name: str,
-    read_layers: Sequence[int],
-    trace: bool,
-    backend: Backend,
+    run: _Settings,
     source: AlphaSource | None,
 ) -> list[Generation]:
-    ids, mask = left_pad([encoded[r.prompt] for r in chunk], config.pad_token_id)
-    seeds = [r.seed for r in chunk]
+    """Left pad the chunk, hand it to the route as one `Decode`, and read each row back."""
+    ids, mask = pad_rows([encoded[r.prompt] for r in chunk], pad_id=run.config.pad_token_id, side="left")
     processors = LogitsProcessorList()
-    if seeds[0] is not None:
-        processors.append(RowSampler([int(s or 0) for s in seeds], temperature=temperature, top_p=top_p))
+    if chunk[0].seed is not None:
+        seeds = [int(r.seed or 0) for r in chunk]
+        processors.append(RowSampler(seeds, temperature=run.temperature, top_p=run.top_p))
     alpha = torch.tensor([r.alpha for r in chunk])
-    device = lm.device
-    if backend == Backend.nnsight:
-        from valueprobe.hooks import nnsight_route  # nnsight takes seconds to import
-
-        seqs = nnsight_route.steered_generate(
-            lm, ids, mask, plan=plan, alpha=alpha, where=where, config=config, processors=processors
-        )
-        reads: dict[str, list[Tensor]] = {}
-        applied: list[Tensor] = []
-    else:
-        points = [Point(layer, Site.resid_post) for layer in read_layers]
-        scorers = {
-            p: (lambda h, layer=p.layer: torch.as_tensor(axis.score(h.float(), layer)).cpu()) for p in points
-        }
-        steering = Steering(
-            lm, axis, plan, alpha=alpha, where=where, prompt_length=ids.shape[1], trace=trace, source=source
-        )
-        with ExitStack() as stack, torch.no_grad():
-            stack.enter_context(steering)
-            recs = {p: stack.enter_context(record(lm, [p], reduce=fn)) for p, fn in scorers.items()}
-            seqs = lm.model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                generation_config=config,
-                logits_processor=processors,
-            )
-        main = plan[0].point
-        reads = {_point_name(main): steering.reads[main]} | {
-            _point_name(p): r.values[p] for p, r in recs.items()
-        }
-        applied = steering.applied[main]
+    hooks = _ChunkHooks(lm, axis, plan, run, alpha=alpha, prompt_length=ids.shape[1], source=source)
+    live = run.trace or bool(run.read_layers) or source is not None
+    decode = Decode(
+        lm,
+        ids,
+        mask,
+        config=run.config,
+        processors=processors,
+        additions=plan,
+        alpha=alpha,
+        where=run.where,
+        hooks=hooks,
+        live=live,
+    )
+    seqs = impl.generate(decode)
+    reads, applied = hooks.reads() if run.trace else (None, [])
+    steered = _point_name(plan[0].point)
     return [
         _row_result(
             lm,
@@ -308,12 +344,12 @@ def _run_chunk(
             seqs[i].cpu(),
             ids.shape[1],
             mask[i],
-            config,
-            unit,
-            direction_name,
-            reads if trace else None,
+            run.config,
+            run.unit,
+            run.direction_name,
+            reads,
             applied,
-            _point_name(plan[0].point),
+            steered,
         )
         for i, r in enumerate(chunk)
     ]

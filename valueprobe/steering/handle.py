@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
     from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["SteerPoint", "Steering", "check_unit", "steer", "steer_points"]
+__all__ = ["Steering", "SteerPoint", "check_unit", "steer", "steer_points"]
 
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
@@ -49,34 +49,45 @@ class SteerPoint:
     point: Point
     direction: Float[Tensor, " d_model"]  # unit vector, float32
     unit_size: float  # σ, mean_norm / 100 or 1, times axis.scale
-    layer: int  # the axis layer this point reads its statistics from
+    layer: int  # the axis layer this target reads its statistics from
 
     def score(self, axis: ValueAxis, h: Tensor) -> Tensor:
         """The projection of ``h`` on the axis at this layer, in σ (float32)."""
         return torch.as_tensor(axis.score(h.float(), self.layer))
 
 
-def check_unit(axis: ValueAxis, layer: int, unit: Unit) -> float:
-    """The size of one unit of α at ``layer``; one clear error when the axis lacks the layer or the
-    statistics the unit needs (checked by the CLI before a model loads)."""
+# unit -> (the axis statistic one unit is a fraction of, its name in errors, that fraction, the fix)
+_UNIT_STATS: dict[Unit, tuple[str, str, float, str]] = {
+    Unit.sigma: ("sigma", "σ", 1.0, "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw"),
+    Unit.norm: (
+        "mean_norm",
+        "mean residual norm",
+        0.01,
+        "refit the probe with norm statistics or use --unit sigma",
+    ),
+}
+
+
+def check_unit(axis: ValueAxis, layer: int, unit: Unit | str) -> float:
+    """The size of one unit of α at ``layer``: the one check of σ / %-norm units.
+
+    Raises one clear `ValueprobeError` when the axis lacks the layer or the statistics the unit
+    needs. Needs no model, so the CLI (``steer``, ``trace``) runs it before one loads.
+
+    >>> size = check_unit(axis, axis.best_layer, "norm")   # 1 % of that layer's mean residual norm
+    """
+    unit = Unit(unit)
     if layer not in axis.layers:
-        raise ValueprobeError(f"the axis has no layer {layer}: pick from its layers {list(axis.layers)}")
-    i = axis.layers.index(layer)
+        raise ValueprobeError(
+            f"the axis has no layer {layer}: pick one of its layers {list(axis.layers)} (--layer)"
+        )
     if unit == Unit.raw:
         return float(axis.scale)
-    stat, name, fix = (
-        (axis.sigma[i], "σ", "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw")
-        if unit == Unit.sigma
-        else (
-            axis.mean_norm[i],
-            "mean residual norm",
-            "refit the probe with norm statistics or use --unit sigma",
-        )
-    )
-    value = float(stat)
+    stat, name, fraction, fix = _UNIT_STATS[unit]
+    value = float(getattr(axis, stat)[axis.layers.index(layer)])
     if not (math.isfinite(value) and value > 0):
         raise ValueprobeError(f"axis layer {layer} has no {name} statistics for --unit {unit.value}: {fix}")
-    return value * (1.0 if unit == Unit.sigma else 0.01) * float(axis.scale)
+    return value * fraction * float(axis.scale)
 
 
 def steer_points(
@@ -106,21 +117,19 @@ def steer_points(
         )
     unit = Unit(unit)
     chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
-    missing = [layer for layer in chosen if layer not in axis.layers]
-    if missing:
-        raise ValueprobeError(f"the axis has no layer {missing[0]}: pick from its layers {list(axis.layers)}")
+    sizes = [check_unit(axis, layer, unit) for layer in chosen]
     point_site = Site(site or axis.site)
     out = []
-    for layer in chosen:
+    for layer, size in zip(chosen, sizes, strict=True):
         v = axis.direction(layer) if direction is None else direction
         if v.shape != (lm.d_model,):
             raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
         v = v.detach().float().cpu()
-        out.append(SteerPoint(Point(layer, point_site), v / v.norm(), check_unit(axis, layer, unit), layer))
+        out.append(SteerPoint(Point(layer, point_site), v / v.norm(), size, layer))
     return out
 
 
-# What a steering hook asks for α: (point, pre-intervention hidden state, step, cells it may touch)
+# What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
 AlphaSource = Callable[[SteerPoint, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
 
 
@@ -130,7 +139,7 @@ class Steering(Handle):
     Attributes:
         alpha: ``[batch]`` strengths in the chosen unit (a scalar broadcasts).
         prompt_length: the (padded) prompt width; columns at or past it are generated tokens.
-        reads: with ``trace=True``, per steered point, one ``[batch, new]`` σ-score per forward of
+        reads: with ``trace=True``, per target point, one ``[batch, new]`` σ-score per forward of
             the residual *before* the addition.
     """
 
@@ -158,18 +167,14 @@ class Steering(Handle):
         self.prompt_length = prompt_length
         self.trace = trace
         self.source = source
-        self.reads: dict[Point, list[Tensor]] = {p.point: [] for p in self.points}
-        self.applied: dict[Point, list[Tensor]] = {p.point: [] for p in self.points}
+        self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
+        self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
         try:
-            for p in self.points:
-                self._add_all(intervene(lm, p.point, self._hook(p)))
+            for t in self.points:
+                self.join(intervene(lm, t.point, self._hook(t)))
         except BaseException:
             self.remove()
             raise
-
-    def _add_all(self, other: Handle) -> None:
-        self._handles.extend(other._handles)
-        other._handles = []
 
     def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward steering may touch: not padding, and in the chosen positions."""
@@ -180,13 +185,13 @@ class Steering(Handle):
             ok = ok & (in_prompt if self.where == "prompt" else ~in_prompt)[None, :]
         return ok
 
-    def _hook(self, point: SteerPoint) -> Callable[[Tensor, Step], Tensor | None]:
+    def _hook(self, target: SteerPoint) -> Callable[[Tensor, Step], Tensor | None]:
         def fn(h: Tensor, step: Step) -> Tensor | None:
             cells = self.cells(step)
             if self.trace:
-                self.reads[point.point].append(point.score(self.axis, h.detach()).cpu())
+                self.reads[target.point].append(target.score(self.axis, h.detach()).cpu())
             if self.source is not None:
-                alpha = self.source(point, h, step, cells).to(h.device)
+                alpha = self.source(target, h, step, cells).to(h.device)
             else:
                 a = self.alpha.to(h.device)
                 if a.numel() not in (1, h.shape[0]):
@@ -194,11 +199,11 @@ class Steering(Handle):
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
             alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
             if self.trace:
-                self.applied[point.point].append(alpha.detach().cpu())
+                self.applied[target.point].append(alpha.detach().cpu())
             touch = alpha != 0
             if not bool(touch.any()):
                 return None
-            step_ = (alpha * point.unit_size)[..., None] * point.direction.to(h.device)
+            step_ = (alpha * target.unit_size)[..., None] * target.direction.to(h.device)
             return torch.where(touch[..., None], h + step_.to(h.dtype), h)
 
         return fn

@@ -39,9 +39,9 @@ from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
-from valueprobe.steering.generation import generate
+from valueprobe.steering.generation import Generation, generate
+from valueprobe.steering.handle import check_unit
 from valueprobe.steering.yes_no import p_yes
-from valueprobe.vocab import Unit
 
 __all__ = ["SweepSettings", "check_settings", "parse_alphas", "random_directions", "run_sweep"]
 
@@ -128,19 +128,7 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
-    unit = Unit(settings.unit)
-    layer = axis.best_layer if settings.layer is None else settings.layer
-    if layer not in axis.layers:
-        raise ValueprobeError(
-            f"--layer {layer}: the probe has no such layer; it has layers {list(axis.layers)}"
-        )
-    i = axis.layers.index(layer)
-    stat = {Unit.sigma: axis.sigma[i], Unit.norm: axis.mean_norm[i], Unit.raw: torch.tensor(1.0)}[unit]
-    if not (math.isfinite(float(stat)) and float(stat) > 0):
-        what = "norm statistics (mean residual norm)" if unit == Unit.norm else "σ statistics"
-        raise ValueprobeError(
-            f"--unit {unit.value}: the probe has no {what} at layer {layer}; use --unit raw"
-        )
+    check_unit(axis, axis.best_layer if settings.layer is None else settings.layer, settings.unit)
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -245,20 +233,14 @@ def run_sweep(
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
     layer = axis.best_layer if settings.layer is None else settings.layer
-    directions: list[tuple[str, torch.Tensor | None]] = [(AXIS, None)]
-    if other is not None:
-        directions.append(
-            (f"{OTHER_PREFIX}{Path(settings.other_probe or 'other').name}", other.direction(layer))
-        )
-    rand = random_directions(axis.d_model, settings.controls, seed=settings.seed)
-    directions += [(f"{RANDOM_PREFIX}{k}", rand[k]) for k in range(settings.controls)]
     path = out / GENERATIONS
     done = {r.key() for r in _read_rows(path)}
-    yes_no = "p_yes" in settings.metrics
     size = settings.chunk_prompts
     blocks = [list(range(i, min(i + size, len(examples)))) for i in range(0, len(examples), size)]
-    chunks = [(name, v, b, block) for name, v in directions for b, block in enumerate(blocks)]
-    for name, v, b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
+    chunks = [
+        (d, b, block) for d in _directions(axis, settings, other, layer) for b, block in enumerate(blocks)
+    ]
+    for (name, v), b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
         keys = [
             (examples[p].id, float(a), name, s)
             for p in block
@@ -267,62 +249,99 @@ def run_sweep(
         ]
         if all(k in done for k in keys):
             continue
-        prompts = [_prompt(examples[p]) for p in block]
-        block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
-        gens = generate(
-            lm,
-            axis,
-            prompts,
-            alphas=settings.alphas,
-            samples=settings.samples,
-            seed=block_seed,
-            max_new_tokens=settings.max_new_tokens,
-            greedy=settings.greedy,
-            temperature=settings.temperature,
-            unit=settings.unit,
-            layers=[layer],
-            direction=v,
-            direction_name=name,
-            batch_size=batch_size,
-            progress=False,
-        )
-        pyes: dict[tuple[int, float], float] = {}
-        if yes_no:
-            pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
-            got = p_yes(
-                lm,
-                axis,
-                [prompts[p] for p, _ in pairs],
-                [a for _, a in pairs],
-                unit=settings.unit,
-                layer=layer,
-                direction=v,
-                batch_size=batch_size,
-            )
-            pyes = dict(zip(pairs, got.tolist(), strict=True))
-        rows = []
-        for g in gens:
-            ex = examples[block[g.prompt]]
-            metrics = text_metrics(g.text)
-            if yes_no:
-                metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
-            row = SweepRow(
-                prompt_id=ex.id,
-                group=ex.group,
-                alpha=g.alpha,
-                direction=name,
-                sample=g.sample,
-                seed=g.seed,
-                text=g.text,
-                metrics=metrics,
-            )
-            if row.key() not in done:
-                rows.append(row)
+        got = _run_block(lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size)
+        rows = [r for r in got if r.key() not in done]
         _append(path, rows)
         done.update(r.key() for r in rows)
+    return _summarise(out, settings, examples, n_boot=n_boot)
+
+
+def _directions(
+    axis: ValueAxis, settings: SweepSettings, other: ValueAxis | None, layer: int
+) -> list[tuple[str, torch.Tensor | None]]:
+    """The steered directions by name: the axis (None: its own), the other axis, the random controls."""
+    directions: list[tuple[str, torch.Tensor | None]] = [(AXIS, None)]
+    if other is not None:
+        directions.append(
+            (f"{OTHER_PREFIX}{Path(settings.other_probe or 'other').name}", other.direction(layer))
+        )
+    rand = random_directions(axis.d_model, settings.controls, seed=settings.seed)
+    return directions + [(f"{RANDOM_PREFIX}{k}", rand[k]) for k in range(settings.controls)]
+
+
+def _run_block(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    block: Sequence[Example],
+    b: int,
+    name: str,
+    v: torch.Tensor | None,
+    settings: SweepSettings,
+    layer: int,
+    batch_size: int,
+) -> list[SweepRow]:
+    """Every row of one block of prompts (the ``b``-th) along one direction, with its metrics.
+
+    The block's seed depends only on (seed, b), so every direction draws the same samples.
+    """
+    prompts = [_prompt(ex) for ex in block]
+    block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
+    gens = generate(
+        lm,
+        axis,
+        prompts,
+        alphas=settings.alphas,
+        samples=settings.samples,
+        seed=block_seed,
+        max_new_tokens=settings.max_new_tokens,
+        greedy=settings.greedy,
+        temperature=settings.temperature,
+        unit=settings.unit,
+        layers=[layer],
+        direction=v,
+        direction_name=name,
+        batch_size=batch_size,
+        progress=False,
+    )
+    pyes: dict[tuple[int, float], float] = {}
+    if "p_yes" in settings.metrics:
+        pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
+        got = p_yes(
+            lm,
+            axis,
+            [prompts[p] for p, _ in pairs],
+            [a for _, a in pairs],
+            unit=settings.unit,
+            layer=layer,
+            direction=v,
+            batch_size=batch_size,
+        )
+        pyes = dict(zip(pairs, got.tolist(), strict=True))
+    return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
+
+
+def _sweep_row(ex: Example, g: Generation, name: str, pyes: dict[tuple[int, float], float]) -> SweepRow:
+    metrics = text_metrics(g.text)
+    if pyes:
+        metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
+    return SweepRow(
+        prompt_id=ex.id,
+        group=ex.group,
+        alpha=g.alpha,
+        direction=name,
+        sample=g.sample,
+        seed=g.seed,
+        text=g.text,
+        metrics=metrics,
+    )
+
+
+def _summarise(out: Path, settings: SweepSettings, examples: Sequence[Example], *, n_boot: int) -> SteerSweep:
+    """The dose-response summary of every finished row, written to ``metrics.json`` and ``metrics.csv``."""
+    yes_no = "p_yes" in settings.metrics
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
     result = summarise(
-        _read_rows(path),
+        _read_rows(out / GENERATIONS),
         unit=settings.unit,
         metrics=settings.metrics,
         by_group=by_group,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import encode_prompts
@@ -69,17 +70,13 @@ def p_yes(
         raise ValueprobeError(f"p_yes: {len(prompts)} prompts but {len(alphas)} strengths")
     yes, no = answer_tokens(lm.tokenizer)
     encoded = encode_prompts(lm, prompts)
-    pad = int(getattr(lm.tokenizer, "pad_token_id", None) or 0)
+    pad = pad_id_for(lm.tokenizer)
     out = np.empty(len(encoded))
     layers = None if layer is None else [layer]
     for start in range(0, len(encoded), batch_size):
         rows = encoded[start : start + batch_size]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):  # right padding: real tokens keep positions 0..n-1 and never see pads
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
+        # right padding: real tokens keep positions 0..n-1 and never see pads
+        ids, mask = pad_rows(rows, pad_id=pad, side="right")
         alpha = torch.tensor([float(a) for a in alphas[start : start + batch_size]])
         with torch.no_grad(), steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction):
             logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
