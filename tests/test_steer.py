@@ -118,7 +118,21 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
     seq = runs[True].sequences
     full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
     with steer(lm, axis, alpha, positions=positions, prompt_length=width):
-        ref = _forward(lm, seq, full_mask).logits  # one forward, no cache: the trusted reference
+        out = _forward(lm, seq, full_mask, output_hidden_states=True)
+    ref = out.logits  # one forward, no cache: the reference for every cached step
+    # The reference's own cells, checked from output_hidden_states against the unsteered forward:
+    # resid_post[1] (hidden_states[2]) is h + α·σ·v̂ on the chosen side of the prompt boundary and
+    # h on the other (blocks 0 and 1 run before the addition, so h is the same in both runs).
+    base = _forward(lm, seq, full_mask, output_hidden_states=True).hidden_states[2]
+    got = out.hidden_states[2]
+    in_prompt = torch.arange(seq.shape[1]) < width
+    chosen = {"all": torch.ones_like(in_prompt), "prompt": in_prompt, "generated": ~in_prompt}[positions]
+    real = full_mask.bool()
+    moved = real & chosen[None, :]
+    want = base + (alpha * 2.0)[:, None, None] * axis.direction(1)
+    torch.testing.assert_close(got[moved], want[moved], atol=1e-5, rtol=0)
+    assert torch.equal(got[~moved], base[~moved])
+    assert moved.any() and (positions == "all" or (real & ~chosen[None, :]).any())
     for t in range(new):  # the first generated token (t = 0) included
         for cache in (True, False):
             torch.testing.assert_close(runs[cache].logits[t], ref[:, width - 1 + t], atol=1e-4, rtol=0)
@@ -134,10 +148,38 @@ def test_per_row_alpha_batch_equals_each_row_alone(tiny_lm_factory, arch):
     assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
     chunked = generate(lm, axis, PROMPTS[:3], batch_size=4, **kw)  # rows land in other chunks
     assert [g.token_ids for g in chunked] == [g.token_ids for g in alone]
-    # common random numbers: one seed per (prompt, sample), shared by every α
     for g in batched:
         assert g.seed == row_seed(3, g.prompt, g.sample)
     assert len({g.token_ids for g in batched}) > 3  # steering and sampling do change the text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_common_random_numbers_give_one_text_per_prompt_and_sample(tiny_lm_factory, arch):
+    """With a negligible σ the strengths cannot move the logits, so rows that share (prompt, sample)
+    draw the same uniforms and must sample the same tokens, whatever α and whatever batch."""
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=1e-7)
+    alphas = [-3.0, -1.0, 0.0, 2.0, 3.0]
+    gens = generate(
+        lm,
+        axis,
+        PROMPTS[:3],
+        alphas=alphas,
+        samples=3,
+        max_new_tokens=8,
+        temperature=1.5,
+        seed=5,
+        batch_size=7,  # chunks cut across (prompt, sample) groups
+        progress=False,
+    )
+    texts: dict[tuple[int, int], set] = {}
+    for g in gens:
+        texts.setdefault((g.prompt, g.sample), set()).add(g.token_ids)
+    assert len(gens) == 3 * 3 * len(alphas) and len(texts) == 3 * 3
+    assert all(len(t) == 1 for t in texts.values()), texts
+    # ... and the samples of one prompt do differ: the draws are random, just shared across α
+    for p in range(3):
+        assert len({next(iter(texts[p, s])) for s in range(3)}) > 1
 
 
 def test_row_draws_do_not_depend_on_batch():

@@ -271,7 +271,8 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     before = (tmp_path / "out" / "generations.jsonl").read_bytes()
     assert len(before.splitlines()) == 4 * 3 * 4
     code, _, err = run(argv, capsys)  # everything done: nothing regenerated, nothing appended
-    assert code == 0, err and (tmp_path / "out" / "generations.jsonl").read_bytes() == before
+    assert code == 0, err
+    assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
 
 
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
