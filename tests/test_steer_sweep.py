@@ -397,6 +397,36 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
     assert "too few prompts to tell" in summary  # 2 prompts: no verdict is claimed
     assert len(report.combined().effects) == sum(len(s.effects) for s in report.sweeps.values())
 
+    # A value, from the files written: the confidence set's first prompt is alone in its group
+    # (direct), so its P(yes) slope in results.json is (p(+1) − p(−1)) / 2 of that one prompt; both
+    # p are recomputed with the trusted route (h += α·σ·v̂ at the axis layer, one unbatched forward)
+    # and checked against the rows in generations.jsonl too.
+    first = read_jsonl(DATA / "steer_confidence.jsonl")[0]
+    yes, no = answer_tokens(lm.tokenizer)
+    (prompt,) = encode_prompts(lm, [list(first.messages or ())])
+    ids = torch.tensor([prompt])
+    p = {}
+    for a in (-1.0, 1.0):
+        logits = steered_logits(
+            lm, ids, torch.ones_like(ids), layer=1, vector=axis.direction(1) * 2.0, alpha=a
+        )
+        probs = torch.softmax(logits[0, -1].double(), dim=-1)
+        p[a] = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "confidence" / GENERATIONS).read_text().splitlines()]
+    got = {
+        r["alpha"]: r["metrics"]["p_yes"]
+        for r in rows
+        if r["prompt_id"] == first.id and r["direction"] == "axis"
+    }
+    assert got == pytest.approx(p, abs=1e-5)
+    (effect,) = [
+        e
+        for e in results["sweeps"]["confidence"]["effects"]
+        if e["metric"] == "p_yes" and e["subset"] == first.group
+    ]
+    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-5)
+    assert abs(p[1.0] - p[-1.0]) > 1e-4  # the steering moved it, so the slope is not a trivial 0
+
 
 @pytest.mark.slow
 def test_p_yes_on_the_default_model(default_lm):
