@@ -627,3 +627,13 @@ def test_not_a_decoder_only_lm_is_refused_before_any_work(kind, tmp_path, tiny_t
     assert not out.exists()  # refused before the first stage wrote anything
     with pytest.raises(Exception, match="not a decoder-only LM"):
         load(str(folder))
+
+
+@pytest.mark.parametrize(
+    ("verb", "option", "value"),
+    [("safety", "--epochs", "0"), ("dpo-words", "--lr", "-1"), ("safety", "--lr", "0")],
+)
+def test_replicate_tuning_refuses_bad_training_settings(verb, option, value, capsys, tmp_path):
+    line = fails(["replicate", verb, option, value, "--out", str(tmp_path / "out")], capsys)
+    assert option in line and "must be positive" in line
+    assert not (tmp_path / "out").exists()
