@@ -28,6 +28,7 @@ import torch
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.files import atomic_write, write_summary
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import hier_boot
@@ -58,21 +59,25 @@ def replies(
 ) -> list[str]:
     """Greedy replies to single-turn prompts (left padded, batched)."""
     tok = lm.tokenizer
-    side, tok.padding_side = tok.padding_side, "left"
     out: list[str] = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            texts = [
-                tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False)
-                for e in prompts[i : i + batch_size]
-            ]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(lm.device)
-            gen = lm.model.generate(
-                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
-            )
-            out += tok.batch_decode(gen[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
-    finally:
-        tok.padding_side = side
+    for i in range(0, len(prompts), batch_size):
+        rows = [
+            tok(
+                tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            ).input_ids
+            for e in prompts[i : i + batch_size]
+        ]
+        # left padding: every prompt ends in the last column, so generation appends after it
+        ids, mask = pad_rows(rows, pad_id=pad_id_for(tok), side="left")
+        gen = lm.model.generate(
+            input_ids=ids.to(lm.device),
+            attention_mask=mask.to(lm.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id_for(tok),
+        )
+        out += tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
     return out
 
 

@@ -9,15 +9,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_dir, jsonable
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
 
@@ -116,18 +114,17 @@ class ShiftResult:
         """Write shift.json, examples.csv and, given ``figure``, shift.html (plotly inlined), all or nothing.
 
         ``figure`` is `valueprobe.report.plots.shift_figure` of this result: figures live in
-        ``report/``, above this record. The files go to a temporary sibling first; the folder
-        appears under its name only when complete.
+        ``report/``, above this record. The folder appears under its name only when complete
+        (`valueprobe.files.atomic_write_dir`).
         """
         out = Path(out_dir)
         if out.exists() and not overwrite:
             raise ValueprobeError(
                 f"output folder {out} already exists: pass --overwrite or choose another --out"
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-        try:
-            text = json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False) + "\n"
+
+        def fill(tmp: Path) -> None:
+            text = json.dumps(jsonable(self.to_dict()), indent=2, allow_nan=False) + "\n"
             (tmp / "shift.json").write_text(text, encoding="utf-8")
             with open(tmp / "examples.csv", "w", newline="", encoding="utf-8") as f:
                 writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
@@ -135,21 +132,5 @@ class ShiftResult:
                 writer.writerows(self.records)
             if figure is not None:
                 figure.write_html(str(tmp / "shift.html"), include_plotlyjs=True, full_html=True)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
 
-
-def _strict(obj: object) -> object:
-    """JSON-safe: NaN and inf become null (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+        return atomic_write_dir(out, fill)

@@ -27,7 +27,6 @@ Folders:
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -37,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_dir, atomic_write_text
 from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
@@ -284,17 +283,15 @@ def _train_record(trainer: Any, output: Any, resume: Path | None) -> dict[str, A
 
 
 def _publish(trainer: Any, tok: Any, record: dict[str, Any], partial: Path, out: Path) -> None:
-    """Save the trained model, tokenizer and record in ``partial/final``, rename it to ``out`` in
-    one step, then drop ``partial``."""
-    final = partial / "final"
-    if final.exists():
-        shutil.rmtree(final)
-    trainer.model.save_pretrained(str(final), safe_serialization=True)
-    tok.save_pretrained(str(final))
-    (final / TUNE_FILE).write_text(json.dumps(record, indent=2, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(final, out)
+    """Save the trained model, tokenizer and record into ``out`` in one step (a temporary sibling
+    renamed into place), then drop ``partial``."""
+
+    def fill(tmp: Path) -> None:
+        trainer.model.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+        (tmp / TUNE_FILE).write_text(json.dumps(record, indent=2, default=str))
+
+    atomic_write_dir(out, fill)
     shutil.rmtree(partial, ignore_errors=True)
 
 
