@@ -141,6 +141,47 @@ def _gap(res: ShiftResult) -> dict[str, float]:
     return {"gap": float(sens.mean() - neut.mean()), "lo": float(lo), "hi": float(hi)}
 
 
+def _refusal_rates(
+    held: Sequence[Example], before: Sequence[str], after: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """Refusal rate per group before and after tuning (with bootstrap CIs), and four sample replies each."""
+    rates: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for g in ("refusal/harmful", "refusal/benign"):
+        idx = [i for i, e in enumerate(held) if e.group == g]
+        b = np.array([is_refusal(before[i]) for i in idx], float)
+        a = np.array([is_refusal(after[i]) for i in idx], float)
+        rates[g] = {
+            "before": float(b.mean()),
+            "after": float(a.mean()),
+            "n": len(idx),
+            "before_ci": hier_boot([b])[1:],
+            "after_ci": hier_boot([a])[1:],
+        }
+        samples[g] = [
+            {
+                "prompt": (held[i].messages or ({"content": ""},))[0]["content"],
+                "before": before[i],
+                "after": after[i],
+            }
+            for i in idx[:4]
+        ]
+    return rates, samples
+
+
+def _first_per_group(examples: list[Example], per_group: int | None) -> list[Example]:
+    """The first ``per_group`` examples of each group, in order (all of them for None)."""
+    if per_group is None:
+        return examples
+    seen: dict[str, int] = {}
+    kept = []
+    for e in examples:
+        seen[e.group] = seen.get(e.group, 0) + 1
+        if seen[e.group] <= per_group:
+            kept.append(e)
+    return kept
+
+
 def replicate_safety(
     lm: LoadedModel,
     *,
@@ -173,38 +214,9 @@ def replicate_safety(
     tuned = load(str(out))
     refusal = read_jsonl(data_dir / "refusal.jsonl")
     held = [e for e in refusal if e.meta.get("split") == "eval"]
-    rates: dict[str, dict[str, Any]] = {}
-    samples: dict[str, list[dict[str, Any]]] = {}
     progress(f"refusal rate on {len(held)} held-out prompts, before and after")
-    before, after = replies(lm, held), replies(tuned, held)
-    for g in ("refusal/harmful", "refusal/benign"):
-        idx = [i for i, e in enumerate(held) if e.group == g]
-        b = np.array([is_refusal(before[i]) for i in idx], float)
-        a = np.array([is_refusal(after[i]) for i in idx], float)
-        rates[g] = {
-            "before": float(b.mean()),
-            "after": float(a.mean()),
-            "n": len(idx),
-            "before_ci": hier_boot([b])[1:],
-            "after_ci": hier_boot([a])[1:],
-        }
-        samples[g] = [
-            {
-                "prompt": (held[i].messages or ({"content": ""},))[0]["content"],
-                "before": before[i],
-                "after": after[i],
-            }
-            for i in idx[:4]
-        ]
-    examples = refusal + read_jsonl(data_dir / "sensitive.jsonl")
-    if per_group is not None:
-        seen: dict[str, int] = {}
-        kept = []
-        for e in examples:
-            seen[e.group] = seen.get(e.group, 0) + 1
-            if seen[e.group] <= per_group:
-                kept.append(e)
-        examples = kept
+    rates, samples = _refusal_rates(held, replies(lm, held), replies(tuned, held))
+    examples = _first_per_group(refusal + read_jsonl(data_dir / "sensitive.jsonl"), per_group)
     shifts = {}
     for name, axis in axes.items():
         progress(f"shift along {name} on {len(examples)} prompts")
