@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -87,6 +88,11 @@ class SweepSettings:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:

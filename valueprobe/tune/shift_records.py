@@ -9,15 +9,21 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, jsonable
+from valueprobe.files import atomic_write_dir, jsonable, record_from_dict
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
+__all__ = ["GroupShift", "PairSeparation", "ShiftProbe", "ShiftResult"]
+
+# The name shift.json has always carried; the subpackage move briefly wrote "valueprobe.tune.shift",
+# which reads as the same format.
+FORMAT = "valueprobe.shift"
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,19 @@ class PairSeparation:
 
 
 @dataclass(frozen=True)
+class ShiftProbe:
+    """The probe a shift was read on: its identity, and its unit (μ, σ) at the headline layer."""
+
+    model_id: str
+    fingerprint: str
+    method: str
+    site: str
+    mu: float
+    sigma: float
+    sigma_reference: str
+
+
+@dataclass(frozen=True)
 class ShiftResult:
     """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
 
@@ -60,7 +79,7 @@ class ShiftResult:
     tuned_id: str
     base_fingerprint: str
     tuned_fingerprint: str
-    probe: dict
+    probe: ShiftProbe
     layer: int
     layers: tuple[int, ...]
     tokens: str
@@ -70,7 +89,9 @@ class ShiftResult:
     pairs: tuple[PairSeparation, ...]
     untargeted_range: tuple[float, float] | None  # min, max shift of the untargeted groups
     axis_cosine: dict[str, tuple[float, ...]] | None  # refit: cos per layer (see shift(refit=...))
-    records: tuple[dict, ...]  # per example: id, group, label, base, tuned (scores at ``layer``)
+    # per example: id, group, label, base, tuned (scores at ``layer``); examples.csv holds them, and
+    # a summary that leaves them out (replicate safety's results.json) reads back with none
+    records: tuple[dict, ...] = ()
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         headers = [
@@ -107,8 +128,15 @@ class ShiftResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["format"], out["format_version"] = "valueprobe.tune.shift", 1
+        out["format"], out["format_version"] = FORMAT, 1
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShiftResult:
+        """The result again from its ``to_dict()`` or ``shift.json`` (the format keys are checked, then dropped)."""
+        if d.get("format", FORMAT) not in (FORMAT, "valueprobe.tune.shift"):
+            raise ValueprobeError(f"not a shift record: format {d.get('format')!r}")
+        return record_from_dict(cls, d)
 
     def write(self, out_dir: str | Path, *, overwrite: bool = False, figure: go.Figure | None = None) -> Path:
         """Write shift.json, examples.csv and, given ``figure``, shift.html (plotly inlined), all or nothing.
