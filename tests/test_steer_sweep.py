@@ -17,10 +17,11 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, parse_alphas, run_sweep
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -167,10 +168,18 @@ def test_sweep_refuses_a_folder_with_another_sweep(tiny_lm_factory, tmp_path):
         )
 
 
-def test_random_directions_are_unit_and_seeded():
-    a, b = random_directions(64, 8, seed=0), random_directions(64, 8, seed=0)
-    assert torch.equal(a, b) and torch.allclose(a.norm(dim=1), torch.ones(8))
-    assert not torch.equal(a, random_directions(64, 8, seed=1))
+def test_sweep_random_directions_are_the_stats_null_rows(tiny_lm_factory, tmp_path):
+    """One random-direction scheme: the sweep's ``random-K`` is row K of stats.null's draw, seed for seed."""
+    axis = tiny_axis(tiny_lm_factory("llama"))
+    settings = settings_for(tmp_path, controls=3, seed=5)
+    named = dict(_directions(axis, settings, None, axis.best_layer))
+    expected = torch.from_numpy(null_directions(axis.d_model, 3, seed=5)).float()
+    assert named["axis"] is None
+    for k in range(3):
+        assert torch.equal(named[f"random-{k}"], expected[k])
+    assert not torch.equal(
+        named["random-0"], torch.from_numpy(null_directions(axis.d_model, 1, seed=6)).float()[0]
+    )
 
 
 @pytest.mark.parametrize("text", ["", " , ", "1,x", "1,nan", "2,2"])

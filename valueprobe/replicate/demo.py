@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -37,7 +35,7 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
@@ -117,17 +115,6 @@ class _Model:
         return self._lm
 
 
-def _finite(x: Any) -> Any:
-    """JSON-safe: NaN/inf (e.g. the last generated token, never fed back) become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
     """The steering sweep (valueprobe.steering.sweep) on the yes/no confidence prompts, random-direction null."""
     prompts = out / "data" / "steer_confidence.jsonl"
@@ -195,7 +182,7 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         seed=seed,
         progress=False,
     )
-    d = _finite(result.to_dict())
+    d = jsonable(result.to_dict())
     g = next(x for x in d["groups"] if x["targeted"])
     lo, hi = g["null_range"]
     d["tune"] = {
@@ -346,7 +333,7 @@ class _Run:
                 progress=False,
             )
             assert gen.trace is not None
-            return _finite({"text": gen.text, **gen.trace.to_dict()})
+            return jsonable({"text": gen.text, **gen.trace.to_dict()})
 
         key = {"fit": self.cache.keys["fit"], "model": self.model, "tokens": self.size.trace_tokens}
         return self.cache.run("trace", key, run, label="one greedy generation, value read at every token")
