@@ -311,6 +311,7 @@ def shift(
         "mu": float(axis.mu[i]),
         "sigma": float(axis.sigma[i]),
         "sigma_reference": axis.sigma_reference,
+        "sigma_data": axis_sigma_data,  # the axis's σ over these examples: sigma / sigma_data converts to data σ
     }
     return ShiftResult(
         base_id=base.model_id,
