@@ -107,10 +107,13 @@ def all_sections() -> dict:
                 "records": [
                     {"group": "words", "base": b, "tuned": t} for b, t in [(0, 0.5), (0.1, 0.7), (-0.2, 0.4)]
                 ],
+                "probe": {"sigma": 2.0, "sigma_data": 0.25},  # 1 base σ = 8 data σ
                 "groups": [
                     {
                         "group": "words",
+                        "targeted": True,
                         "shift": 0.53,
+                        "shift_data_sigma": 4.24,
                         "ci": [0.4, 0.7],
                         "null_range": [-0.2, 0.2],
                         "null_percentile": 100.0,

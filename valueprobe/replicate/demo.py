@@ -50,6 +50,7 @@ from valueprobe.replicate.axis import (
     matched_control,
 )
 from valueprobe.replicate.stages import StageCache
+from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, write_report
 from valueprobe.steering.generation import generate
 from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
@@ -183,19 +184,21 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         progress=False,
     )
     d = jsonable(result.to_dict())
-    g = next(x for x in d["groups"] if x["targeted"])
-    lo, hi = g["null_range"]
     d["tune"] = {
         "target": TUNE_TARGET,
         "pairs": len(pairs),
         "steps": settings.max_steps,
         "checkpoint": str(tuned_dir),
     }
-    d["headline"] = (
-        f"shift after {settings.max_steps}-step DPO ({TUNE_TARGET}, layer {d['layer']}): {g['shift_data_sigma']:+.3f}"
-        f" data σ vs random-direction null [{lo:+.3f}, {hi:+.3f}] ({g['null_percentile']:.0f}th pct)"
-    )
+    d["headline"] = shift_headline(d, steps=settings.max_steps)
     return d
+
+
+def shift_headline(d: dict, *, steps: int) -> str:
+    """The summary line of the shift stage: the targeted group's shift in the words and unit of the
+    report's shift caption (:func:`valueprobe.report.effects.shift_text`)."""
+    g = next(x for x in d["groups"] if x["targeted"])
+    return f"shift after {steps}-step DPO ({TUNE_TARGET}, layer {d['layer']}): {shift_text(d, g)}"
 
 
 # Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.
