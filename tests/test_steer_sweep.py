@@ -17,6 +17,7 @@ from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
+from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
@@ -241,6 +242,9 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
     ValueAxis(**{**ax.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))}).save(root / "no-norm")
     wide = tiny_axis(lm, d_model=32)
     wide.save(root / "wide")
+    arch, weights = lm.fingerprint.split("-")
+    foreign = "0" * len(arch) if arch != "0" * len(arch) else "1" * len(arch)
+    ValueAxis(**{**ax.__dict__, "fingerprint": f"{foreign}-{weights}"}).save(root / "foreign")
     write_jsonl(root / "p.jsonl", chats(4, yes_no=True))
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"id": "a", "label": 1}\n')
@@ -289,6 +293,40 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
 
 
+def test_cli_steer_refuses_a_probe_of_another_architecture_unless_forced(tiny_files, tmp_path, capsys):
+    r = tiny_files
+    argv = [
+        "steer",
+        "--probe",
+        str(r / "foreign"),
+        "--model",
+        str(r / "model"),
+        "--prompts",
+        str(r / "p.jsonl"),
+    ]
+    argv += [
+        "--alphas",
+        "-2,2",
+        "--max-new-tokens",
+        "2",
+        "--random-directions",
+        "1",
+        "--greedy",
+        "--bootstrap",
+        "10",
+    ]
+    code, _, err = run([*argv, "--out", str(tmp_path / "refused")], capsys)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]  # the model's load bar aside
+    assert code == 2 and "Traceback" not in err, err
+    assert "another architecture" in line and "--force" in line
+    assert not (tmp_path / "refused" / "generations.jsonl").exists()
+    with pytest.warns(FingerprintWarning, match="another architecture") as seen:
+        code, _, err = run([*argv, "--out", str(tmp_path / "forced"), "--force"], capsys)
+    assert code == 0, err
+    assert not [w for w in seen if "other weights" in str(w.message)]
+    assert len((tmp_path / "forced" / "generations.jsonl").read_text().splitlines()) == 4 * 2 * 2
+
+
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
@@ -315,6 +353,10 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         ({"--max-new-tokens": "0"}, "max-new-tokens"),
         ({"--max-new-tokens": "-3"}, "max-new-tokens"),
         ({"--out": str(tmp_path / "other-sweep")}, "different sweep"),
+        ({"--batch-size": "0"}, "--batch-size 0"),
+        ({"--bootstrap": "-1"}, "--bootstrap -1"),
+        ({"--limit": "0"}, "--limit 0"),
+        ({"--temperature": "0"}, "--temperature 0"),
     ]
     for change, words in cases:
         args = {**base, **change}

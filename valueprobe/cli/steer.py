@@ -18,6 +18,7 @@ import typer
 
 from valueprobe.cli.app import (
     ControlsOpt,
+    ForceOpt,
     ModelOpt,
     RandomDirectionsOpt,
     app,
@@ -27,6 +28,7 @@ from valueprobe.cli.app import (
     table,
     write_html,
 )
+from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
@@ -50,6 +52,17 @@ def _read_prompts(path: Path, limit: int | None):
     if limit is not None and limit < 1:
         raise ValueprobeError(f"--limit {limit} must be at least 1")
     return examples[:limit] if limit else examples
+
+
+def _check_numbers(
+    *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
+) -> None:
+    """The numeric options `check_settings` does not see, refused before any work."""
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--limit", limit, 1)
+    if not greedy and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
@@ -95,11 +108,15 @@ def steer_command(
     chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8,
     batch_size: int = 32,
     bootstrap: int = 1000,
+    force: ForceOpt = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_numbers(
+        batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
+    )
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
@@ -136,7 +153,7 @@ def steer_command(
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
     result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap
+        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
     write_html(result.figure(), out / "dose.html")
     headers, rows = result.table()

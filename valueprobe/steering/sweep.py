@@ -194,6 +194,7 @@ def run_sweep(
     other: ValueAxis | None = None,
     batch_size: int = 32,
     n_boot: int = 1000,
+    force: bool = False,
     progress: bool = True,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
@@ -204,10 +205,11 @@ def run_sweep(
         settings: the sweep's definition (check it with `check_settings` before loading the model).
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
+        force: steer a model of another architecture than the probe's (width and layers still checked).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
-    axis.check(lm, force=True)
+    axis.check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
