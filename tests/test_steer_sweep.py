@@ -491,3 +491,14 @@ def test_p_yes_on_the_default_model(default_lm):
     assert np.all((base > 0) & (base < 1))
     moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
     assert not np.allclose(base, moved)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--prompts", "0"), ("--batch-size", "0"), ("--tokens", "0"), ("--tokens", "nan")]
+)
+def test_replicate_steer_refuses_impossible_numbers_before_loading(
+    option, value, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("valueprobe.cli.steer.load", _stop_at_load)
+    code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err

@@ -192,6 +192,12 @@ def replicate_steer_command(
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    check_at_least("--prompts", prompts, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise ValueprobeError(
+            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
+        )
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
     for bench in BENCHMARKS:  # every check before the model loads
         path = data / bench.file
