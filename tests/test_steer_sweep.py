@@ -491,6 +491,17 @@ def test_p_yes_on_the_default_model(default_lm):
     assert np.all((base > 0) & (base < 1))
     moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
     assert not np.allclose(base, moved)
+    # The first prompt's P(yes) at α = 0 and 30 % of the mean norm, against the trusted route:
+    # h += 30 · mean_norm / 100 · v̂ at the axis's best layer, one unbatched forward.
+    (prompt,) = encode_prompts(default_lm, conf[:1])
+    ids = torch.tensor([prompt])
+    layer = axis.best_layer
+    step = axis.direction(layer) * float(axis.mean_norm[axis.layers.index(layer)]) / 100
+    for alpha, got in ((0.0, base[0]), (30.0, moved[0])):
+        logits = steered_logits(default_lm, ids, torch.ones_like(ids), layer=layer, vector=step, alpha=alpha)
+        probs = torch.softmax(logits[0, -1].double(), dim=-1)
+        want = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
+        assert got == pytest.approx(want, abs=2e-3)
 
 
 @pytest.mark.parametrize(
