@@ -93,7 +93,7 @@ def _shift() -> ShiftSection:
         tuned_mean=0.5,
         shift=0.53,
         ci=(0.4, 0.7),
-        shift_data_sigma=0.5,
+        shift_data_sigma=4.24,
         null_range=(-0.2, 0.2),
         null_percentile=100.0,
         d_before=None,
@@ -108,7 +108,9 @@ def _shift() -> ShiftSection:
         tuned_id="tiny-dpo",
         base_fingerprint="a",
         tuned_fingerprint="b",
-        probe=ShiftProbe("tiny", "a", "span_diff", "resid_post", 0.0, 1.0, "fitting set"),
+        probe=ShiftProbe(
+            "tiny", "a", "span_diff", "resid_post", 0.0, 2.0, "fitting set", sigma_data=0.25
+        ),  # 1 base σ = 8 data σ
         layer=2,
         layers=(0, 1, 2, 3),
         tokens="all",

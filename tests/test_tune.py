@@ -7,6 +7,7 @@ targets and match elsewhere), TRL's logged loss, and a fresh `valueprobe.load` o
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
 from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import load
+from valueprobe.tune import train as tune_train
 from valueprobe.tune.pairs import Pair, read_pairs
 from valueprobe.tune.train import METHODS, TuneMethod, TuneRecord, TuneSettings, train
 
@@ -38,12 +40,28 @@ def _state(lm) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", ["dpo", "sft"])
-def test_train_changes_weights_and_reloads(method, tiny_dir, pairs, tmp_path):
+def test_train_changes_weights_and_reloads(method, tiny_dir, pairs, tmp_path, monkeypatch):
     base = load(tiny_dir)
     before = _state(base)
     out = tmp_path / "ckpt"
+    logs: list[list[dict]] = []
+    real_record = tune_train._train_record
+
+    def keep_log(trainer, *args):
+        logs.append(list(trainer.state.log_history))
+        return real_record(trainer, *args)
+
+    monkeypatch.setattr(tune_train, "_train_record", keep_log)
     res = train(tiny_dir, pairs, out, settings=replace(FAST, method=method))
     assert res.record.train.steps == 4
+    (history,) = logs
+    losses = [h["loss"] for h in history if "loss" in h]
+    assert len(losses) == 4 and res.record.train.first_loss == losses[0]
+    if method == "dpo":
+        # TRL's logged loss at step 1, before any update: LoRA starts with B = 0, so the policy is
+        # its reference, every log-ratio is 0 and the sigmoid DPO loss is -log σ(0) = ln 2.
+        assert losses[0] == pytest.approx(math.log(2), abs=1e-4)
+        assert history[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-4)
     assert not out.with_name("ckpt.partial").exists()
     assert (out / "adapter_model.safetensors").exists()
     assert not list(out.rglob("*.bin")) and not list(out.rglob("*.pt"))  # no pickle in the artifact

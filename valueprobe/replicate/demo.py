@@ -53,12 +53,14 @@ from valueprobe.replicate.axis import (
     matched_control,
 )
 from valueprobe.replicate.stages import StageCache
+from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, Results, write_report
 from valueprobe.report.sections import ShiftSection, SteerSection, read_sections
 from valueprobe.steering.generation import generate
 from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import shift
+from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneSettings, train
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
@@ -185,19 +187,21 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         seed=seed,
         progress=False,
     )
-    g = next(x for x in result.groups if x.targeted)
-    lo, hi = g.null_range
     tune = {
         "target": TUNE_TARGET,
         "pairs": len(pairs),
         "steps": settings.max_steps,
         "checkpoint": str(tuned_dir),
     }
-    headline = (
-        f"shift after {settings.max_steps}-step DPO ({TUNE_TARGET}, layer {result.layer}): {g.shift_data_sigma:+.3f}"
-        f" data σ vs random-direction null [{lo:+.3f}, {hi:+.3f}] ({g.null_percentile:.0f}th pct)"
-    )
+    headline = shift_headline(result, steps=settings.max_steps)
     return jsonable(ShiftSection(result, tune, headline).to_dict())
+
+
+def shift_headline(result: ShiftResult, *, steps: int) -> str:
+    """The summary line of the shift stage: the targeted group's shift in the words and unit of the
+    report's shift caption (:func:`valueprobe.report.effects.shift_text`)."""
+    g = next(x for x in result.groups if x.targeted)
+    return f"shift after {steps}-step DPO ({TUNE_TARGET}, layer {result.layer}): {shift_text(result, g)}"
 
 
 # Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.

@@ -20,12 +20,15 @@ from plotly.subplots import make_subplots
 from valueprobe.report.sections import TracedText
 from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.steering.dose import SteerSweep
-from valueprobe.tune.shift_records import ShiftResult
+from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 __all__ = [
+    "data_sigma_per_base_sigma",
     "dose_response_figure",
     "shift_distribution_figure",
     "shift_layers_figure",
+    "shift_text",
+    "sink_positions",
     "trace_figure",
     "trace_series",
     "trace_tokens_html",
@@ -39,14 +42,59 @@ def trace_series(traced: TracedText) -> tuple[str, list[str], np.ndarray]:
     return where, [str(tok) for tok in t.tokens], np.array(t.values[where], dtype=float)
 
 
+def sink_positions(score: np.ndarray, *, factor: float = 10.0) -> np.ndarray:
+    """Positions whose score is far off the rest of the trace: attention sinks, drawn off scale.
+
+    The first token of a chat (``<|im_start|>``) is an attention sink: its residual norm is tens
+    of times the others', so it reads about +30 σ on the axis and would flatten the rest of the
+    line. The rule is decided from the data, with no fixed position: a position is a sink when
+    its distance from the trace's median exceeds ``factor`` times the robust spread of the trace
+    (1.4826 × the median absolute deviation, the σ of a normal sample), and that spread is
+    floored at 1 σ of the reference set so that a nearly flat trace marks nothing ordinary.
+
+    Args:
+        score: σ-scores per token ``[T]``; NaN (positions not read) is never a sink.
+        factor: how many robust spreads away a sink lies.
+
+    Returns:
+        a boolean mask ``[T]``.
+
+    >>> sink_positions(np.array([33.0, 0.2, -0.5, 0.9, 0.1])).tolist()
+    [True, False, False, False, False]
+    """
+    score = np.asarray(score, dtype=float)
+    finite = np.isfinite(score)
+    if finite.sum() < 3:
+        return np.zeros(score.shape, dtype=bool)
+    mid = float(np.median(score[finite]))
+    spread = max(1.4826 * float(np.median(np.abs(score[finite] - mid))), 1.0)
+    with np.errstate(invalid="ignore"):
+        return finite & (np.abs(score - mid) > factor * spread)
+
+
+def _trace_range(score: np.ndarray, sinks: np.ndarray) -> tuple[float, float]:
+    """The y-range of the trace: every position but the sinks, and the ±1 σ lines, with a margin."""
+    kept = score[np.isfinite(score) & ~sinks]
+    lo = min(float(kept.min()) if kept.size else 0.0, -1.0)
+    hi = max(float(kept.max()) if kept.size else 0.0, 1.0)
+    pad = 0.08 * (hi - lo)
+    return lo - pad, hi + pad
+
+
 def trace_figure(traced: TracedText) -> go.Figure:
-    """The value (σ units) at each token of one generation; the prompt/generation boundary marked."""
+    """The value (σ units) at each token of one generation; the prompt/generation boundary marked.
+
+    Attention sinks (:func:`sink_positions`) are left out of the line and of the y-range, and
+    drawn as a triangle at the edge of the plot, labelled with their token and value.
+    """
     where, tokens, score = trace_series(traced)
     x = np.arange(len(score))
+    sinks = sink_positions(score)
+    lo, hi = _trace_range(score, sinks)
     fig = go.Figure(
         go.Scatter(
             x=x,
-            y=score,
+            y=np.where(sinks, np.nan, score),
             mode="lines+markers",
             marker={"size": 4},
             name="value (σ)",
@@ -54,22 +102,45 @@ def trace_figure(traced: TracedText) -> go.Figure:
             hoverinfo="text+y",
         )
     )
+    for i in np.flatnonzero(sinks):
+        up = score[i] > 0
+        label = f"{tokens[i]!r}: attention sink, {score[i]:+.0f}σ, off scale"
+        fig.add_trace(
+            go.Scatter(
+                x=[int(i)],
+                y=[hi if up else lo],
+                mode="markers",
+                marker={"symbol": "triangle-up" if up else "triangle-down", "size": 11, "color": "#d62728"},
+                name="attention sink (off scale)",
+                hovertext=[label],
+                hoverinfo="text",
+                cliponaxis=False,
+                showlegend=False,
+            )
+        )
+        fig.add_annotation(
+            x=int(i), y=hi if up else lo, text=label, showarrow=False, xanchor="left",
+            yanchor="top" if up else "bottom", xshift=8, font={"size": 10, "color": "#d62728"},
+        )  # fmt: skip
     for y in (-1.0, 1.0):
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
     if traced.trace.n_prompt:
         fig.add_vline(x=traced.trace.n_prompt - 0.5, line_dash="dash", annotation_text="generation starts")
     fig.update_layout(title=f"value trace at {where}", xaxis_title="token", yaxis_title="score (σ)", **LAYOUT)
+    fig.update_yaxes(range=[lo, hi])
     return fig
 
 
 def trace_tokens_html(traced: TracedText) -> str:
     """The trace's tokens as HTML spans coloured by value: red above the mean, blue below, ±2 σ saturates."""
+    _, tokens, score = trace_series(traced)
     spans = []
-    for tok, s in zip(*trace_series(traced)[1:], strict=True):
+    for tok, s, sink in zip(tokens, score, sink_positions(score), strict=True):
         a = 0.0 if not np.isfinite(s) else min(abs(float(s)) / 2.0, 1.0) * 0.75
         rgb = "215,48,39" if s > 0 else "69,117,180"
+        note = " (attention sink)" if sink else ""
         spans.append(
-            f'<span style="background: rgba({rgb},{a:.2f})" title="{float(s):+.2f} σ">{html.escape(str(tok))}</span>'
+            f'<span style="background: rgba({rgb},{a:.2f})" title="{float(s):+.2f} σ{note}">{html.escape(str(tok))}</span>'
         )
     return '<div class="tokens">' + "".join(spans) + "</div>"
 
@@ -135,6 +206,43 @@ def dose_response_figure(sweep: SteerSweep) -> go.Figure:
     return fig
 
 
+def data_sigma_per_base_sigma(res: ShiftResult) -> float | None:
+    """How many data σ make one base σ at the headline layer of a shift.
+
+    Two units meet in a shift: *base σ*, the spread of the axis's projection over its reference
+    set (the unit of every score and of ``shift``), and *data σ*, its spread over these examples in
+    the base model (the unit of ``shift_data_sigma`` and of the random-direction null, each random
+    direction being measured in its own spread over the same examples). The ratio is
+    ``probe.sigma / probe.sigma_data``; results written before ``sigma_data`` was recorded give it
+    as ``shift_data_sigma / shift`` of any group that moved. None when neither is known.
+    """
+    probe = res.probe
+    if probe.sigma and probe.sigma_data:
+        return probe.sigma / probe.sigma_data
+    for g in res.groups:
+        if g.shift and np.isfinite(g.shift_data_sigma):
+            return g.shift_data_sigma / g.shift
+    return None
+
+
+def shift_text(res: ShiftResult, g: GroupShift) -> str:
+    """One group's shift in data σ, its 95% CI and the random-direction null, as the report and the
+    demo's summary both state it (one unit, one wording).
+
+    >>> shift_text(res, res.groups[0])
+    '-0.100 data σ (95% CI [-0.200, +0.000]) vs random-direction null [-0.200, +0.300] (40th pct)'
+    """
+    factor = data_sigma_per_base_sigma(res)
+    ci = (
+        f" (95% CI [{g.ci[0] * factor:+.3f}, {g.ci[1] * factor:+.3f}])"
+        if factor is not None and np.isfinite(g.ci).all()
+        else ""
+    )
+    lo, hi = g.null_range
+    null = f"[{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) and np.isfinite(hi) else "n/a"
+    return f"{g.shift_data_sigma:+.3f} data σ{ci} vs random-direction null {null} ({g.null_percentile:.0f}th pct)"
+
+
 def shift_distribution_figure(res: ShiftResult) -> go.Figure:
     """Per-group score distributions of base and tuned on the base axis."""
     by_group: dict[str, dict[str, list[float]]] = {}
@@ -158,13 +266,14 @@ def shift_distribution_figure(res: ShiftResult) -> go.Figure:
                 scalemode="width",
             )
         )
+    factor = data_sigma_per_base_sigma(res)
     for gs in res.groups:  # the random-direction null at the headline layer, as a grey bar
         lo, hi = gs.null_range
-        if np.isfinite(lo) and np.isfinite(hi):
+        if np.isfinite(lo) and np.isfinite(hi) and factor:
             fig.add_trace(
-                go.Scatter(
+                go.Scatter(  # the null is in data σ; the violins are in base σ
                     x=[gs.group] * 2,
-                    y=[gs.base_mean + lo, gs.base_mean + hi],
+                    y=[gs.base_mean + lo / factor, gs.base_mean + hi / factor],
                     mode="lines",
                     line={"color": "#bbb", "width": 8},
                     name="null: random directions",
@@ -174,7 +283,7 @@ def shift_distribution_figure(res: ShiftResult) -> go.Figure:
             )
     fig.update_layout(
         title=f"scores at layer {res.layer}: base (left) vs tuned (right)",
-        yaxis_title="score (σ of the base axis)",
+        yaxis_title="score (base σ)",
         violinmode="overlay",
         **LAYOUT,
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
@@ -33,9 +34,12 @@ from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.effects import (
+    data_sigma_per_base_sigma,
     dose_response_figure,
     shift_distribution_figure,
     shift_layers_figure,
+    shift_text,
+    sink_positions,
     trace_figure,
     trace_series,
     trace_tokens_html,
@@ -148,10 +152,18 @@ def _lens_caption(lens: LogitLens) -> str:
 
 
 def _trace_caption(traced: TracedText) -> str:
+    where, tokens, score = trace_series(traced)
+    sinks = [f"{tokens[i]!r} at token {i} ({score[i]:+.0f} σ)" for i in np.flatnonzero(sink_positions(score))]
     return (
-        f"The value read at {trace_series(traced)[0]} (σ units) at each token of one generation, and the"
+        f"The value read at {where} (σ units) at each token of one generation, and the"
         " tokens coloured by it (red high, blue low). The dotted lines are ±1 σ of the reference set: a"
         " swing inside them is within the spread of ordinary text."
+        + (
+            f" Off scale (triangle at the edge): {'; '.join(sinks)}, an attention sink whose residual norm"
+            " dwarfs the rest, left out of the y-range so that the other tokens can be read."
+            if sinks
+            else ""
+        )
     )
 
 
@@ -174,14 +186,17 @@ def _steer_caption(sec: SteerSection) -> str:
 
 def _shift_caption(sec: ShiftSection) -> str:
     res = sec.result
-    moved = [
-        f"{g.group} {g.shift:+.2f} σ [{g.ci[0]:+.2f}, {g.ci[1]:+.2f}] (random directions: {g.null_percentile:.0f}th pct)"
-        for g in res.groups
-    ]
+    factor = data_sigma_per_base_sigma(res)
+    moved = [f"{g.group} {shift_text(res, g)}" for g in res.groups]
     return (
-        f"Scores on the base model's axis (layer {res.layer}) before and after tuning, same token ids, σ from the"
-        " base reference set (grey bar: central 95% of random directions), and the separation between groups"
-        " at every layer. Shift per group with 95% CI: " + "; ".join(moved) + "."
+        f"Scores on the base model's axis (layer {res.layer}) before and after tuning, same token ids, in base σ"
+        " (the axis's spread over its reference set), with the central 95% of random directions as a grey"
+        " bar; right: the separation between groups at every layer. Shift per group in data σ (the axis's"
+        " spread over these prompts in the base model: the unit in which each random direction is measured"
+        + (f"; 1 base σ = {factor:.2f} data σ" if factor else "")
+        + "), with its 95% CI over prompts: "
+        + "; ".join(moved)
+        + "."
     )
 
 
