@@ -191,7 +191,7 @@ def report(
     target = check_output_file(out or from_ / "report.html")
     results = load_results(from_)
     path = write_report(results, target)
-    present = {s.key for s in SECTIONS if s.key in results["sections"]}
+    present = {s.key for s in SECTIONS if s.key in results.sections}
     table(
         f"report -> {path}",
         ["section", "in report"],
