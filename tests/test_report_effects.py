@@ -96,7 +96,7 @@ def _shift_section(sigma: float, sigma_data: float, shift: float) -> dict:
     return {
         "layer": 12,
         "layers": [11, 12],
-        "probe": {"sigma": sigma, "sigma_data": sigma_data},
+        "probe": {"sigma": sigma},
         "records": [{"group": "preference_words/dolphin", "base": 0.1, "tuned": 0.1 + shift}],
         "groups": [
             {
@@ -131,12 +131,9 @@ def _shift_section(sigma: float, sigma_data: float, shift: float) -> dict:
 _QUANTITY = re.compile(r"([+-]\d+\.\d+) (data σ|σ)")
 
 
-@pytest.mark.parametrize("with_sigma_data", [True, False])
-def test_shift_caption_and_summary_state_one_number_in_one_unit(with_sigma_data):
+def test_shift_caption_and_summary_state_one_number_in_one_unit():
     # The numbers of the issue: -0.0104 base σ is -0.093 data σ when the data spread is 1/9 of the reference.
     d = _shift_section(sigma=1.0, sigma_data=1 / 8.94, shift=-0.0104)
-    if not with_sigma_data:  # a result saved before sigma_data was recorded
-        del d["probe"]["sigma_data"]
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     caption = section.caption(d)
     summary = shift_headline(d, steps=1)
@@ -160,7 +157,7 @@ def test_shift_null_bar_is_drawn_in_the_violins_unit():
     assert list(bar.y) == pytest.approx([0.1 - 0.074 / 4, 0.1 + 0.096 / 4])
 
 
-def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
+def test_shift_converts_base_sigma_to_data_sigma_by_the_data_spread(tiny_lm_factory):
     # A reference set twice as spread as the data: 1 base σ = 2 data σ, and a planted move of 3 base σ
     # along the axis reads 6 data σ in the caption and in the summary alike.
     base = tiny_lm_factory("gpt2")
@@ -169,7 +166,6 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     axis = dataclasses.replace(axis, sigma=2.0 * axis.sigma)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
     d = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False).to_dict()
-    assert d["probe"]["sigma_data"] == pytest.approx(float(axis.sigma[1]) / 2.0, rel=1e-4)
     assert data_sigma_per_base_sigma(d) == pytest.approx(2.0, rel=1e-4)
     alpha = d["groups"][0]
     assert alpha["shift"] == pytest.approx(3.0, abs=1e-4)

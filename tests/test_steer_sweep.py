@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import run_cli as run
 
+from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
@@ -21,7 +22,7 @@ from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, parse_alphas, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, run_sweep
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"

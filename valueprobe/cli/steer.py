@@ -10,6 +10,7 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +33,7 @@ from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
 from valueprobe.steering.behaviour import METRICS
-from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, parse_alphas, run_sweep
+from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.vocab import Unit
 
 __all__ = ["replicate_steer_command", "steer_command"]
@@ -49,6 +50,26 @@ def _read_prompts(path: Path, limit: int | None):
     if limit is not None and limit < 1:
         raise ValueprobeError(f"--limit {limit} must be at least 1")
     return examples[:limit] if limit else examples
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
+
+    >>> parse_alphas("-50, -25, 0, 25, 50")
+    (-50.0, -25.0, 0.0, 25.0, 50.0)
+    """
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
+    if len(set(values)) < 2:
+        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
+    return values
 
 
 @app.command("steer")

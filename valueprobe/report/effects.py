@@ -223,13 +223,10 @@ def data_sigma_per_base_sigma(d: dict) -> float | None:
     Two units meet in a shift: *base σ*, the spread of the axis's projection over its reference
     set (the unit of every score and of ``shift``), and *data σ*, its spread over these examples in
     the base model (the unit of ``shift_data_sigma`` and of the random-direction null, each random
-    direction being measured in its own spread over the same examples). The ratio is
-    ``probe.sigma / probe.sigma_data``; results written before ``sigma_data`` was recorded give it
-    as ``shift_data_sigma / shift`` of any group that moved. None when neither is known.
+    direction being measured in its own spread over the same examples). `valueprobe.tune.shift`
+    records each group's shift in both units, so the ratio is ``shift_data_sigma / shift`` of any
+    group that moved. None when no group moved.
     """
-    probe = d.get("probe") or {}
-    if probe.get("sigma") and probe.get("sigma_data"):
-        return float(probe["sigma"]) / float(probe["sigma_data"])
     for g in d.get("groups", []):
         if g.get("shift") and g.get("shift_data_sigma") is not None:
             return float(g["shift_data_sigma"]) / float(g["shift"])
@@ -240,7 +237,7 @@ def shift_text(d: dict, g: dict) -> str:
     """One group's shift in data σ, its 95% CI and the random-direction null, as the report and the
     demo's summary both state it (one unit, one wording).
 
-    >>> shift_text({"probe": {"sigma": 2.0, "sigma_data": 1.0}},
+    >>> shift_text({"groups": [{"shift": -0.05, "shift_data_sigma": -0.1}]},
     ...            {"shift": -0.05, "shift_data_sigma": -0.1, "ci": [-0.1, 0.0],
     ...             "null_range": [-0.2, 0.3], "null_percentile": 40.0})
     '-0.100 data σ (95% CI [-0.200, +0.000]) vs random-direction null [-0.200, +0.300] (40th pct)'

@@ -22,7 +22,6 @@ answer token under the same steering, read from one forward pass (no sampling).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -45,7 +44,7 @@ from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
 from valueprobe.steering.yes_no import p_yes
 
-__all__ = ["SweepSettings", "check_settings", "parse_alphas", "run_sweep"]
+__all__ = ["SweepSettings", "check_settings", "run_sweep"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
@@ -93,26 +92,6 @@ class SweepSettings:
     def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
         """The record again from its ``to_dict()`` (or the JSON of it)."""
         return record_from_dict(cls, d)
-
-
-def parse_alphas(text: str) -> tuple[float, ...]:
-    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
-
-    >>> parse_alphas("-50, -25, 0, 25, 50")
-    (-50.0, -25.0, 0.0, 25.0, 50.0)
-    """
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
-    if not all(math.isfinite(v) for v in values):
-        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
-    if len(set(values)) < 2:
-        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
-    return values
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
