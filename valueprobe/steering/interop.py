@@ -75,8 +75,11 @@ __all__ = [
     "FORMATS",
     "ControlVector",
     "Format",
+    "check_fits",
+    "check_format",
     "control_vector",
     "import_axis",
+    "model_type",
     "read_control_vector",
     "write_control_vector",
 ]
