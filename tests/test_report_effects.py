@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
+import valueprobe as vp
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -21,6 +22,7 @@ from valueprobe.report.effects import (
     trace_figure,
 )
 from valueprobe.report.page import SECTIONS, render_report
+from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift import shift
 
 
@@ -168,7 +170,8 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     axis = calibrated_axis(base, exs)
     axis = dataclasses.replace(axis, sigma=2.0 * axis.sigma)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
-    d = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False).to_dict()
+    res = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False)
+    d = res.to_dict()
     assert d["probe"]["sigma_data"] == pytest.approx(float(axis.sigma[1]) / 2.0, rel=1e-4)
     assert data_sigma_per_base_sigma(d) == pytest.approx(2.0, rel=1e-4)
     alpha = d["groups"][0]
@@ -177,3 +180,19 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     assert f"alpha {alpha['shift_data_sigma']:+.3f} data σ" in section.caption(d)
     assert f": {alpha['shift_data_sigma']:+.3f} data σ" in shift_headline(d, steps=1)
+    headers, rows = res.table()  # the printed table states the same number in the same unit
+    assert headers[3] == "shift (data σ)" and rows[0][3] == f"{alpha['shift_data_sigma']:+.3f}"
+    ci = [float(x) for x in rows[0][4].strip("[]").split(",")]
+    assert ci == pytest.approx([2.0 * c for c in alpha["ci"]], abs=2e-3)
+
+
+def test_trace_figure_takes_the_generation_record_too():
+    d = _chat_trace()
+    record = Trace(
+        tokens=tuple(d["tokens"]),
+        n_prompt=d["n_prompt"],
+        values={k: tuple(v) for k, v in d["values"].items()},
+        alpha=(0.0,) * len(d["tokens"]),
+        steered=d["steered"],
+    )
+    assert vp.trace_figure(record).to_dict() == trace_figure(d).to_dict()

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from valueprobe.report.figures import LAYOUT, PALETTE, band
+from valueprobe.steering.generation import Trace
 
 __all__ = [
     "data_sigma_per_base_sigma",
@@ -90,12 +91,16 @@ def _trace_range(score: np.ndarray, sinks: np.ndarray) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def trace_figure(d: dict) -> go.Figure:
+def trace_figure(trace: Trace | dict) -> go.Figure:
     """The value (σ units) at each token of one generation; the prompt/generation boundary marked.
 
     Attention sinks (:func:`sink_positions`) are left out of the line and of the y-range, and
     drawn as a triangle at the edge of the plot, labelled with their token and value.
+
+    >>> (gen,) = vp.generate(lm, axis, [prompt], alphas=[0.0], trace=True)
+    >>> vp.trace_figure(gen.trace).show()
     """
+    d = trace.to_dict() if isinstance(trace, Trace) else trace
     where, tokens, score = trace_series(d)
     x = np.arange(len(score))
     sinks = sink_positions(score)
