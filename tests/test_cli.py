@@ -10,9 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import run_cli as run
 
+from valueprobe.activations.encode import render
 from valueprobe.datasets.io import read_jsonl, write_jsonl
+from valueprobe.model.load import load
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.readout import score_dataset
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -82,7 +87,46 @@ def test_capture_fit_score(tiny_dir, icrl_small, tmp_path, capsys):
     )
     assert code == 0, err
     with open(scores / "scores.csv") as f:
-        assert len(list(csv.DictReader(f))) == len(read_jsonl(icrl_small))
+        written = list(csv.DictReader(f))
+    examples = read_jsonl(icrl_small)
+    assert len(written) == len(examples)
+
+    # Values, from the files written: every scores.csv row equals the library's score_dataset on the
+    # saved probe, and one example's val and score are recomputed by hand from the residual at the
+    # probe's best layer (a forward hook on that decoder block): val = mean over the tokens of its
+    # spans of cos(h_t, v̂), score = (mean h_t·v̂ − μ) / σ.
+    lm = load(tiny_dir)
+    axis = ValueAxis.load(probe, lm=lm)
+    want = score_dataset(axis, lm, examples, tokens="span_tokens", bootstrap=0, progress=False).records
+    for row, rec in zip(written, want, strict=True):
+        assert row["id"] == rec["id"] and int(row["n_readout_tokens"]) == rec["n_readout_tokens"]
+        assert float(row["val"]) == pytest.approx(rec["val"], abs=1e-6)
+        assert float(row["score"]) == pytest.approx(rec["score"], abs=1e-5)
+    ex, layer = examples[0], axis.best_layer
+    text, starts = render(lm.tokenizer, ex)
+    enc = lm.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    toks = [
+        t
+        for sp in ex.spans
+        for t, (a, b) in enumerate(enc["offset_mapping"])
+        if b > a and starts[sp.message] + sp.start <= a < starts[sp.message] + sp.end
+    ]
+    seen: list[torch.Tensor] = []
+    block = lm.model.model.layers[layer]
+    handle = block.register_forward_hook(lambda m, i, o: seen.append(o[0] if isinstance(o, tuple) else o))
+    try:
+        with torch.no_grad():
+            lm.model(input_ids=torch.tensor([enc["input_ids"]]))
+    finally:
+        handle.remove()
+    h = seen[0][0, toks].double()
+    v = axis.direction(layer).double()
+    i = axis.layers.index(layer)
+    val = float((h @ v / h.norm(dim=1)).mean())
+    score = (float((h @ v).mean()) - float(axis.mu[i])) / float(axis.sigma[i])
+    assert float(written[0]["val"]) == pytest.approx(val, abs=1e-5)
+    assert float(written[0]["score"]) == pytest.approx(score, abs=1e-4)
+    assert int(written[0]["n_readout_tokens"]) == len(toks)
 
 
 def one_line_error(code: int, err: str) -> str:

@@ -8,6 +8,7 @@ progress, and the smaller ones), on a tiny model saved to disk. Exit status: 2 b
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,15 +239,30 @@ def test_output_path_checked_before_work(
     assert sorted(p.name for p in other.iterdir()) == before
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")
-def test_read_only_output_folder(store_dir, tmp_path, capsys):
+def test_read_only_output_folder(store_dir, tmp_path, capsys, monkeypatch):
+    """A folder nobody may write in, made by refusing every creation inside it (root ignores a
+    read-only mode, and CI runs as root): the check says so before any work, and writes nothing."""
     ro = tmp_path / "ro"
     ro.mkdir()
-    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    try:
-        assert "cannot create" in fails(["fit", "--store", str(store_dir), "--out", str(ro / "p")], capsys)
-    finally:
-        ro.chmod(stat.S_IRWXU)
+
+    def inside(path) -> bool:
+        return path is not None and Path(path).resolve().is_relative_to(ro.resolve())
+
+    def refuse(real):
+        def guarded(*args, **kwargs):
+            where = kwargs.get("dir", args[0] if args else None)
+            if inside(where):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(where))
+            return real(*args, **kwargs)
+
+        return guarded
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse(tempfile.mkstemp))
+    monkeypatch.setattr(os, "mkdir", refuse(os.mkdir))
+    monkeypatch.setattr(os, "open", refuse(os.open))
+    line = fails(["fit", "--store", str(store_dir), "--out", str(ro / "p")], capsys)
+    assert "cannot create" in line and "Permission denied" in line and str(ro) in line
+    assert not list(ro.iterdir())
 
 
 # ---------------------------------------------------------------- 4. corrupt or missing files
@@ -627,3 +644,13 @@ def test_not_a_decoder_only_lm_is_refused_before_any_work(kind, tmp_path, tiny_t
     assert not out.exists()  # refused before the first stage wrote anything
     with pytest.raises(Exception, match="not a decoder-only LM"):
         load(str(folder))
+
+
+@pytest.mark.parametrize(
+    ("verb", "option", "value"),
+    [("safety", "--epochs", "0"), ("dpo-words", "--lr", "-1"), ("safety", "--lr", "0")],
+)
+def test_replicate_tuning_refuses_bad_training_settings(verb, option, value, capsys, tmp_path):
+    line = fails(["replicate", verb, option, value, "--out", str(tmp_path / "out")], capsys)
+    assert option in line and "must be positive" in line
+    assert not (tmp_path / "out").exists()

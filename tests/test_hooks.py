@@ -180,8 +180,10 @@ def test_registry_routes_satisfy_protocol():
         impl = route(name)
         assert isinstance(impl.name, str) and impl.name == name
         assert callable(impl.read) and callable(impl.steered_logits) and callable(impl.generate)
-        typed: Route = impl
-        assert typed is impl
+        assert isinstance(impl, Route)  # runtime-checkable: every member of the protocol is there
+    # ... and the check can fail: an object missing one member is not a Route
+    half = type("Half", (), {"name": "half", "read": lambda *a: {}, "steered_logits": lambda *a: None})()
+    assert not isinstance(half, Route)
     with pytest.raises(ValueprobeError, match="unknown backend"):
         route("vllm")
     with pytest.raises(ValueprobeError, match="through nnsight"):

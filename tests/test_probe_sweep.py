@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
@@ -340,6 +341,30 @@ def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
     axis = ValueAxis.load(tmp_path / "probe", lm=lm)
     assert axis.layers == store.manifest.layers and axis.d_model == lm.d_model
     assert axis.fingerprint == lm.fingerprint
+
+    # Values, recomputed from what was written: one example's span rows against output_hidden_states
+    # (a token belongs to the span holding its first character), then the saved axis direction
+    # against SpanDiff by hand on store.acts: mean over conversations of post − pre, normalized.
+    layer = 1
+    acts, rows = store.acts(layer), store.rows()
+    where = {(e, s): i for i, (e, s) in enumerate(zip(rows.example_id, rows.span, strict=True))}
+    assert len(where) == len(acts) == 2 * len(examples)
+    for ex in examples[:2]:
+        enc = lm.tokenizer(ex.text, return_offsets_mapping=True)
+        with torch.no_grad():
+            out = lm.model(input_ids=torch.tensor([enc["input_ids"]]), output_hidden_states=True)
+        h = out.hidden_states[layer + 1][0].double().numpy()  # resid_post[layer]
+        for span in ex.spans:
+            toks = [
+                t for t, (a, b) in enumerate(enc["offset_mapping"]) if b > a and span.start <= a < span.end
+            ]
+            np.testing.assert_allclose(acts[where[ex.id, span.label]], h[toks].mean(0), atol=1e-5, rtol=0)
+    for layer in axis.layers:
+        a = store.acts(layer).astype(np.float64)
+        v = np.mean([a[where[ex.id, "post"]] - a[where[ex.id, "pre"]] for ex in examples], axis=0)
+        np.testing.assert_allclose(
+            axis.direction(layer).double().numpy(), v / np.linalg.norm(v), atol=1e-5, rtol=0
+        )
 
 
 def test_relative_position_control_catches_within_paragraph_order():

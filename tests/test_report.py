@@ -82,7 +82,26 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     assert "\n" not in capsys.readouterr().err.strip()
 
 
-def test_write_report_is_atomic(tmp_path):
+def test_write_report_is_atomic(tmp_path, monkeypatch):
     path = write_report(all_sections(), tmp_path / "r.html")
     assert path.read_text().startswith("<!DOCTYPE html>")
     assert not list(tmp_path.glob("*.tmp"))
+    old = path.read_bytes()
+
+    # A render that raises: the page already there keeps its bytes, and no temporary file is left.
+    def broken(*args, **kwargs):
+        raise RuntimeError("render failed")
+
+    with monkeypatch.context() as m:
+        m.setattr("valueprobe.report.page.render_report", broken)
+        with pytest.raises(RuntimeError, match="render failed"):
+            write_report(all_sections(), path)
+    assert path.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+    # A write that fails after the render (a lone surrogate in the title cannot be encoded as
+    # UTF-8): still the old bytes, still no temporary file.
+    with pytest.raises(UnicodeEncodeError):
+        write_report(all_sections(), path, title="\ud800")
+    assert path.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]

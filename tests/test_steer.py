@@ -76,6 +76,28 @@ def test_steered_layer_output_is_h_plus_alpha_sigma_v(tiny_lm_factory, arch):
     torch.testing.assert_close(moved[real], alpha[:, None].expand_as(moved)[real], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("unit", ["sigma", "norm", "raw"])
+@pytest.mark.parametrize("k", [1.0, 2.0, -0.5])
+def test_units_and_scaled_axis_add_their_closed_form(tiny_lm_factory, unit, k):
+    """One unit of α is σ, mean_norm / 100 or 1 (the planted 0.5, 0.08 and 1), times the axis's
+    scale: ``k * axis`` adds k·α·unit·v̂ (a negative k steers along -v̂)."""
+    lm = tiny_lm_factory("llama")
+    axis = k * planted_axis(lm, sigma=0.5, mean_norm=8.0)
+    size = {"sigma": 0.5, "norm": 8.0 / 100, "raw": 1.0}[unit]
+    v = planted_axis(lm).direction(1)  # the unscaled, unflipped v̂
+    ids, mask = _batch(lm)
+    alpha = torch.tensor([2.0, -1.5, 0.0, 30.0])
+    base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states[2]
+    with steer(lm, axis, alpha, layers=1, unit=unit):
+        got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states[2]
+    want = base + (k * alpha * size)[:, None, None] * v
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
+    assert torch.equal(got[~real], base[~real])
+    # the axis's own steering vector says the same
+    torch.testing.assert_close(axis.vector(1, alpha=2.0, units=unit), 2.0 * k * size * v, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_alpha_zero_bit_identical_and_v_then_minus_v(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
@@ -118,7 +140,21 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
     seq = runs[True].sequences
     full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
     with steer(lm, axis, alpha, positions=positions, prompt_length=width):
-        ref = _forward(lm, seq, full_mask).logits  # one forward, no cache: the trusted reference
+        out = _forward(lm, seq, full_mask, output_hidden_states=True)
+    ref = out.logits  # one forward, no cache: the reference for every cached step
+    # The reference's own cells, checked from output_hidden_states against the unsteered forward:
+    # resid_post[1] (hidden_states[2]) is h + α·σ·v̂ on the chosen side of the prompt boundary and
+    # h on the other (blocks 0 and 1 run before the addition, so h is the same in both runs).
+    base = _forward(lm, seq, full_mask, output_hidden_states=True).hidden_states[2]
+    got = out.hidden_states[2]
+    in_prompt = torch.arange(seq.shape[1]) < width
+    chosen = {"all": torch.ones_like(in_prompt), "prompt": in_prompt, "generated": ~in_prompt}[positions]
+    real = full_mask.bool()
+    moved = real & chosen[None, :]
+    want = base + (alpha * 2.0)[:, None, None] * axis.direction(1)
+    torch.testing.assert_close(got[moved], want[moved], atol=1e-5, rtol=0)
+    assert torch.equal(got[~moved], base[~moved])
+    assert moved.any() and (positions == "all" or (real & ~chosen[None, :]).any())
     for t in range(new):  # the first generated token (t = 0) included
         for cache in (True, False):
             torch.testing.assert_close(runs[cache].logits[t], ref[:, width - 1 + t], atol=1e-4, rtol=0)
@@ -134,10 +170,38 @@ def test_per_row_alpha_batch_equals_each_row_alone(tiny_lm_factory, arch):
     assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
     chunked = generate(lm, axis, PROMPTS[:3], batch_size=4, **kw)  # rows land in other chunks
     assert [g.token_ids for g in chunked] == [g.token_ids for g in alone]
-    # common random numbers: one seed per (prompt, sample), shared by every α
     for g in batched:
         assert g.seed == row_seed(3, g.prompt, g.sample)
     assert len({g.token_ids for g in batched}) > 3  # steering and sampling do change the text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_common_random_numbers_give_one_text_per_prompt_and_sample(tiny_lm_factory, arch):
+    """With a negligible σ the strengths cannot move the logits, so rows that share (prompt, sample)
+    draw the same uniforms and must sample the same tokens, whatever α and whatever batch."""
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm, sigma=1e-7)
+    alphas = [-3.0, -1.0, 0.0, 2.0, 3.0]
+    gens = generate(
+        lm,
+        axis,
+        PROMPTS[:3],
+        alphas=alphas,
+        samples=3,
+        max_new_tokens=8,
+        temperature=1.5,
+        seed=5,
+        batch_size=7,  # chunks cut across (prompt, sample) groups
+        progress=False,
+    )
+    texts: dict[tuple[int, int], set] = {}
+    for g in gens:
+        texts.setdefault((g.prompt, g.sample), set()).add(g.token_ids)
+    assert len(gens) == 3 * 3 * len(alphas) and len(texts) == 3 * 3
+    assert all(len(t) == 1 for t in texts.values()), texts
+    # ... and the samples of one prompt do differ: the draws are random, just shared across α
+    for p in range(3):
+        assert len({next(iter(texts[p, s])) for s in range(3)}) > 1
 
 
 def test_row_draws_do_not_depend_on_batch():
@@ -150,6 +214,47 @@ def test_row_draws_do_not_depend_on_batch():
     a = RowSampler(seeds).sample(logits)
     b = RowSampler([33]).sample(logits[2:])
     assert a[2] == b[0]
+
+
+# Closed forms on probabilities [0.25, 0.75]: n draws, and a bound of 5 binomial standard errors.
+P = torch.log(torch.tensor([[0.25, 0.75]]))
+N_DRAWS = 4000
+
+
+def _share_of_token_1(sampler: RowSampler) -> float:
+    draws = torch.stack([sampler.sample(P) for _ in range(N_DRAWS)])
+    return float((draws == 1).double().mean())
+
+
+def test_sampler_top_p_keeps_the_smallest_set_reaching_p():
+    # sorted: 0.75 then 0.25; 0.75 alone reaches top_p = 0.7, so token 0 is never drawn
+    assert _share_of_token_1(RowSampler([1], top_p=0.7)) == 1.0
+    # top_p = 0.8 needs both tokens: back to 0.75
+    share = _share_of_token_1(RowSampler([1], top_p=0.8))
+    assert abs(share - 0.75) < 5 * math.sqrt(0.75 * 0.25 / N_DRAWS)
+
+
+def test_sampler_temperature_divides_the_logits():
+    # T = 2: p ∝ sqrt(p), so P(token 1) = sqrt(.75) / (sqrt(.25) + sqrt(.75)) ≈ 0.634
+    want = math.sqrt(0.75) / (math.sqrt(0.25) + math.sqrt(0.75))
+    bound = 5 * math.sqrt(want * (1 - want) / N_DRAWS)  # ≈ 0.038
+    assert abs(_share_of_token_1(RowSampler([2], temperature=2.0)) - want) < bound
+    # T = 0.5: p ∝ p², P(token 1) = 0.9
+    assert abs(_share_of_token_1(RowSampler([3], temperature=0.5)) - 0.9) < 5 * math.sqrt(0.09 / N_DRAWS)
+
+
+def test_generate_passes_temperature_and_top_p_to_the_sampler(tiny_lm_factory):
+    """Through `generate`: a vanishing top_p, or a vanishing temperature, leaves only the argmax,
+    so both give the greedy tokens; plain sampling does not."""
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm, sigma=2.0)
+    kw = dict(alphas=[-2.0, 2.0], samples=2, max_new_tokens=8, seed=4, progress=False)
+    greedy = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], greedy=True, **kw)]
+    tight_p = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], top_p=1e-9, temperature=1.0, **kw)]
+    cold = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], temperature=1e-4, **kw)]
+    hot = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], temperature=1.0, **kw)]
+    assert tight_p == greedy and cold == greedy
+    assert hot != greedy
 
 
 def test_sampler_matches_distribution():

@@ -17,10 +17,11 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, parse_alphas, run_sweep
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -117,9 +118,10 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
     assert len({(r["prompt_id"], r["alpha"], r["direction"], r["sample"]) for r in rows}) == len(rows)
     assert {r["direction"] for r in rows} == {"axis", "other:other", "random-0", "random-1"}
     assert all(0.0 <= r["metrics"]["p_yes"] <= 1.0 for r in rows)
-    assert {e.metric for e in full.effects} == {"yes", "p_yes", "length"} or {
-        e.metric for e in full.effects
-    } >= {"p_yes", "length"}
+    # A random model never answers yes or no, so "yes" has no valid row and no effect; the rest of
+    # the settings' metrics each have one, in the settings' order.
+    assert all(r["metrics"]["yes"] is None for r in rows)
+    assert [e.metric for e in full.effects] == ["p_yes", "length"]
     assert all(len(e.null) == 2 for e in full.effects)
 
     # Interrupt after two chunks, then resume: finished chunks are not generated again.
@@ -166,10 +168,18 @@ def test_sweep_refuses_a_folder_with_another_sweep(tiny_lm_factory, tmp_path):
         )
 
 
-def test_random_directions_are_unit_and_seeded():
-    a, b = random_directions(64, 8, seed=0), random_directions(64, 8, seed=0)
-    assert torch.equal(a, b) and torch.allclose(a.norm(dim=1), torch.ones(8))
-    assert not torch.equal(a, random_directions(64, 8, seed=1))
+def test_sweep_random_directions_are_the_stats_null_rows(tiny_lm_factory, tmp_path):
+    """One random-direction scheme: the sweep's ``random-K`` is row K of stats.null's draw, seed for seed."""
+    axis = tiny_axis(tiny_lm_factory("llama"))
+    settings = settings_for(tmp_path, controls=3, seed=5)
+    named = dict(_directions(axis, settings, None, axis.best_layer))
+    expected = torch.from_numpy(null_directions(axis.d_model, 3, seed=5)).float()
+    assert named["axis"] is None
+    for k in range(3):
+        assert torch.equal(named[f"random-{k}"], expected[k])
+    assert not torch.equal(
+        named["random-0"], torch.from_numpy(null_directions(axis.d_model, 1, seed=6)).float()[0]
+    )
 
 
 @pytest.mark.parametrize("text", ["", " , ", "1,x", "1,nan", "2,2"])
@@ -267,11 +277,15 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     html = (tmp_path / "out" / "dose.html").read_text()
     assert '<script src="http' not in html and len(html) > 1_000_000  # plotly.js inlined, no CDN
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert {e["metric"] for e in metrics["effects"]} >= {"p_yes"}
+    # a yes/no prompts file: yes and p_yes before the defaults; "yes" has no valid row (as above)
+    rows = [json.loads(x) for x in (tmp_path / "out" / "generations.jsonl").read_text().splitlines()]
+    assert all(r["metrics"]["yes"] is None for r in rows)
+    assert [e["metric"] for e in metrics["effects"]] == ["p_yes", "length", "degenerate"]
     before = (tmp_path / "out" / "generations.jsonl").read_bytes()
     assert len(before.splitlines()) == 4 * 3 * 4
     code, _, err = run(argv, capsys)  # everything done: nothing regenerated, nothing appended
-    assert code == 0, err and (tmp_path / "out" / "generations.jsonl").read_bytes() == before
+    assert code == 0, err
+    assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
 
 
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
@@ -391,6 +405,36 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "too few prompts to tell" in summary  # 2 prompts: no verdict is claimed
     assert len(report.combined().effects) == sum(len(s.effects) for s in report.sweeps.values())
+
+    # A value, from the files written: the confidence set's first prompt is alone in its group
+    # (direct), so its P(yes) slope in results.json is (p(+1) − p(−1)) / 2 of that one prompt; both
+    # p are recomputed with the trusted route (h += α·σ·v̂ at the axis layer, one unbatched forward)
+    # and checked against the rows in generations.jsonl too.
+    first = read_jsonl(DATA / "steer_confidence.jsonl")[0]
+    yes, no = answer_tokens(lm.tokenizer)
+    (prompt,) = encode_prompts(lm, [list(first.messages or ())])
+    ids = torch.tensor([prompt])
+    p = {}
+    for a in (-1.0, 1.0):
+        logits = steered_logits(
+            lm, ids, torch.ones_like(ids), layer=1, vector=axis.direction(1) * 2.0, alpha=a
+        )
+        probs = torch.softmax(logits[0, -1].double(), dim=-1)
+        p[a] = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "confidence" / GENERATIONS).read_text().splitlines()]
+    got = {
+        r["alpha"]: r["metrics"]["p_yes"]
+        for r in rows
+        if r["prompt_id"] == first.id and r["direction"] == "axis"
+    }
+    assert got == pytest.approx(p, abs=1e-5)
+    (effect,) = [
+        e
+        for e in results["sweeps"]["confidence"]["effects"]
+        if e["metric"] == "p_yes" and e["subset"] == first.group
+    ]
+    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-5)
+    assert abs(p[1.0] - p[-1.0]) > 1e-4  # the steering moved it, so the slope is not a trivial 0
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import Direction, choose, hier_boot, item_example, read_items
 from valueprobe.replicate.dpo_words import replicate_dpo_words, write_report
 from valueprobe.replicate.safety import is_refusal, replicate_safety
+from valueprobe.replicate.safety import write_report as safety_write_report
 from valueprobe.tune.train import TuneSettings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -145,7 +146,31 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
     assert len(m["dirs"]) == 5 and len(m["dirs"]["ax"]["top_after"]) == len(evals)
     assert m["train"]["steps"] == 2
     files = write_report(report, tmp_path / "out")
-    assert json.loads(files[0].read_text())["summary"]["prefer"]["n_models"] == 1
+    written = json.loads(files[0].read_text())
+    assert written["summary"]["prefer"]["n_models"] == 1
+
+    # A value, from the files written: the first eval prompt's item delta on the axis and whether the
+    # target tops its options, before and after, from each option's item score read again in the base
+    # model and in the saved checkpoint (read_items is checked against output_hidden_states above;
+    # the axis has μ = 0 and σ = 1, so a score is the projection).
+    first = evals[0]
+    options = first.meta["options"]
+    items = [
+        item_example(f"{first.id}|{o}", first.messages or (), o, o, group=first.group, label=0)
+        for o in options
+    ]
+    d = Direction("ax", 1, random_axis(lm).direction(1), 0.0, 1.0)
+    before = read_items(lm, items, [d])[0]["ax"]
+    after = read_items(load(written["models"][0]["checkpoint"]), items, [d])[0]["ax"]
+    t = options.index("dolphin")
+    ctrl = [i for i in range(len(options)) if i != t]
+    delta = (after[t] - before[t]) - np.mean(after[ctrl] - before[ctrl])
+    got = written["models"][0]["dirs"]["ax"]
+    assert written["models"][0]["prompts"][0] == first.id
+    assert got["item_delta"][0] == pytest.approx(float(delta), abs=1e-5)
+    assert got["top_before"][0] == float(np.argmax(before) == t)
+    assert got["top_after"][0] == float(np.argmax(after) == t)
+    assert abs(delta) > 1e-6  # two DPO steps moved the readings
 
 
 def test_safety_end_to_end(tiny_dir, tmp_path):
@@ -166,3 +191,34 @@ def test_safety_end_to_end(tiny_dir, tmp_path):
     assert {g.group for g in res.groups if g.targeted} == {"refusal/harmful", "refusal/benign"}
     gap = report.base_gap["ax"]
     assert gap["lo"] <= gap["gap"] <= gap["hi"]
+
+    # Values, from the files written: the base sensitive − neutral gap and the harmful group's shift,
+    # recomputed from output_hidden_states at the last token of each rendered prompt (generation
+    # prompt added), resid_post[1] projected on v̂ (μ = 0, σ = 1), in the base model and in the
+    # saved checkpoint.
+    written = json.loads(safety_write_report(report, tmp_path / "out")[0].read_text())
+    v = random_axis(lm).direction(1).double()
+
+    def last_scores(model, examples) -> np.ndarray:
+        out = []
+        for ex in examples:
+            text = model.tokenizer.apply_chat_template(
+                list(ex.messages), tokenize=False, add_generation_prompt=True
+            )
+            ids = model.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+            with torch.no_grad():
+                h = model.model(input_ids=ids, output_hidden_states=True).hidden_states[2][0, -1]
+            out.append(float(h.double() @ v))
+        return np.array(out)
+
+    sens = read_jsonl(data / "sensitive.jsonl")
+    s = last_scores(lm, [e for e in sens if e.group == "sensitive/sensitive"])
+    n = last_scores(lm, [e for e in sens if e.group == "sensitive/neutral"])
+    assert written["base_sensitive_minus_neutral"]["ax"]["gap"] == pytest.approx(
+        s.mean() - n.mean(), abs=1e-4
+    )
+    harmful = [e for e in read_jsonl(data / "refusal.jsonl") if e.group == "refusal/harmful"]
+    tuned = load(str(tmp_path / "runs" / "safety"))
+    want = (last_scores(tuned, harmful) - last_scores(lm, harmful)).mean()
+    (group,) = [g for g in written["shifts"]["ax"]["groups"] if g["group"] == "refusal/harmful"]
+    assert group["shift"] == pytest.approx(want, abs=1e-4) and abs(want) > 1e-6

@@ -107,6 +107,51 @@ def context_length(lm: LoadedModel) -> int | None:
     return None
 
 
+def _select(
+    ex: Example,
+    positions: Positions,
+    n: int,
+    offsets: Sequence[tuple[int, int]],
+    starts: Sequence[int],
+    *,
+    span_labels: Sequence[str] | None,
+    max_length: int | None,
+) -> list[tuple[str, list[int]]]:
+    """The rows one example of ``n`` tokens yields: (span label, token indices) per row."""
+    if positions == "last":
+        return [("", [n - 1])]
+    if positions == "mean":
+        return [("", list(range(n)))]
+    if positions == "all":
+        return [("", [t]) for t in range(n)]
+    if not ex.spans:
+        raise ValueprobeError(
+            f"example {ex.id!r} has no spans but positions={positions!r}: use last or all instead"
+        )
+    spans = [sp for sp in ex.spans if span_labels is None or sp.label in span_labels]
+    if not spans:
+        have = sorted({sp.label for sp in ex.spans})
+        raise ValueprobeError(
+            f"example {ex.id!r} has no span labelled {' or '.join(span_labels or [])} (it has {have})"
+        )
+    selections: list[tuple[str, list[int]]] = []
+    for span in spans:
+        base = 0 if span.message is None else starts[span.message]
+        lo, hi = base + span.start, base + span.end
+        # A token belongs to the span holding its first character.
+        toks = [t for t, (a, b) in enumerate(offsets) if b > a and lo <= a < hi]
+        if not toks:
+            raise ValueprobeError(
+                f"example {ex.id!r}: span {span.label!r} [{span.start}, {span.end}) covers no token"
+                + (f" (truncated at max_length={max_length})" if max_length else "")
+            )
+        if positions == "spans":
+            selections.append((span.label, toks))
+        else:
+            selections.extend((span.label, [t]) for t in toks)
+    return selections
+
+
 def encode(
     lm: LoadedModel,
     examples: Sequence[Example],
@@ -149,39 +194,9 @@ def encode(
         n = len(ids)
         if n == 0:
             raise ValueprobeError(f"example {ex.id!r} tokenizes to no tokens: give it some text")
-        selections: list[tuple[str, list[int]]]
-        if positions == "last":
-            selections = [("", [n - 1])]
-        elif positions == "mean":
-            selections = [("", list(range(n)))]
-        elif positions == "all":
-            selections = [("", [t]) for t in range(n)]
-        else:
-            if not ex.spans:
-                raise ValueprobeError(
-                    f"example {ex.id!r} has no spans but positions={positions!r}: use last or all instead"
-                )
-            spans = [sp for sp in ex.spans if span_labels is None or sp.label in span_labels]
-            if not spans:
-                have = sorted({sp.label for sp in ex.spans})
-                raise ValueprobeError(
-                    f"example {ex.id!r} has no span labelled {' or '.join(span_labels or [])} (it has {have})"
-                )
-            selections = []
-            for span in spans:
-                base = 0 if span.message is None else starts[span.message]
-                lo, hi = base + span.start, base + span.end
-                # A token belongs to the span holding its first character.
-                toks = [t for t, (a, b) in enumerate(offsets) if b > a and lo <= a < hi]
-                if not toks:
-                    raise ValueprobeError(
-                        f"example {ex.id!r}: span {span.label!r} [{span.start}, {span.end}) covers no token"
-                        + (f" (truncated at max_length={max_length})" if max_length else "")
-                    )
-                if positions == "spans":
-                    selections.append((span.label, toks))
-                else:
-                    selections.extend((span.label, [t]) for t in toks)
+        selections = _select(
+            ex, positions, n, offsets, starts, span_labels=span_labels, max_length=max_length
+        )
         out.append(Encoded(example=ex, input_ids=ids, selections=selections))
     if truncated and warn:
         first, n = truncated[0]

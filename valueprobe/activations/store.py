@@ -16,13 +16,15 @@ shard present with the size its header promises, and ``complete`` true unless ``
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -238,88 +240,123 @@ def capture_to_store(
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
             settings, or no disk space.
     """
-    if not examples:
-        raise ValueprobeError("no examples to capture: the dataset is empty")
-    dtype = choice(Dtype, dtype, what="dtype")
-    site = choice(Site, site, what="site")
+    _check_sizes(examples, batch_size, examples_per_shard, checkpoint_seconds)
+    dtype, site = choice(Dtype, dtype, what="dtype"), choice(Site, site, what="site")
     positions = choice(Positions, positions, what="positions")
     chat_template = choice(ChatTemplate, chat_template, what="chat template")
-    if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
-        raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
     layer_list = parse_layers(layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
     examples = regroup(examples, group_by)
+    tokens: dict[str, Any] = {
+        "positions": positions,
+        "span_labels": span_labels,
+        "chat_template": chat_template,
+    }
+    select: Callable[..., list] = functools.partial(encode, lm, max_length=max_length, **tokens)
     # Validate every example's token selection before writing anything. The token ids are not
     # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
-    encode(
-        lm,
-        examples,
-        positions=positions,
-        max_length=max_length,
-        span_labels=span_labels,
-        chat_template=chat_template,
-    )
+    select(examples)
     out = Path(out_dir)
-    wanted = StoreManifest(
-        model_id=lm.model_id,
-        fingerprint=lm.fingerprint,
-        layers=tuple(layer_list),
+    wanted = _wanted(
+        lm,
+        layer_list,
+        dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
         include_embed=include_embed,
         site=site,
-        positions=positions,
-        span_labels=tuple(sorted(span_labels)) if span_labels else None,
         group_by=group_by,
         dtype=dtype,
         examples_per_shard=examples_per_shard,
-        chat_template=chat_template,
+        **tokens,
+    )
+    run = functools.partial(
+        run_until,
+        lm,
+        layers=layer_list,
+        site=site,
+        include_embed=include_embed,
+        batch_size=batch_size,
+        padding_side=padding_side,
+        backend=backend,
+        remote=remote,
+    )
+    _write_shards(
+        examples, out, wanted, select, run, checkpoint_seconds=checkpoint_seconds, progress=progress
+    )
+    return ActivationStore.open(out)
+
+
+def _check_sizes(
+    examples: Sequence[Example], batch_size: int, examples_per_shard: int, checkpoint_seconds: float
+) -> None:
+    if not examples:
+        raise ValueprobeError("no examples to capture: the dataset is empty")
+    if examples_per_shard < 1 or batch_size < 1 or checkpoint_seconds <= 0:
+        raise ValueprobeError("batch_size, examples_per_shard and checkpoint_seconds must be > 0")
+
+
+def _wanted(
+    lm: LoadedModel, layers: Sequence[int], *, span_labels: Sequence[str] | None, **settings
+) -> StoreManifest:
+    """The manifest a capture with these settings makes (a store on disk must match it to resume)."""
+    return StoreManifest(
+        model_id=lm.model_id,
+        fingerprint=lm.fingerprint,
+        layers=tuple(layers),
+        span_labels=tuple(sorted(span_labels)) if span_labels else None,
         d_model=lm.d_model,
         n_layers=lm.n_layers,
-        dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
         valueprobe_version=__version__,
+        **settings,
     )
+
+
+def _write_shards(
+    examples: Sequence[Example],
+    out: Path,
+    wanted: StoreManifest,
+    select: Callable[..., list],
+    run: Callable[..., tuple],
+    *,
+    checkpoint_seconds: float,
+    progress: bool,
+) -> None:
+    """Capture the examples after the last complete shard, one shard per ``examples_per_shard``
+    examples or ``checkpoint_seconds`` of work, each written before the manifest that lists it.
+    A capture that fails before its first shard leaves no store behind."""
     created = not out.exists()
     manifest = _open_or_start(out, wanted)
-    torch_dtype = torch.float16 if dtype == Dtype.float16 else torch.float32
-    n = len(examples)
-    start = manifest.n_examples_done  # shards are contiguous from 0
     try:
-        with tqdm(
-            total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress
-        ) as bar:
-            while start < n:
-                chunk = encode(
-                    lm,
-                    examples[start : start + examples_per_shard],
-                    positions=positions,
-                    max_length=max_length,
-                    span_labels=span_labels,
-                    chat_template=chat_template,
-                    warn=False,
-                )
-                deadline = time.monotonic() + checkpoint_seconds
-                got, done = run_until(
-                    lm,
-                    chunk,
-                    deadline=deadline,
-                    on_batch=bar.update,
-                    layers=layer_list,
-                    site=site,
-                    include_embed=include_embed,
-                    batch_size=batch_size,
-                    padding_side=padding_side,
-                    backend=backend,
-                    remote=remote,
-                )
-                tensors, meta = _shard_tensors(got.acts, got.rows, site=site, dtype=torch_dtype)
-                name = f"shard-{len(manifest.shards):05d}.safetensors"
-                _write_shard(out / name, tensors, meta)
-                manifest = manifest.with_shard(Shard(name, (start, start + done), len(got.rows)))
-                start += done
-                atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+        _write_from(
+            examples, out, manifest, select, run, checkpoint_seconds=checkpoint_seconds, progress=progress
+        )
     except BaseException:
-        if created and not manifest.shards:  # nothing was captured: leave no empty store behind
+        if created and not (out / MANIFEST).exists():  # nothing was captured
             shutil.rmtree(out, ignore_errors=True)
         raise
-    return ActivationStore.open(out)
+
+
+def _write_from(
+    examples: Sequence[Example],
+    out: Path,
+    manifest: StoreManifest,
+    select: Callable[..., list],
+    run: Callable[..., tuple],
+    *,
+    checkpoint_seconds: float,
+    progress: bool,
+) -> None:
+    """The shard loop, from the first example no shard holds to the last."""
+    n, start = len(examples), manifest.n_examples_done  # shards are contiguous from 0
+    torch_dtype = torch.float16 if manifest.dtype == Dtype.float16 else torch.float32
+    with tqdm(total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress) as bar:
+        while start < n:
+            chunk = select(examples[start : start + manifest.examples_per_shard], warn=False)
+            got, done = run(chunk, deadline=time.monotonic() + checkpoint_seconds, on_batch=bar.update)
+            tensors, meta = _shard_tensors(got.acts, got.rows, site=manifest.site, dtype=torch_dtype)
+            name = f"shard-{len(manifest.shards):05d}.safetensors"
+            _write_shard(out / name, tensors, meta)
+            manifest = manifest.with_shard(Shard(name, (start, start + done), len(got.rows)))
+            start += done
+            atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
 
 
 def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:

@@ -54,6 +54,28 @@ from valueprobe.vocab import (
 )
 
 
+def _print_store(out: Path, store: ActivationStore) -> None:
+    """The one-row summary of a captured store."""
+    rows, m = store.rows(), store.manifest
+    table(
+        f"capture -> {out}",
+        ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
+        [
+            [
+                m.model_id,
+                m.fingerprint,
+                layer_ranges(m.layers),
+                m.site,
+                m.positions,
+                len(set(rows.example_id)),
+                m.n_rows,
+                len(m.shards),
+                m.dtype,
+            ]
+        ],
+    )
+
+
 @app.command()
 def capture(
     data: Annotated[
@@ -114,7 +136,7 @@ def capture(
     store = capture_to_store(
         lm,
         examples,
-        out,
+        out_dir=out,
         layers=layers,
         site=site,
         positions=positions,
@@ -132,24 +154,7 @@ def capture(
         checkpoint_seconds=checkpoint_seconds,
         chat_template=chat_template,
     )
-    rows, m = store.rows(), store.manifest
-    table(
-        f"capture -> {out}",
-        ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
-        [
-            [
-                m.model_id,
-                m.fingerprint,
-                layer_ranges(m.layers),
-                m.site,
-                m.positions,
-                len(set(rows.example_id)),
-                m.n_rows,
-                len(m.shards),
-                m.dtype,
-            ]
-        ],
-    )
+    _print_store(out, store)
 
 
 @app.command()
@@ -231,10 +236,13 @@ def score(
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
 
     check_output_dir(out, holds="scores")
-    check_at_least("--batch-size", batch_size, 1)
-    check_at_least("--bootstrap", bootstrap, 0)
-    check_at_least("--null", null, 0)
-    check_at_least("--max-length", max_length, 1)
+    for option, value, least in (
+        ("--batch-size", batch_size, 1),
+        ("--bootstrap", bootstrap, 0),
+        ("--null", null, 0),
+        ("--max-length", max_length, 1),
+    ):
+        check_at_least(option, value, least)
     check_device(device)
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match

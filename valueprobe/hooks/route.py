@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -76,6 +76,7 @@ __all__ = [
 ]
 
 
+@runtime_checkable
 class Route(Protocol):
     """What each backend implements: one forward that reads, one that steers, and a steered generate.
 

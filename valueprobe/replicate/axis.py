@@ -23,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import FitReport, fit_probe
@@ -136,6 +138,11 @@ class Contrast:
     def to_dict(self) -> dict:
         return {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Contrast:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
 
 @dataclass(frozen=True)
 class MatchedControl:
@@ -173,6 +180,11 @@ class MatchedControl:
             **{name: c.to_dict() for name, c in self.contrasts().items()},
             "main_minus_control_post_sigma": self.main_minus_control_post_sigma,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MatchedControl:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, {"embed_main_post_vs_control_post": None, **d})
 
 
 def _post_pre(store: ActivationStore, v: np.ndarray, layer: LayerKey) -> tuple[np.ndarray, np.ndarray]:

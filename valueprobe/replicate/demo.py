@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
@@ -37,7 +35,7 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
@@ -118,17 +116,6 @@ class _Model:
         return self._lm
 
 
-def _finite(x: Any) -> Any:
-    """JSON-safe: NaN/inf (e.g. the last generated token, never fed back) become null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
-
-
 def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
     """The steering sweep (valueprobe.steering.sweep) on the yes/no confidence prompts, random-direction null."""
     prompts = out / "data" / "steer_confidence.jsonl"
@@ -196,7 +183,7 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         seed=seed,
         progress=False,
     )
-    d = _finite(result.to_dict())
+    d = jsonable(result.to_dict())
     d["tune"] = {
         "target": TUNE_TARGET,
         "pairs": len(pairs),
@@ -223,6 +210,153 @@ MISSING_WHY = {
 }
 
 
+@dataclass
+class _Run:
+    """One demo run: where it writes, how big it is, and the stage cache every step goes through."""
+
+    out: Path
+    model: str
+    quick: bool
+    seed: int
+    cache: StageCache
+    lm: _Model
+
+    @property
+    def size(self) -> DemoSize:
+        return QUICK if self.quick else FULL
+
+    @property
+    def data_dir(self) -> Path:
+        return self.out / "data"
+
+    @property
+    def probe_dir(self) -> Path:
+        return self.out / "probe"
+
+    def datasets(self) -> dict[str, str]:
+        """Stage 1: the contrast sets, steering prompts and preference pairs; their sha256 by name."""
+        size, seed = self.size, self.seed
+
+        def build_all() -> dict:
+            files: dict[str, Path] = {}
+            for family in CONTRASTS:
+                files.update(build(family, self.data_dir, seed=seed, n=getattr(size, family)))
+            files.update(build("steering", self.data_dir, seed=seed))
+            files.update(build("preference", self.data_dir, seed=seed, n=size.preference))
+            return {name: sha256_file(path) for name, path in sorted(files.items())}
+
+        inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering", "preference"]}
+        return self.cache.run("datasets", inputs, build_all, label="contrast sets and steering prompts")
+
+    def capture(self, shas: dict[str, str]) -> dict[str, ActivationStore]:
+        """Stage 2: every family's store (all layers and the embedding); steering prompts are not captured."""
+        families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
+        runs_dir = self.out / "stores"
+        key = {"model": self.model, "data": {k: shas[Path(spec.file).stem] for k, spec in families.items()}}
+        self.cache.run(
+            "capture",
+            key,
+            lambda: {
+                k: str(v.path)
+                for k, v in capture_families(self.lm(), self.data_dir, runs_dir, families=families).items()
+            },
+            label=f"{len(families)} families, all layers + embedding",
+        )
+        return {k: ActivationStore.open(runs_dir / k) for k in families}
+
+    def axis_sections(self, opened: dict[str, ActivationStore]) -> tuple[ValueAxis, dict]:
+        """Stages 3-6: fit the pre/post axis (saved to ``probe/``), the reward-history axis, transfer,
+        the matched control and the logit lens."""
+        size, seed, cache = self.size, self.seed, self.cache
+        base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
+
+        def fit() -> dict:
+            report = fit_probe(
+                {"icrl": opened["icrl"]},
+                method=Method.span_diff,
+                n_splits=size.splits,
+                seed=seed,
+                transfer=False,
+            )
+            report.axis.save(self.probe_dir)
+            return report.sweep.to_dict()
+
+        if not (self.probe_dir / "axis.safetensors").is_file():  # no probe on disk: its cached sweep is stale
+            (self.out / "stages" / "fit.json").unlink(missing_ok=True)
+        sweep = cache.run("fit", base, fit, label="pre/post construction, held-out rules, controls")
+        axis = ValueAxis.load(self.probe_dir)
+        history = cache.run(
+            "history",
+            base,
+            lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
+            label="reward-history construction (identical text)",
+        )
+        transfer = cache.run(
+            "transfer",
+            {**base, "layer": axis.best_layer},
+            lambda: transfer_matrix(
+                {k: opened[k] for k in TRANSFER},
+                layer=axis.best_layer,
+                method=Method.diff_means,
+                n_splits=size.splits,
+                seed=seed,
+            ).to_dict(),
+            label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
+        )
+        fit_key = {"fit": cache.keys["fit"]}
+        control = cache.run(
+            "matched_control",
+            fit_key,
+            lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict(),
+        )
+        lens = cache.run(
+            "logit_lens", {**fit_key, "model": self.model}, lambda: logit_lens(axis, self.lm(), k=20)
+        )
+        return axis, {
+            "sweep": sweep,
+            "history": history,
+            "transfer": transfer,
+            "matched_control": control,
+            "logit_lens": lens,
+        }
+
+    def trace(self, axis: ValueAxis) -> dict:
+        """Stage 7: one greedy generation with the value read at every token."""
+
+        def run() -> dict:
+            (gen,) = generate(
+                self.lm(),
+                axis,
+                [TRACE_PROMPT],
+                alphas=[0.0],
+                greedy=True,
+                trace=True,
+                max_new_tokens=self.size.trace_tokens,
+                seed=self.seed,
+                progress=False,
+            )
+            assert gen.trace is not None
+            return jsonable({"text": gen.text, **gen.trace.to_dict()})
+
+        key = {"fit": self.cache.keys["fit"], "model": self.model, "tokens": self.size.trace_tokens}
+        return self.cache.run("trace", key, run, label="one greedy generation, value read at every token")
+
+    def later(self, shas: dict[str, str]) -> tuple[dict, dict[str, str]]:
+        """Stages 8-9 (those registered in :data:`LATER_STAGES`), and why any is missing."""
+        sections, missing = {}, {}
+        key = {"fit": self.cache.keys["fit"], "model": self.model, "quick": self.quick, "data": shas}
+        for name, why in MISSING_WHY.items():
+            if (stage := LATER_STAGES.get(name)) is not None:
+                sections[name] = self.cache.run(
+                    name,
+                    key,
+                    functools.partial(stage, self.lm, self.probe_dir, self.out, self.seed, self.quick),
+                )
+            else:
+                missing[name] = why
+        return sections, missing
+
+
 def run_demo(
     *,
     out: str | Path = "runs/demo",
@@ -233,116 +367,14 @@ def run_demo(
     console: Console | None = None,
 ) -> DemoResult:
     """Run (or resume) every stage and write ``results.json`` and ``report.html`` under ``out``."""
-    out, size = Path(out), QUICK if quick else FULL
-    console = console or Console()
-    cache = StageCache(out / "stages", console=console)
-    lm = _Model(model, device)
-    data_dir, runs_dir, probe_dir = out / "data", out / "stores", out / "probe"
-
-    def datasets() -> dict:
-        files: dict[str, Path] = {}
-        for family in CONTRASTS:
-            files.update(build(family, data_dir, seed=seed, n=getattr(size, family)))
-        files.update(build("steering", data_dir, seed=seed))
-        files.update(build("preference", data_dir, seed=seed, n=size.preference))
-        return {name: sha256_file(path) for name, path in sorted(files.items())}
-
-    inputs = {**asdict(size), "seed": seed, "families": [*CONTRASTS, "steering", "preference"]}
-    shas = cache.run("datasets", inputs, datasets, label="contrast sets and steering prompts")
-    families = {k: FAMILIES[k] for k in (*TRANSFER, "icrl_control")}
-
-    def stores() -> dict[str, ActivationStore]:
-        return capture_families(lm(), data_dir, runs_dir, families=families)
-
-    captured = {
-        k: shas[Path(spec.file).stem] for k, spec in families.items()
-    }  # steering prompts are not captured
-    capture_key = {"model": model, "data": captured}
-    cache.run(
-        "capture",
-        capture_key,
-        lambda: {k: str(v.path) for k, v in stores().items()},
-        label=f"{len(families)} families, all layers + embedding",
-    )
-    opened = {k: ActivationStore.open(runs_dir / k) for k in families}
-    base = {"capture": cache.keys["capture"], "splits": size.splits, "seed": seed}
-
-    def fit() -> dict:
-        report = fit_probe(
-            {"icrl": opened["icrl"]}, method=Method.span_diff, n_splits=size.splits, seed=seed, transfer=False
-        )
-        report.axis.save(probe_dir)
-        return report.sweep.to_dict()
-
-    if not (probe_dir / "axis.safetensors").is_file():  # no probe on disk: its cached sweep is stale
-        (out / "stages" / "fit.json").unlink(missing_ok=True)
-    sweep = cache.run("fit", base, fit, label="pre/post construction, held-out rules, controls")
-    axis = ValueAxis.load(probe_dir)
-    history = cache.run(
-        "history",
-        base,
-        lambda: fit_history_axis(opened, n_splits=size.splits, seed=seed).metrics["sweep"],
-        label="reward-history construction (identical text)",
-    )
-    transfer = cache.run(
-        "transfer",
-        {**base, "layer": axis.best_layer},
-        lambda: transfer_matrix(
-            {k: opened[k] for k in TRANSFER},
-            layer=axis.best_layer,
-            method=Method.diff_means,
-            n_splits=size.splits,
-            seed=seed,
-        ).to_dict(),
-        label=f"{len(TRANSFER)} families at layer {axis.best_layer}",
-    )
-    fit_key = {"fit": cache.keys["fit"]}
-    control = cache.run(
-        "matched_control",
-        fit_key,
-        lambda: matched_control(axis, opened["icrl"], opened["icrl_control"], seed=seed).to_dict(),
-    )
-    lens = cache.run("logit_lens", {**fit_key, "model": model}, lambda: logit_lens(axis, lm(), k=20))
-
-    def trace() -> dict:
-        (gen,) = generate(
-            lm(),
-            axis,
-            [TRACE_PROMPT],
-            alphas=[0.0],
-            greedy=True,
-            trace=True,
-            max_new_tokens=size.trace_tokens,
-            seed=seed,
-            progress=False,
-        )
-        assert gen.trace is not None
-        return _finite({"text": gen.text, **gen.trace.to_dict()})
-
-    traced = cache.run(
-        "trace",
-        {**fit_key, "model": model, "tokens": size.trace_tokens},
-        trace,
-        label="one greedy generation, value read at every token",
-    )
-    sections = {
-        "sweep": sweep,
-        "history": history,
-        "transfer": transfer,
-        "matched_control": control,
-        "logit_lens": lens,
-        "trace": traced,
-    }
-    missing = {}
-    for name, why in MISSING_WHY.items():
-        if (stage := LATER_STAGES.get(name)) is not None:
-            sections[name] = cache.run(
-                name,
-                {**fit_key, "model": model, "quick": quick, "data": shas},
-                functools.partial(stage, lm, probe_dir, out, seed, quick),
-            )
-        else:
-            missing[name] = why
+    out = Path(out)
+    cache = StageCache(out / "stages", console=console or Console())
+    run = _Run(out=out, model=model, quick=quick, seed=seed, cache=cache, lm=_Model(model, device))
+    shas = run.datasets()
+    axis, sections = run.axis_sections(run.capture(shas))
+    sections["trace"] = run.trace(axis)
+    later, missing = run.later(shas)
+    sections.update(later)
     summary = summarize(sections)
     results = {
         "format": "valueprobe.results",
@@ -358,7 +390,7 @@ def run_demo(
     atomic_write_text(results_path, _json(results))
     report = write_report(results, out / "report.html", title=f"valueprobe demo: {model}")
     return DemoResult(
-        out, report, results_path, probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
+        out, report, results_path, run.probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
     )
 
 

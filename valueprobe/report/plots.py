@@ -179,7 +179,7 @@ def shift_figure(res: ShiftResult) -> go.Figure:
         violinmode="overlay",
         template="plotly_white",
         height=480,
-        title=f"{res.tuned_id} vs {res.base_id} on {res.probe.get('model_id', '')} axis",
+        title=f"{res.tuned_id} vs {res.base_id} on {res.probe.model_id} axis",
     )
     fig.update_xaxes(title_text="layer", row=1, col=2)
     return fig

@@ -16,13 +16,15 @@ bootstrap CI that resamples prompts. The null is the slopes of the random direct
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
 from valueprobe.steering.behaviour import dropped
 
@@ -84,6 +86,18 @@ class Curve:
     lo: tuple[float, ...]
     hi: tuple[float, ...]
 
+    def to_dict(self) -> dict:
+        return {
+            "alpha": list(self.alphas),
+            "mean": list(self.means),
+            "lo": list(self.lo),
+            "hi": list(self.hi),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Curve:
+        return record_from_dict(cls, {"alphas": d["alpha"], "means": d["mean"], "lo": d["lo"], "hi": d["hi"]})
+
 
 @dataclass(frozen=True)
 class Effect:
@@ -125,11 +139,13 @@ class Effect:
             "outside_null": self.outside,
             "other_outside_null": self.other_outside,
             "dropped_alphas": list(self.dropped),
-            "curves": {
-                k: {"alpha": list(c.alphas), "mean": list(c.means), "lo": list(c.lo), "hi": list(c.hi)}
-                for k, c in self.curves.items()
-            },
+            "curves": {k: c.to_dict() for k, c in self.curves.items()},
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Effect:
+        """The effect again from its ``to_dict()``; ``outside_null`` and ``other_outside_null`` are derived."""
+        return record_from_dict(cls, {**d, "null": d["null_slopes"], "dropped": d["dropped_alphas"]})
 
 
 @dataclass(frozen=True)
@@ -182,6 +198,11 @@ class SteerSweep:
             "settings": self.settings,
             "effects": [e.to_dict() for e in self.effects],
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SteerSweep:
+        """The sweep again from its ``to_dict()``; ``slope_step`` is derived from the unit."""
+        return record_from_dict(cls, d)
 
     def csv(self) -> str:
         lines = [

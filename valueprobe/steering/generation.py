@@ -13,7 +13,7 @@ draws the same uniforms, and a row draws the same numbers whatever chunk it land
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
-from valueprobe.hooks.route import Decode, Point, Recording, Route, record, route
-from valueprobe.steering.handle import AlphaSource, Steering, SteerPoint, Where, steer_points
+from valueprobe.hooks.route import Decode, Point, Route, route
+from valueprobe.steering.handle import AlphaSource, Attach, Steering, SteerPoint, Where, steer_points
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Backend, LayerSpec, Site, Unit
 
@@ -57,6 +58,11 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trace:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -86,6 +92,11 @@ class Generation:
         out = asdict(self)
         out["trace"] = None if self.trace is None else self.trace.to_dict()
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:
@@ -243,63 +254,12 @@ def generate(
     return out
 
 
-class _ChunkHooks:
-    """One chunk's steering as Python, for the routes that run hooks (`Decode.hooks`): the
-    `Steering` handle, joined by a σ-score recorder at each read layer; read back after the run."""
-
-    def __init__(
-        self,
-        lm: LoadedModel,
-        axis: ValueAxis,
-        plan: Sequence[SteerPoint],
-        run: _Settings,
-        *,
-        alpha: Tensor,
-        prompt_length: int,
-        source: AlphaSource | None,
-    ) -> None:
-        self.lm, self.axis, self.plan = lm, axis, list(plan)
-        self.make = partial(
-            Steering,
-            lm,
-            axis,
-            self.plan,
-            alpha=alpha,
-            where=run.where,
-            prompt_length=prompt_length,
-            trace=run.trace,
-            source=source,
-        )
-        self.points = list(dict.fromkeys(Point(layer, Site.resid_post) for layer in run.read_layers))
-        self.steering: Steering | None = None
-        self.recordings: dict[Point, Recording] = {}
-
-    def __call__(self) -> Steering:
-        steering = self.make()
-        try:
-            for p in self.points:
-                score = partial(_score, self.axis, p.layer)
-                self.recordings[p] = record(self.lm, [p], reduce=score)
-                steering.join(self.recordings[p])
-        except BaseException:
-            steering.remove()
-            raise
-        self.steering = steering
-        return steering
-
-    def reads(self) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
-        """Per point name, one ``[batch, new]`` σ-score per forward; and the α applied at the steered point."""
-        if self.steering is None:  # the route ran the steering as data
-            return {}, []
-        main = self.plan[0].point
-        reads = {_point_name(main): self.steering.reads[main]} | {
-            _point_name(p): r.values[p] for p, r in self.recordings.items()
-        }
-        return reads, self.steering.applied[main]
-
-
-def _score(axis: ValueAxis, layer: int, h: Tensor) -> Tensor:
-    return torch.as_tensor(axis.score(h.float(), layer)).cpu()
+def _reads(steering: Steering | None) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+    """A chunk's traces by point name, and the α applied; none when the route ran the steering as data."""
+    if steering is None:
+        return {}, []
+    values, applied = steering.traced()
+    return {_point_name(p): v for p, v in values.items()}, applied
 
 
 def _run_chunk(
@@ -319,7 +279,20 @@ def _run_chunk(
         seeds = [int(r.seed or 0) for r in chunk]
         processors.append(RowSampler(seeds, temperature=run.temperature, top_p=run.top_p))
     alpha = torch.tensor([r.alpha for r in chunk])
-    hooks = _ChunkHooks(lm, axis, plan, run, alpha=alpha, prompt_length=ids.shape[1], source=source)
+    hooks = Attach(
+        partial(
+            Steering,
+            lm,
+            axis,
+            plan,
+            alpha=alpha,
+            where=run.where,
+            prompt_length=ids.shape[1],
+            trace=run.trace,
+            source=source,
+            read_layers=run.read_layers,
+        )
+    )
     live = run.trace or bool(run.read_layers) or source is not None
     decode = Decode(
         lm,
@@ -334,7 +307,7 @@ def _run_chunk(
         live=live,
     )
     seqs = impl.generate(decode)
-    reads, applied = hooks.reads() if run.trace else (None, [])
+    reads, applied = _reads(hooks.handle) if run.trace else (None, [])
     steered = _point_name(plan[0].point)
     return [
         _row_result(

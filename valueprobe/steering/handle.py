@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -29,14 +30,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.route import Handle, Point, Step, intervene
+from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
 from valueprobe.vocab import LayerSpec, Site, Unit, parse_layers
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
     from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["Steering", "SteerPoint", "check_unit", "steer", "steer_points"]
+__all__ = ["Attach", "Steering", "SteerPoint", "check_unit", "steer", "steer_points"]
 
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
@@ -141,6 +142,8 @@ class Steering(Handle):
         prompt_length: the (padded) prompt width; columns at or past it are generated tokens.
         reads: with ``trace=True``, per target point, one ``[batch, new]`` σ-score per forward of
             the residual *before* the addition.
+        read_layers: also record the σ-score of the residual (resid_post, after any steering
+            upstream) at these layers at every forward; `traced` returns them with ``reads``.
     """
 
     def __init__(
@@ -154,6 +157,7 @@ class Steering(Handle):
         prompt_length: int | None,
         trace: bool,
         source: AlphaSource | None = None,
+        read_layers: Sequence[int] = (),
     ) -> None:
         super().__init__()
         if where not in WHERE:
@@ -169,12 +173,24 @@ class Steering(Handle):
         self.source = source
         self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
         self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
+        self.recordings: dict[Point, Recording] = {}
         try:
             for t in self.points:
                 self.join(intervene(lm, t.point, self._hook(t)))
+            for layer in dict.fromkeys(read_layers):
+                p = Point(layer, Site.resid_post)
+                self.recordings[p] = record(lm, [p], reduce=partial(_score, axis, layer))
+                self.join(self.recordings[p])
         except BaseException:
             self.remove()
             raise
+
+    def traced(self) -> tuple[dict[Point, list[Tensor]], list[Tensor]]:
+        """Per point, one ``[batch, new]`` σ-score per forward (the first steered point before its
+        addition, then each read layer); and the α applied at the first steered point."""
+        main = self.points[0].point
+        values = {main: self.reads[main]} | {p: r.values[p] for p, r in self.recordings.items()}
+        return values, self.applied[main]
 
     def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward steering may touch: not padding, and in the chosen positions."""
@@ -210,6 +226,23 @@ class Steering(Handle):
 
     def __enter__(self) -> Steering:
         return self
+
+
+def _score(axis: ValueAxis, layer: int, h: Tensor) -> Tensor:
+    return torch.as_tensor(axis.score(h.float(), layer)).cpu()
+
+
+class Attach:
+    """A `valueprobe.hooks.decode.Decode` ``hooks`` factory that keeps the `Steering` it attached,
+    so the caller reads its traces after the route has run and removed it."""
+
+    def __init__(self, make: Callable[[], Steering]) -> None:
+        self.make = make
+        self.handle: Steering | None = None
+
+    def __call__(self) -> Steering:
+        self.handle = self.make()
+        return self.handle
 
 
 def steer(

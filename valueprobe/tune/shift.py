@@ -24,7 +24,8 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -39,7 +40,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import Method, make_fitter
 from valueprobe.stats.metrics import cohens_d
 from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftProbe, ShiftResult
 from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
@@ -168,6 +169,149 @@ def _refit_cosines(
     }
 
 
+@dataclass(frozen=True)
+class _Groups:
+    """The examples' labels and groups, and which groups hold both labels (a contrast needs them)."""
+
+    labels: np.ndarray
+    group: np.ndarray
+    names: list[str]
+    two_class: list[str]
+
+    @property
+    def members(self) -> dict[str, np.ndarray]:
+        return {g: self.group == g for g in self.names}
+
+    def mean_shift(
+        self, base: dict[int, np.ndarray], tuned: dict[int, np.ndarray]
+    ) -> dict[str, tuple[float, ...]]:
+        """Each group's mean paired shift at each layer of ``base`` (in its order)."""
+        return {
+            g: tuple(float((tuned[x] - base[x])[m].mean()) for x in base) for g, m in self.members.items()
+        }
+
+
+def _groups(examples: Sequence[Example], *, targeted: Sequence[str], contrast: bool, refit: bool) -> _Groups:
+    """Group the examples; refuse targeted groups the data lacks and a contrast no group can give."""
+    if not examples:
+        raise ValueprobeError("no examples to read: the dataset is empty")
+    labels = np.array([float(ex.label) for ex in examples])
+    group = np.array([ex.group for ex in examples])
+    names = sorted(set(group.tolist()))
+    unknown = sorted(set(targeted) - set(names))
+    if unknown:
+        raise ValueprobeError(f"targeted groups {unknown} are not in the data; it has groups {names}")
+    two_class = [g for g in names if len(set((labels[group == g] >= 0.5).tolist())) == 2]
+    if (contrast or refit) and not two_class:
+        raise ValueprobeError(
+            f"a contrast needs groups holding both labels (0 and 1), but every group has one label ({names});"
+            " drop --contrast/--refit and compare groups by their pair separation"
+        )
+    return _Groups(labels=labels, group=group, names=names, two_class=two_class)
+
+
+def _check_models(axis: ValueAxis, base: LoadedModel, tuned: LoadedModel, *, force: bool) -> None:
+    """The tuned model descends from the base, and the axis reads both."""
+    check_descendant(base, tuned)
+    axis.check(base, force=force)
+    with warnings.catch_warnings():  # the tuned model differs in weights by design
+        warnings.simplefilter("ignore", FingerprintWarning)
+        axis.check(tuned, force=force)
+
+
+def _read_layers(
+    axis: ValueAxis, base: LoadedModel, layers: LayerSpec, layer: int | None
+) -> tuple[int, list[int]]:
+    """The headline layer (default: the axis's best) and the axis layers read for the by-layer curves."""
+    layer = axis.best_layer if layer is None else layer
+    if layer not in axis.layers:
+        raise ValueprobeError(f"layer {layer} is not in the axis; it has layers {list(axis.layers)}")
+    chosen = parse_layers(layers, n_layers=base.n_layers) if layers is not None else list(axis.layers)
+    return layer, sorted({x for x in chosen if x in axis.layers} | {layer})
+
+
+def _random_shifts(
+    axis: ValueAxis, h_base: np.ndarray, h_tuned: np.ndarray, *, layer: int, n_random: int, seed: int
+) -> tuple[np.ndarray, float]:
+    """Per-example shifts along ``n_random`` random directions, each in its own σ over the base data
+    [n, n_random], and the factor that puts an axis shift (in the axis's σ) in the same data-σ unit."""
+    R = random_directions(h_base.shape[1], n_random, seed=seed)  # [n_random, d_model]
+    p_base, p_tuned = h_base @ R.T, h_tuned @ R.T  # [n, n_random]
+    v = axis.direction(layer).double().numpy()
+    to_data_sigma = float(axis.sigma[axis.layers.index(layer)]) / float((h_base @ v).std())
+    return (p_tuned - p_base) / p_base.std(axis=0), to_data_sigma
+
+
+def _group_shifts(
+    groups: _Groups,
+    s_base: np.ndarray,
+    s_tuned: np.ndarray,
+    rand: np.ndarray,
+    to_data_sigma: float,
+    *,
+    targeted: Sequence[str],
+    contrast: bool,
+    n_boot: int,
+    seed: int,
+) -> tuple[tuple[GroupShift, ...], tuple[float, float] | None]:
+    """Each group's paired shift against both nulls, and the range of the untargeted groups' shifts."""
+    delta = s_tuned - s_base
+    members = groups.members
+    by_group = {g: float(delta[members[g]].mean()) for g in groups.names}
+    untargeted = [g for g in groups.names if targeted and g not in targeted]
+    untargeted_range = (
+        (min(by_group[g] for g in untargeted), max(by_group[g] for g in untargeted)) if untargeted else None
+    )
+    q_edges = np.quantile(s_base, [0.25, 0.5, 0.75])
+    q_base, q_tuned = np.digitize(s_base, q_edges), np.digitize(s_tuned, q_edges)
+    out = []
+    for g in groups.names:
+        m, is_target = members[g], g in targeted
+        null = rand[m].mean(axis=0)
+        data_shift = by_group[g] * to_data_sigma
+        lo, hi = null_range(null)
+        ci = mean_ci(delta[m], n_boot=n_boot, seed=seed)
+        leaves_untargeted = (
+            untargeted_range is None or not is_target or _apart(ci, by_group[g], untargeted_range)
+        )
+        with_both = g in groups.two_class and contrast
+        out.append(
+            GroupShift(
+                group=g,
+                n=int(m.sum()),
+                targeted=is_target,
+                base_mean=float(s_base[m].mean()),
+                tuned_mean=float(s_tuned[m].mean()),
+                shift=by_group[g],
+                ci=ci,
+                shift_data_sigma=data_shift,
+                null_range=(lo, hi),
+                null_percentile=percentile_in(data_shift, null),
+                d_before=cohens_d(s_base[m], groups.labels[m]) if with_both else None,
+                d_after=cohens_d(s_tuned[m], groups.labels[m]) if with_both else None,
+                share=float(m.mean()),
+                quartiles_before=_quartile_shares(q_base, m),
+                quartiles_after=_quartile_shares(q_tuned, m),
+                counts=bool(not lo <= data_shift <= hi and leaves_untargeted and (is_target or not targeted)),
+            )
+        )
+    return tuple(out), untargeted_range
+
+
+def _probe_summary(axis: ValueAxis, layer: int) -> ShiftProbe:
+    """The probe's identity and its unit at ``layer``, as the shift record keeps it."""
+    i = axis.layers.index(layer)
+    return ShiftProbe(
+        model_id=axis.model_id,
+        fingerprint=axis.fingerprint,
+        method=axis.method,
+        site=str(axis.site),
+        mu=float(axis.mu[i]),
+        sigma=float(axis.sigma[i]),
+        sigma_reference=axis.sigma_reference,
+    )
+
+
 def shift(
     axis: ValueAxis,
     base: LoadedModel,
@@ -203,130 +347,43 @@ def shift(
         n_boot: bootstrap resamples for the CIs.
         force: read a probe of another architecture (d_model and layers are still checked).
     """
-    if not examples:
-        raise ValueprobeError("no examples to read: the dataset is empty")
-    check_descendant(base, tuned)
-    axis.check(base, force=force)
-    with warnings.catch_warnings():  # the tuned model differs in weights by design
-        warnings.simplefilter("ignore", FingerprintWarning)
-        axis.check(tuned, force=force)
-    labels = np.array([float(ex.label) for ex in examples])
-    group = np.array([ex.group for ex in examples])
-    names = sorted(set(group.tolist()))
-    unknown = sorted(set(targeted) - set(names))
-    if unknown:
-        raise ValueprobeError(f"targeted groups {unknown} are not in the data; it has groups {names}")
-    two_class = [g for g in names if len(set((labels[group == g] >= 0.5).tolist())) == 2]
-    if (contrast or refit) and not two_class:
-        raise ValueprobeError(
-            f"a contrast needs groups holding both labels (0 and 1), but every group has one label ({names});"
-            " drop --contrast/--refit and compare groups by their pair separation"
-        )
-    layer = axis.best_layer if layer is None else layer
-    chosen = parse_layers(layers, n_layers=base.n_layers) if layers is not None else list(axis.layers)
-    keep = sorted({x for x in chosen if x in axis.layers} | {layer})
-    if layer not in axis.layers:
-        raise ValueprobeError(f"layer {layer} is not in the axis; it has layers {list(axis.layers)}")
+    groups = _groups(examples, targeted=targeted, contrast=contrast, refit=refit)
+    _check_models(axis, base, tuned, force=force)
+    layer, keep = _read_layers(axis, base, layers, layer)
     encoded = encode(base, examples, positions=tokens)  # one tokenization feeds both models
-    site = Site(axis.site)
-    h_base = _example_acts(base, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
-    h_tuned = _example_acts(tuned, encoded, layers=keep, site=site, batch_size=batch_size, progress=progress)
-
-    def scores(h: dict[int, np.ndarray], at: int) -> np.ndarray:
-        return np.asarray(axis.score(h[at], at), dtype=np.float64)
-
-    s_base, s_tuned = scores(h_base, layer), scores(h_tuned, layer)
-    delta = s_tuned - s_base
-    members = {g: group == g for g in names}
-    # First null: the same paired shift along random directions, each in its own σ over the data.
-    R = random_directions(base.d_model, n_random, seed=seed)  # [n_random, d_model]
-    p_base, p_tuned = h_base[layer] @ R.T, h_tuned[layer] @ R.T  # [n, n_random]
-    r_sigma = p_base.std(axis=0)
-    v = axis.direction(layer).double().numpy()
-    axis_sigma_data = float((h_base[layer] @ v).std())
-    untargeted = [g for g in names if targeted and g not in targeted]
-    by_group_shift = {g: float(delta[members[g]].mean()) for g in names}
-    untargeted_range = (
-        (min(by_group_shift[g] for g in untargeted), max(by_group_shift[g] for g in untargeted))
-        if untargeted
-        else None
+    read = partial(_example_acts, encoded=encoded, layers=keep, site=Site(axis.site), batch_size=batch_size)
+    h_base, h_tuned = read(base, progress=progress), read(tuned, progress=progress)
+    by_layer_base = {x: np.asarray(axis.score(h_base[x], x), dtype=np.float64) for x in keep}
+    by_layer_tuned = {x: np.asarray(axis.score(h_tuned[x], x), dtype=np.float64) for x in keep}
+    s_base, s_tuned = by_layer_base[layer], by_layer_tuned[layer]
+    rand = _random_shifts(axis, h_base[layer], h_tuned[layer], layer=layer, n_random=n_random, seed=seed)
+    group_shifts, untargeted_range = _group_shifts(
+        groups, s_base, s_tuned, *rand, targeted=targeted, contrast=contrast, n_boot=n_boot, seed=seed
     )
-    q_edges = np.quantile(s_base, [0.25, 0.5, 0.75])
-    q_base, q_tuned = np.digitize(s_base, q_edges), np.digitize(s_tuned, q_edges)
-    out = []
-    for g in names:
-        m = members[g]
-        rand = (p_tuned[m] - p_base[m]).mean(axis=0) / r_sigma
-        data_shift = float(np.mean(delta[m]) * float(axis.sigma[axis.layers.index(layer)]) / axis_sigma_data)
-        lo, hi = null_range(rand)
-        leaves_random = not lo <= data_shift <= hi
-        is_target = g in targeted
-        ci = mean_ci(delta[m], n_boot=n_boot, seed=seed)
-        leaves_untargeted = (
-            untargeted_range is None or not is_target or _apart(ci, by_group_shift[g], untargeted_range)
-        )
-        with_both = g in two_class and contrast
-        out.append(
-            GroupShift(
-                group=g,
-                n=int(m.sum()),
-                targeted=is_target,
-                base_mean=float(s_base[m].mean()),
-                tuned_mean=float(s_tuned[m].mean()),
-                shift=by_group_shift[g],
-                ci=ci,
-                shift_data_sigma=data_shift,
-                null_range=(lo, hi),
-                null_percentile=percentile_in(data_shift, rand),
-                d_before=cohens_d(s_base[m], labels[m]) if with_both else None,
-                d_after=cohens_d(s_tuned[m], labels[m]) if with_both else None,
-                share=float(m.mean()),
-                quartiles_before=_quartile_shares(q_base, m),
-                quartiles_after=_quartile_shares(q_tuned, m),
-                counts=bool(leaves_random and leaves_untargeted and (is_target or not targeted)),
-            )
-        )
-    by_layer_base = {x: scores(h_base, x) for x in keep}
-    by_layer_tuned = {x: scores(h_tuned, x) for x in keep}
-    shift_by_layer = {
-        g: tuple(float((by_layer_tuned[x] - by_layer_base[x])[members[g]].mean()) for x in keep)
-        for g in names
-    }
-    pairs = _pair_separations(names, members, by_layer_base, by_layer_tuned, targeted=targeted)
-    cosine = (
-        _refit_cosines(axis, h_base, h_tuned, rows=np.isin(group, two_class), labels=labels)
-        if refit
-        else None
-    )
-    records = tuple(
-        {"id": ex.id, "group": ex.group, "label": float(ex.label), "base": float(b), "tuned": float(t)}
-        for ex, b, t in zip(examples, s_base, s_tuned, strict=True)
-    )
-    i = axis.layers.index(layer)
-    probe = {
-        "model_id": axis.model_id,
-        "fingerprint": axis.fingerprint,
-        "method": axis.method,
-        "site": axis.site,
-        "mu": float(axis.mu[i]),
-        "sigma": float(axis.sigma[i]),
-        "sigma_reference": axis.sigma_reference,
-        "sigma_data": axis_sigma_data,  # the axis's σ over these examples: sigma / sigma_data converts to data σ
-    }
+    members = groups.members
     return ShiftResult(
         base_id=base.model_id,
         tuned_id=tuned.model_id,
         base_fingerprint=base.fingerprint,
         tuned_fingerprint=tuned.fingerprint,
-        probe=probe,
+        probe=_probe_summary(axis, layer),
         layer=layer,
         layers=tuple(keep),
         tokens=str(tokens),
         n_random=n_random,
-        groups=tuple(out),
-        shift_by_layer=shift_by_layer,
-        pairs=pairs,
+        groups=group_shifts,
+        shift_by_layer=groups.mean_shift(by_layer_base, by_layer_tuned),
+        pairs=_pair_separations(groups.names, members, by_layer_base, by_layer_tuned, targeted=targeted),
         untargeted_range=untargeted_range,
-        axis_cosine=cosine,
-        records=records,
+        axis_cosine=(
+            _refit_cosines(
+                axis, h_base, h_tuned, rows=np.isin(groups.group, groups.two_class), labels=groups.labels
+            )
+            if refit
+            else None
+        ),
+        records=tuple(
+            {"id": ex.id, "group": ex.group, "label": float(ex.label), "base": float(b), "tuned": float(t)}
+            for ex, b, t in zip(examples, s_base, s_tuned, strict=True)
+        ),
     )
