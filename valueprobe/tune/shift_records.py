@@ -74,6 +74,9 @@ class ShiftProbe:
     mu: float
     sigma: float
     sigma_reference: str
+    # the axis's σ over the examples read, in the base model: sigma / sigma_data converts base σ to data σ
+    # (None in results written before it was recorded)
+    sigma_data: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ class ShiftResult:
         f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
         # One unit in every shift column, as in the report and the demo's summary: data σ, the axis's
         # spread over these examples in the base model (the unit of the random-direction null).
-        sigma_data = self.probe.get("sigma_data")
-        k = self.probe["sigma"] / sigma_data if sigma_data else math.nan  # data σ per base σ
+        sigma_data = self.probe.sigma_data
+        k = self.probe.sigma / sigma_data if sigma_data else math.nan  # data σ per base σ
         rows = [
             [
                 g.group,
