@@ -140,7 +140,13 @@ def trace_figure(trace: Trace | dict) -> go.Figure:
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
     if d.get("n_prompt"):
         fig.add_vline(x=int(d["n_prompt"]) - 0.5, line_dash="dash", annotation_text="generation starts")
-    fig.update_layout(title=f"value trace at {where}", xaxis_title="token", yaxis_title="score (σ)", **LAYOUT)
+    fig.update_layout(
+        title=f"value trace at {where}",
+        xaxis_title="token",
+        yaxis_title="score (σ)",
+        showlegend=False,
+        **LAYOUT,
+    )
     fig.update_yaxes(range=[lo, hi])
     return fig
 
