@@ -19,6 +19,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
 from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
@@ -224,7 +225,8 @@ def test_summary_null_and_drop_rule():
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
     json.dumps(flat.to_dict())
-    assert len(flat.figure().data) == 3  # null band, other axis, axis
+    # the one dose-response figure (the report's): null band, other axis, the axis's CI band and its line
+    assert len(dose_response_figure(flat).data) == 4
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
