@@ -299,8 +299,7 @@ def _group_shifts(
 
 
 def _probe_summary(axis: ValueAxis, layer: int, *, to_data_sigma: float) -> ShiftProbe:
-    """The probe's identity and its units at ``layer`` (base σ, and data σ through ``to_data_sigma``),
-    as the shift record keeps it."""
+    """The probe's identity and its units at ``layer`` (base σ, and σ over the data), as the shift record keeps it."""
     i = axis.layers.index(layer)
     return ShiftProbe(
         model_id=axis.model_id,
