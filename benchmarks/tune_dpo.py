@@ -43,14 +43,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         res = train("smollm2-135m", pairs, Path(tmp) / "ckpt", settings=settings)
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    steps = res.record["train"]["steps"]
+    steps = res.record.train.steps
     full_steps = -(-len(pairs) // settings.batch_size) * int(settings.epochs)
     out = {
         "pairs": len(pairs),
         "steps": steps,
         "wall_s": wall,
         "cpu_s": cpu,
-        "train_runtime_s": res.record["train"]["seconds"],
+        "train_runtime_s": res.record.train.seconds,
         "cpu_s_per_step": cpu / steps,
         "default_steps": full_steps,
         "projected_default_wall_s_on_2_free_cores": cpu / steps * full_steps / 2,

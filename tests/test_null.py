@@ -29,6 +29,10 @@ def test_null_helpers():
     R = random_directions(16, 40, seed=3)
     assert R.shape == (40, 16) and np.allclose(np.linalg.norm(R, axis=1), 1.0)
     assert np.array_equal(R, random_directions(16, 40, seed=3))
+    # the documented seed scheme: PCG64 normals, row-major, so more directions extend the same draw
+    assert np.array_equal(R[:5], random_directions(16, 5, seed=3))
+    g = np.random.default_rng(3).standard_normal((40, 16))
+    assert np.allclose(R, g / np.linalg.norm(g, axis=1, keepdims=True), rtol=0, atol=1e-15)
     assert percentile_in(5.0, np.arange(4.0)) == 100.0 and percentile_in(1.0, np.arange(3.0)) == 50.0
 
 

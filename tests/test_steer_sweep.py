@@ -13,14 +13,18 @@ import pytest
 import torch
 from conftest import run_cli as run
 
+from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
+from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.effects import dose_response_figure
+from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, parse_alphas, random_directions, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, run_sweep
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -167,10 +171,18 @@ def test_sweep_refuses_a_folder_with_another_sweep(tiny_lm_factory, tmp_path):
         )
 
 
-def test_random_directions_are_unit_and_seeded():
-    a, b = random_directions(64, 8, seed=0), random_directions(64, 8, seed=0)
-    assert torch.equal(a, b) and torch.allclose(a.norm(dim=1), torch.ones(8))
-    assert not torch.equal(a, random_directions(64, 8, seed=1))
+def test_sweep_random_directions_are_the_stats_null_rows(tiny_lm_factory, tmp_path):
+    """One random-direction scheme: the sweep's ``random-K`` is row K of stats.null's draw, seed for seed."""
+    axis = tiny_axis(tiny_lm_factory("llama"))
+    settings = settings_for(tmp_path, controls=3, seed=5)
+    named = dict(_directions(axis, settings, None, axis.best_layer))
+    expected = torch.from_numpy(null_directions(axis.d_model, 3, seed=5)).float()
+    assert named["axis"] is None
+    for k in range(3):
+        assert torch.equal(named[f"random-{k}"], expected[k])
+    assert not torch.equal(
+        named["random-0"], torch.from_numpy(null_directions(axis.d_model, 1, seed=6)).float()[0]
+    )
 
 
 @pytest.mark.parametrize("text", ["", " , ", "1,x", "1,nan", "2,2"])
@@ -213,7 +225,8 @@ def test_summary_null_and_drop_rule():
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
     json.dumps(flat.to_dict())
-    assert len(flat.figure().data) == 3  # null band, other axis, axis
+    # the one dose-response figure (the report's): null band, other axis, the axis's CI band and its line
+    assert len(dose_response_figure(flat).data) == 4
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -231,36 +244,37 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
     ValueAxis(**{**ax.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))}).save(root / "no-norm")
     wide = tiny_axis(lm, d_model=32)
     wide.save(root / "wide")
+    arch, weights = lm.fingerprint.split("-")
+    foreign = "0" * len(arch) if arch != "0" * len(arch) else "1" * len(arch)
+    ValueAxis(**{**ax.__dict__, "fingerprint": f"{foreign}-{weights}"}).save(root / "foreign")
     write_jsonl(root / "p.jsonl", chats(4, yes_no=True))
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"id": "a", "label": 1}\n')
     return root
 
 
+def steer_argv(files: Path, probe: str = "probe", **options: object) -> list[str]:
+    """``valueprobe steer`` on the tiny files: ``max_new_tokens=3`` is ``--max-new-tokens 3``, ``greedy=True`` a flag."""
+    argv = ["steer", "--probe", str(files / probe), "--model", str(files / "model"), "--prompts"]
+    argv.append(str(files / "p.jsonl"))
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
 def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     r = tiny_files
-    argv = [
-        "steer",
-        "--probe",
-        str(r / "probe"),
-        "--model",
-        str(r / "model"),
-        "--prompts",
-        str(r / "p.jsonl"),
-        "--alphas",
-        "-2,0,2",
-        "--max-new-tokens",
-        "3",
-        "--random-directions",
-        "2",
-        "--greedy",
-        "--other-probe",
-        str(r / "other"),
-        "--out",
-        str(tmp_path / "out"),
-        "--bootstrap",
-        "50",
-    ]
+    argv = steer_argv(
+        r,
+        alphas="-2,0,2",
+        max_new_tokens=3,
+        random_directions=2,
+        greedy=True,
+        other_probe=r / "other",
+        out=tmp_path / "out",
+        bootstrap=50,
+    )
     code, out, err = run(argv, capsys)
     assert code == 0, err
     for name in ("settings.json", "generations.jsonl", "metrics.json", "metrics.csv", "dose.html"):
@@ -277,6 +291,22 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     code, _, err = run(argv, capsys)  # everything done: nothing regenerated, nothing appended
     assert code == 0, err
     assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
+
+
+def test_cli_steer_refuses_a_probe_of_another_architecture_unless_forced(tiny_files, tmp_path, capsys):
+    argv = steer_argv(
+        tiny_files, "foreign", alphas="-2,2", max_new_tokens=2, random_directions=1, greedy=True, bootstrap=10
+    )
+    code, _, err = run([*argv, "--out", str(tmp_path / "refused")], capsys)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]  # the model's load bar aside
+    assert code == 2 and "Traceback" not in err, err
+    assert "another architecture" in line and "--force" in line
+    assert not (tmp_path / "refused" / "generations.jsonl").exists()
+    with pytest.warns(FingerprintWarning, match="another architecture") as seen:
+        code, _, err = run([*argv, "--out", str(tmp_path / "forced"), "--force"], capsys)
+    assert code == 0, err
+    assert not [w for w in seen if "other weights" in str(w.message)]
+    assert len((tmp_path / "forced" / "generations.jsonl").read_text().splitlines()) == 4 * 2 * 2
 
 
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
@@ -305,6 +335,10 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         ({"--max-new-tokens": "0"}, "max-new-tokens"),
         ({"--max-new-tokens": "-3"}, "max-new-tokens"),
         ({"--out": str(tmp_path / "other-sweep")}, "different sweep"),
+        ({"--batch-size": "0"}, "--batch-size 0"),
+        ({"--bootstrap": "-1"}, "--bootstrap -1"),
+        ({"--limit": "0"}, "--limit 0"),
+        ({"--temperature": "0"}, "--temperature 0"),
     ]
     for change, words in cases:
         args = {**base, **change}
@@ -452,3 +486,14 @@ def test_p_yes_on_the_default_model(default_lm):
         probs = torch.softmax(logits[0, -1].double(), dim=-1)
         want = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
         assert got == pytest.approx(want, abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--prompts", "0"), ("--batch-size", "0"), ("--tokens", "0"), ("--tokens", "nan")]
+)
+def test_replicate_steer_refuses_impossible_numbers_before_loading(
+    option, value, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("valueprobe.cli.steer.load", _stop_at_load)
+    code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err

@@ -24,7 +24,7 @@ from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import load
 from valueprobe.tune import train as tune_train
 from valueprobe.tune.pairs import Pair, read_pairs
-from valueprobe.tune.train import METHODS, TuneMethod, TuneSettings, train
+from valueprobe.tune.train import METHODS, TuneMethod, TuneRecord, TuneSettings, train
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FAST = TuneSettings(max_steps=4, batch_size=2, learning_rate=5e-3, save_steps=2, max_length=512)
@@ -53,10 +53,10 @@ def test_train_changes_weights_and_reloads(method, tiny_dir, pairs, tmp_path, mo
 
     monkeypatch.setattr(tune_train, "_train_record", keep_log)
     res = train(tiny_dir, pairs, out, settings=replace(FAST, method=method))
-    assert res.record["train"]["steps"] == 4
+    assert res.record.train.steps == 4
     (history,) = logs
     losses = [h["loss"] for h in history if "loss" in h]
-    assert len(losses) == 4 and res.record["train"]["first_loss"] == losses[0]
+    assert len(losses) == 4 and res.record.train.first_loss == losses[0]
     if method == "dpo":
         # TRL's logged loss at step 1, before any update: LoRA starts with B = 0, so the policy is
         # its reference, every log-ratio is 0 and the sigmoid DPO loss is -log σ(0) = ln 2.
@@ -66,6 +66,7 @@ def test_train_changes_weights_and_reloads(method, tiny_dir, pairs, tmp_path, mo
     assert (out / "adapter_model.safetensors").exists()
     assert not list(out.rglob("*.bin")) and not list(out.rglob("*.pt"))  # no pickle in the artifact
     record = json.loads((out / TUNE_FILE).read_text())
+    assert TuneRecord.from_dict(record) == res.record  # the file is the record
     assert record["base"]["fingerprint"] == base.fingerprint
     assert record["settings"]["method"] == method
 
@@ -98,7 +99,7 @@ def test_every_method_has_one_row_in_the_table():
 def test_a_tuning_step_warns_nothing_deprecated(method, tiny_dir, pairs, tmp_path):
     filters = list(warnings.filters)
     res = train(tiny_dir, pairs[:2], tmp_path / "ckpt", settings=replace(FAST, method=method, max_steps=1))
-    assert res.record["train"]["steps"] == 1
+    assert res.record.train.steps == 1
     load(str(res.out))  # the adapter merged over its base
     assert warnings.filters == filters  # the one ignored message is ignored only inside those calls
     with ignore_old_checkpointing_reads():  # which is that message only: others still raise
@@ -134,8 +135,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(tiny_dir, pairs, tmp_p
     assert (partial / "checkpoint-2" / "adapter_model.safetensors").exists()
 
     res = train(tiny_dir, pairs, out, settings=FAST)
-    assert res.record["train"]["resumed_from"] == "checkpoint-2"
-    assert res.record["train"]["steps"] == 4
+    assert res.record.train.resumed_from == "checkpoint-2"
+    assert res.record.train.steps == 4
     assert not partial.exists()
     load(str(out))
 

@@ -14,16 +14,20 @@ so a bad ``--out`` costs a second, not the run::
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import math
 import os
+import shutil
 import struct
 import tempfile
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -33,13 +37,16 @@ __all__ = [
     "ARTIFACTS",
     "atomic_write",
     "atomic_write_bytes",
+    "atomic_write_dir",
     "atomic_write_text",
     "check_output_dir",
     "check_output_file",
+    "from_jsonable",
     "jsonable",
     "markdown_table",
     "mmap_safetensors",
     "read_safetensors_header",
+    "record_from_dict",
     "sha256_file",
     "write_summary",
 ]
@@ -79,6 +86,45 @@ def atomic_write(path: str | Path, write: Callable[[Path], object]) -> Path:
         ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_dir(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp)`` to fill a temporary sibling folder, then rename it to ``path``.
+
+    The folder appears under its name only when complete: a reader (or a rerun after kill -9)
+    sees the old folder or the new one, never half of one. An existing ``path`` is replaced;
+    whether that is allowed is the caller's check, made before the work. A failed write removes
+    the temporary folder (a hidden ``.NAME.tmp-*`` sibling) and leaves ``path`` untouched.
+
+    >>> atomic_write_dir(Path("runs/shift"), lambda tmp: (tmp / "shift.json").write_text(text))
+
+    Raises:
+        ValueprobeError: the folder is not writable or the disk is full.
+    """
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+        write(tmp)
+        # mkdtemp creates the folder 0700; the artifact gets the mode a plain mkdir would give it
+        os.chmod(tmp, 0o777 & ~_umask())
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise ValueprobeError(f"no space left on device writing {path}: free space and rerun") from None
+        raise ValueprobeError(
+            f"{path}: cannot write ({exc.strerror or exc}); choose a writable location"
+        ) from None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
 
@@ -201,8 +247,16 @@ def check_output_file(path: str | Path, *, option: str = "--out") -> Path:
     return path
 
 
-def jsonable(obj: object) -> object:
-    """JSON-safe copy: tuples to lists, numpy scalars to Python, NaN/inf to None (strict JSON)."""
+def jsonable(obj: object) -> Any:
+    """JSON-safe copy: the one sanitiser every JSON valueprobe writes goes through.
+
+    Dicts get ``str`` keys, tuples and arrays become lists, numpy scalars become Python ones, and
+    NaN/inf become None, so ``json.dumps(jsonable(x), allow_nan=False)`` never fails on a number
+    (a NaN, e.g. the value of a generation's last token, is never fed back, becomes ``null``).
+
+    >>> jsonable({"ci": (0.1, float("nan")), 3: np.float32(0.5)})
+    {'ci': [0.1, None], '3': 0.5}
+    """
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -214,6 +268,82 @@ def jsonable(obj: object) -> object:
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     return obj
+
+
+R = TypeVar("R")
+
+
+def from_jsonable(tp: Any, value: Any) -> Any:
+    """The value of type ``tp`` whose JSON form (`jsonable`) is ``value``: the way back from the JSON edge.
+
+    Lists become the annotated tuples, string keys the annotated ints, ``null`` a NaN where the
+    type is a plain ``float`` (``float | None`` keeps None), nested records come back through
+    their ``from_dict`` (or `record_from_dict`).
+
+    >>> from_jsonable(tuple[float, float], [0.5, None])
+    (0.5, nan)
+    >>> from_jsonable(dict[int, tuple[int, ...]], {"3": [1, 2]})
+    {3: (1, 2)}
+    """
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options[:-1]:
+            try:
+                return from_jsonable(option, value)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                continue
+        return from_jsonable(options[-1], value)
+    if tp is float:
+        return float("nan") if value is None else float(value)
+    if tp in (int, str, bool):
+        if not isinstance(value, (int, float, str, bool)):
+            raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
+        return tp(value)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(from_jsonable(args[0], v) for v in value)
+        return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
+    if origin is list:
+        return [from_jsonable(args[0], v) for v in value]
+    if origin in (dict, Mapping):
+        key, item = args
+        return {from_jsonable(key, k): from_jsonable(item, v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        rebuild = getattr(tp, "from_dict", None)
+        return rebuild(value) if rebuild is not None else record_from_dict(tp, value)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
+    if tp is Path:
+        return Path(value)
+    return value  # Any, dict, list: plain JSON
+
+
+def record_from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
+    """The record ``cls`` (a dataclass) from a dict with one key per field, each read by its annotation.
+
+    Unknown keys are ignored (a newer writer may add some); a missing key takes the field's default.
+    A record whose ``to_dict`` renames or derives keys writes its own ``from_dict`` and may call this
+    for the rest.
+
+    Raises:
+        ValueprobeError: a field without a default is missing, or a value has the wrong shape.
+    """
+    hints = get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init or f.name not in d:
+            continue
+        try:
+            kwargs[f.name] = from_jsonable(hints[f.name], d[f.name])
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise ValueprobeError(f"{cls.__name__}.{f.name}: unreadable value ({exc})") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueprobeError(f"{cls.__name__}: a field is missing from the record ({exc})") from None
 
 
 _NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}

@@ -136,7 +136,7 @@ def capture(
     store = capture_to_store(
         lm,
         examples,
-        out,
+        out_dir=out,
         layers=layers,
         site=site,
         positions=positions,

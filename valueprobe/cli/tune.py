@@ -10,8 +10,9 @@ Options are checked before any model loads; the work is one library call each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple, TypeVar
 
 import typer
 
@@ -27,6 +28,8 @@ from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
 
 __all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
+
+R = TypeVar("R")
 
 
 def _print(title: str, headers: list[str], rows: list[list[object]]) -> None:
@@ -73,7 +76,6 @@ def tune(
     Rerun the same command to resume an interrupted run."""
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
-    pairs = read_pairs(data, groups=groups, split=split)
     settings = TuneSettings(
         method=method,
         lora=lora,
@@ -84,6 +86,8 @@ def tune(
         batch_size=batch_size,
         max_steps=max_steps,
     )
+    settings.check()  # before the pairs are read and before any model loads
+    pairs = read_pairs(data, groups=groups, split=split)
     res = train(
         model,
         pairs,
@@ -108,10 +112,32 @@ def _axes(spec: str) -> dict[str, ValueAxis]:
     return {p.name: ValueAxis.load(p) for p in paths}
 
 
-def _tune_settings(*, epochs: float, lr: float, max_steps: int) -> TuneSettings:
-    if epochs <= 0 or lr <= 0:
-        raise ValueprobeError(f"--epochs {epochs} and --lr {lr} must be positive")
-    return TuneSettings(epochs=epochs, learning_rate=lr, max_steps=max_steps)
+class _Inputs(NamedTuple):
+    """What every tuning replication takes from its command line."""
+
+    model: str
+    probes: str
+    data: Path
+    runs: Path
+    epochs: float
+    lr: float
+    max_steps: int
+
+
+def _replicate(run: Callable[..., R], inputs: _Inputs, **options: object) -> R:
+    """Check the training settings, load the probes and the model, then run one replication."""
+    settings = TuneSettings(epochs=inputs.epochs, learning_rate=inputs.lr, max_steps=inputs.max_steps)
+    settings.check()
+    axes = _axes(inputs.probes)
+    return run(
+        load(inputs.model),
+        axes=axes,
+        data_dir=inputs.data,
+        runs_dir=inputs.runs,
+        settings=settings,
+        progress=_say,
+        **options,
+    )
 
 
 @replicate_app.command("dpo-words")
@@ -136,20 +162,13 @@ def replicate_dpo_words(
         raise ValueprobeError(
             f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
         )
-    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
-    axes = _axes(probes)
-    lm = load(model)
-    report = run_dpo_words(
-        lm,
-        axes=axes,
-        data_dir=data,
-        runs_dir=runs,
+    report = _replicate(
+        run_dpo_words,
+        _Inputs(model, probes, data, runs, epochs, lr, max_steps),
         k=k,
         avoid=avoid,
         n_random=n_random,
-        settings=settings,
         seed=seed,
-        progress=_say,
     )
     headers, rows = report.table()
     _print(f"DPO word preference ({k} prefer, {avoid} avoid models)", headers, rows)
@@ -177,19 +196,12 @@ def replicate_safety(
     """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
     if n_random < 1 or (per_group is not None and per_group < 2):
         raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
-    settings = _tune_settings(epochs=epochs, lr=lr, max_steps=max_steps)
-    axes = _axes(probes)
-    lm = load(model)
-    report = run_safety(
-        lm,
-        axes=axes,
-        data_dir=data,
-        runs_dir=runs,
-        settings=settings,
+    report = _replicate(
+        run_safety,
+        _Inputs(model, probes, data, runs, epochs, lr, max_steps),
         n_random=n_random,
         per_group=per_group,
         seed=seed,
-        progress=_say,
     )
     headers, rows = report.table()
     _print("safety DPO: refusal and shift", headers, rows)

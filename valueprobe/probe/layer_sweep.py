@@ -13,21 +13,23 @@ rows and negative = ``pre`` rows, other rows are ignored; otherwise the example 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
 
+from valueprobe.files import record_from_dict
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.baselines import oriented_auroc, shuffle_within_group
 from valueprobe.probe.fitters import Fitter, Method, MethodArg, make_fitter, method_name, unit_or_zero
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, Split, Stores, grouped_splits, resolve_layers
-from valueprobe.stats.metrics import auroc, cohens_d, mean_sd
+from valueprobe.stats.metrics import MeanSd, auroc, cohens_d, mean_sd
 from valueprobe.vocab import LayerKey, LayerSpec, Target
 
-__all__ = ["SweepResult", "fit_store", "sweep_layers"]
+__all__ = ["LayerAurocs", "SplitGroups", "SweepResult", "SweepSummary", "fit_store", "sweep_layers"]
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,100 @@ def _run_layer(
     )
 
 
+@dataclass(frozen=True)
+class LayerAurocs:
+    """One layer of a saved sweep: each metric over splits."""
+
+    val_auroc: MeanSd
+    test_auroc: MeanSd
+    cohens_d: MeanSd
+    shuffled_auroc: MeanSd
+    random_auroc: MeanSd
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k).to_dict() for k in _LAYER_KEYS}
+
+
+_LAYER_KEYS = ("val_auroc", "test_auroc", "cohens_d", "shuffled_auroc", "random_auroc")
+
+
+@dataclass(frozen=True)
+class SplitGroups:
+    """The groups of one split, sorted (JSON keeps them as lists)."""
+
+    train: tuple[str, ...]
+    val: tuple[str, ...]
+    test: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {"train": list(self.train), "val": list(self.val), "test": list(self.test)}
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """What a layer sweep saves (``probe.json`` ``metrics.sweep``, the demo's ``sweep`` and
+    ``history``): per-layer AUROCs as mean ± sd over splits, the controls, the chosen layer.
+
+    The report and `valueprobe.report.plots.sweep_figure` draw from it, so a figure redrawn from
+    a saved file is the figure of the live run.
+
+    >>> s = SweepSummary.from_dict(json.load(open("probes/smollm2-135m-value/probe.json"))["metrics"]["sweep"])
+    >>> s.best_layer, s.margin
+    """
+
+    method: str
+    best_layer: int
+    n_splits: int
+    chosen_layers: tuple[int, ...]
+    heldout_auroc: MeanSd
+    by_layer: dict[int, LayerAurocs]
+    controls: dict[str, MeanSd]
+    strongest_control: str
+    margin: float
+    cosine_layers: tuple[int, ...]
+    cosine: tuple[tuple[float, ...], ...]  # [n_layers, n_layers]
+    splits: tuple[SplitGroups, ...]
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(self.by_layer)
+
+    def summary(self) -> str:
+        """One line: the chosen layer, the held-out AUROC, the strongest control and the margin."""
+        h = self.heldout_auroc
+        # The held-out AUROC is read at each split's own validation-chosen layer (an honest
+        # estimate of the whole procedure), so it can differ from the starred row of the table.
+        chosen = ", ".join(str(c) for c in self.chosen_layers)
+        return (
+            f"best layer {self.best_layer} (chosen on validation groups): held-out AUROC"
+            f" {h.mean:.3f} ± {h.sd:.3f} over {self.n_splits} splits, each at its own"
+            f" validation-chosen layer ({chosen}); strongest control {self.strongest_control}"
+            f" {self.controls[self.strongest_control].mean:.3f}; margin {self.margin:+.3f}"
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready metrics, stored in probe.json under ``metrics.sweep``."""
+        return {
+            "method": self.method,
+            "best_layer": self.best_layer,
+            "n_splits": self.n_splits,
+            "chosen_layers": list(self.chosen_layers),
+            "heldout_auroc": self.heldout_auroc.to_dict(),
+            "by_layer": {str(layer): a.to_dict() for layer, a in self.by_layer.items()},
+            "controls": {k: v.to_dict() for k, v in self.controls.items()},
+            "strongest_control": self.strongest_control,
+            "margin": self.margin,
+            "cosine_layers": list(self.cosine_layers),
+            "cosine": [list(row) for row in self.cosine],
+            "splits": [s.to_dict() for s in self.splits],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SweepSummary:
+        """The summary again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
+
 @dataclass(frozen=True, eq=False)
 class SweepResult:
     """Held-out AUROC by layer with controls. Arrays are [n_layers, n_splits] unless noted.
@@ -190,45 +286,40 @@ class SweepResult:
         return headers, rows
 
     def summary(self) -> str:
-        name, value = self.strongest_control
-        h = mean_sd(self.heldout_auroc)
-        # The held-out AUROC is read at each split's own validation-chosen layer (an honest
-        # estimate of the whole procedure), so it can differ from the starred row of the table.
-        chosen = ", ".join(str(c) for c in self.chosen_layers)
-        return (
-            f"best layer {self.best_layer} (chosen on validation groups): held-out AUROC"
-            f" {h['mean']:.3f} ± {h['sd']:.3f} over {len(self.splits)} splits, each at its own"
-            f" validation-chosen layer ({chosen}); strongest control {name}"
-            f" {value:.3f}; margin {self.margin:+.3f}"
+        return self.record().summary()
+
+    def record(self) -> SweepSummary:
+        """What this sweep saves: per-split arrays reduced to mean ± sd (``to_dict`` writes it)."""
+        name, _ = self.strongest_control
+        return SweepSummary(
+            method=self.method,
+            best_layer=self.best_layer,
+            n_splits=len(self.splits),
+            chosen_layers=tuple(self.chosen_layers),
+            heldout_auroc=MeanSd.of(self.heldout_auroc),
+            by_layer={
+                layer: LayerAurocs(
+                    MeanSd.of(self.val_auroc[i]),
+                    MeanSd.of(self.test_auroc[i]),
+                    MeanSd.of(self.test_d[i]),
+                    MeanSd.of(self.shuffled_auroc[i]),
+                    MeanSd.of(self.random_auroc[i]),
+                )
+                for i, layer in enumerate(self.layers)
+            },
+            controls={k: MeanSd.of(v) for k, v in self.controls().items()},
+            strongest_control=name,
+            margin=self.margin,
+            cosine_layers=tuple(self.layers),
+            cosine=tuple(tuple(row) for row in self.cosine.tolist()),
+            splits=tuple(
+                SplitGroups(*(tuple(sorted(g)) for g in (s.train, s.val, s.test))) for s in self.splits
+            ),
         )
 
     def to_dict(self) -> dict:
-        """JSON-ready metrics, stored in probe.json under ``metrics.sweep``."""
-        return {
-            "method": self.method,
-            "best_layer": self.best_layer,
-            "n_splits": len(self.splits),
-            "chosen_layers": list(self.chosen_layers),
-            "heldout_auroc": mean_sd(self.heldout_auroc),
-            "by_layer": {
-                str(layer): {
-                    "val_auroc": mean_sd(self.val_auroc[i]),
-                    "test_auroc": mean_sd(self.test_auroc[i]),
-                    "cohens_d": mean_sd(self.test_d[i]),
-                    "shuffled_auroc": mean_sd(self.shuffled_auroc[i]),
-                    "random_auroc": mean_sd(self.random_auroc[i]),
-                }
-                for i, layer in enumerate(self.layers)
-            },
-            "controls": {k: mean_sd(v) for k, v in self.controls().items()},
-            "strongest_control": self.strongest_control[0],
-            "margin": self.margin,
-            "cosine_layers": list(self.layers),
-            "cosine": self.cosine.tolist(),
-            "splits": [
-                {"train": sorted(s.train), "val": sorted(s.val), "test": sorted(s.test)} for s in self.splits
-            ],
-        }
+        """JSON-ready metrics, stored in probe.json under ``metrics.sweep`` (`SweepSummary`)."""
+        return self.record().to_dict()
 
 
 def _axis(src: Source, method: MethodArg, layers: list[int], fits: list[_LayerFit], best: int) -> ValueAxis:

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.model.fingerprint import check_records
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.baselines import position_sign, shuffle_within_group
@@ -27,10 +29,10 @@ from valueprobe.probe.fitters import Method, MethodArg, make_fitter, method_name
 from valueprobe.probe.layer_sweep import sweep_layers
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, StoreArg
-from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d, mean_sd
+from valueprobe.stats.metrics import MeanSd, auroc, bootstrap_ci, cohens_d
 from valueprobe.vocab import LayerKey, Target
 
-__all__ = ["AxisEvaluation", "TransferResult", "evaluate_axis", "transfer_matrix"]
+__all__ = ["AxisEvaluation", "TransferResult", "TransferSummary", "evaluate_axis", "transfer_matrix"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,20 +106,65 @@ class TransferResult:
             f" {np.nanmean(self._off(self.margin)):+.3f}, mean cosine {np.nanmean(self._off(self.cosine)):.2f}"
         )
 
+    def record(self) -> TransferSummary:
+        """What this matrix saves: the cells, each control's cells, the margin (``to_dict`` writes it)."""
+        m = lambda a: tuple(tuple(row) for row in np.asarray(a).tolist())  # noqa: E731
+        return TransferSummary(
+            families=tuple(self.families),
+            layer=self.layer,
+            method=self.method,
+            auroc=m(self.auroc),
+            cohens_d=m(self.cohens_d),
+            cosine=m(self.cosine),
+            controls={k: m(v) for k, v in self.controls().items()},
+            margin=m(self.margin),
+            off_diagonal_auroc=MeanSd.of(self._off(self.auroc)),
+            notes=tuple(self.notes),
+        )
+
     def to_dict(self) -> dict:
-        """JSON-ready, stored in probe.json under ``metrics.transfer``."""
+        """JSON-ready, stored in probe.json under ``metrics.transfer`` (`TransferSummary`)."""
+        return self.record().to_dict()
+
+
+Matrix = tuple[tuple[float, ...], ...]  # [F, F]: row fitted on, column evaluated on
+
+
+@dataclass(frozen=True)
+class TransferSummary:
+    """What a transfer matrix saves (``probe.json`` ``metrics.transfer``, the demo's ``transfer``);
+    the report draws from it."""
+
+    families: tuple[str, ...]
+    layer: int
+    method: str
+    auroc: Matrix
+    cohens_d: Matrix
+    cosine: Matrix
+    controls: dict[str, Matrix]
+    margin: Matrix  # AUROC minus the strongest control's, per cell
+    off_diagonal_auroc: MeanSd
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        rows = lambda a: [list(r) for r in a]  # noqa: E731
         return {
             "families": list(self.families),
             "layer": self.layer,
             "method": self.method,
-            "auroc": self.auroc.tolist(),
-            "cohens_d": self.cohens_d.tolist(),
-            "cosine": self.cosine.tolist(),
-            "controls": {k: v.tolist() for k, v in self.controls().items()},
-            "margin": self.margin.tolist(),
-            "off_diagonal_auroc": mean_sd(self._off(self.auroc)),
+            "auroc": rows(self.auroc),
+            "cohens_d": rows(self.cohens_d),
+            "cosine": rows(self.cosine),
+            "controls": {k: rows(v) for k, v in self.controls.items()},
+            "margin": rows(self.margin),
+            "off_diagonal_auroc": self.off_diagonal_auroc.to_dict(),
             "notes": list(self.notes),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TransferSummary:
+        """The summary again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True)
@@ -323,6 +370,11 @@ class AxisEvaluation:
         if self.embed_auroc is not None:
             out["embed_auroc"] = self.embed_auroc
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AxisEvaluation:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, {"embed_auroc": None, **d})
 
 
 def evaluate_axis(

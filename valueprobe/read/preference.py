@@ -18,6 +18,7 @@ import torch
 
 from valueprobe.activations.capture import capture
 from valueprobe.datasets.io import Example, Span
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.vocab import Positions
@@ -128,10 +129,9 @@ def choose(lm: LoadedModel, prompt: Sequence[Mapping[str, str]], options: Sequen
     prefix = tok.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
     pre_ids = tok(prefix, add_special_tokens=False).input_ids
     seqs = [pre_ids + tok(o, add_special_tokens=False).input_ids for o in options]
-    width = max(map(len, seqs))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=lm.device)
-    mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=lm.device)
+    # right padding: each option keeps positions 0..n-1, and no real token attends to a pad
+    ids, mask = pad_rows(seqs, pad_id=pad_id_for(tok), side="right")
+    ids, mask = ids.to(lm.device), mask.to(lm.device)
     logp = torch.log_softmax(lm.model(input_ids=ids, attention_mask=mask).logits.float(), -1)
     totals = []
     for i, s in enumerate(seqs):

@@ -10,14 +10,17 @@ import csv
 import io
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict
 from valueprobe.vocab import Tokens
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class ScoreResult:
     """Per-example readouts and per-group metrics of one axis on one dataset.
 
@@ -80,6 +83,19 @@ class ScoreResult:
             "summary": jsonable(list(self.summary)),
             "n_examples": len(self.records),
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, records: Sequence[Mapping[str, Any]]) -> ScoreResult:
+        """The result again from ``summary.json`` and the rows of ``scores.csv`` (``records``).
+
+        Raises:
+            ValueprobeError: ``records`` is not the ``n_examples`` rows the summary counts.
+        """
+        if len(records) != d["n_examples"]:
+            raise ValueprobeError(
+                f"the summary counts {d['n_examples']} examples but {len(records)} rows were given"
+            )
+        return record_from_dict(cls, {**d, "records": [dict(r) for r in records]})
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """Write ``scores.csv`` (one row per example) and ``summary.json``, each atomically."""

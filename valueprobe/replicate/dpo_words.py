@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ import numpy as np
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write, write_summary
+from valueprobe.files import atomic_write, record_from_dict, write_summary
+from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import (
@@ -44,7 +45,7 @@ from valueprobe.read.preference import (
     read_items,
 )
 from valueprobe.tune.pairs import data_record, read_pairs
-from valueprobe.tune.train import TuneSettings, train
+from valueprobe.tune.train import TuneRecord, TuneSettings, train
 
 __all__ = ["SENTENCES", "WordsReport", "replicate_dpo_words"]
 
@@ -67,6 +68,11 @@ class WordsReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary, "models": self.models, "settings": self.settings}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WordsReport:
+        """The report again from its ``to_dict()`` or ``results.json``."""
+        return record_from_dict(cls, d)
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         rows: list[list[object]] = []
@@ -330,7 +336,7 @@ def replicate_dpo_words(
         stats.update(
             kind=kind,
             checkpoint=str(out),
-            train=json.loads((out / "valueprobe-tune.json").read_text())["train"],
+            train=asdict(TuneRecord.from_dict(json.loads((out / TUNE_FILE).read_text())).train),
         )
         models.append(stats)
         del tuned

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,16 @@ import numpy as np
 import torch
 
 from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.files import atomic_write, write_summary
+from valueprobe.files import atomic_write, record_from_dict, write_summary
+from valueprobe.hooks.padding import pad_id_for, pad_rows
+from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import hier_boot
 from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import ShiftResult, shift
-from valueprobe.tune.train import TuneSettings, train
+from valueprobe.tune.train import TuneRecord, TuneSettings, train
 from valueprobe.vocab import Positions
 
 __all__ = ["REFUSAL_RE", "is_refusal", "SafetyReport", "replicate_safety"]
@@ -58,21 +60,25 @@ def replies(
 ) -> list[str]:
     """Greedy replies to single-turn prompts (left padded, batched)."""
     tok = lm.tokenizer
-    side, tok.padding_side = tok.padding_side, "left"
     out: list[str] = []
-    try:
-        for i in range(0, len(prompts), batch_size):
-            texts = [
-                tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False)
-                for e in prompts[i : i + batch_size]
-            ]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(lm.device)
-            gen = lm.model.generate(
-                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id
-            )
-            out += tok.batch_decode(gen[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
-    finally:
-        tok.padding_side = side
+    for i in range(0, len(prompts), batch_size):
+        rows = [
+            tok(
+                tok.apply_chat_template(list(e.messages or ()), add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            ).input_ids
+            for e in prompts[i : i + batch_size]
+        ]
+        # left padding: every prompt ends in the last column, so generation appends after it
+        ids, mask = pad_rows(rows, pad_id=pad_id_for(tok), side="left")
+        gen = lm.model.generate(
+            input_ids=ids.to(lm.device),
+            attention_mask=mask.to(lm.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad_id_for(tok),
+        )
+        out += tok.batch_decode(gen[:, ids.shape[1] :], skip_special_tokens=True)
     return out
 
 
@@ -95,6 +101,12 @@ class SafetyReport:
                 for name, r in self.shifts.items()
             },
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SafetyReport:
+        """The report again from ``to_dict()`` or ``results.json``: each shift without its per-example
+        records (they are not in results.json)."""
+        return record_from_dict(cls, {**d, "base_gap": d["base_sensitive_minus_neutral"]})
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         rows: list[list[object]] = []
@@ -226,7 +238,7 @@ def replicate_safety(
             seed=seed,
             progress=False,
         )
-    record = json.loads((out / "valueprobe-tune.json").read_text())
+    record = TuneRecord.from_dict(json.loads((out / TUNE_FILE).read_text()))
     return SafetyReport(
         refusal={
             "rate": rates,
@@ -236,7 +248,7 @@ def replicate_safety(
         },
         shifts=shifts,
         base_gap={n: _gap(r) for n, r in shifts.items()},
-        train={"checkpoint": str(out), **record["train"], "settings": record["settings"]},
+        train={"checkpoint": str(out), **asdict(record.train), "settings": asdict(record.settings)},
     )
 
 

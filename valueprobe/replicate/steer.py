@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from valueprobe.datasets.io import read_jsonl, sha256_file
-from valueprobe.files import atomic_write_text, jsonable, markdown_table
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.dose import SteerSweep
@@ -162,6 +163,11 @@ class ReplicateSteer:
             "other_probe": self.other_probe,
             "sweeps": {k: s.to_dict() for k, s in self.sweeps.items()},
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReplicateSteer:
+        """The sweeps again from ``to_dict()`` or ``results.json``."""
+        return record_from_dict(cls, d)
 
     def markdown(self) -> str:
         first = next(iter(self.sweeps.values()))

@@ -14,13 +14,15 @@ and by steering sweeps, for the dose-response slope against α and the random-di
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.stats import rankdata
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
@@ -116,6 +118,25 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+@dataclass(frozen=True)
+class MeanSd:
+    """A metric over splits: its mean and sample sd (``{"mean", "sd"}`` in JSON, as `mean_sd` gives)."""
+
+    mean: float
+    sd: float
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> MeanSd:
+        return cls(**mean_sd(a))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "sd": self.sd}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MeanSd:
+        return record_from_dict(cls, d)
+
+
 def mean_sd(a: np.ndarray) -> dict[str, float]:
     """``{"mean", "sd"}`` of a metric over splits (NaN ignored; sample sd, 0 for one value)."""
     a = np.asarray(a, dtype=np.float64)
@@ -136,6 +157,11 @@ class Slope:
 
     def to_dict(self) -> dict:
         return {"slope": self.slope, "ci": list(self.ci), "n_prompts": self.n_prompts, "n_rows": self.n_rows}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Slope:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 def _weighted_slopes(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:

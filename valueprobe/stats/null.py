@@ -20,7 +20,20 @@ __all__ = ["direction_null", "mean_ci", "null_range", "percentile_in", "random_d
 
 
 def random_directions(d_model: int, n: int, *, seed: int = 0) -> np.ndarray:
-    """``n`` random unit directions [n, d_model] (isotropic Gaussian, normalized), reproducible by seed."""
+    """``n`` random unit directions [n, d_model], uniform on the sphere: the one random-direction null.
+
+    Seed scheme: ``numpy.random.default_rng(seed)`` (PCG64) draws an ``[n, d_model]`` float64
+    standard normal matrix in row-major order, and each row is divided by its norm. Row ``k``
+    therefore depends only on ``(seed, d_model, k)``: asking for more directions appends rows and
+    keeps the first ones. Score nulls, ``shift`` and the steering sweep's ``random-K`` directions
+    (as a float32 tensor) all use it. Steering results written before this was the one scheme
+    (``probes/steering-smollm2-135m``) drew theirs from a torch generator seeded by
+    ``SeedSequence([seed, 7])``: other directions, the same distribution.
+
+    >>> R = random_directions(576, 8, seed=0)
+    >>> R.shape, np.allclose(np.linalg.norm(R, axis=1), 1.0)
+    ((8, 576), True)
+    """
     if n < 1:
         raise ValueprobeError(f"the random-direction null needs at least 1 direction, got {n}")
     g = np.random.default_rng(seed).standard_normal((n, d_model))

@@ -13,7 +13,7 @@ draws the same uniforms, and a row draws the same numbers whatever chunk it land
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route
 from valueprobe.steering.handle import AlphaSource, Attach, Steering, SteerPoint, Where, steer_points
@@ -57,6 +58,11 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trace:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -86,6 +92,11 @@ class Generation:
         out = asdict(self)
         out["trace"] = None if self.trace is None else self.trace.to_dict()
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:

@@ -5,8 +5,8 @@
         --other-probe probes/smollm2-135m-reward-history --out runs/steer-confidence
 
 Directions, all at the same strengths: ``axis`` (the probe's direction at its layer), ``other:NAME``
-(the other shipped axis's direction at the same layer) and ``random-K`` (unit vectors drawn from
-a seeded Gaussian). Every direction uses the probe's σ or mean norm to size one unit of α, so the
+(the other shipped axis's direction at the same layer) and ``random-K`` (row K of
+`valueprobe.stats.null.random_directions` with the sweep's seed, the null every command shares). Every direction uses the probe's σ or mean norm to size one unit of α, so the
 vector added has the same length in every direction and only its orientation differs; a random
 direction's slopes form the null a value effect must leave.
 
@@ -22,11 +22,11 @@ answer token under the same steering, read from one forward pass (no sampling).
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,16 +34,17 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions
 from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
 from valueprobe.steering.yes_no import p_yes
 
-__all__ = ["SweepSettings", "check_settings", "parse_alphas", "random_directions", "run_sweep"]
+__all__ = ["SweepSettings", "check_settings", "run_sweep"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
@@ -87,25 +88,10 @@ class SweepSettings:
     def to_dict(self) -> dict:
         return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
 
-
-def parse_alphas(text: str) -> tuple[float, ...]:
-    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
-
-    >>> parse_alphas("-50, -25, 0, 25, 50")
-    (-50.0, -25.0, 0.0, 25.0, 50.0)
-    """
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
-    if not all(math.isfinite(v) for v in values):
-        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
-    if len(set(values)) < 2:
-        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
-    return values
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
@@ -159,13 +145,6 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError(f"--out {out} is not empty and holds no {SETTINGS}: give a new or empty folder")
 
 
-def random_directions(d_model: int, k: int, *, seed: int) -> torch.Tensor:
-    """``k`` unit vectors [k, d_model], uniform on the sphere, the same for the same seed."""
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, 7]).generate_state(1)[0]))
-    v = torch.randn(k, d_model, generator=g, dtype=torch.float64)
-    return (v / v.norm(dim=1, keepdim=True)).float()
-
-
 def _asks_yes_no(examples: Sequence[Example]) -> bool:
     def last(ex: Example) -> str:
         return ex.messages[-1]["content"] if ex.messages else (ex.text or "")
@@ -215,6 +194,7 @@ def run_sweep(
     other: ValueAxis | None = None,
     batch_size: int = 32,
     n_boot: int = 1000,
+    force: bool = False,
     progress: bool = True,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
@@ -225,10 +205,11 @@ def run_sweep(
         settings: the sweep's definition (check it with `check_settings` before loading the model).
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
+        force: steer a model of another architecture than the probe's (width and layers still checked).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
-    axis.check(lm, force=True)
+    axis.check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
@@ -265,7 +246,8 @@ def _directions(
         directions.append(
             (f"{OTHER_PREFIX}{Path(settings.other_probe or 'other').name}", other.direction(layer))
         )
-    rand = random_directions(axis.d_model, settings.controls, seed=settings.seed)
+    # the one random-direction scheme (stats.null), as float32 rows like the axis's directions
+    rand = torch.from_numpy(random_directions(axis.d_model, settings.controls, seed=settings.seed)).float()
     return directions + [(f"{RANDOM_PREFIX}{k}", rand[k]) for k in range(settings.controls)]
 
 

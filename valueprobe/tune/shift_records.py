@@ -9,17 +9,21 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import shutil
-import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_dir, jsonable, record_from_dict
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
+__all__ = ["GroupShift", "PairSeparation", "ShiftProbe", "ShiftResult"]
+
+# The name shift.json has always carried; the subpackage move briefly wrote "valueprobe.tune.shift",
+# which reads as the same format.
+FORMAT = "valueprobe.shift"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,22 @@ class PairSeparation:
 
 
 @dataclass(frozen=True)
+class ShiftProbe:
+    """The probe a shift was read on: its identity, and its unit (μ, σ) at the headline layer."""
+
+    model_id: str
+    fingerprint: str
+    method: str
+    site: str
+    mu: float
+    sigma: float
+    sigma_reference: str
+    # the axis's σ over the examples, in the units of ``sigma``: sigma / sigma_data converts base σ
+    # to data σ; None in results written before it was recorded (and then left out of the JSON)
+    sigma_data: float | None = None
+
+
+@dataclass(frozen=True)
 class ShiftResult:
     """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
 
@@ -62,7 +82,7 @@ class ShiftResult:
     tuned_id: str
     base_fingerprint: str
     tuned_fingerprint: str
-    probe: dict
+    probe: ShiftProbe
     layer: int
     layers: tuple[int, ...]
     tokens: str
@@ -72,7 +92,9 @@ class ShiftResult:
     pairs: tuple[PairSeparation, ...]
     untargeted_range: tuple[float, float] | None  # min, max shift of the untargeted groups
     axis_cosine: dict[str, tuple[float, ...]] | None  # refit: cos per layer (see shift(refit=...))
-    records: tuple[dict, ...]  # per example: id, group, label, base, tuned (scores at ``layer``)
+    # per example: id, group, label, base, tuned (scores at ``layer``); examples.csv holds them, and
+    # a summary that leaves them out (replicate safety's results.json) reads back with none
+    records: tuple[dict, ...] = ()
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         headers = [
@@ -109,25 +131,33 @@ class ShiftResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out["format"], out["format_version"] = "valueprobe.tune.shift", 1
+        if self.probe.sigma_data is None:
+            del out["probe"]["sigma_data"]
+        out["format"], out["format_version"] = FORMAT, 1
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShiftResult:
+        """The result again from its ``to_dict()`` or ``shift.json`` (the format keys are checked, then dropped)."""
+        if d.get("format", FORMAT) not in (FORMAT, "valueprobe.tune.shift"):
+            raise ValueprobeError(f"not a shift record: format {d.get('format')!r}")
+        return record_from_dict(cls, d)
 
     def write(self, out_dir: str | Path, *, overwrite: bool = False, figure: go.Figure | None = None) -> Path:
         """Write shift.json, examples.csv and, given ``figure``, shift.html (plotly inlined), all or nothing.
 
         ``figure`` is `valueprobe.report.plots.shift_figure` of this result: figures live in
-        ``report/``, above this record. The files go to a temporary sibling first; the folder
-        appears under its name only when complete.
+        ``report/``, above this record. The folder appears under its name only when complete
+        (`valueprobe.files.atomic_write_dir`).
         """
         out = Path(out_dir)
         if out.exists() and not overwrite:
             raise ValueprobeError(
                 f"output folder {out} already exists: pass --overwrite or choose another --out"
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-        try:
-            text = json.dumps(_strict(self.to_dict()), indent=2, allow_nan=False) + "\n"
+
+        def fill(tmp: Path) -> None:
+            text = json.dumps(jsonable(self.to_dict()), indent=2, allow_nan=False) + "\n"
             (tmp / "shift.json").write_text(text, encoding="utf-8")
             with open(tmp / "examples.csv", "w", newline="", encoding="utf-8") as f:
                 writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
@@ -135,21 +165,5 @@ class ShiftResult:
                 writer.writerows(self.records)
             if figure is not None:
                 figure.write_html(str(tmp / "shift.html"), include_plotlyjs=True, full_html=True)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
 
-
-def _strict(obj: object) -> object:
-    """JSON-safe: NaN and inf become null (strict JSON)."""
-    if isinstance(obj, dict):
-        return {str(k): _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_strict(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+        return atomic_write_dir(out, fill)

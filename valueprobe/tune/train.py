@@ -27,9 +27,9 @@ Folders:
 from __future__ import annotations
 
 import json
-import os
+import math
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_dir, atomic_write_text, record_from_dict
 from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
@@ -47,6 +47,7 @@ __all__ = [
     "MethodSpec",
     "TuneMethod",
     "TuneSettings",
+    "TuneRecord",
     "TuneResult",
     "train",
 ]
@@ -85,24 +86,82 @@ class TuneSettings:
     seed: int = 0
     save_steps: int = 10
 
+    def check(self) -> None:
+        """Refuse settings no training can run (``--epochs -1`` once wrote an adapter): one line each."""
+        positive = {"--epochs": self.epochs, "--lr": self.learning_rate, "--beta": self.beta}
+        at_least_one = {"--batch-size": self.batch_size, "--max-length": self.max_length, "r": self.r}
+        at_least_one |= {"save_steps": self.save_steps}
+        for option, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueprobeError(f"{option} {value} must be a positive number")
+        for option, value in at_least_one.items():
+            if value < 1:
+                raise ValueprobeError(f"{option} {value} must be at least 1")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueprobeError(f"--max-steps {self.max_steps} must be -1 (run the epochs) or at least 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueprobeError(f"lora_dropout {self.lora_dropout} must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TunedBase:
+    """The model a checkpoint was tuned from: how to load it again, and its shape."""
+
+    spec: str
+    fingerprint: str
+    model_type: str | None
+    d_model: int
+    n_layers: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class TrainLog:
+    """Steps, first and last logged loss (NaN when none was logged), seconds, the checkpoint resumed from."""
+
+    steps: int
+    first_loss: float
+    last_loss: float
+    seconds: float
+    resumed_from: str | None
+
+
+@dataclass(frozen=True)
+class TuneRecord:
+    """What a checkpoint's ``valueprobe-tune.json`` says: the base, the data, the settings, the run."""
+
+    format: int
+    kind: str  # "lora-adapter" or "full"
+    base: TunedBase
+    data: dict[str, Any]  # provenance: rows, path, sha256, groups, ...
+    settings: TuneSettings
+    train: TrainLog
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TuneRecord:
+        """The record again from ``to_dict()`` or ``valueprobe-tune.json``."""
+        return record_from_dict(cls, d)
+
 
 @dataclass(frozen=True)
 class TuneResult:
     """What :func:`train` wrote: the checkpoint folder and its record."""
 
     out: Path
-    record: dict[str, Any]
+    record: TuneRecord
 
     def table(self) -> tuple[list[str], list[list[object]]]:
-        r = self.record
-        s = r["settings"]
+        r, s = self.record, self.record.settings
         rows: list[list[object]] = [
-            ["method", f"{s['method']} ({'LoRA r ' + str(s['r']) if s['lora'] else 'full'})"],
-            ["base", f"{r['base']['spec']} ({r['base']['fingerprint']})"],
-            ["pairs", r["data"]["rows"]],
-            ["steps", r["train"]["steps"]],
-            ["first → last loss", f"{r['train']['first_loss']:.4f} → {r['train']['last_loss']:.4f}"],
-            ["seconds", f"{r['train']['seconds']:.0f}"],
+            ["method", f"{s.method} ({'LoRA r ' + str(s.r) if s.lora else 'full'})"],
+            ["base", f"{r.base.spec} ({r.base.fingerprint})"],
+            ["pairs", r.data["rows"]],
+            ["steps", r.train.steps],
+            ["first → last loss", f"{r.train.first_loss:.4f} → {r.train.last_loss:.4f}"],
+            ["seconds", f"{r.train.seconds:.0f}"],
             ["checkpoint", str(self.out)],
         ]
         return ["", "value"], rows
@@ -271,30 +330,28 @@ def _trainer(lm: LoadedModel, pairs: Sequence[Pair], settings: TuneSettings, out
         )
 
 
-def _train_record(trainer: Any, output: Any, resume: Path | None) -> dict[str, Any]:
+def _train_record(trainer: Any, output: Any, resume: Path | None) -> TrainLog:
     """Steps, first and last logged loss, seconds, and the checkpoint resumed from."""
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {
-        "steps": trainer.state.global_step,
-        "first_loss": losses[0] if losses else float("nan"),
-        "last_loss": losses[-1] if losses else float("nan"),
-        "seconds": float(output.metrics.get("train_runtime", 0.0)),
-        "resumed_from": resume and resume.name,
-    }
+    return TrainLog(
+        steps=trainer.state.global_step,
+        first_loss=losses[0] if losses else float("nan"),
+        last_loss=losses[-1] if losses else float("nan"),
+        seconds=float(output.metrics.get("train_runtime", 0.0)),
+        resumed_from=None if resume is None else resume.name,
+    )
 
 
-def _publish(trainer: Any, tok: Any, record: dict[str, Any], partial: Path, out: Path) -> None:
-    """Save the trained model, tokenizer and record in ``partial/final``, rename it to ``out`` in
-    one step, then drop ``partial``."""
-    final = partial / "final"
-    if final.exists():
-        shutil.rmtree(final)
-    trainer.model.save_pretrained(str(final), safe_serialization=True)
-    tok.save_pretrained(str(final))
-    (final / TUNE_FILE).write_text(json.dumps(record, indent=2, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(final, out)
+def _publish(trainer: Any, tok: Any, record: TuneRecord, partial: Path, out: Path) -> None:
+    """Save the trained model, tokenizer and record into ``out`` in one step (a temporary sibling
+    renamed into place), then drop ``partial``."""
+
+    def fill(tmp: Path) -> None:
+        trainer.model.save_pretrained(str(tmp), safe_serialization=True)
+        tok.save_pretrained(str(tmp))
+        (tmp / TUNE_FILE).write_text(json.dumps(record.to_dict(), indent=2, default=str))
+
+    atomic_write_dir(out, fill)
     shutil.rmtree(partial, ignore_errors=True)
 
 
@@ -320,6 +377,7 @@ def train(
         calling again with the same arguments resumes there.
     """
     out = Path(out)
+    settings.check()
     check_out(out, overwrite=overwrite)
     if not pairs:
         raise ValueprobeError("no pairs to train on")
@@ -329,18 +387,18 @@ def train(
     resume = _open_partial(partial, run, overwrite=overwrite)
 
     lm = base if isinstance(base, LoadedModel) else load(base)
-    base_record = {"spec": _spec_of(lm), "fingerprint": lm.fingerprint, **_arch(lm)}
+    base_record = TunedBase(spec=_spec_of(lm), fingerprint=lm.fingerprint, **_arch(lm))
     trainer = _trainer(lm, pairs, settings, partial)
     with ignore_old_checkpointing_reads():
         output = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    record = {
-        "format": FORMAT,
-        "kind": "lora-adapter" if settings.lora else "full",
-        "base": base_record,
-        "data": data,
-        "settings": asdict(settings),
-        "train": _train_record(trainer, output, resume),
-    }
+    record = TuneRecord(
+        format=FORMAT,
+        kind="lora-adapter" if settings.lora else "full",
+        base=base_record,
+        data=data,
+        settings=settings,
+        train=_train_record(trainer, output, resume),
+    )
     _publish(trainer, lm.tokenizer, record, partial, out)
     return TuneResult(out=out, record=record)
 
