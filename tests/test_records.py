@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from valueprobe.activations.manifest import StoreManifest
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
+from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
@@ -111,6 +112,7 @@ NO_RECORDS = {ShiftResult: {"records": st.just(())}}  # safety's results.json le
 
 ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (MeanSd, records(MeanSd)),
+    (ProbeRef, records(ProbeRef)),
     (Slope, records(Slope)),
     (Curve, records(Curve)),
     (Effect, records(Effect)),
