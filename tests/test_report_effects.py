@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
+import valueprobe as vp
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
@@ -225,3 +226,9 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     assert f"alpha {alpha.shift_data_sigma:+.3f} data σ" in section.caption(ShiftSection(res))
     assert f": {alpha.shift_data_sigma:+.3f} data σ" in shift_headline(res, steps=1)
+
+
+def test_trace_figure_takes_a_generations_own_trace_too():
+    # the notebooks draw `vp.trace_figure(gen.trace)`: the same figure as from the report's section
+    traced = _chat_trace()
+    assert vp.trace_figure(traced.trace).to_dict() == trace_figure(traced).to_dict()

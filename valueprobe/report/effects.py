@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 from valueprobe.report.sections import TracedText
 from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 __all__ = [
@@ -35,9 +36,9 @@ __all__ = [
 ]
 
 
-def trace_series(traced: TracedText) -> tuple[str, list[str], np.ndarray]:
+def trace_series(traced: TracedText | Trace) -> tuple[str, list[str], np.ndarray]:
     """(where it was read, tokens, σ-score per token); the steered point's values, else the first point's."""
-    t = traced.trace
+    t = traced.trace if isinstance(traced, TracedText) else traced
     where = t.steered if t.steered in t.values else next(iter(t.values))
     return where, [str(tok) for tok in t.tokens], np.array(t.values[where], dtype=float)
 
@@ -81,11 +82,15 @@ def _trace_range(score: np.ndarray, sinks: np.ndarray) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def trace_figure(traced: TracedText) -> go.Figure:
+def trace_figure(traced: TracedText | Trace) -> go.Figure:
     """The value (σ units) at each token of one generation; the prompt/generation boundary marked.
 
     Attention sinks (:func:`sink_positions`) are left out of the line and of the y-range, and
-    drawn as a triangle at the edge of the plot, labelled with their token and value.
+    drawn as a triangle at the edge of the plot, labelled with their token and value. Takes the
+    report's section or a generation's own trace:
+
+    >>> (gen,) = vp.generate(lm, axis, [prompt], alphas=[0.0], trace=True)
+    >>> vp.trace_figure(gen.trace).show()
     """
     where, tokens, score = trace_series(traced)
     x = np.arange(len(score))
@@ -124,9 +129,16 @@ def trace_figure(traced: TracedText) -> go.Figure:
         )  # fmt: skip
     for y in (-1.0, 1.0):
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
-    if traced.trace.n_prompt:
-        fig.add_vline(x=traced.trace.n_prompt - 0.5, line_dash="dash", annotation_text="generation starts")
-    fig.update_layout(title=f"value trace at {where}", xaxis_title="token", yaxis_title="score (σ)", **LAYOUT)
+    n_prompt = (traced.trace if isinstance(traced, TracedText) else traced).n_prompt
+    if n_prompt:
+        fig.add_vline(x=n_prompt - 0.5, line_dash="dash", annotation_text="generation starts")
+    fig.update_layout(
+        title=f"value trace at {where}",
+        xaxis_title="token",
+        yaxis_title="score (σ)",
+        showlegend=False,
+        **LAYOUT,
+    )
     fig.update_yaxes(range=[lo, hi])
     return fig
 

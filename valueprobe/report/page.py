@@ -159,8 +159,13 @@ def _trace_caption(traced: TracedText) -> str:
         " tokens coloured by it (red high, blue low). The dotted lines are ±1 σ of the reference set: a"
         " swing inside them is within the spread of ordinary text."
         + (
-            f" Off scale (triangle at the edge): {'; '.join(sinks)}, an attention sink whose residual norm"
-            " dwarfs the rest, left out of the y-range so that the other tokens can be read."
+            f" Off scale (triangle at the edge): {'; '.join(sinks)}, "
+            + (
+                "an attention sink whose residual norm dwarfs"
+                if len(sinks) == 1
+                else "attention sinks whose residual norms dwarf"
+            )
+            + " the rest, left out of the y-range so that the other tokens can be read."
             if sinks
             else ""
         )

@@ -156,7 +156,7 @@ def shift_figure(res: ShiftResult) -> go.Figure:
         cols=2,
         column_widths=[0.55, 0.45],
         subplot_titles=(
-            f"scores at layer {res.layer} (σ of the base reference)",
+            f"scores at layer {res.layer} (base σ)",
             "separation by layer (Cohen's d)" if res.pairs else "mean shift by layer (σ)",
         ),
     )
