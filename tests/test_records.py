@@ -35,7 +35,7 @@ from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
 from valueprobe.steering.generation import Generation, Trace
-from valueprobe.steering.sweep import SweepSettings
+from valueprobe.steering.settings import SweepSettings
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
 
@@ -235,3 +235,10 @@ def test_committed_probe_metrics_read_back_to_the_same_bytes(folder):
         }
     # how ValueAxis.save writes probe.json
     assert json.dumps(jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n" == written
+
+
+def test_committed_steering_summary_is_the_markdown_of_its_record():
+    # the record read back describes the run exactly as it was written (settings included)
+    folder = PROBES / "steering-smollm2-135m"
+    record = ReplicateSteer.from_dict(json.loads((folder / "results.json").read_text()))
+    assert record.markdown() == (folder / "summary.md").read_text()
