@@ -15,6 +15,7 @@ from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
 import valueprobe as vp
+from valueprobe.probe.axis import ProbeRef
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -26,7 +27,7 @@ from valueprobe.report.page import SECTIONS, Results, render_report
 from valueprobe.report.sections import ShiftSection, TracedText
 from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift import shift
-from valueprobe.tune.shift_records import GroupShift, ShiftProbe, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 
 def _chat_trace(sink: float = 33.0, n: int = 40, seed: int = 0) -> TracedText:
@@ -138,7 +139,7 @@ def _shift_section(sigma: float, sigma_data: float | None, shift: float) -> Shif
         tuned_id="tuned",
         base_fingerprint="a",
         tuned_fingerprint="b",
-        probe=ShiftProbe(
+        probe=ProbeRef(
             "base", "a", "span_diff", "resid_post", 0.0, sigma, "fitting set", sigma_data=sigma_data
         ),
         layer=12,

@@ -424,7 +424,7 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
         tokens=0.05,
     )
     assert list(report.sweeps) == [b.name for b in BENCHMARKS]
-    assert report.sweeps["confidence"].settings["max_new_tokens"] == 1  # ceil(4 × 0.05)
+    assert report.sweeps["confidence"].settings.max_new_tokens == 1  # ceil(4 × 0.05)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["sweeps"]) == {b.name for b in BENCHMARKS}
     summary = (tmp_path / "out" / "summary.md").read_text()

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +32,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -42,6 +40,7 @@ from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
+from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep"]
@@ -56,42 +55,9 @@ SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_refusal": ("refusal",),
     "steer_open": ("length", "degenerate"),
 }
-DEFAULT_METRICS = ("length", "degenerate")
 # Sets whose groups are conditions to compare (the question and its inverted control; harmful and
 # benign requests): their effects are reported per group. Other files pool their groups.
 BY_GROUP = ("steer_confidence", "steer_refusal")
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """What defines a sweep; recorded in ``settings.json`` so a resumed run is the same sweep."""
-
-    probe: str
-    probe_fingerprint: str
-    model: str
-    prompts: str
-    prompts_sha256: str
-    alphas: tuple[float, ...]
-    unit: str = "sigma"
-    samples: int = 1
-    max_new_tokens: int = 48
-    controls: int = 8
-    seed: int = 0
-    greedy: bool = False
-    temperature: float = 1.0
-    other_probe: str | None = None
-    layer: int | None = None
-    chunk_prompts: int = 8
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    limit: int | None = None  # only the first ``limit`` prompts of the file
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
@@ -329,7 +295,7 @@ def _summarise(out: Path, settings: SweepSettings, examples: Sequence[Example], 
         by_group=by_group,
         n_boot=n_boot,
         seed=settings.seed,
-        settings=settings.to_dict(),
+        settings=settings,
     )
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"

@@ -18,8 +18,9 @@ import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, jsonable, record_from_dict
+from valueprobe.probe.axis import ProbeRef
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftProbe", "ShiftResult"]
+__all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
 
 # The name shift.json has always carried; the subpackage move briefly wrote "valueprobe.tune.shift",
 # which reads as the same format.
@@ -59,22 +60,6 @@ class PairSeparation:
 
 
 @dataclass(frozen=True)
-class ShiftProbe:
-    """The probe a shift was read on: its identity, and its unit (μ, σ) at the headline layer."""
-
-    model_id: str
-    fingerprint: str
-    method: str
-    site: str
-    mu: float
-    sigma: float
-    sigma_reference: str
-    # the axis's σ over the examples, in the units of ``sigma``: sigma / sigma_data converts base σ
-    # to data σ; None in results written before it was recorded (and then left out of the JSON)
-    sigma_data: float | None = None
-
-
-@dataclass(frozen=True)
 class ShiftResult:
     """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
 
@@ -82,7 +67,7 @@ class ShiftResult:
     tuned_id: str
     base_fingerprint: str
     tuned_fingerprint: str
-    probe: ShiftProbe
+    probe: ProbeRef  # with sigma_data: the axis's σ over these examples
     layer: int
     layers: tuple[int, ...]
     tokens: str
@@ -131,8 +116,7 @@ class ShiftResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        if self.probe.sigma_data is None:
-            del out["probe"]["sigma_data"]
+        out["probe"] = self.probe.to_dict()
         out["format"], out["format_version"] = FORMAT, 1
         return out
 
