@@ -225,6 +225,10 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     assert f"alpha {alpha.shift_data_sigma:+.3f} data σ" in section.caption(ShiftSection(res))
     assert f": {alpha.shift_data_sigma:+.3f} data σ" in shift_headline(res, steps=1)
+    headers, rows = res.table()  # the printed table states the same number in the same unit
+    assert headers[3] == "shift (data σ)" and rows[0][3] == f"{alpha.shift_data_sigma:+.3f}"
+    ci = [float(x) for x in rows[0][4].strip("[]").split(",")]
+    assert ci == pytest.approx([2.0 * c for c in alpha.ci], abs=2e-3)
 
 
 def test_trace_figure_takes_a_generations_own_trace_too():
