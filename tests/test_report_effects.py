@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
 import valueprobe as vp
+from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -235,3 +237,18 @@ def test_trace_figure_takes_a_generations_own_trace_too():
     # the notebooks draw `vp.trace_figure(gen.trace)`: the same figure as from the report's section
     traced = _chat_trace()
     assert vp.trace_figure(traced.trace).to_dict() == trace_figure(traced).to_dict()
+
+
+def test_the_shipped_sweep_is_drawn_in_layer_order():
+    # probe.json stores by_layer with sorted string keys ("0", "1", "10", ...): the figure must not
+    # draw the line through them in that order (the README's screenshot did, after the records port)
+    meta = json.loads(
+        (Path(__file__).resolve().parents[1] / "probes/smollm2-135m-value/probe.json").read_text()
+    )
+    assert list(meta["metrics"]["sweep"]["by_layer"])[:3] == ["0", "1", "10"]  # the case this guards
+    fig = vp.sweep_figure(SweepSummary.from_dict(meta["metrics"]["sweep"]))
+    for trace in fig.data:
+        x = [v for v in trace.x if v is not None]
+        assert x == sorted(x) or x == sorted(x, reverse=True) or trace.fill == "toself", trace.name
+    test = next(t for t in fig.data if t.name == "test AUROC")
+    assert list(test.x) == list(range(30))
