@@ -19,6 +19,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
 from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
@@ -224,7 +225,8 @@ def test_summary_null_and_drop_rule():
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
     json.dumps(flat.to_dict())
-    assert len(flat.figure().data) == 3  # null band, other axis, axis
+    # the one dose-response figure (the report's): null band, other axis, the axis's CI band and its line
+    assert len(dose_response_figure(flat).data) == 4
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -251,30 +253,28 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
     return root
 
 
+def steer_argv(files: Path, probe: str = "probe", **options: object) -> list[str]:
+    """``valueprobe steer`` on the tiny files: ``max_new_tokens=3`` is ``--max-new-tokens 3``, ``greedy=True`` a flag."""
+    argv = ["steer", "--probe", str(files / probe), "--model", str(files / "model"), "--prompts"]
+    argv.append(str(files / "p.jsonl"))
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
 def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     r = tiny_files
-    argv = [
-        "steer",
-        "--probe",
-        str(r / "probe"),
-        "--model",
-        str(r / "model"),
-        "--prompts",
-        str(r / "p.jsonl"),
-        "--alphas",
-        "-2,0,2",
-        "--max-new-tokens",
-        "3",
-        "--random-directions",
-        "2",
-        "--greedy",
-        "--other-probe",
-        str(r / "other"),
-        "--out",
-        str(tmp_path / "out"),
-        "--bootstrap",
-        "50",
-    ]
+    argv = steer_argv(
+        r,
+        alphas="-2,0,2",
+        max_new_tokens=3,
+        random_directions=2,
+        greedy=True,
+        other_probe=r / "other",
+        out=tmp_path / "out",
+        bootstrap=50,
+    )
     code, out, err = run(argv, capsys)
     assert code == 0, err
     for name in ("settings.json", "generations.jsonl", "metrics.json", "metrics.csv", "dose.html"):
@@ -294,27 +294,9 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
 
 
 def test_cli_steer_refuses_a_probe_of_another_architecture_unless_forced(tiny_files, tmp_path, capsys):
-    r = tiny_files
-    argv = [
-        "steer",
-        "--probe",
-        str(r / "foreign"),
-        "--model",
-        str(r / "model"),
-        "--prompts",
-        str(r / "p.jsonl"),
-    ]
-    argv += [
-        "--alphas",
-        "-2,2",
-        "--max-new-tokens",
-        "2",
-        "--random-directions",
-        "1",
-        "--greedy",
-        "--bootstrap",
-        "10",
-    ]
+    argv = steer_argv(
+        tiny_files, "foreign", alphas="-2,2", max_new_tokens=2, random_directions=1, greedy=True, bootstrap=10
+    )
     code, _, err = run([*argv, "--out", str(tmp_path / "refused")], capsys)
     (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]  # the model's load bar aside
     assert code == 2 and "Traceback" not in err, err

@@ -34,6 +34,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.vocab import Unit
@@ -155,7 +156,7 @@ def steer_command(
     result = run_sweep(
         lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
-    write_html(result.figure(), out / "dose.html")
+    write_html(dose_response_figure(result), out / "dose.html")
     headers, rows = result.table()
     table(
         f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)",
@@ -236,7 +237,7 @@ def replicate_steer_command(
         tokens=tokens,
         batch_size=batch_size,
     )
-    write_html(report.combined().figure(), out / "dose.html")
+    write_html(dose_response_figure(report.combined()), out / "dose.html")
     headers, rows = report.table()
     table(
         f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions", headers, rows
