@@ -25,7 +25,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,9 @@ from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
+from valueprobe.steering.operators import Operator
 from valueprobe.steering.yes_no import p_yes
+from valueprobe.vocab import Op, choice
 
 __all__ = ["SweepSettings", "check_settings", "parse_alphas", "run_sweep"]
 
@@ -85,14 +87,34 @@ class SweepSettings:
     chunk_prompts: int = 8
     metrics: tuple[str, ...] = DEFAULT_METRICS
     limit: int | None = None  # only the first ``limit`` prompts of the file
+    op: str = "add"  # the operator (`valueprobe.steering.operators`) and its settings in σ
+    lo: float | None = None
+    hi: float | None = None
+    target: float | None = None
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
+        """The JSON of ``settings.json``: operator keys at their defaults are left out, so a sweep
+        written before operators existed (no ``op``: add) is the same sweep as an ``add`` one now."""
+        out = {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
+        for key in _OP_KEYS:
+            if out[key] == _OP_DEFAULTS[key]:
+                del out[key]
+        return out
+
+    def operator(self) -> Operator:
+        """The sweep's `Operator` (checks its settings: one clear line on a bad bound)."""
+        return Operator(
+            choice(Op, self.op, what="operator (--op)"), lo=self.lo, hi=self.hi, target=self.target
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
         """The record again from its ``to_dict()`` (or the JSON of it)."""
         return record_from_dict(cls, d)
+
+
+_OP_KEYS = ("op", "lo", "hi", "target")
+_OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS}
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
@@ -135,7 +157,10 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
-    check_unit(axis, axis.best_layer if settings.layer is None else settings.layer, settings.unit)
+    layer = axis.best_layer if settings.layer is None else settings.layer
+    check_unit(axis, layer, settings.unit)
+    if settings.operator().needs_sigma:
+        axis.sigma_at(layer)
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -303,6 +328,7 @@ def _run_block(
         direction_name=name,
         batch_size=batch_size,
         progress=False,
+        op=settings.operator(),
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:
@@ -316,6 +342,7 @@ def _run_block(
             layer=layer,
             direction=v,
             batch_size=batch_size,
+            op=settings.operator(),
         )
         pyes = dict(zip(pairs, got.tolist(), strict=True))
     return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
