@@ -22,13 +22,15 @@ from hypothesis import strategies as st
 from valueprobe.activations.manifest import StoreManifest
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
+from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
+from valueprobe.read.readout import LogitLens
 from valueprobe.read.scores import ScoreResult
-from valueprobe.replicate.axis import Contrast, MatchedControl
 from valueprobe.replicate.dpo_words import WordsReport
 from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
+from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
 from valueprobe.steering.generation import Generation, Trace
@@ -127,6 +129,10 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (WordsReport, records(WordsReport)),
     (ReplicateSteer, records(ReplicateSteer)),
     (SafetyReport, records(SafetyReport, NO_RECORDS)),
+    (LogitLens, records(LogitLens)),
+    (TracedText, records(TracedText)),
+    (SteerSection, records(SteerSection)),
+    (ShiftSection, records(ShiftSection)),
 ]
 
 
@@ -203,7 +209,12 @@ def test_committed_results_read_back_to_the_same_bytes(folder, cls, dump):
     assert dump(record.to_dict()) == written
 
 
-METRICS = {"sweep": SweepSummary, "transfer": TransferSummary, "icrl_matched_control": MatchedControl}
+METRICS = {
+    "sweep": SweepSummary,
+    "transfer": TransferSummary,
+    "icrl_matched_control": MatchedControl,
+    "logit_lens": LogitLens,
+}
 
 
 @pytest.mark.parametrize("folder", ["smollm2-135m-value", "smollm2-135m-reward-history"])

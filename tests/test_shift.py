@@ -206,7 +206,7 @@ def test_cli_shift_writes_table_json_and_figure(saved, tmp_path, capsys):
     ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
-    assert "shift σ" in out and "alpha" in out
+    assert "data σ" in out and "alpha" in out
     info = json.loads((tmp_path / "out" / "shift.json").read_text())
     assert [g["group"] for g in info["groups"]] == ["alpha", "beta", "gamma"] and info["n_random"] == 32
     assert info["groups"][0]["targeted"] and info["base_fingerprint"] != info["tuned_fingerprint"]

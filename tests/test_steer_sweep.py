@@ -13,15 +13,18 @@ import pytest
 import torch
 from conftest import run_cli as run
 
+from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
+from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, parse_alphas, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, run_sweep
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -222,7 +225,8 @@ def test_summary_null_and_drop_rule():
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
     json.dumps(flat.to_dict())
-    assert len(flat.figure().data) == 3  # null band, other axis, axis
+    # the one dose-response figure (the report's): null band, other axis, the axis's CI band and its line
+    assert len(dose_response_figure(flat).data) == 4
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -240,6 +244,9 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
     ValueAxis(**{**ax.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))}).save(root / "no-norm")
     wide = tiny_axis(lm, d_model=32)
     wide.save(root / "wide")
+    arch, weights = lm.fingerprint.split("-")
+    foreign = "0" * len(arch) if arch != "0" * len(arch) else "1" * len(arch)
+    ValueAxis(**{**ax.__dict__, "fingerprint": f"{foreign}-{weights}"}).save(root / "foreign")
     write_jsonl(root / "p.jsonl", chats(4, yes_no=True))
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"id": "a", "label": 1}\n')
@@ -288,6 +295,40 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
 
 
+def test_cli_steer_refuses_a_probe_of_another_architecture_unless_forced(tiny_files, tmp_path, capsys):
+    r = tiny_files
+    argv = [
+        "steer",
+        "--probe",
+        str(r / "foreign"),
+        "--model",
+        str(r / "model"),
+        "--prompts",
+        str(r / "p.jsonl"),
+    ]
+    argv += [
+        "--alphas",
+        "-2,2",
+        "--max-new-tokens",
+        "2",
+        "--random-directions",
+        "1",
+        "--greedy",
+        "--bootstrap",
+        "10",
+    ]
+    code, _, err = run([*argv, "--out", str(tmp_path / "refused")], capsys)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]  # the model's load bar aside
+    assert code == 2 and "Traceback" not in err, err
+    assert "another architecture" in line and "--force" in line
+    assert not (tmp_path / "refused" / "generations.jsonl").exists()
+    with pytest.warns(FingerprintWarning, match="another architecture") as seen:
+        code, _, err = run([*argv, "--out", str(tmp_path / "forced"), "--force"], capsys)
+    assert code == 0, err
+    assert not [w for w in seen if "other weights" in str(w.message)]
+    assert len((tmp_path / "forced" / "generations.jsonl").read_text().splitlines()) == 4 * 2 * 2
+
+
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
@@ -314,6 +355,10 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         ({"--max-new-tokens": "0"}, "max-new-tokens"),
         ({"--max-new-tokens": "-3"}, "max-new-tokens"),
         ({"--out": str(tmp_path / "other-sweep")}, "different sweep"),
+        ({"--batch-size": "0"}, "--batch-size 0"),
+        ({"--bootstrap": "-1"}, "--bootstrap -1"),
+        ({"--limit": "0"}, "--limit 0"),
+        ({"--temperature": "0"}, "--temperature 0"),
     ]
     for change, words in cases:
         args = {**base, **change}
@@ -448,3 +493,25 @@ def test_p_yes_on_the_default_model(default_lm):
     assert np.all((base > 0) & (base < 1))
     moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
     assert not np.allclose(base, moved)
+    # The first prompt's P(yes) at α = 0 and 30 % of the mean norm, against the trusted route:
+    # h += 30 · mean_norm / 100 · v̂ at the axis's best layer, one unbatched forward.
+    (prompt,) = encode_prompts(default_lm, conf[:1])
+    ids = torch.tensor([prompt])
+    layer = axis.best_layer
+    step = axis.direction(layer) * float(axis.mean_norm[axis.layers.index(layer)]) / 100
+    for alpha, got in ((0.0, base[0]), (30.0, moved[0])):
+        logits = steered_logits(default_lm, ids, torch.ones_like(ids), layer=layer, vector=step, alpha=alpha)
+        probs = torch.softmax(logits[0, -1].double(), dim=-1)
+        want = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
+        assert got == pytest.approx(want, abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--prompts", "0"), ("--batch-size", "0"), ("--tokens", "0"), ("--tokens", "nan")]
+)
+def test_replicate_steer_refuses_impossible_numbers_before_loading(
+    option, value, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("valueprobe.cli.steer.load", _stop_at_load)
+    code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err

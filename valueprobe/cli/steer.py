@@ -10,6 +10,7 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ import typer
 
 from valueprobe.cli.app import (
     ControlsOpt,
+    ForceOpt,
     ModelOpt,
     RandomDirectionsOpt,
     app,
@@ -26,13 +28,15 @@ from valueprobe.cli.app import (
     table,
     write_html,
 )
+from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
-from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, parse_alphas, run_sweep
+from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.vocab import Op, Unit
 
 __all__ = ["replicate_steer_command", "steer_command"]
@@ -49,6 +53,37 @@ def _read_prompts(path: Path, limit: int | None):
     if limit is not None and limit < 1:
         raise ValueprobeError(f"--limit {limit} must be at least 1")
     return examples[:limit] if limit else examples
+
+
+def _check_numbers(
+    *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
+) -> None:
+    """The numeric options `check_settings` does not see, refused before any work."""
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--limit", limit, 1)
+    if not greedy and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
+
+
+def parse_alphas(text: str) -> tuple[float, ...]:
+    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
+
+    >>> parse_alphas("-50, -25, 0, 25, 50")
+    (-50.0, -25.0, 0.0, 25.0, 50.0)
+    """
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
+    if len(set(values)) < 2:
+        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
+    return values
 
 
 @app.command("steer")
@@ -74,6 +109,7 @@ def steer_command(
     chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8,
     batch_size: int = 32,
     bootstrap: int = 1000,
+    force: ForceOpt = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
     op: Annotated[
         Op,
@@ -88,6 +124,9 @@ def steer_command(
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_numbers(
+        batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
+    )
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
@@ -128,9 +167,9 @@ def steer_command(
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
     result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap
+        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
-    write_html(result.figure(), out / "dose.html")
+    write_html(dose_response_figure(result), out / "dose.html")
     headers, rows = result.table()
     table(
         f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)",
@@ -167,6 +206,12 @@ def replicate_steer_command(
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    check_at_least("--prompts", prompts, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise ValueprobeError(
+            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
+        )
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
     for bench in BENCHMARKS:  # every check before the model loads
         path = data / bench.file
@@ -205,7 +250,7 @@ def replicate_steer_command(
         tokens=tokens,
         batch_size=batch_size,
     )
-    write_html(report.combined().figure(), out / "dose.html")
+    write_html(dose_response_figure(report.combined()), out / "dose.html")
     headers, rows = report.table()
     table(
         f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions", headers, rows

@@ -12,8 +12,9 @@ calls :func:`score_dataset`::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from valueprobe.activations.capture import run_encoded
 from valueprobe.activations.encode import encode
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.scores import ScoreResult
@@ -307,6 +309,27 @@ def score_dataset(
         "sigma_reference": axis.sigma_reference,
     }
     return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """What :func:`logit_lens` returns, as a record: the layer, and (token, logit) pairs, most extreme first."""
+
+    layer: int
+    promoted: tuple[tuple[str, float], ...]
+    suppressed: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "layer": self.layer,
+            "promoted": [list(p) for p in self.promoted],
+            "suppressed": [list(p) for p in self.suppressed],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LogitLens:
+        """From ``logit_lens(...)`` or its JSON (``probe.json`` ``metrics.logit_lens``)."""
+        return record_from_dict(cls, d)
 
 
 @torch.no_grad()

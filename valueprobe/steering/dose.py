@@ -5,7 +5,7 @@
 >>> from valueprobe.steering.dose import summarise
 >>> result = summarise(rows, unit="sigma", metrics=["code_lines"])
 >>> headers, table = result.table()
->>> result.figure().write_html("dose.html", include_plotlyjs=True)
+>>> dose_response_figure(result).write_html("dose.html")   # valueprobe.report.effects
 
 Rules, as in the paper: a metric is read over valid outputs only (rows where it applies, see
 `valueprobe.steering.behaviour`); for each direction, a strength is dropped when more than half of its
@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
@@ -215,75 +213,6 @@ class SteerSweep:
                 f"{other},{e.null_range[0]:.6g},{e.null_range[1]:.6g},{e.outside},{self.step:g}"
             )
         return "\n".join(lines) + "\n"
-
-    def figure(self) -> go.Figure:
-        """Dose-response panels: axis (95% CI over prompts), other axis, and the random-direction band."""
-        n = max(len(self.effects), 1)
-        cols = min(3, n)
-        fig = make_subplots(
-            rows=(n + cols - 1) // cols,
-            cols=cols,
-            subplot_titles=[f"{e.metric} ({e.subset})" for e in self.effects],
-        )
-        for i, e in enumerate(self.effects):
-            r, c = i // cols + 1, i % cols + 1
-            first = i == 0
-            if "null" in e.curves:
-                band = e.curves["null"]
-                fig.add_trace(
-                    go.Scatter(
-                        x=[*band.alphas, *band.alphas[::-1]],
-                        y=[*band.hi, *band.lo[::-1]],
-                        fill="toself",
-                        fillcolor="rgba(150,150,150,0.3)",
-                        line={"width": 0},
-                        name="random directions (95% range)",
-                        legendgroup="null",
-                        showlegend=first,
-                    ),
-                    row=r,
-                    col=c,
-                )
-            if "other" in e.curves:
-                o = e.curves["other"]
-                fig.add_trace(
-                    go.Scatter(
-                        x=o.alphas,
-                        y=o.means,
-                        mode="lines+markers",
-                        line={"color": "#e69f00"},
-                        name=e.other_name or "other axis",
-                        legendgroup="other",
-                        showlegend=first,
-                    ),
-                    row=r,
-                    col=c,
-                )
-            a = e.curves[AXIS]
-            fig.add_trace(
-                go.Scatter(
-                    x=a.alphas,
-                    y=a.means,
-                    mode="lines+markers",
-                    line={"color": "#0072b2"},
-                    name="axis",
-                    legendgroup="axis",
-                    showlegend=first,
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": np.subtract(a.hi, a.means).tolist(),
-                        "arrayminus": np.subtract(a.means, a.lo).tolist(),
-                    },
-                ),
-                row=r,
-                col=c,
-            )
-        fig.update_xaxes(title_text=f"α ({self.unit})")
-        fig.update_layout(
-            title="steering dose-response: axis vs random directions", height=320 * ((n + 2) // 3)
-        )
-        return fig
 
 
 def _valid(

@@ -22,7 +22,6 @@ answer token under the same steering, read from one forward pass (no sampling).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -47,7 +46,7 @@ from valueprobe.steering.operators import Operator
 from valueprobe.steering.yes_no import p_yes
 from valueprobe.vocab import Op, choice
 
-__all__ = ["SweepSettings", "check_settings", "parse_alphas", "run_sweep"]
+__all__ = ["SweepSettings", "check_settings", "run_sweep"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
@@ -115,26 +114,6 @@ class SweepSettings:
 
 _OP_KEYS = ("op", "lo", "hi", "target")
 _OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS}
-
-
-def parse_alphas(text: str) -> tuple[float, ...]:
-    """``"-2,-1,0,1,2"`` -> the strengths, checked finite and non-empty.
-
-    >>> parse_alphas("-50, -25, 0, 25, 50")
-    (-50.0, -25.0, 0.0, 25.0, 50.0)
-    """
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise ValueprobeError(f"--alphas {text!r} is empty: give strengths like -2,-1,0,1,2")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueprobeError(f"--alphas {text!r} does not parse: give numbers separated by commas") from None
-    if not all(math.isfinite(v) for v in values):
-        raise ValueprobeError(f"--alphas {text!r} holds a non-finite strength: give finite numbers")
-    if len(set(values)) < 2:
-        raise ValueprobeError(f"--alphas {text!r} needs at least two different strengths for a slope")
-    return values
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
@@ -240,6 +219,7 @@ def run_sweep(
     other: ValueAxis | None = None,
     batch_size: int = 32,
     n_boot: int = 1000,
+    force: bool = False,
     progress: bool = True,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
@@ -250,10 +230,11 @@ def run_sweep(
         settings: the sweep's definition (check it with `check_settings` before loading the model).
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
+        force: steer a model of another architecture than the probe's (width and layers still checked).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
-    axis.check(lm, force=True)
+    axis.check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")

@@ -298,8 +298,8 @@ def _group_shifts(
     return tuple(out), untargeted_range
 
 
-def _probe_summary(axis: ValueAxis, layer: int) -> ShiftProbe:
-    """The probe's identity and its unit at ``layer``, as the shift record keeps it."""
+def _probe_summary(axis: ValueAxis, layer: int, *, to_data_sigma: float) -> ShiftProbe:
+    """The probe's identity and its units at ``layer`` (base σ, and σ over the data), as the shift record keeps it."""
     i = axis.layers.index(layer)
     return ShiftProbe(
         model_id=axis.model_id,
@@ -309,6 +309,7 @@ def _probe_summary(axis: ValueAxis, layer: int) -> ShiftProbe:
         mu=float(axis.mu[i]),
         sigma=float(axis.sigma[i]),
         sigma_reference=axis.sigma_reference,
+        sigma_data=float(axis.sigma[i]) / to_data_sigma,
     )
 
 
@@ -366,7 +367,7 @@ def shift(
         tuned_id=tuned.model_id,
         base_fingerprint=base.fingerprint,
         tuned_fingerprint=tuned.fingerprint,
-        probe=_probe_summary(axis, layer),
+        probe=_probe_summary(axis, layer, to_data_sigma=rand[1]),
         layer=layer,
         layers=tuple(keep),
         tokens=str(tokens),

@@ -69,6 +69,9 @@ class ShiftProbe:
     mu: float
     sigma: float
     sigma_reference: str
+    # the axis's σ over the examples, in the units of ``sigma``: sigma / sigma_data converts base σ
+    # to data σ; None in results written before it was recorded (and then left out of the JSON)
+    sigma_data: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class ShiftResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        if self.probe.sigma_data is None:
+            del out["probe"]["sigma_data"]
         out["format"], out["format_version"] = FORMAT, 1
         return out
 

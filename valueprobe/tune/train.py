@@ -27,6 +27,7 @@ Folders:
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -84,6 +85,22 @@ class TuneSettings:
     max_length: int = 256
     seed: int = 0
     save_steps: int = 10
+
+    def check(self) -> None:
+        """Refuse settings no training can run (``--epochs -1`` once wrote an adapter): one line each."""
+        positive = {"--epochs": self.epochs, "--lr": self.learning_rate, "--beta": self.beta}
+        at_least_one = {"--batch-size": self.batch_size, "--max-length": self.max_length, "r": self.r}
+        at_least_one |= {"save_steps": self.save_steps}
+        for option, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueprobeError(f"{option} {value} must be a positive number")
+        for option, value in at_least_one.items():
+            if value < 1:
+                raise ValueprobeError(f"{option} {value} must be at least 1")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueprobeError(f"--max-steps {self.max_steps} must be -1 (run the epochs) or at least 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueprobeError(f"lora_dropout {self.lora_dropout} must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -360,6 +377,7 @@ def train(
         calling again with the same arguments resumes there.
     """
     out = Path(out)
+    settings.check()
     check_out(out, overwrite=overwrite)
     if not pairs:
         raise ValueprobeError("no pairs to train on")
