@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
@@ -172,14 +173,16 @@ class ReplicateSteer:
     def markdown(self) -> str:
         first = next(iter(self.sweeps.values()))
         settings = first.settings
+        if settings is None or any(s.settings is None for s in self.sweeps.values()):
+            raise ValueprobeError("internal: a replicated sweep has no settings to describe")
         headers, rows = self.table()
         lines = [
             "# Steering SmolLM2-135M-Instruct along its value axes",
             "",
             f"Axis steered: `{self.probe}`; control axis: `{self.other_probe}` (its direction at the same layer);"
-            f" {settings.get('controls')} random unit directions. Strengths {settings.get('alphas')} in"
-            f" `{first.unit}` units, {settings.get('samples')} sample(s), sampling at temperature"
-            f" {settings.get('temperature')} with common random numbers; slopes are OLS per {first.step:g}"
+            f" {settings.controls} random unit directions. Strengths {list(settings.alphas)} in"
+            f" `{first.unit}` units, {settings.samples} sample(s), sampling at temperature"
+            f" {settings.temperature} with common random numbers; slopes are OLS per {first.step:g}"
             " units of α with 95% bootstrap CIs over prompts; the null range is the central 95% of the"
             " random directions' slopes. Strengths with more than half degenerate outputs are dropped.",
             "",
@@ -189,8 +192,9 @@ class ReplicateSteer:
             "",
             "Sizes: "
             + "; ".join(
-                f"{n}: {s.n_rows} outputs, {s.settings.get('limit')} prompts, {s.settings.get('max_new_tokens')} new tokens"
+                f"{n}: {s.n_rows} outputs, {s.settings.limit} prompts, {s.settings.max_new_tokens} new tokens"
                 for n, s in self.sweeps.items()
+                if s.settings is not None
             ),
         ]
         return "\n".join(lines) + "\n"
