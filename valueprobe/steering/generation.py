@@ -35,7 +35,7 @@ from valueprobe.steering.handle import (
     SteerPoint,
     Where,
     check_phase,
-    steer_points,
+    steer_plan,
 )
 from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.steering.sampling import RowSampler, row_seed
@@ -199,7 +199,7 @@ def _point_name(p: Point) -> str:
 
 def generate(
     lm: LoadedModel,
-    axis: ValueAxis,
+    axis: ValueAxis | Sequence[ValueAxis],
     prompts: Sequence[Prompt],
     *,
     alphas: Sequence[float] = (0.0,),
@@ -229,7 +229,8 @@ def generate(
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
     Args:
-        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it).
+        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it), or several, each
+            with its own strength (``[2 * a, -b]``; `valueprobe.steering.handle.steer_plan`).
         prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
         alphas: strengths in ``unit``; samples: samples per (prompt, α).
         seed: base seed; row seeds are `valueprobe.steering.sampling.row_seed(seed, prompt, sample)`.
@@ -257,7 +258,9 @@ def generate(
     impl = route(backend)
     operator = as_operator(op)
     check_phase(positions, window, 0)
-    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=operator)
+    first, points = steer_plan(
+        lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=operator
+    )
     encoded = encode_prompts(lm, prompts)
     rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
     run = _Settings(
@@ -277,7 +280,7 @@ def generate(
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
             alpha_source = None if source is None else source(len(chunk))
-            out.extend(_run_chunk(impl, lm, axis, plan, chunk, encoded, run, alpha_source))
+            out.extend(_run_chunk(impl, lm, first, points, chunk, encoded, run, alpha_source))
             bar.update(len(chunk))
     return out
 

@@ -31,15 +31,24 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
+from valueprobe.probe.axis import ValueAxis, check_combinable
 from valueprobe.steering.condition import Condition, Gate
 from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, choice, parse_layers
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["Attach", "Steering", "SteerPoint", "check_unit", "steer", "steer_points"]
+__all__ = [
+    "Attach",
+    "SteerPoint",
+    "Steering",
+    "check_phase",
+    "check_unit",
+    "steer",
+    "steer_plan",
+    "steer_points",
+]
 
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
@@ -158,6 +167,32 @@ def check_phase(where: str, window: tuple[int, int] | None, prompt_length: int |
         raise ValueprobeError("positions other than 'all' need prompt_length (the padded prompt width)")
 
 
+def steer_plan(
+    lm: LoadedModel,
+    axes: ValueAxis | Sequence[ValueAxis],
+    *,
+    layers: LayerSpec = None,
+    site: HookSite | Site | str | None = None,
+    unit: Unit | str = Unit.sigma,
+    direction: Float[Tensor, " d_model"] | None = None,
+    op: Operator | str | None = None,
+) -> tuple[ValueAxis, list[SteerPoint]]:
+    """The first axis and the points of every axis, in order: `steer_points` of each.
+
+    Several axes steer together, each with its own strength: its ``scale`` (``2 * a``, ``-b``)
+    times the row's α. They must share d_model and architecture (`check_combinable`), and a
+    ``direction`` override takes one axis only.
+    """
+    listed = [axes] if isinstance(axes, ValueAxis) else list(axes)
+    if not listed:
+        raise ValueprobeError("no axis to steer along: give one axis or a list of axes")
+    check_combinable(listed)
+    if direction is not None and len(listed) > 1:
+        raise ValueprobeError("a steering direction override takes one axis, not several")
+    kw = dict(layers=layers, site=site, unit=unit, direction=direction, op=op)
+    return listed[0], [t for axis in listed for t in steer_points(lm, axis, **kw)]  # type: ignore[arg-type]
+
+
 # What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
 AlphaSource = Callable[[SteerPoint, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
 
@@ -210,7 +245,8 @@ class Steering(Handle):
         self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
         self.recordings: dict[Point, Recording] = {}
         try:
-            for t, gate in zip(self.points, self.gates, strict=True):
+            # hooks on one point run newest first: register in reverse, so the points act in order
+            for t, gate in reversed(list(zip(self.points, self.gates, strict=True))):
                 self.join(intervene(lm, t.point, self._hook(t, gate)))
             for layer in dict.fromkeys(read_layers):
                 p = Point(layer, Site.resid_post)
@@ -289,7 +325,7 @@ class Attach:
 
 def steer(
     lm: LoadedModel,
-    axis: ValueAxis,
+    axis: ValueAxis | Sequence[ValueAxis],
     alpha: float | Float[Tensor, " batch"] = 1.0,
     *,
     layers: LayerSpec = None,
@@ -307,7 +343,9 @@ def steer(
 
     Args:
         lm: the loaded model.
-        axis: the value axis (``ValueAxis.load``); ``-axis`` steers the other way.
+        axis: the value axis (``ValueAxis.load``); ``-axis`` steers the other way; a list of axes
+            steers along each at once, each with its own strength (``[2 * a, -b]``: 2α along a,
+            α along -b), each operator in list order at a shared point.
         alpha: one strength, or one per batch row (``[batch]``), in ``unit``.
         layers: default the axis's best layer; any layers the axis has.
         site: default the axis's site; ``attn_out`` / ``mlp_out`` steer the block's attention / MLP
@@ -325,11 +363,11 @@ def steer(
     >>> with steer(lm, axis, torch.tensor([-2.0, 0.0, 2.0]), positions="generated", prompt_length=ids.shape[1]):
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
     """
-    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
+    first, points = steer_plan(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
     return Steering(
         lm,
-        axis,
-        plan,
+        first,
+        points,
         alpha=alpha,
         where=positions,
         prompt_length=prompt_length,
