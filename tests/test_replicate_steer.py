@@ -18,7 +18,13 @@ from test_steer_sweep import tiny_axis
 
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.replicate.steer import BENCHMARKS, ReplicateSteer, parse_rows, replicate_steer
+from valueprobe.replicate.steer import (
+    BENCHMARKS,
+    ReplicateSteer,
+    parse_benchmarks,
+    parse_rows,
+    replicate_steer,
+)
 from valueprobe.steering.generation import encode_prompts
 from valueprobe.steering.sweep import GENERATIONS
 from valueprobe.steering.yes_no import answer_tokens
@@ -27,6 +33,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _run(lm, tmp_path: Path, rows: tuple[str, ...], **kw) -> ReplicateSteer:
+    more = {"benchmarks": kw.pop("benchmarks")} if "benchmarks" in kw else {}
     return replicate_steer(
         lm,
         axis=kw.pop("axis", tiny_axis(lm)),
@@ -42,6 +49,7 @@ def _run(lm, tmp_path: Path, rows: tuple[str, ...], **kw) -> ReplicateSteer:
         controls=2,
         tokens=0.05,
         rows=rows,
+        **more,
     )
 
 
@@ -108,6 +116,20 @@ def test_ablate_row_value_is_the_ablated_p_yes_by_hand(tiny_lm_factory, tmp_path
         e for e in report.ablations["confidence"].effects if e.metric == "p_yes" and e.subset == first.group
     ]
     assert effect.axis.slope == pytest.approx(p[1.0] - p[0.0], abs=1e-5)
+
+
+def test_benchmarks_run_one_at_a_time_add_up(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    _run(lm, tmp_path, ("ablate",), benchmarks=("length",))
+    report = _run(lm, tmp_path, ("ablate",), benchmarks=("confidence",))
+    assert list(report.ablations) == ["confidence", "length"] and not report.sweeps  # BENCHMARKS order
+    again = _run(lm, tmp_path, ("ablate",), benchmarks=("length",))  # resumed: the same figures
+    assert again.ablations == report.ablations
+    assert parse_benchmarks("all") == tuple(b.name for b in BENCHMARKS)
+    assert parse_benchmarks("length, code") == ("code", "length")
+    for bad in ("", "lengths", "all,code"):
+        with pytest.raises(ValueprobeError, match="--benchmarks"):
+            parse_benchmarks(bad)
 
 
 def test_rows_are_checked_before_any_work(tiny_lm_factory, tmp_path, capsys, monkeypatch):

@@ -33,7 +33,7 @@ from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import parse_rows, plan, replicate_steer
+from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
@@ -208,6 +208,9 @@ def replicate_steer_command(
             help="add (steer along each direction) and/or ablate (remove it): a row left out keeps its results"
         ),
     ] = "add,ablate",
+    benchmarks: Annotated[
+        str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
+    ] = "all",
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -219,6 +222,7 @@ def replicate_steer_command(
             f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
         )
     chosen = parse_rows(rows)
+    names = parse_benchmarks(benchmarks)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
     planned = plan(
         rows=chosen,
@@ -235,6 +239,7 @@ def replicate_steer_command(
         seed=seed,
         prompts=prompts,
         tokens=tokens,
+        benchmarks=names,
     )
     for run in planned:  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
@@ -257,6 +262,7 @@ def replicate_steer_command(
         tokens=tokens,
         batch_size=batch_size,
         rows=chosen,
+        benchmarks=names,
     )
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")

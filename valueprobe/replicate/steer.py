@@ -109,6 +109,21 @@ ROWS: tuple[str, ...] = ("add", "ablate")
 ABLATE_ALPHAS: tuple[float, ...] = (0.0, 1.0)  # off, on: the slope is the change ablation makes
 
 
+BENCHMARK_NAMES: tuple[str, ...] = tuple(b.name for b in BENCHMARKS)
+
+
+def parse_benchmarks(text: str) -> tuple[str, ...]:
+    """``"all"`` or ``"length,confidence"`` -> benchmark names in `BENCHMARKS` order; one clear line otherwise."""
+    if text.strip().lower() == "all":
+        return BENCHMARK_NAMES
+    given = [b.strip() for b in text.split(",") if b.strip()]
+    if not given or any(b not in BENCHMARK_NAMES for b in given):
+        raise ValueprobeError(
+            f"--benchmarks {text!r}: give 'all' or a comma list of {', '.join(BENCHMARK_NAMES)}"
+        )
+    return tuple(b for b in BENCHMARK_NAMES if b in given)
+
+
 def parse_rows(text: str) -> tuple[str, ...]:
     """``"add,ablate"`` -> the rows to run, in `ROWS` order; one clear line for an unknown or empty list."""
     given = [r.strip() for r in text.split(",") if r.strip()]
@@ -145,6 +160,7 @@ def plan(
     seed: int,
     prompts: int,
     tokens: float,
+    benchmarks: Sequence[str] = BENCHMARK_NAMES,
 ) -> list[Run]:
     """Every sweep the rows ask for, in order: the CLI checks them all before the model loads.
 
@@ -153,7 +169,7 @@ def plan(
     """
     runs = []
     for row in rows:
-        for bench in BENCHMARKS:
+        for bench in (b for b in BENCHMARKS if b.name in benchmarks):
             path = data_dir / bench.file
             add = row == "add"
             settings = bench.settings(
@@ -363,17 +379,17 @@ def replicate_steer(
     tokens: float = 1.0,
     batch_size: int = 32,
     rows: Sequence[str] = ROWS,
+    benchmarks: Sequence[str] = BENCHMARK_NAMES,
 ) -> ReplicateSteer:
     """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
 
     Args:
         prompts: rows per prompt set (confidence and refusal keep their pairs when even).
         tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
-        rows: ``add`` (steering) and/or ``ablate`` (necessity); a row left out keeps what
-            ``out/results.json`` already holds for it.
+        rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
+            A sweep not run keeps what ``out/results.json`` already holds for it.
         Others: as in `valueprobe.steering.sweep.SweepSettings`.
     """
-    report = _previous(out, probe=probe, other_probe=other_probe, rows=rows)
     runs = plan(
         rows=rows,
         probe=probe,
@@ -389,15 +405,17 @@ def replicate_steer(
         seed=seed,
         prompts=prompts,
         tokens=tokens,
+        benchmarks=benchmarks,
     )
+    report = _previous(out, probe=probe, other_probe=other_probe, runs=runs)
     for run in runs:
         examples = read_jsonl(run.prompts)[:prompts]
         control = other if run.row == "add" else None
         sweep = run_sweep(lm, axis, examples, run.folder, run.settings, other=control, batch_size=batch_size)
         if run.row == "add":
-            report = replace(report, sweeps={**report.sweeps, run.bench.name: sweep})
+            report = replace(report, sweeps=_in_order({**report.sweeps, run.bench.name: sweep}))
         else:
-            report = replace(report, ablations={**report.ablations, run.bench.name: sweep})
+            report = replace(report, ablations=_in_order({**report.ablations, run.bench.name: sweep}))
         # Written after every benchmark, so a stopped run still shows what it finished.
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
@@ -405,20 +423,21 @@ def replicate_steer(
     return report
 
 
-def _previous(out: Path, *, probe: Path, other_probe: Path, rows: Sequence[str]) -> ReplicateSteer:
-    """What ``out/results.json`` holds for the rows not run now (nothing for the rows run now)."""
+def _in_order(sweeps: dict[str, SteerSweep]) -> dict[str, SteerSweep]:
+    return {name: sweeps[name] for name in BENCHMARK_NAMES if name in sweeps}
+
+
+def _previous(out: Path, *, probe: Path, other_probe: Path, runs: Sequence[Run]) -> ReplicateSteer:
+    """What ``out/results.json`` holds for the sweeps not run now (a sweep run now starts from nothing)."""
     empty = ReplicateSteer(sweeps={}, probe=str(probe), other_probe=str(other_probe))
     path = out / "results.json"
-    if not path.is_file() or set(ROWS) <= set(rows):
+    if not path.is_file():
         return empty
     old = ReplicateSteer.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    if old.probe != str(probe):
-        raise ValueprobeError(
-            f"{path} holds results for {old.probe}, not {probe}: give another --out or run every row"
-        )
-    return replace(
-        empty,
-        other_probe=old.other_probe,
-        sweeps={} if "add" in rows else old.sweeps,
-        ablations={} if "ablate" in rows else old.ablations,
-    )
+    again = {(run.row, run.bench.name) for run in runs}
+    sweeps = {k: v for k, v in old.sweeps.items() if ("add", k) not in again}
+    ablations = {k: v for k, v in old.ablations.items() if ("ablate", k) not in again}
+    if (sweeps or ablations) and old.probe != str(probe):
+        raise ValueprobeError(f"{path} holds results for {old.probe}, not {probe}: give another --out")
+    other = str(other_probe) if any(run.row == "add" for run in runs) or not sweeps else old.other_probe
+    return replace(empty, other_probe=other, sweeps=sweeps, ablations=ablations)
