@@ -276,8 +276,52 @@ def score_dataset(
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
     """
     tokens = choice(Tokens, tokens, what="tokens")
-    axis.check(lm, force=force)
     layer = axis.best_layer if layer is None else layer
+    records, random = read_records(
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        null=null,
+        seed=seed,
+        force=force,
+        max_length=max_length,
+        chat_template=chat_template,
+        progress=progress,
+    )
+    return summarize(
+        axis_record(axis, layer),
+        records,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        bootstrap=bootstrap,
+        seed=seed,
+        random=random,
+    )
+
+
+def read_records(
+    axis: ValueAxis,
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layer: int,
+    tokens: Tokens,
+    batch_size: int,
+    null: int,
+    seed: int,
+    force: bool,
+    max_length: int | None,
+    chat_template: ChatTemplate,
+    progress: bool,
+) -> tuple[list[dict], dict[str, np.ndarray] | None]:
+    """The per-example part of :func:`score_dataset`: its records, and each example's mean
+    projection on the ``null`` random directions (None without a null). Depends on nothing but the
+    example itself, so a sharded score reads each shard's examples alone."""
+    axis.check(lm, force=force)
     readouts = read_examples(
         axis,
         lm,
@@ -290,14 +334,13 @@ def score_dataset(
         random_dirs=random_directions(lm.d_model, null, seed=seed) if null else None,
         progress=progress,
     )
-    records = per_example(axis, examples, readouts, layer=layer)
-    if not any(r["n_readout_tokens"] for r in records):
-        raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
-    summary = group_summary(
-        records, examples, bootstrap=bootstrap, seed=seed, random=_mean_by_example(readouts)
-    )
+    return per_example(axis, examples, readouts, layer=layer), _mean_by_example(readouts)
+
+
+def axis_record(axis: ValueAxis, layer: int) -> dict:
+    """The probe as ``summary.json`` records it."""
     i = axis.layers.index(layer)
-    probe = {
+    return {
         "model_id": axis.model_id,
         "fingerprint": axis.fingerprint,
         "method": axis.method,
@@ -306,6 +349,23 @@ def score_dataset(
         "sigma": float(axis.sigma[i]),
         "sigma_reference": axis.sigma_reference,
     }
+
+
+def summarize(
+    probe: dict,
+    records: Sequence[dict],
+    examples: Sequence[Example],
+    *,
+    layer: int,
+    tokens: Tokens,
+    bootstrap: int,
+    seed: int,
+    random: dict[str, np.ndarray] | None,
+) -> ScoreResult:
+    """The per-group step of :func:`score_dataset` over every example's records."""
+    if not any(r["n_readout_tokens"] for r in records):
+        raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
+    summary = group_summary(records, examples, bootstrap=bootstrap, seed=seed, random=random)
     return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
 
 
