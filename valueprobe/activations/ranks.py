@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 8 -m valueprobe capture --model Qwen/Qwen3-8B --data data/icrl.jsonl \
         --positions spans --device cuda --out runs/icrl
 
-Rank R of N (torchrun's ``RANK``/``WORLD_SIZE``, when WORLD_SIZE > 1) is shard R/N: it captures
+Rank R of N (torchrun's ``RANK``/``WORLD_SIZE``, when WORLD_SIZE > 1) is shard R/N, on GPU
+``LOCAL_RANK`` when the device is ``cuda``: it captures
 into ``runs/icrl.parts/part-R-of-N`` (a store that resumes, like any other), then every rank
 reports how its part went in one ``all_gather`` over gloo (CPU; no GPU collective is needed).
 If a rank failed, the job ends with one line naming it; otherwise rank 0 merges the parts into
@@ -13,7 +14,8 @@ outright (kill -9, out of memory) never reports: torchrun then stops the others 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch.distributed as dist
@@ -23,7 +25,18 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import ShardSpec
 
-__all__ = ["part_dir", "capture_ranks"]
+__all__ = ["capture_ranks", "part_dir", "rank_device"]
+
+
+def rank_device(device: str, env: Mapping[str, str] = os.environ) -> str:
+    """``--device cuda`` on a torchrun rank means this node's GPU number ``LOCAL_RANK``; an explicit
+    ``cuda:K`` or ``cpu`` is kept.
+
+    >>> rank_device("cuda", {"LOCAL_RANK": "3"})
+    'cuda:3'
+    """
+    local = env.get("LOCAL_RANK")
+    return f"cuda:{int(local)}" if device == "cuda" and local is not None and local.isdigit() else device
 
 
 def part_dir(out: str | Path, shard: ShardSpec) -> Path:

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.activations.ranks import capture_ranks
+from valueprobe.activations.ranks import capture_ranks, rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     AllowPartialOpt,
@@ -107,16 +107,19 @@ def _check_capture_options(
 
 
 def _capture_ranked(
-    out: Path, shard: ShardSpec | None, work: Callable[[Path, ShardSpec | None], ActivationStore]
+    out: Path,
+    shard: ShardSpec | None,
+    work: Callable[[Path, ShardSpec | None, str], ActivationStore],
+    device: str,
 ) -> None:
     """``work(out, shard)``; under torchrun (RANK/WORLD_SIZE, WORLD_SIZE > 1) ``work`` on this rank's
     part (OUT.parts/part-RANK-of-N), then rank 0 merges the parts into ``out``. Every rank's failure,
     from a bad option on, reaches rank 0, which names the rank."""
     ranked = ShardSpec.from_env() if shard is None else None
     if ranked is None:
-        print_store(out, work(out, shard))
+        print_store(out, work(out, shard, device))
         return
-    merged = capture_ranks(out, ranked, lambda part_out: work(part_out, ranked))
+    merged = capture_ranks(out, ranked, lambda part_out: work(part_out, ranked, rank_device(device)))
     if merged is not None:
         print_store(out, merged)
 
@@ -168,7 +171,7 @@ def capture(
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
 
-    def work(store_out: Path, part: ShardSpec | None) -> ActivationStore:
+    def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
         check_store_out(store_out)
         sizes = (batch_size, examples_per_shard, max_length, checkpoint_seconds)
         _check_capture_options(sizes, device, backend, remote=remote)
@@ -199,7 +202,7 @@ def capture(
             progress=part is None or part.index == 0,
         )
 
-    _capture_ranked(out, shard, work)
+    _capture_ranked(out, shard, work, device)
 
 
 @app.command()
