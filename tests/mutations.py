@@ -117,15 +117,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "prompt boundary off by one",
         "valueprobe/steering/handle.py",
-        "in_prompt = step.columns() < self.prompt_length",
-        "in_prompt = step.columns() <= self.prompt_length",
+        "generated = step.columns() - self.prompt_length  # < 0 in the prompt",
+        "generated = step.columns() - self.prompt_length - 1",
         (S + "test_kv_cache_logits_equal_full_forward_every_token[prompt-llama]",),
     ),
     Fault(
         "prompt and generated swapped in Steering.cells",
         "valueprobe/steering/handle.py",
-        '(in_prompt if self.where == "prompt" else ~in_prompt)',
-        '(~in_prompt if self.where == "prompt" else in_prompt)',
+        'keep = generated < 0 if self.where == "prompt" else generated >= 0',
+        'keep = generated >= 0 if self.where == "prompt" else generated < 0',
         (S + "test_kv_cache_logits_equal_full_forward_every_token[prompt-llama]",),
     ),
     Fault(
@@ -173,15 +173,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "P(yes) ignores the unit",
         "valueprobe/steering/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction)",
-        "steer(lm, axis, alpha, layers=layers, direction=direction)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op)",
+        "steer(lm, axis, alpha, layers=layers, direction=direction, op=op)",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     Fault(
         "P(yes) ignores the direction",
         "valueprobe/steering/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction)",
-        "steer(lm, axis, alpha, layers=layers, unit=unit)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, op=op)",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     # --- steering sweeps: resume and the metric set ------------------------------------------------
