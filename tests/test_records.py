@@ -38,6 +38,7 @@ from valueprobe.steering.generation import Generation, Trace
 from valueprobe.steering.settings import SweepSettings
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
+from valueprobe.vocab import ShardSpec
 
 PROBES = Path(__file__).resolve().parents[1] / "probes"
 
@@ -166,8 +167,16 @@ def test_score_result_refuses_rows_the_summary_does_not_count():
         ScoreResult.from_dict(d, records=[{"id": "a"}])
 
 
+# a model has a layer; a part is shard I of N with 0 <= I < N
+VALID_PART = st.integers(1, 8).flatmap(
+    lambda n: st.integers(0, n - 1).map(lambda i: ShardSpec.parse(f"{i}/{n}"))
+)
+
+
 @settings(max_examples=40, deadline=None)
-@given(records(StoreManifest, {StoreManifest: {"n_layers": st.integers(1, 100)}}))  # a model has a layer
+@given(
+    records(StoreManifest, {StoreManifest: {"n_layers": st.integers(1, 100), "part": st.none() | VALID_PART}})
+)
 def test_store_manifest_round_trips(x):
     y = StoreManifest.from_dict(through_json(x.to_dict()), where=Path("manifest.json"))
     assert y == x and text(y.to_dict()) == text(x.to_dict())

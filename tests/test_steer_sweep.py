@@ -452,14 +452,16 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
         for r in rows
         if r["prompt_id"] == first.id and r["direction"] == "axis"
     }
-    assert got == pytest.approx(p, abs=1e-5)
+    assert got == pytest.approx(p, abs=1e-6)
     (effect,) = [
         e
         for e in results["sweeps"]["confidence"]["effects"]
         if e["metric"] == "p_yes" and e["subset"] == first.group
     ]
-    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-5)
-    assert abs(p[1.0] - p[-1.0]) > 1e-4  # the steering moved it, so the slope is not a trivial 0
+    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-6)
+    assert (
+        abs(p[1.0] - p[-1.0]) > 1e-3
+    )  # the steering moved it well past the tolerance: the slope is no trivial 0
 
 
 @pytest.mark.slow

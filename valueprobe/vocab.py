@@ -17,7 +17,8 @@ count from the end.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal, TypeVar
@@ -29,11 +30,14 @@ __all__ = [
     "Backend",
     "ChatTemplate",
     "Dtype",
+    "HookSite",
     "LayerKey",
     "LayerSelection",
     "LayerSpec",
+    "Op",
     "PaddingSide",
     "Positions",
+    "ShardSpec",
     "Site",
     "Target",
     "Tokens",
@@ -53,6 +57,29 @@ class Site(StrEnum):
 
     resid_pre = "resid_pre"  # the block's input
     resid_post = "resid_post"  # the block's output
+
+
+class HookSite(StrEnum):
+    """Every place a hook can read or write in a decoder block: the residual stream (`Site`) and
+    the outputs of the block's attention and MLP submodules (what they add to the residual, before
+    any post-norm a family applies, as steering-vectors' ``layer_type`` reads them)."""
+
+    resid_pre = "resid_pre"
+    resid_post = "resid_post"
+    attn_out = "attn_out"
+    mlp_out = "mlp_out"
+
+
+class Op(StrEnum):
+    """What steering does to the hidden state h at a cell, with p = h·v̂ (see
+    `valueprobe.steering.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
+    σ-score to a target; ``clamp`` holds it in [lo, hi]; ``add-norm`` adds, then rescales to ‖h‖."""
+
+    add = "add"
+    ablate = "ablate"
+    set = "set"
+    clamp = "clamp"
+    add_norm = "add-norm"
 
 
 class Positions(StrEnum):
@@ -272,3 +299,54 @@ def layer_ranges(layers: Sequence[int]) -> str:
         if layer is not None:
             start = prev = layer
     return ", ".join(out)
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard ``index`` of ``count``: which slice of a dataset one job of a sharded run takes.
+
+    The dataset is cut into blocks of ``block`` examples (a capture's ``--examples-per-shard``;
+    1 for score and steer), and shard I takes the contiguous run of blocks ``[I*B//N, (I+1)*B//N)``
+    of the B blocks. The slice depends only on (I, N, dataset size, block): not on the batch size,
+    the device count or how often a job was resumed, so a rerun finds its own checkpoints and the
+    parts concatenate, in shard order, into the rows of a one-process run. Because the slices are
+    whole blocks, each part runs exactly the batches the one-process run would.
+
+    >>> ShardSpec.parse("1/4").examples(10, block=1)
+    range(2, 5)
+    """
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @classmethod
+    def parse(cls, text: str | ShardSpec) -> ShardSpec:
+        """``"I/N"`` with 0 <= I < N (``--shard 0/8`` ... ``--shard 7/8``)."""
+        if isinstance(text, ShardSpec):
+            return text
+        index, slash, count = str(text).strip().partition("/")
+        if not (slash and index.strip().isdigit() and count.strip().isdigit()):
+            raise ValueprobeError(f"--shard {text!r} is not I/N (e.g. 0/4): two whole numbers, 0 <= I < N")
+        i, n = int(index), int(count)
+        if n < 1 or i >= n:
+            raise ValueprobeError(
+                f"--shard {text!r}: the index must be in 0..N-1 and N >= 1, e.g. 0/{max(n, 2)}"
+            )
+        return cls(i, n)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ShardSpec | None:
+        """torchrun's ``RANK``/``WORLD_SIZE`` as a shard, when both are set and WORLD_SIZE > 1."""
+        rank, world = env.get("RANK"), env.get("WORLD_SIZE")
+        if rank is None or world is None or not world.strip().isdigit() or int(world) <= 1:
+            return None
+        return cls.parse(f"{rank}/{world}")
+
+    def examples(self, n: int, *, block: int) -> range:
+        """The example indices of this shard in a dataset of ``n`` examples cut in ``block``s."""
+        blocks = -(-n // block)
+        lo, hi = self.index * blocks // self.count, (self.index + 1) * blocks // self.count
+        return range(min(lo * block, n), min(hi * block, n))

@@ -37,7 +37,7 @@ from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.vocab import Unit
+from valueprobe.vocab import Op, Unit
 
 __all__ = ["replicate_steer_command", "steer_command"]
 
@@ -111,6 +111,15 @@ def steer_command(
     bootstrap: int = 1000,
     force: ForceOpt = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    op: Annotated[
+        Op,
+        typer.Option(
+            help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
+        ),
+    ] = Op.add,
+    lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
+    hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
+    target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -150,6 +159,10 @@ def steer_command(
         chunk_prompts=chunk_prompts,
         metrics=chosen,
         limit=limit,
+        op=op.value,
+        lo=lo,
+        hi=hi,
+        target=target,
     )
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)

@@ -28,6 +28,7 @@ from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route
 from valueprobe.steering.handle import AlphaSource, Attach, Steering, SteerPoint, Where, steer_points
+from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Backend, LayerSpec, Site, Unit
 
@@ -75,6 +76,7 @@ class Generation:
         text: the generated text (no prompt, no EOS); token_ids: its token ids.
         finished: whether the row stopped on EOS before ``max_new_tokens``.
         trace: the per-token readout, when asked for.
+        op: the steering operator (`valueprobe.steering.operators.Operator.describe`), e.g. ``ablate``.
     """
 
     prompt: int
@@ -87,6 +89,7 @@ class Generation:
     token_ids: tuple[int, ...]
     finished: bool
     trace: Trace | None = field(default=None, compare=False)
+    op: str = "add"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -136,6 +139,7 @@ class _Settings:
     direction_name: str
     read_layers: Sequence[int]
     trace: bool
+    op: Operator
 
 
 def _check_sizes(
@@ -207,6 +211,7 @@ def generate(
     backend: Backend | str = Backend.hooks,
     source: Callable[[int], AlphaSource] | None = None,
     progress: bool = True,
+    op: Operator | str | None = None,
 ) -> list[Generation]:
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
@@ -227,12 +232,16 @@ def generate(
             ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
             hook's α source. Hooks route only.
+        op: the operator (`valueprobe.steering.operators`): ``add`` (default), ``ablate``, ``set``,
+            ``clamp``, ``add-norm``, or an `Operator` with its bounds or target. Hooks route only,
+            but for ``add``.
 
     >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
     """
     _check_sizes(prompts, alphas, max_new_tokens=max_new_tokens, samples=samples, batch_size=batch_size)
     impl = route(backend)
-    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    operator = as_operator(op)
+    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=operator)
     encoded = encode_prompts(lm, prompts)
     rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
     run = _Settings(
@@ -244,6 +253,7 @@ def generate(
         direction_name=direction_name,
         read_layers=read_layers,
         trace=trace,
+        op=operator,
     )
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
@@ -291,6 +301,7 @@ def _run_chunk(
             trace=run.trace,
             source=source,
             read_layers=run.read_layers,
+            op=run.op,
         )
     )
     live = run.trace or bool(run.read_layers) or source is not None
@@ -305,6 +316,7 @@ def _run_chunk(
         where=run.where,
         hooks=hooks,
         live=live,
+        beyond=_beyond(run),
     )
     seqs = impl.generate(decode)
     reads, applied = _reads(hooks.handle) if run.trace else (None, [])
@@ -317,15 +329,18 @@ def _run_chunk(
             seqs[i].cpu(),
             ids.shape[1],
             mask[i],
-            run.config,
-            run.unit,
-            run.direction_name,
+            run,
             reads,
             applied,
             steered,
         )
         for i, r in enumerate(chunk)
     ]
+
+
+def _beyond(run: _Settings) -> str:
+    """What the chunk's hooks steer beyond the additions a data-only route takes (empty: nothing)."""
+    return "" if run.op.op == "add" else f"--op {run.op.op.value}"
 
 
 def _row_result(
@@ -335,15 +350,13 @@ def _row_result(
     seq: Tensor,
     width: int,
     prompt_mask: Tensor,
-    config: GenerationConfig,
-    unit: Unit,
-    direction_name: str,
+    run: _Settings,
     reads: dict[str, list[Tensor]] | None,
     applied: list[Tensor],
     steered: str,
 ) -> Generation:
     new = seq[width:].tolist()
-    eos = config.eos_token_id
+    eos = run.config.eos_token_id
     finished = eos is not None and eos in new
     kept = new[: new.index(eos)] if finished else new
     text = lm.tokenizer.decode(kept, skip_special_tokens=True)
@@ -368,11 +381,12 @@ def _row_result(
         prompt=row.prompt,
         sample=row.sample,
         alpha=row.alpha,
-        unit=unit.value,
-        direction=direction_name,
+        unit=run.unit.value,
+        direction=run.direction_name,
         seed=row.seed,
         text=text,
         token_ids=tuple(kept),
         finished=finished,
         trace=trace,
+        op=run.op.describe(),
     )

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
+from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.vocab import LayerSpec, Site, Unit, parse_layers
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class SteerPoint:
     direction: Float[Tensor, " d_model"]  # unit vector, float32
     unit_size: float  # σ, mean_norm / 100 or 1, times axis.scale
     layer: int  # the axis layer this target reads its statistics from
+    mu: float = math.nan  # the axis's mean projection at that layer (set and clamp read it)
+    sigma: float = math.nan  # its σ there (NaN when uncalibrated: set and clamp refuse)
 
     def score(self, axis: ValueAxis, h: Tensor) -> Tensor:
         """The projection of ``h`` on the axis at this layer, in σ (float32)."""
@@ -99,6 +102,7 @@ def steer_points(
     site: Site | str | None = None,
     unit: Unit | str = Unit.sigma,
     direction: Float[Tensor, " d_model"] | None = None,
+    op: Operator | str | None = None,
 ) -> list[SteerPoint]:
     """Resolve where and how hard one unit of α pushes: one `SteerPoint` per steered layer.
 
@@ -110,6 +114,7 @@ def steer_points(
         unit: ``sigma``, ``norm`` or ``raw`` (see the module doc).
         direction: steer along this vector instead of v̂ (normalized; e.g. a random control),
             keeping the axis's layer statistics so strengths match.
+        op: the operator the points serve; ``set`` and ``clamp`` need the axis's σ at each layer.
     """
     if axis.d_model != lm.d_model:
         raise ValueprobeError(
@@ -117,8 +122,12 @@ def steer_points(
             f"use a probe fitted on this architecture (the axis is from {axis.model_id})"
         )
     unit = Unit(unit)
+    operator = as_operator(op)
     chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
     sizes = [check_unit(axis, layer, unit) for layer in chosen]
+    if operator.needs_sigma:  # one clear line for an uncalibrated axis, before any hook
+        for layer in chosen:
+            axis.sigma_at(layer)
     point_site = Site(site or axis.site)
     out = []
     for layer, size in zip(chosen, sizes, strict=True):
@@ -126,7 +135,9 @@ def steer_points(
         if v.shape != (lm.d_model,):
             raise ValueprobeError(f"steering direction has shape {tuple(v.shape)}, expected ({lm.d_model},)")
         v = v.detach().float().cpu()
-        out.append(SteerPoint(Point(layer, point_site), v / v.norm(), size, layer))
+        i = axis.layers.index(layer)
+        mu, sigma = float(axis.mu[i]), float(axis.sigma[i])
+        out.append(SteerPoint(Point(layer, point_site), v / v.norm(), size, layer, mu, sigma))
     return out
 
 
@@ -158,6 +169,7 @@ class Steering(Handle):
         trace: bool,
         source: AlphaSource | None = None,
         read_layers: Sequence[int] = (),
+        op: Operator | str | None = None,
     ) -> None:
         super().__init__()
         if where not in WHERE:
@@ -165,6 +177,7 @@ class Steering(Handle):
         if where != "all" and prompt_length is None:
             raise ValueprobeError(f"positions={where!r} needs prompt_length (the padded prompt width)")
         self.axis = axis
+        self.op = as_operator(op)
         self.points = list(points)
         self.alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
         self.where = where
@@ -219,8 +232,7 @@ class Steering(Handle):
             touch = alpha != 0
             if not bool(touch.any()):
                 return None
-            step_ = (alpha * target.unit_size)[..., None] * target.direction.to(h.device)
-            return torch.where(touch[..., None], h + step_.to(h.dtype), h)
+            return torch.where(touch[..., None], self.op(h, alpha, target), h)
 
         return fn
 
@@ -257,6 +269,7 @@ def steer(
     prompt_length: int | None = None,
     direction: Float[Tensor, " d_model"] | None = None,
     trace: bool = False,
+    op: Operator | str | None = None,
 ) -> Steering:
     """Add α·v̂ at every forward until removed: a handle and a context manager.
 
@@ -271,9 +284,13 @@ def steer(
         unit: ``sigma`` (default), ``norm`` (% of mean residual norm) or ``raw``.
         direction: steer along another vector with the axis's statistics (random controls).
         trace: keep the σ-score of the residual before the addition at each forward.
+        op: the operator (`valueprobe.steering.operators`): ``add`` (default), ``ablate``, ``set``,
+            ``clamp``, ``add-norm``, or an `Operator` with its bounds or target.
 
     >>> with steer(lm, axis, torch.tensor([-2.0, 0.0, 2.0]), positions="generated", prompt_length=ids.shape[1]):
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
     """
-    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
-    return Steering(lm, axis, plan, alpha=alpha, where=positions, prompt_length=prompt_length, trace=trace)
+    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
+    return Steering(
+        lm, axis, plan, alpha=alpha, where=positions, prompt_length=prompt_length, trace=trace, op=op
+    )

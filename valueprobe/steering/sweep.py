@@ -80,7 +80,10 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
-    check_unit(axis, axis.best_layer if settings.layer is None else settings.layer, settings.unit)
+    layer = axis.best_layer if settings.layer is None else settings.layer
+    check_unit(axis, layer, settings.unit)
+    if settings.operator().needs_sigma:
+        axis.sigma_at(layer)
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -250,6 +253,7 @@ def _run_block(
         direction_name=name,
         batch_size=batch_size,
         progress=False,
+        op=settings.operator(),
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:
@@ -263,6 +267,7 @@ def _run_block(
             layer=layer,
             direction=v,
             batch_size=batch_size,
+            op=settings.operator(),
         )
         pyes = dict(zip(pairs, got.tolist(), strict=True))
     return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]

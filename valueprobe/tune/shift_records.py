@@ -29,7 +29,12 @@ FORMAT = "valueprobe.shift"
 
 @dataclass(frozen=True)
 class GroupShift:
-    """One group's move along the axis at the headline layer (scores in the axis's base σ)."""
+    """One group's move along the axis at the headline layer.
+
+    ``shift`` and ``ci`` are in base σ (the axis's spread over its reference set, the unit of every
+    score); ``shift_data_sigma`` and ``null_range`` are in data σ (its spread over these examples in the
+    base model). The table, the report and the demo's summary state shifts in data σ.
+    """
 
     group: str
     n: int
@@ -86,9 +91,9 @@ class ShiftResult:
             "group",
             "n",
             "targeted",
-            "shift σ",
+            "shift (data σ)",
             "95% CI",
-            "null 95% (data σ)",
+            "random-direction null 95%",
             "axis %ile",
             "d before",
             "d after",
@@ -96,13 +101,17 @@ class ShiftResult:
             "counts",
         ]
         f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
+        # One unit in every shift column, as in the report and the demo's summary: data σ, the axis's
+        # spread over these examples in the base model (the unit of the random-direction null).
+        sigma_data = self.probe.sigma_data
+        k = self.probe.sigma / sigma_data if sigma_data else math.nan  # data σ per base σ
         rows = [
             [
                 g.group,
                 str(g.n),
                 "yes" if g.targeted else "",
-                f(g.shift),
-                f"[{f(g.ci[0])}, {f(g.ci[1])}]",
+                f(g.shift_data_sigma),
+                f"[{f(g.ci[0] * k)}, {f(g.ci[1] * k)}]",
                 f"[{f(g.null_range[0])}, {f(g.null_range[1])}]",
                 f"{g.null_percentile:.0f}",
                 f(g.d_before),
