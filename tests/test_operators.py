@@ -100,18 +100,12 @@ def test_operator_output_is_its_closed_form_under_left_padding(tiny_lm_factory, 
         )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", list(OPERATORS))
-def test_operator_under_kv_cache_equals_full_forward(tiny_lm_factory, arch, name):
-    """Generate with the cache; a no-cache forward of the final sequence with the operator on gives
-    the logits of every generated token, and its cells are the closed form of the unsteered cells
-    (blocks 0 and 1 run before the operator, so the unsteered h is the operator's input)."""
-    lm = tiny_lm_factory(arch)
-    axis = op_axis(lm)
-    ids, mask = _batch(lm)
-    width, new = ids.shape[1], 5
-    alpha, op = _alpha(name), OPERATORS[name]
-    with steer(lm, axis, alpha, op=op), torch.no_grad():
+def cached_and_full(lm, ids, mask, new: int, **steer_kw):
+    """Greedy ``generate`` with the KV cache under ``steer(**steer_kw)``, and the references: a
+    no-cache steered forward of the final sequence, and its unsteered ``output_hidden_states``.
+    Asserts the cached logits of every generated token equal the full forward's."""
+    width = ids.shape[1]
+    with steer(lm, **steer_kw, prompt_length=width), torch.no_grad():
         run = lm.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -124,16 +118,28 @@ def test_operator_under_kv_cache_equals_full_forward(tiny_lm_factory, arch, name
         )
     seq = run.sequences
     full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
-    with steer(lm, axis, alpha, op=op):
+    with steer(lm, **steer_kw, prompt_length=width):
         out = _forward(lm, seq, full_mask, output_hidden_states=True)
-    base = _forward(lm, seq, full_mask, output_hidden_states=True).hidden_states[2]
-    real = full_mask.bool()
-    want = closed_form(name, base, alpha, axis.direction(1))
-    torch.testing.assert_close(out.hidden_states[2][real], want[real], atol=1e-5, rtol=0)
+    base = _forward(lm, seq, full_mask, output_hidden_states=True)
     for t in range(new):
         torch.testing.assert_close(run.logits[t], out.logits[:, width - 1 + t], atol=1e-4, rtol=0)
-    unsteered = _forward(lm, seq, full_mask).logits
-    assert not torch.allclose(out.logits[real], unsteered[real], atol=1e-3)
+    assert not torch.allclose(out.logits[full_mask.bool()], base.logits[full_mask.bool()], atol=1e-3)
+    return out, base, full_mask.bool()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_operator_under_kv_cache_equals_full_forward(tiny_lm_factory, arch, name):
+    """Generate with the cache; a no-cache forward of the final sequence with the operator on gives
+    the logits of every generated token, and its cells are the closed form of the unsteered cells
+    (blocks 0 and 1 run before the operator, so the unsteered h is the operator's input)."""
+    lm = tiny_lm_factory(arch)
+    axis = op_axis(lm)
+    ids, mask = _batch(lm)
+    alpha = _alpha(name)
+    out, base, real = cached_and_full(lm, ids, mask, 5, axis=axis, alpha=alpha, op=OPERATORS[name])
+    want = closed_form(name, base.hidden_states[2], alpha, axis.direction(1))
+    torch.testing.assert_close(out.hidden_states[2][real], want[real], atol=1e-5, rtol=0)
 
 
 def test_operator_settings_refused_in_one_line(tiny_lm_factory):
@@ -223,3 +229,102 @@ def test_cli_steer_op_bad_input_one_line_before_model_load(tiny_files, tmp_path,
         code, _, err = run_cli([*base, *extra, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and err.count("\n") == 1 and words in err, (extra, err)
         assert not (tmp_path / "o").exists()
+
+
+# --- sites and phases ------------------------------------------------------------------------------
+
+# each family's attention submodule, named here apart from the hook layer's table
+ATTENTION = {"llama": "self_attn", "gpt2": "attn", "gpt_neox": "attention"}
+
+
+def _module_output(lm, module, ids, mask, **steer_kw):
+    """The module's output (first element) in one forward, caught by a plain torch hook, and the
+    forward's hidden states; steered when ``steer_kw`` is given."""
+    seen = []
+    hook = module.register_forward_hook(
+        lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out)
+    )
+    try:
+        if steer_kw:
+            with steer(lm, **steer_kw):
+                states = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+        else:
+            states = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    finally:
+        hook.remove()
+    return seen[0], states
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["add", "ablate"])
+def test_attention_and_mlp_outputs_take_the_operator(tiny_lm_factory, arch, name):
+    """At attn_out / mlp_out the operator acts on the submodule's output o (closed form on o); the
+    MLP's output is the block's last addition, so there resid_post moves by exactly o' − o."""
+    lm = tiny_lm_factory(arch)
+    axis = op_axis(lm)
+    v = axis.direction(1)
+    ids, mask = _batch(lm)
+    real = mask.bool()
+    alpha = _alpha(name)
+    for site, module in (("attn_out", getattr(lm.layers[1], ATTENTION[arch])), ("mlp_out", lm.layers[1].mlp)):
+        o, base = _module_output(lm, module, ids, mask)
+        kw = dict(axis=axis, alpha=alpha, layers=1, site=site, op=name)
+        got_o, got = _module_output(lm, module, ids, mask, **kw)
+        want_o = closed_form(name, o, alpha, v)
+        torch.testing.assert_close(got_o[real], want_o[real], atol=1e-5, rtol=0)
+        assert torch.equal(got[1], base[1]) and torch.equal(got_o[2], o[2])  # upstream, α = 0 row
+        if site == "mlp_out":
+            torch.testing.assert_close(got[2][real], (base[2] + want_o - o)[real], atol=1e-5, rtol=0)
+        else:
+            assert not torch.allclose(got[2][real], base[2][real], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_output_steering_under_kv_cache(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
+    ids, mask = _batch(lm)
+    cached_and_full(
+        lm, ids, mask, 5, axis=op_axis(lm), alpha=torch.tensor([3.0, -2.0, 0.0, 1.0]), site="attn_out"
+    )
+
+
+def test_a_family_without_the_submodule_is_refused_in_one_line(tiny_lm_factory, tiny_tokenizer):
+    import copy
+
+    from valueprobe.model.load import wrap
+
+    model = copy.deepcopy(tiny_lm_factory("llama").model)
+    for block in model.model.layers:  # a family whose blocks call their MLP something else
+        block._modules["dense_block"] = block._modules.pop("mlp")
+    lm = wrap(model, tiny_tokenizer, model_id="tiny-renamed")
+    hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
+    before = hooks()
+    with pytest.raises(ValueprobeError, match="blocks of tiny-renamed expose no mlp_out submodule"):
+        steer(lm, op_axis(lm), 1.0, site="mlp_out", op="ablate")
+    with pytest.raises(ValueprobeError, match="unknown site"):
+        steer(lm, op_axis(lm), 1.0, site="resid_mid")
+    assert hooks() == before  # nothing left on
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("window", [(0, 1), (1, 3)])
+def test_window_of_generated_tokens(tiny_lm_factory, arch, window):
+    """Only generated tokens a <= i < b move (i = 0 at the prompt's padded width), under the cache."""
+    lm = tiny_lm_factory(arch)
+    axis = op_axis(lm)
+    ids, mask = _batch(lm)
+    width, alpha = ids.shape[1], torch.tensor([3.0, -2.0, 0.0, 1.0])
+    out, base, real = cached_and_full(lm, ids, mask, 5, axis=axis, alpha=alpha, window=window)
+    column = torch.arange(real.shape[1])
+    moved = real & ((column >= width + window[0]) & (column < width + window[1]))[None, :]
+    want = closed_form("add", base.hidden_states[2], alpha, axis.direction(1))
+    torch.testing.assert_close(out.hidden_states[2][moved], want[moved], atol=1e-5, rtol=0)
+    assert torch.equal(out.hidden_states[2][~moved], base.hidden_states[2][~moved])
+    assert int(moved.sum()) == 4 * (window[1] - window[0])  # every row, b - a generated cells
+    for bad, words in (((2, 2), "0 <= a < b"), ((-1, 2), "0 <= a < b")):
+        with pytest.raises(ValueprobeError, match=words):
+            steer(lm, axis, 1.0, window=bad, prompt_length=width)
+    with pytest.raises(ValueprobeError, match="cannot go with positions='prompt'"):
+        steer(lm, axis, 1.0, window=(0, 2), positions="prompt", prompt_length=width)
+    with pytest.raises(ValueprobeError, match="site attn_out with a window of generated tokens runs on"):
+        generate(lm, axis, PROMPTS[:1], site="attn_out", window=(0, 2), backend="nnsight", progress=False)
