@@ -110,7 +110,7 @@ def _shift() -> ShiftSection:
         base_fingerprint="a",
         tuned_fingerprint="b",
         probe=ProbeRef(
-            "tiny", "a", "span_diff", "resid_post", 0.0, 2.0, "fitting set", sigma_data=0.25
+            "tiny", "a", "span_diff", "resid_post", 0.0, 2.0, "fitting set"
         ),  # 1 base σ = 8 data σ
         layer=2,
         layers=(0, 1, 2, 3),

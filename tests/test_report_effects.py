@@ -133,17 +133,15 @@ def _group(
     )
 
 
-def _shift_section(sigma: float, sigma_data: float | None, shift: float) -> ShiftResult:
-    factor = sigma / (sigma_data if sigma_data is not None else 1 / 8.94)
+def _shift_section(sigma: float, sigma_data: float, shift: float) -> ShiftResult:
+    factor = sigma / sigma_data
     dolphin, volcano = "preference_words/dolphin", "preference_words/volcano"
     return ShiftResult(
         base_id="base",
         tuned_id="tuned",
         base_fingerprint="a",
         tuned_fingerprint="b",
-        probe=ProbeRef(
-            "base", "a", "span_diff", "resid_post", 0.0, sigma, "fitting set", sigma_data=sigma_data
-        ),
+        probe=ProbeRef("base", "a", "span_diff", "resid_post", 0.0, sigma, "fitting set"),
         layer=12,
         layers=(11, 12),
         tokens="mean",
@@ -181,13 +179,11 @@ def _shift_section(sigma: float, sigma_data: float | None, shift: float) -> Shif
 _QUANTITY = re.compile(r"([+-]\d+\.\d+) (data σ|σ)")
 
 
-@pytest.mark.parametrize("with_sigma_data", [True, False])
-def test_shift_caption_and_summary_state_one_number_in_one_unit(with_sigma_data):
+def test_shift_caption_and_summary_state_one_number_in_one_unit():
     # The numbers of the issue: -0.0104 base σ is -0.093 data σ when the data spread is 1/9 of the reference.
-    # a result saved before sigma_data was recorded reads back with None, and its JSON has no key
-    d = _shift_section(sigma=1.0, sigma_data=1 / 8.94 if with_sigma_data else None, shift=-0.0104)
+    # read back from its JSON, as the report does: the unit factor comes from the groups, no extra key
+    d = _shift_section(sigma=1.0, sigma_data=1 / 8.94, shift=-0.0104)
     d = ShiftResult.from_dict(json.loads(json.dumps(d.to_dict())))
-    assert ("sigma_data" in d.to_dict()["probe"]) == with_sigma_data
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     caption = section.caption(ShiftSection(d))
     summary = shift_headline(d, steps=1)
@@ -220,7 +216,9 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     axis = dataclasses.replace(axis, sigma=2.0 * axis.sigma)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
     res = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False)
-    assert res.to_dict()["probe"]["sigma_data"] == pytest.approx(float(axis.sigma[1]) / 2.0, rel=1e-4)
+    assert set(res.to_dict()["probe"]) == {
+        f.name for f in dataclasses.fields(ProbeRef)
+    }  # shift.json's format holds
     assert data_sigma_per_base_sigma(res) == pytest.approx(2.0, rel=1e-4)
     alpha = res.groups[0]
     assert alpha.shift == pytest.approx(3.0, abs=1e-4)

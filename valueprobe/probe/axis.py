@@ -50,15 +50,9 @@ class ProbeRef:
     mu: float
     sigma: float
     sigma_reference: str
-    # the axis's σ over the data read (units of ``sigma``): sigma / sigma_data converts base σ to
-    # data σ. Only a shift records it; None is left out of the JSON.
-    sigma_data: float | None = None
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        if self.sigma_data is None:
-            del out["sigma_data"]
-        return out
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProbeRef:
@@ -146,7 +140,7 @@ class ValueAxis:
             )
         return self.layers.index(layer)
 
-    def ref(self, layer: int, *, sigma_data: float | None = None) -> ProbeRef:
+    def ref(self, layer: int) -> ProbeRef:
         """This axis's identity and its units (μ, σ) at ``layer``, as results record it."""
         i = self.layers.index(layer)
         return ProbeRef(
@@ -157,7 +151,6 @@ class ValueAxis:
             mu=float(self.mu[i]),
             sigma=float(self.sigma[i]),
             sigma_reference=self.sigma_reference,
-            sigma_data=sigma_data,
         )
 
     def direction(self, layer: int | None = None) -> torch.Tensor:

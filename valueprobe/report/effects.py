@@ -224,17 +224,9 @@ def data_sigma_per_base_sigma(res: ShiftResult) -> float | None:
     Two units meet in a shift: *base σ*, the spread of the axis's projection over its reference
     set (the unit of every score and of ``shift``), and *data σ*, its spread over these examples in
     the base model (the unit of ``shift_data_sigma`` and of the random-direction null, each random
-    direction being measured in its own spread over the same examples). The ratio is
-    ``probe.sigma / probe.sigma_data``; results written before ``sigma_data`` was recorded give it
-    as ``shift_data_sigma / shift`` of any group that moved. None when neither is known.
+    direction being measured in its own spread over the same examples): `ShiftResult.data_sigma_per_base_sigma`.
     """
-    probe = res.probe
-    if probe.sigma and probe.sigma_data:
-        return probe.sigma / probe.sigma_data
-    for g in res.groups:
-        if g.shift and np.isfinite(g.shift_data_sigma):
-            return g.shift_data_sigma / g.shift
-    return None
+    return res.data_sigma_per_base_sigma()
 
 
 def shift_text(res: ShiftResult, g: GroupShift) -> str:

@@ -352,7 +352,7 @@ def shift(
         tuned_id=tuned.model_id,
         base_fingerprint=base.fingerprint,
         tuned_fingerprint=tuned.fingerprint,
-        probe=axis.ref(layer, sigma_data=float(axis.sigma[axis.layers.index(layer)]) / rand[1]),
+        probe=axis.ref(layer),
         layer=layer,
         layers=tuple(keep),
         tokens=str(tokens),

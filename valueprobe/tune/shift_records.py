@@ -72,7 +72,7 @@ class ShiftResult:
     tuned_id: str
     base_fingerprint: str
     tuned_fingerprint: str
-    probe: ProbeRef  # with sigma_data: the axis's σ over these examples
+    probe: ProbeRef
     layer: int
     layers: tuple[int, ...]
     tokens: str
@@ -103,8 +103,7 @@ class ShiftResult:
         f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
         # One unit in every shift column, as in the report and the demo's summary: data σ, the axis's
         # spread over these examples in the base model (the unit of the random-direction null).
-        sigma_data = self.probe.sigma_data
-        k = self.probe.sigma / sigma_data if sigma_data else math.nan  # data σ per base σ
+        k = self.data_sigma_per_base_sigma() or math.nan
         rows = [
             [
                 g.group,
@@ -122,6 +121,15 @@ class ShiftResult:
             for g in self.groups
         ]
         return headers, rows
+
+    def data_sigma_per_base_sigma(self) -> float | None:
+        """How many data σ make one base σ at the headline layer: each group records its shift in
+        both units, so ``shift_data_sigma / shift`` of any group that moved (no extra key in
+        shift.json). None when no group moved."""
+        for g in self.groups:
+            if g.shift and math.isfinite(g.shift) and math.isfinite(g.shift_data_sigma):
+                return g.shift_data_sigma / g.shift
+        return None
 
     def to_dict(self) -> dict:
         out = asdict(self)
