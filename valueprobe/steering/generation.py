@@ -194,7 +194,7 @@ def _chunks(rows: Sequence[_Row], size: int) -> Iterator[list[_Row]]:
 
 
 def _point_name(p: Point) -> str:
-    return f"{Site(p.site).value}[{p.layer}]"
+    return f"{HookSite(str(p.site)).value}[{p.layer}]"
 
 
 def generate(
