@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import run_cli
+from hypothesis import given
+from hypothesis import strategies as st
 
 from valueprobe.activations import parts as parts_module
 from valueprobe.activations import store as store_module
 from valueprobe.activations.parts import merge_stores
+from valueprobe.activations.ranks import rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span, write_jsonl
 from valueprobe.errors import ValueprobeError
@@ -221,3 +224,22 @@ def test_cli_shard_and_merge(tiny_dir, tmp_path, capsys):
     code, _, err = run_cli(["merge", str(tmp_path / "m2"), str(tmp_path / "p0")], capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "shard 1/2 is missing" in lines[0], err
+
+
+@given(n=st.integers(0, 500), block=st.integers(1, 40), count=st.integers(1, 12))
+def test_shards_tile_the_dataset_in_whole_blocks(n, block, count):
+    ranges = [ShardSpec(i, count).examples(n, block=block) for i in range(count)]
+    assert [i for r in ranges for i in r] == list(range(n))  # every example once, in order
+    assert all(r.start % block == 0 for r in ranges if r)  # parts start on block boundaries
+    assert ShardSpec.parse(str(ShardSpec(count - 1, count))) == ShardSpec(count - 1, count)
+
+
+def test_torchrun_environment_names_the_shard_and_gpu():
+    assert ShardSpec.from_env({"RANK": "3", "WORLD_SIZE": "8"}) == ShardSpec(3, 8)
+    assert ShardSpec.from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None  # one process: a whole store
+    assert ShardSpec.from_env({}) is None
+    with pytest.raises(ValueprobeError, match="--shard '8/8'"):
+        ShardSpec.from_env({"RANK": "8", "WORLD_SIZE": "8"})
+    assert rank_device("cuda", {"LOCAL_RANK": "3"}) == "cuda:3"
+    assert rank_device("cuda:1", {"LOCAL_RANK": "3"}) == "cuda:1"
+    assert rank_device("cpu", {"LOCAL_RANK": "3"}) == "cpu"

@@ -104,6 +104,21 @@ def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
         want = probs[yes].sum() / (probs[yes].sum() + probs[no].sum())
         assert got[row] == pytest.approx(float(want), abs=1e-5)
     assert got[0] != pytest.approx(got[1], abs=1e-6)  # steering moved it
+    # norm units (α % of the mean norm, 10 here) and another direction (with the axis's σ)
+    ids = torch.tensor([encode_prompts(lm, prompts[:1])[0]])
+    other = torch.nn.functional.normalize(
+        torch.randn(lm.d_model, generator=torch.Generator().manual_seed(9)), dim=0
+    )
+    (along_axis,) = p_yes(lm, axis, prompts[:1], [4.0], unit="sigma")
+    for kw, vector in (
+        (dict(unit="norm"), axis.direction(1) * 10.0 / 100),
+        (dict(unit="sigma", direction=other * 5.0), other * 2.0),  # the direction is normalized
+    ):
+        (one,) = p_yes(lm, axis, prompts[:1], [4.0], **kw)
+        logits = steered_logits(lm, ids, torch.ones_like(ids), layer=1, vector=vector, alpha=4.0)
+        probs = torch.softmax(logits[0, -1], dim=-1)
+        assert one == pytest.approx(float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum())), abs=1e-5)
+        assert one != pytest.approx(along_axis, abs=1e-4)  # so a dropped unit or direction shows
 
 
 # --- sweeps -----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from valueprobe.activations.store import MANIFEST, ActivationStore, check_store_
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir
 from valueprobe.model.fingerprint import Fingerprint
+from valueprobe.vocab import check_split
 
 __all__ = ["merge_stores", "read_part"]
 
@@ -61,10 +62,7 @@ def read_part(path: str | Path) -> StoreManifest:
 def _check_together(parts: Sequence[Path], manifests: Sequence[StoreManifest]) -> None:
     """Every part from the first part's model, settings and dataset; each shard 0..N-1 once."""
     first, ref = manifests[0], parts[0]
-    assert first.part is not None  # read_part refuses whole stores
-    seen: dict[int, Path] = {}
     for path, m in zip(parts, manifests, strict=True):
-        assert m.part is not None
         if m.fingerprint != first.fingerprint:
             raise ValueprobeError(
                 f"part {path} was captured from another model (fingerprint {m.fingerprint}, not"
@@ -80,22 +78,7 @@ def _check_together(parts: Sequence[Path], manifests: Sequence[StoreManifest]) -
                 f"part {path} was captured from another dataset ({m.dataset.path}, {m.dataset.n_examples} examples)"
                 f" than {ref} ({first.dataset.path}, {first.dataset.n_examples}): capture every part from one file"
             )
-        if m.part.count != first.part.count:
-            raise ValueprobeError(
-                f"part {path} is shard {m.part}, of another split than {ref} (shard {first.part}):"
-                " capture every part with the same N in --shard I/N"
-            )
-        if m.part.index in seen:
-            raise ValueprobeError(
-                f"parts {seen[m.part.index]} and {path} are both shard {m.part}: pass each shard once"
-            )
-        seen[m.part.index] = path
-    missing = [i for i in range(first.part.count) if i not in seen]
-    if missing:
-        raise ValueprobeError(
-            f"shard {missing[0]}/{first.part.count} is missing: capture it with --shard"
-            f" {missing[0]}/{first.part.count} and pass its folder too"
-        )
+    check_split([(path, m.part) for path, m in zip(parts, manifests, strict=True) if m.part is not None])
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -8,11 +8,14 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from valueprobe.activations.manifest import DatasetInfo
+from valueprobe.activations.ranks import capture_ranks, rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     AllowPartialOpt,
@@ -37,7 +40,7 @@ from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.read.readout import score_dataset
+from valueprobe.read.score_parts import ScoreSettings, score_part
 from valueprobe.replicate.axis import replicate_axis as run_replicate
 from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
@@ -48,6 +51,7 @@ from valueprobe.vocab import (
     LayerSelection,
     PaddingSide,
     Positions,
+    ShardSpec,
     Site,
     Target,
     Tokens,
@@ -87,6 +91,37 @@ def print_store(out: Path, store: ActivationStore) -> None:
             ]
         ],
     )
+
+
+def _check_capture_options(
+    sizes: tuple[int, int, int | None, float], device: str, backend: Backend, *, remote: bool
+) -> None:
+    """The checks capture makes before loading a model (``sizes``: the options below, each >= 1)."""
+    for option, value in zip(
+        ("--batch-size", "--examples-per-shard", "--max-length", "--checkpoint-seconds"), sizes, strict=True
+    ):
+        check_at_least(option, value, 1)
+    check_device(device)
+    if remote and backend != "nnsight":
+        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
+
+
+def _capture_ranked(
+    out: Path,
+    shard: ShardSpec | None,
+    work: Callable[[Path, ShardSpec | None, str], ActivationStore],
+    device: str,
+) -> None:
+    """``work(out, shard)``; under torchrun (RANK/WORLD_SIZE, WORLD_SIZE > 1) ``work`` on this rank's
+    part (OUT.parts/part-RANK-of-N), then rank 0 merges the parts into ``out``. Every rank's failure,
+    from a bad option on, reaches rank 0, which names the rank."""
+    ranked = ShardSpec.from_env() if shard is None else None
+    if ranked is None:
+        print_store(out, work(out, shard, device))
+        return
+    merged = capture_ranks(out, ranked, lambda part_out: work(part_out, ranked, rank_device(device)))
+    if merged is not None:
+        print_store(out, merged)
 
 
 @app.command()
@@ -134,42 +169,40 @@ def capture(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
 ) -> None:
-    """Capture residual-stream activations of a dataset into a sharded store."""
+    """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
 
-    check_store_out(out)
-    check_at_least("--batch-size", batch_size, 1)
-    check_at_least("--examples-per-shard", examples_per_shard, 1)
-    check_at_least("--max-length", max_length, 1)
-    check_at_least("--checkpoint-seconds", checkpoint_seconds, 1)
-    check_device(device)
-    if remote and backend != "nnsight":
-        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
-    examples = read_jsonl(data)
-    regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
-    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    store = capture_to_store(
-        lm,
-        examples,
-        out_dir=out,
-        layers=layers,
-        site=site,
-        positions=positions,
-        batch_size=batch_size,
-        examples_per_shard=examples_per_shard,
-        dtype=dtype,
-        padding_side=padding_side,
-        max_length=max_length,
-        dataset_path=str(data),
-        dataset_sha256=sha256_file(data),
-        span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
-        group_by=group_by,
-        backend=backend,
-        remote=remote,
-        checkpoint_seconds=checkpoint_seconds,
-        chat_template=chat_template,
-        shard=shard,
-    )
-    print_store(out, store)
+    def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
+        check_store_out(store_out)
+        sizes = (batch_size, examples_per_shard, max_length, checkpoint_seconds)
+        _check_capture_options(sizes, device, backend, remote=remote)
+        examples = read_jsonl(data)
+        regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
+        lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+        return capture_to_store(
+            lm,
+            examples,
+            out_dir=store_out,
+            layers=layers,
+            site=site,
+            positions=positions,
+            batch_size=batch_size,
+            examples_per_shard=examples_per_shard,
+            dtype=dtype,
+            padding_side=padding_side,
+            max_length=max_length,
+            dataset_path=str(data),
+            dataset_sha256=sha256_file(data),
+            span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
+            group_by=group_by,
+            backend=backend,
+            remote=remote,
+            checkpoint_seconds=checkpoint_seconds,
+            chat_template=chat_template,
+            shard=part,
+            progress=part is None or part.index == 0,
+        )
+
+    _capture_ranked(out, shard, work, device)
 
 
 @app.command()
@@ -244,6 +277,7 @@ def score(
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None,
     chat_template: ChatTemplateOpt = ChatTemplate.model,
+    shard: ShardOpt = None,
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -262,10 +296,7 @@ def score(
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
-    res = score_dataset(
-        axis,
-        lm,
-        examples,
+    settings = ScoreSettings(
         layer=layer,
         tokens=tokens,
         batch_size=batch_size,
@@ -276,6 +307,14 @@ def score(
         max_length=max_length,
         chat_template=chat_template,
     )
+    if shard is not None:
+        info = DatasetInfo(str(data), sha256_file(data), len(examples))
+        part = score_part(axis, lm, examples, shard=shard, dataset=info, settings=settings).write(out)
+        console.print(
+            f"wrote {part}/scores.csv, part.json (shard {shard}): `valueprobe merge` joins the parts"
+        )
+        return
+    res = settings.score(axis, lm, examples)
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)

@@ -14,17 +14,24 @@ import typer
 
 from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import MANIFEST
-from valueprobe.cli.app import app, console
+from valueprobe.cli.app import app, console, table
 from valueprobe.cli.capture_fit import print_store
 from valueprobe.errors import ValueprobeError
+from valueprobe.read.score_parts import merge_scores
 
 
 def _merge_store(out: Path, parts: list[Path]) -> None:
     print_store(out, merge_stores(out, parts))
 
 
+def _merge_scores(out: Path, parts: list[Path]) -> None:
+    res = merge_scores(out, parts)
+    headers, rows = res.table()
+    table(f"score (merged): layer {res.layer}", headers, rows)
+
+
 # What a part is recognised by (its marker file) -> how its kind is merged and summarised.
-MERGERS = {MANIFEST: _merge_store}
+MERGERS = {MANIFEST: _merge_store, "scores.csv": _merge_scores}
 
 
 @app.command()

@@ -33,7 +33,7 @@ from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
@@ -206,8 +206,17 @@ def replicate_steer_command(
     seed: int = 0,
     batch_size: int = 32,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    rows: Annotated[
+        str,
+        typer.Option(
+            help="add (steer along each direction) and/or ablate (remove it): a row left out keeps its results"
+        ),
+    ] = "add,ablate",
+    benchmarks: Annotated[
+        str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
+    ] = "all",
 ) -> None:
-    """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
+    """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     check_at_least("--prompts", prompts, 1)
@@ -216,25 +225,28 @@ def replicate_steer_command(
         raise ValueprobeError(
             f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
         )
+    chosen = parse_rows(rows)
+    names = parse_benchmarks(benchmarks)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
-    for bench in BENCHMARKS:  # every check before the model loads
-        path = data / bench.file
-        examples = _read_prompts(path, prompts)
-        settings = bench.settings(
-            probe,
-            other_probe,
-            axis,
-            model,
-            path,
-            values,
-            unit.value,
-            samples,
-            n_random,
-            seed,
-            prompts,
-            tokens,
-        )
-        check_settings(settings, axis, runs / bench.name, examples)
+    planned = plan(
+        rows=chosen,
+        probe=probe,
+        other_probe=other_probe,
+        axis=axis,
+        model=model,
+        data_dir=data,
+        runs_dir=runs,
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        controls=n_random,
+        seed=seed,
+        prompts=prompts,
+        tokens=tokens,
+        benchmarks=names,
+    )
+    for run in planned:  # every check before the model loads
+        check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = load(model, device=device)
     report = replicate_steer(
         lm,
@@ -253,10 +265,20 @@ def replicate_steer_command(
         seed=seed,
         tokens=tokens,
         batch_size=batch_size,
+        rows=chosen,
+        benchmarks=names,
     )
-    write_html(dose_response_figure(report.combined()), out / "dose.html")
-    headers, rows = report.table()
-    table(
-        f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions", headers, rows
+    if report.sweeps:
+        write_html(dose_response_figure(report.combined()), out / "dose.html")
+        table(
+            f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions",
+            *report.table(),
+        )
+    if report.ablations:
+        table(
+            f"replicate steer, ablated: {probe.name} vs {n_random} random directions",
+            *report.ablation_table(),
+        )
+    console.print(
+        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''} (sweeps in {runs}/)"
     )
-    console.print(f"wrote {out}/results.json, summary.md, dose.html (sweeps in {runs}/)")

@@ -26,7 +26,7 @@ from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.axis import ProbeRef, ValueAxis
 from valueprobe.read.scores import ScoreResult
 from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.stats.null import direction_null, random_directions
@@ -278,8 +278,52 @@ def score_dataset(
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
     """
     tokens = choice(Tokens, tokens, what="tokens")
-    axis.check(lm, force=force)
     layer = axis.best_layer if layer is None else layer
+    records, random = read_records(
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=batch_size,
+        null=null,
+        seed=seed,
+        force=force,
+        max_length=max_length,
+        chat_template=chat_template,
+        progress=progress,
+    )
+    return summarize(
+        axis.ref(layer),
+        records,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        bootstrap=bootstrap,
+        seed=seed,
+        random=random,
+    )
+
+
+def read_records(
+    axis: ValueAxis,
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layer: int,
+    tokens: Tokens,
+    batch_size: int,
+    null: int,
+    seed: int,
+    force: bool,
+    max_length: int | None,
+    chat_template: ChatTemplate,
+    progress: bool,
+) -> tuple[list[dict], dict[str, np.ndarray] | None]:
+    """The per-example part of :func:`score_dataset`: its records, and each example's mean
+    projection on the ``null`` random directions (None without a null). Depends on nothing but the
+    example itself, so a sharded score reads each shard's examples alone."""
+    axis.check(lm, force=force)
     readouts = read_examples(
         axis,
         lm,
@@ -292,13 +336,31 @@ def score_dataset(
         random_dirs=random_directions(lm.d_model, null, seed=seed) if null else None,
         progress=progress,
     )
-    records = per_example(axis, examples, readouts, layer=layer)
+    return per_example(axis, examples, readouts, layer=layer), _mean_by_example(readouts)
+
+
+def axis_record(axis: ValueAxis, layer: int) -> dict:
+    """The probe as ``summary.json`` (and a score part) records it: `ValueAxis.ref` as JSON."""
+    return axis.ref(layer).to_dict()
+
+
+def summarize(
+    probe: ProbeRef | Mapping[str, Any],
+    records: Sequence[dict],
+    examples: Sequence[Example],
+    *,
+    layer: int,
+    tokens: Tokens,
+    bootstrap: int,
+    seed: int,
+    random: dict[str, np.ndarray] | None,
+) -> ScoreResult:
+    """The per-group step of :func:`score_dataset` over every example's records."""
     if not any(r["n_readout_tokens"] for r in records):
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
-    summary = group_summary(
-        records, examples, bootstrap=bootstrap, seed=seed, random=_mean_by_example(readouts)
-    )
-    return ScoreResult(tuple(records), tuple(summary), axis.ref(layer), layer, tokens)
+    summary = group_summary(records, examples, bootstrap=bootstrap, seed=seed, random=random)
+    ref = probe if isinstance(probe, ProbeRef) else ProbeRef.from_dict(probe)
+    return ScoreResult(tuple(records), tuple(summary), ref, layer, tokens)
 
 
 @dataclass(frozen=True)

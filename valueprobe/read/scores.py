@@ -102,16 +102,50 @@ class ScoreResult:
         """Write ``scores.csv`` (one row per example) and ``summary.json``, each atomically."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        buf = io.StringIO()
-        fields = ["id", "group", "label", "val", "score", "n_readout_tokens", "n_tokens"]
-        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        for rec in self.records:
-            writer.writerow(
-                {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-            )
         paths = {"scores": out / "scores.csv", "summary": out / "summary.json"}
-        atomic_write_text(paths["scores"], buf.getvalue())
+        write_scores_csv(paths["scores"], self.records)
         text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
         atomic_write_text(paths["summary"], text)
         return paths
+
+
+# scores.csv's columns and how each reads back (an empty cell is NaN: no σ, or no row to read)
+_COLUMNS: dict[str, type] = {
+    "id": str,
+    "group": str,
+    "label": float,
+    "val": float,
+    "score": float,
+    "n_readout_tokens": int,
+    "n_tokens": int,
+}
+
+
+def write_scores_csv(path: Path, records: Sequence[Mapping[str, Any]]) -> None:
+    """One row per example; floats as Python writes them (the shortest text that reads back exact)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for rec in records:
+        writer.writerow(
+            {k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+        )
+    atomic_write_text(path, buf.getvalue())
+
+
+def read_scores_csv(path: Path) -> list[dict]:
+    """The records :func:`write_scores_csv` wrote, with their types (bit-exact floats)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        return [
+            {
+                k: (float("nan") if cast is float and row[k] == "" else cast(row[k]))
+                for k, cast in _COLUMNS.items()
+            }
+            for row in rows
+        ]
+    except (OSError, KeyError, ValueError) as exc:
+        raise ValueprobeError(
+            f"{path}: not a readable scores.csv ({exc}); run `valueprobe score` again"
+        ) from None

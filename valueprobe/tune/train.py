@@ -38,7 +38,7 @@ import torch
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, atomic_write_text, record_from_dict
-from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
+from valueprobe.model.adapter import TUNE_FILE, TunedBase, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
 
@@ -101,18 +101,6 @@ class TuneSettings:
             raise ValueprobeError(f"--max-steps {self.max_steps} must be -1 (run the epochs) or at least 1")
         if not 0 <= self.lora_dropout < 1:
             raise ValueprobeError(f"lora_dropout {self.lora_dropout} must be in [0, 1)")
-
-
-@dataclass(frozen=True)
-class TunedBase:
-    """The model a checkpoint was tuned from: how to load it again, and its shape."""
-
-    spec: str
-    fingerprint: str
-    model_type: str | None
-    d_model: int
-    n_layers: int
-    vocab_size: int
 
 
 @dataclass(frozen=True)
