@@ -289,14 +289,8 @@ def test_attention_output_steering_under_kv_cache(tiny_lm_factory, arch):
 
 
 def test_a_family_without_the_submodule_is_refused_in_one_line(tiny_lm_factory, tiny_tokenizer):
-    import copy
-
-    from valueprobe.model.load import wrap
-
-    model = copy.deepcopy(tiny_lm_factory("llama").model)
-    for block in model.model.layers:  # a family whose blocks call their MLP something else
-        block._modules["dense_block"] = block._modules.pop("mlp")
-    lm = wrap(model, tiny_tokenizer, model_id="tiny-renamed")
+    lm = _renamed_mlp(tiny_lm_factory("llama"), tiny_tokenizer)
+    model = lm.model
     hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
     before = hooks()
     with pytest.raises(ValueprobeError, match="blocks of tiny-renamed expose no mlp_out submodule"):
@@ -328,3 +322,72 @@ def test_window_of_generated_tokens(tiny_lm_factory, arch, window):
         steer(lm, axis, 1.0, window=(0, 2), positions="prompt", prompt_length=width)
     with pytest.raises(ValueprobeError, match="site attn_out with a window of generated tokens runs on"):
         generate(lm, axis, PROMPTS[:1], site="attn_out", window=(0, 2), backend="nnsight", progress=False)
+
+
+def _renamed_mlp(lm, tokenizer):
+    """A copy of ``lm`` whose blocks call their MLP something the hook layer does not know."""
+    import copy
+
+    from valueprobe.model.load import wrap
+
+    model = copy.deepcopy(lm.model)
+    for block in model.model.layers:
+        block._modules["dense_block"] = block._modules.pop("mlp")
+    return wrap(model, tokenizer, model_id="tiny-renamed")
+
+
+def test_cli_steer_op_at_a_site_runs_and_records_it(tiny_files, tmp_path, capsys):  # noqa: F811
+    r = tiny_files
+    argv = [
+        "steer",
+        "--probe",
+        str(r / "probe"),
+        "--model",
+        str(r / "model"),
+        "--prompts",
+        str(r / "p.jsonl"),
+    ]
+    argv += [
+        "--alphas",
+        "0,1",
+        "--op",
+        "ablate",
+        "--site",
+        "mlp_out",
+        "--max-new-tokens",
+        "2",
+        "--limit",
+        "2",
+    ]
+    argv += ["--random-directions", "1", "--greedy", "--bootstrap", "10", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    settings = json.loads((tmp_path / "o" / "settings.json").read_text())
+    assert (settings["op"], settings["site"]) == ("ablate", "mlp_out") and "lo" not in settings
+    assert SweepSettings.from_dict(settings).operator() == Operator("ablate")
+
+
+def test_cli_steer_at_a_site_the_family_lacks_is_one_line(
+    tiny_files,  # noqa: F811
+    tiny_lm_factory,
+    tmp_path,
+    capsys,
+    monkeypatch,
+):
+    lm = _renamed_mlp(tiny_lm_factory("llama"), tiny_lm_factory("llama").tokenizer)
+    monkeypatch.setattr("valueprobe.cli.steer.load", lambda *a, **k: lm)
+    r = tiny_files
+    argv = [
+        "steer",
+        "--probe",
+        str(r / "probe"),
+        "--model",
+        str(r / "model"),
+        "--prompts",
+        str(r / "p.jsonl"),
+    ]
+    argv += ["--op", "ablate", "--site", "mlp_out", "--alphas", "0,1", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli(argv, capsys)
+    errors = [line for line in err.splitlines() if "error" in line]  # (stderr also has progress bars)
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: "), err
+    assert "expose no mlp_out submodule" in err and "use site resid_post or resid_pre" in err

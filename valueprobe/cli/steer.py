@@ -37,7 +37,7 @@ from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, repli
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.vocab import Op, Unit
+from valueprobe.vocab import HookSite, Op, Unit
 
 __all__ = ["replicate_steer_command", "steer_command"]
 
@@ -120,6 +120,9 @@ def steer_command(
     lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
+    site: Annotated[
+        HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
+    ] = None,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -163,6 +166,7 @@ def steer_command(
         lo=lo,
         hi=hi,
         target=target,
+        site=None if site is None else site.value,
     )
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)

@@ -194,7 +194,7 @@ def _chunks(rows: Sequence[_Row], size: int) -> Iterator[list[_Row]]:
 
 
 def _point_name(p: Point) -> str:
-    return f"{Site(p.site).value}[{p.layer}]"
+    return f"{HookSite(str(p.site)).value}[{p.layer}]"
 
 
 def generate(
@@ -237,7 +237,9 @@ def generate(
         max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (benchmarks: fixed length).
         greedy: argmax decoding (then samples are identical).
         temperature, top_p: sampling settings.
-        unit, layers, site, positions, direction: as in `valueprobe.steering.handle.steer`.
+        unit, layers, site, positions, direction, op, window, condition: as in
+            `valueprobe.steering.handle.steer`; an ``op`` but ``add``, a site off the residual
+            stream, a window or a condition run on the hooks route only.
         direction_name: recorded in each `Generation` (e.g. ``"random-3"``).
         read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
         trace: return a per-token `Trace` with each row.
@@ -246,21 +248,13 @@ def generate(
             ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
             hook's α source. Hooks route only.
-        op: the operator (`valueprobe.steering.operators`): ``add`` (default), ``ablate``, ``set``,
-            ``clamp``, ``add-norm``, or an `Operator` with its bounds or target. Hooks route only,
-            but for ``add``.
-        window, condition: a window of generated tokens, and a condition on a probe's reading
-            (`valueprobe.steering.handle.steer`). Hooks route only.
 
     >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
     """
     _check_sizes(prompts, alphas, max_new_tokens=max_new_tokens, samples=samples, batch_size=batch_size)
     impl = route(backend)
-    operator = as_operator(op)
     check_phase(positions, window, 0)
-    first, points = steer_plan(
-        lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=operator
-    )
+    first, points = steer_plan(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
     encoded = encode_prompts(lm, prompts)
     rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
     run = _Settings(
@@ -272,7 +266,7 @@ def generate(
         direction_name=direction_name,
         read_layers=read_layers,
         trace=trace,
-        op=operator,
+        op=as_operator(op),
         window=window,
         condition=condition,
     )

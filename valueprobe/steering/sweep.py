@@ -42,6 +42,7 @@ from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
 from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
+from valueprobe.vocab import HookSite, choice
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep"]
 
@@ -82,6 +83,8 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
     layer = axis.best_layer if settings.layer is None else settings.layer
     check_unit(axis, layer, settings.unit)
+    if settings.site is not None:
+        choice(HookSite, settings.site, what="site (--site)")
     if settings.operator().needs_sigma:
         axis.sigma_at(layer)
     shape = _model_shape(settings.model)
@@ -249,6 +252,7 @@ def _run_block(
         temperature=settings.temperature,
         unit=settings.unit,
         layers=[layer],
+        site=settings.site,
         direction=v,
         direction_name=name,
         batch_size=batch_size,
@@ -268,6 +272,7 @@ def _run_block(
             direction=v,
             batch_size=batch_size,
             op=settings.operator(),
+            site=settings.site,
         )
         pyes = dict(zip(pairs, got.tolist(), strict=True))
     return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
