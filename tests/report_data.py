@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import LayerAurocs, SplitGroups, SweepSummary
 from valueprobe.probe.transfer import TransferSummary
@@ -13,7 +14,7 @@ from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.dose import Curve, Effect, SteerSweep
 from valueprobe.steering.generation import Trace
-from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftProbe, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 
 
 def _ms(x: float, sd: float = 0.02) -> MeanSd:
@@ -108,7 +109,7 @@ def _shift() -> ShiftSection:
         tuned_id="tiny-dpo",
         base_fingerprint="a",
         tuned_fingerprint="b",
-        probe=ShiftProbe(
+        probe=ProbeRef(
             "tiny", "a", "span_diff", "resid_post", 0.0, 2.0, "fitting set", sigma_data=0.25
         ),  # 1 base σ = 8 data σ
         layer=2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
 import valueprobe as vp
+from valueprobe.probe.axis import ProbeRef
+from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -26,7 +29,7 @@ from valueprobe.report.page import SECTIONS, Results, render_report
 from valueprobe.report.sections import ShiftSection, TracedText
 from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift import shift
-from valueprobe.tune.shift_records import GroupShift, ShiftProbe, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 
 def _chat_trace(sink: float = 33.0, n: int = 40, seed: int = 0) -> TracedText:
@@ -138,7 +141,7 @@ def _shift_section(sigma: float, sigma_data: float | None, shift: float) -> Shif
         tuned_id="tuned",
         base_fingerprint="a",
         tuned_fingerprint="b",
-        probe=ShiftProbe(
+        probe=ProbeRef(
             "base", "a", "span_diff", "resid_post", 0.0, sigma, "fitting set", sigma_data=sigma_data
         ),
         layer=12,
@@ -225,9 +228,28 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
     assert f"alpha {alpha.shift_data_sigma:+.3f} data σ" in section.caption(ShiftSection(res))
     assert f": {alpha.shift_data_sigma:+.3f} data σ" in shift_headline(res, steps=1)
+    headers, rows = res.table()  # the printed table states the same number in the same unit
+    assert headers[3] == "shift (data σ)" and rows[0][3] == f"{alpha.shift_data_sigma:+.3f}"
+    ci = [float(x) for x in rows[0][4].strip("[]").split(",")]
+    assert ci == pytest.approx([2.0 * c for c in alpha.ci], abs=2e-3)
 
 
 def test_trace_figure_takes_a_generations_own_trace_too():
     # the notebooks draw `vp.trace_figure(gen.trace)`: the same figure as from the report's section
     traced = _chat_trace()
     assert vp.trace_figure(traced.trace).to_dict() == trace_figure(traced).to_dict()
+
+
+def test_the_shipped_sweep_is_drawn_in_layer_order():
+    # probe.json stores by_layer with sorted string keys ("0", "1", "10", ...): the figure must not
+    # draw the line through them in that order (the README's screenshot did, after the records port)
+    meta = json.loads(
+        (Path(__file__).resolve().parents[1] / "probes/smollm2-135m-value/probe.json").read_text()
+    )
+    assert list(meta["metrics"]["sweep"]["by_layer"])[:3] == ["0", "1", "10"]  # the case this guards
+    fig = vp.sweep_figure(SweepSummary.from_dict(meta["metrics"]["sweep"]))
+    for trace in fig.data:
+        x = [v for v in trace.x if v is not None]
+        assert x == sorted(x) or x == sorted(x, reverse=True) or trace.fill == "toself", trace.name
+    test = next(t for t in fig.data if t.name == "test AUROC")
+    assert list(test.x) == list(range(30))

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.vocab import ChatTemplate, Dtype, LayerKey, Positions, Site
+from valueprobe.vocab import ChatTemplate, Dtype, LayerKey, Positions, ShardSpec, Site
 
 FORMAT = "valueprobe.activations.store"
 FORMAT_VERSION = 1
@@ -62,6 +62,7 @@ class StoreManifest:
     n_layers: int
     dataset: DatasetInfo
     valueprobe_version: str
+    part: ShardSpec | None = None  # a sharded capture's part (``--shard I/N``); None for a whole store
     shards: tuple[Shard, ...] = ()
     complete: bool = False
 
@@ -84,19 +85,29 @@ class StoreManifest:
     def n_examples_done(self) -> int:
         return sum(s.examples[1] - s.examples[0] for s in self.shards)
 
+    @property
+    def example_range(self) -> range:
+        """The dataset examples this store covers: all of them, or its part's blocks."""
+        n = self.dataset.n_examples or 0
+        if self.part is None:
+            return range(n)
+        return self.part.examples(n, block=self.examples_per_shard)
+
     def with_shard(self, shard: Shard) -> StoreManifest:
         """This manifest with one more complete shard (kept in dataset order); complete once they
-        cover the dataset."""
+        cover the dataset (a part: its own examples)."""
         shards = tuple(sorted((*self.shards, shard), key=lambda s: s.examples[0]))
         done = sum(s.examples[1] - s.examples[0] for s in shards)
-        return replace(self, shards=shards, complete=done == self.dataset.n_examples)
+        return replace(self, shards=shards, complete=done == len(self.example_range))
 
-    def settings_differ(self, other: StoreManifest) -> tuple[str, object, object] | None:
+    def settings_differ(
+        self, other: StoreManifest, *, ignore: tuple[str, ...] = ()
+    ) -> tuple[str, object, object] | None:
         """The first capture setting in which ``other`` differs: (name, ours, theirs) as the manifest
-        spells them (lists, strings), or None."""
+        spells them (lists, strings), or None. ``ignore`` names settings not to compare."""
         ours, theirs = self.to_dict(), other.to_dict()
         for name in _SETTINGS:
-            if ours[name] != theirs[name]:
+            if name not in ignore and ours[name] != theirs[name]:
                 return name, ours[name], theirs[name]
         return None
 
@@ -138,15 +149,20 @@ class StoreManifest:
                 n_layers=int(raw.get("n_layers") or max(raw["layers"], default=-1) + 1),
                 dataset=DatasetInfo(dataset.get("path"), dataset.get("sha256"), dataset.get("n_examples")),
                 valueprobe_version=str(raw.get("valueprobe_version", "unknown")),
+                part=None if raw.get("part") is None else ShardSpec.parse(_part_text(raw["part"])),
                 shards=tuple(
                     Shard(str(s["file"]), (int(s["examples"][0]), int(s["examples"][1])), int(s["rows"]))
                     for s in raw.get("shards", [])
                 ),
                 complete=bool(raw.get("complete")),
             )
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, ValueprobeError) as exc:
             what = f"lacks the field {exc}" if isinstance(exc, KeyError) else f"has a bad value ({exc})"
             raise ValueprobeError(f"{where}: manifest {what}; capture the store again") from None
+
+
+def _part_text(raw: Mapping) -> str:
+    return f"{int(raw['index'])}/{int(raw['count'])}"
 
 
 # The capture settings that fix a store's identity (dataset identity is checked apart).

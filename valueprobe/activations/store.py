@@ -53,6 +53,7 @@ from valueprobe.vocab import (
     LayerSpec,
     PaddingSide,
     Positions,
+    ShardSpec,
     Site,
     choice,
     parse_layers,
@@ -96,13 +97,13 @@ class ActivationStore:
         if not m.complete and not allow_partial:
             raise ValueprobeError(
                 f"store {store.path} is partial: its capture stopped after {m.n_examples_done} of"
-                f" {m.dataset.n_examples} examples; rerun the same `valueprobe capture`"
+                f" {len(m.example_range)} examples; rerun the same `valueprobe capture`"
                 " to finish it, or pass --allow-partial to use the rows it has"
             )
         if not m.complete:
             logging.getLogger("valueprobe").warning(
                 f"{store.path} is a partial store: using its {m.n_rows} rows ({m.n_examples_done} of"
-                f" {m.dataset.n_examples} examples)"
+                f" {len(m.example_range)} examples)"
             )
         return store
 
@@ -226,15 +227,23 @@ def capture_to_store(
     remote: bool = False,
     chat_template: ChatTemplate = ChatTemplate.model,
     checkpoint_seconds: float = 60.0,
+    shard: ShardSpec | None = None,
     progress: bool = True,
 ) -> ActivationStore:
     """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
 
     Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
     of the dataset. A shard is also closed after ``checkpoint_seconds`` of work (at a batch
-    boundary), so an interruption loses at most about that much. Rerunning the same call after an
+    boundary), so an interruption loses at most about that much. Shards end at multiples of
+    ``examples_per_shard`` (counted from the dataset's first example), so every run, resumed or
+    not, feeds the model the same batches. Rerunning the same call after an
     interruption skips the complete shards and gives the same store as an uninterrupted run. A
     capture that fails before its first shard leaves no store behind.
+
+    With ``shard`` (``ShardSpec(I, N)``, the CLI's ``--shard I/N``) only that part's blocks of
+    ``examples_per_shard`` examples are captured (:meth:`ShardSpec.examples`), into a store whose
+    manifest names the part and the whole dataset (sha256, size); ``valueprobe merge`` joins the
+    N parts into the store a one-process capture makes.
 
     Raises:
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
@@ -252,9 +261,6 @@ def capture_to_store(
         "chat_template": chat_template,
     }
     select: Callable[..., list] = functools.partial(encode, lm, max_length=max_length, **tokens)
-    # Validate every example's token selection before writing anything. The token ids are not
-    # kept: each shard encodes its own examples again, so memory stays flat on any dataset size.
-    select(examples)
     out = Path(out_dir)
     wanted = _wanted(
         lm,
@@ -265,8 +271,13 @@ def capture_to_store(
         group_by=group_by,
         dtype=dtype,
         examples_per_shard=examples_per_shard,
+        part=shard,
         **tokens,
     )
+    todo = wanted.example_range
+    # Validate every example's token selection (this part's) before writing anything. The token
+    # ids are not kept: each shard encodes its own examples again, so memory stays flat.
+    select(examples[todo.start : todo.stop])
     run = functools.partial(
         run_until,
         lm,
@@ -344,12 +355,22 @@ def _write_from(
     checkpoint_seconds: float,
     progress: bool,
 ) -> None:
-    """The shard loop, from the first example no shard holds to the last."""
-    n, start = len(examples), manifest.n_examples_done  # shards are contiguous from 0
+    """The shard loop, from the first example no shard holds to the last of the store's range."""
+    todo, block = manifest.example_range, manifest.examples_per_shard
+    start = todo.start + manifest.n_examples_done  # shards are contiguous from the range's start
     torch_dtype = torch.float16 if manifest.dtype == Dtype.float16 else torch.float32
-    with tqdm(total=n, initial=start, desc=f"capture -> {out.name}", unit="ex", disable=not progress) as bar:
-        while start < n:
-            chunk = select(examples[start : start + manifest.examples_per_shard], warn=False)
+    if not todo and not (out / MANIFEST).exists():  # a part with no blocks (more parts than blocks)
+        atomic_write_text(out / MANIFEST, json.dumps(replace(manifest, complete=True).to_dict(), indent=1))
+    with tqdm(
+        total=len(todo),
+        initial=start - todo.start,
+        desc=f"capture -> {out.name}",
+        unit="ex",
+        disable=not progress,
+    ) as bar:
+        while start < todo.stop:
+            end = min(todo.stop, (start // block + 1) * block)  # the next block boundary
+            chunk = select(examples[start:end], warn=False)
             got, done = run(chunk, deadline=time.monotonic() + checkpoint_seconds, on_batch=bar.update)
             tensors, meta = _shard_tensors(got.acts, got.rows, site=manifest.site, dtype=torch_dtype)
             name = f"shard-{len(manifest.shards):05d}.safetensors"

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
-from valueprobe.vocab import ChatTemplate
+from valueprobe.vocab import ChatTemplate, ShardSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -50,6 +50,16 @@ ChatTemplateOpt = Annotated[
 ]
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
+]
+
+ShardOpt = Annotated[
+    ShardSpec | None,
+    typer.Option(
+        parser=ShardSpec.parse,
+        metavar="I/N",
+        help="run shard I of N (0-based; contiguous blocks of the dataset) and write a part;"
+        " `valueprobe merge` joins the N parts. Under torchrun: RANK/WORLD_SIZE",
+    ),
 ]
 
 

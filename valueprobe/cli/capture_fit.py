@@ -21,6 +21,7 @@ from valueprobe.cli.app import (
     ForceOpt,
     LayersPathOpt,
     ModelOpt,
+    ShardOpt,
     TrustOpt,
     app,
     console,
@@ -54,12 +55,23 @@ from valueprobe.vocab import (
 )
 
 
-def _print_store(out: Path, store: ActivationStore) -> None:
+def print_store(out: Path, store: ActivationStore) -> None:
     """The one-row summary of a captured store."""
     rows, m = store.rows(), store.manifest
     table(
         f"capture -> {out}",
-        ["model", "fingerprint", "layers", "site", "positions", "examples", "rows", "shards", "dtype"],
+        [
+            "model",
+            "fingerprint",
+            "layers",
+            "site",
+            "positions",
+            "examples",
+            "rows",
+            "shards",
+            "dtype",
+            "part",
+        ],
         [
             [
                 m.model_id,
@@ -71,6 +83,7 @@ def _print_store(out: Path, store: ActivationStore) -> None:
                 m.n_rows,
                 len(m.shards),
                 m.dtype,
+                "-" if m.part is None else str(m.part),
             ]
         ],
     )
@@ -116,6 +129,7 @@ def capture(
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
     ] = False,
+    shard: ShardOpt = None,
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
@@ -153,8 +167,9 @@ def capture(
         remote=remote,
         checkpoint_seconds=checkpoint_seconds,
         chat_template=chat_template,
+        shard=shard,
     )
-    _print_store(out, store)
+    print_store(out, store)
 
 
 @app.command()

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text, jsonable
+from valueprobe.files import atomic_write, atomic_write_text, jsonable, record_from_dict
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.version import __version__
 from valueprobe.vocab import Site, Unit, choice, layer_ranges
@@ -35,6 +36,33 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
+
+
+@dataclass(frozen=True)
+class ProbeRef:
+    """Which probe a result was read on, and its units at one layer: what a score or a shift keeps
+    of the axis (``"probe"`` in summary.json and shift.json). ``axis.ref(layer)`` makes one."""
+
+    model_id: str
+    fingerprint: str
+    method: str
+    site: str
+    mu: float
+    sigma: float
+    sigma_reference: str
+    # the axis's σ over the data read (units of ``sigma``): sigma / sigma_data converts base σ to
+    # data σ. Only a shift records it; None is left out of the JSON.
+    sigma_data: float | None = None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if self.sigma_data is None:
+            del out["sigma_data"]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeRef:
+        return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +124,20 @@ class ValueAxis:
                 f"layer {layer} is not in this axis; it has layers {layer_ranges(self.layers)}"
             )
         return self.layers.index(layer)
+
+    def ref(self, layer: int, *, sigma_data: float | None = None) -> ProbeRef:
+        """This axis's identity and its units (μ, σ) at ``layer``, as results record it."""
+        i = self.layers.index(layer)
+        return ProbeRef(
+            model_id=self.model_id,
+            fingerprint=self.fingerprint,
+            method=self.method,
+            site=str(self.site),
+            mu=float(self.mu[i]),
+            sigma=float(self.sigma[i]),
+            sigma_reference=self.sigma_reference,
+            sigma_data=sigma_data,
+        )
 
     def direction(self, layer: int | None = None) -> torch.Tensor:
         """Unit direction [d_model] at ``layer`` (default: the best layer)."""

@@ -298,17 +298,7 @@ def score_dataset(
     summary = group_summary(
         records, examples, bootstrap=bootstrap, seed=seed, random=_mean_by_example(readouts)
     )
-    i = axis.layers.index(layer)
-    probe = {
-        "model_id": axis.model_id,
-        "fingerprint": axis.fingerprint,
-        "method": axis.method,
-        "site": str(axis.site),
-        "mu": float(axis.mu[i]),
-        "sigma": float(axis.sigma[i]),
-        "sigma_reference": axis.sigma_reference,
-    }
-    return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
+    return ScoreResult(tuple(records), tuple(summary), axis.ref(layer), layer, tokens)
 
 
 @dataclass(frozen=True)

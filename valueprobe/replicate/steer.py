@@ -320,12 +320,14 @@ class ReplicateSteer:
     def _steer_markdown(self) -> list[str]:
         first = next(iter(self.sweeps.values()))
         settings = first.settings
+        if settings is None or any(s.settings is None for s in self.sweeps.values()):
+            raise ValueprobeError("internal: a replicated sweep has no settings to describe")
         headers, rows = self.table()
         return [
             f"Axis steered: `{self.probe}`; control axis: `{self.other_probe}` (its direction at the same layer);"
-            f" {settings.get('controls')} random unit directions. Strengths {settings.get('alphas')} in"
-            f" `{first.unit}` units, {settings.get('samples')} sample(s), sampling at temperature"
-            f" {settings.get('temperature')} with common random numbers; slopes are OLS per {first.step:g}"
+            f" {settings.controls} random unit directions. Strengths {list(settings.alphas)} in"
+            f" `{first.unit}` units, {settings.samples} sample(s), sampling at temperature"
+            f" {settings.temperature} with common random numbers; slopes are OLS per {first.step:g}"
             " units of α with 95% bootstrap CIs over prompts; the null range is the central 95% of the"
             " random directions' slopes. Strengths with more than half degenerate outputs are dropped.",
             "",
@@ -336,13 +338,15 @@ class ReplicateSteer:
 
     def _ablate_markdown(self) -> list[str]:
         settings = next(iter(self.ablations.values())).settings
+        if settings is None:
+            raise ValueprobeError("internal: an ablation sweep has no settings to describe")
         headers, rows = self.ablation_table()
         return [
             "",
             "## Necessity: the axis ablated",
             "",
             f"`--op ablate` removes the direction (h − (h·v̂)v̂ at the axis's layer, every position) of"
-            f" `{self.probe}` and, as the null, of each of {settings.get('controls')} random unit directions;"
+            f" `{self.probe}` and, as the null, of each of {settings.controls} random unit directions;"
             " α ∈ {0, 1} (off, on) with common random numbers, so each figure is the mean change ablation"
             " makes, with a 95% bootstrap CI over prompts; the null range is the central 95% of the random"
             " directions' changes.",
@@ -355,8 +359,9 @@ class ReplicateSteer:
 
 def _sizes(sweeps: Mapping[str, SteerSweep]) -> str:
     return "; ".join(
-        f"{n}: {s.n_rows} outputs, {s.settings.get('limit')} prompts, {s.settings.get('max_new_tokens')} new tokens"
+        f"{n}: {s.n_rows} outputs, {s.settings.limit} prompts, {s.settings.max_new_tokens} new tokens"
         for n, s in sweeps.items()
+        if s.settings is not None
     )
 
 

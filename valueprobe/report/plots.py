@@ -30,7 +30,7 @@ def sweep_figure(sweep: SweepResult | SweepSummary) -> go.Figure:
     ``metrics.sweep``) the same way: the report uses this function too.
     """
     s = sweep.record() if isinstance(sweep, SweepResult) else sweep
-    layers = list(s.by_layer)
+    layers = list(s.layers)
     fig = go.Figure()
     series = [
         ("test AUROC", "test_auroc", PALETTE[0], None),

@@ -25,6 +25,7 @@ import numpy as np
 from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
 from valueprobe.steering.behaviour import dropped
+from valueprobe.steering.settings import SweepSettings
 
 __all__ = ["Effect", "SteerSweep", "SweepRow", "summarise", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
 
@@ -153,7 +154,7 @@ class SteerSweep:
     unit: str
     effects: tuple[Effect, ...]
     n_rows: int
-    settings: dict = field(default_factory=dict, compare=False)
+    settings: SweepSettings | None = field(default=None, compare=False)  # None: a combined or ad-hoc summary
 
     @property
     def step(self) -> float:
@@ -193,14 +194,14 @@ class SteerSweep:
             "unit": self.unit,
             "slope_step": self.step,
             "n_rows": self.n_rows,
-            "settings": self.settings,
+            "settings": {} if self.settings is None else self.settings.to_dict(),
             "effects": [e.to_dict() for e in self.effects],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SteerSweep:
         """The sweep again from its ``to_dict()``; ``slope_step`` is derived from the unit."""
-        return record_from_dict(cls, d)
+        return record_from_dict(cls, {**d, "settings": d.get("settings") or None})
 
     def csv(self) -> str:
         lines = [
@@ -270,7 +271,7 @@ def summarise(
     by_group: bool = False,
     n_boot: int = 1000,
     seed: int = 0,
-    settings: dict | None = None,
+    settings: SweepSettings | None = None,
 ) -> SteerSweep:
     """Slopes, CIs, null ranges and curves of ``metrics`` for every subset of ``rows``.
 
@@ -322,4 +323,4 @@ def summarise(
                     curves=curves,
                 )
             )
-    return SteerSweep(unit=unit, effects=tuple(effects), n_rows=len(rows), settings=settings or {})
+    return SteerSweep(unit=unit, effects=tuple(effects), n_rows=len(rows), settings=settings)

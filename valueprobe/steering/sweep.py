@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +32,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -42,9 +40,8 @@ from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
-from valueprobe.steering.operators import Operator
+from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
-from valueprobe.vocab import Op, choice
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep"]
 
@@ -58,62 +55,9 @@ SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_refusal": ("refusal",),
     "steer_open": ("length", "degenerate"),
 }
-DEFAULT_METRICS = ("length", "degenerate")
 # Sets whose groups are conditions to compare (the question and its inverted control; harmful and
 # benign requests): their effects are reported per group. Other files pool their groups.
 BY_GROUP = ("steer_confidence", "steer_refusal")
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """What defines a sweep; recorded in ``settings.json`` so a resumed run is the same sweep."""
-
-    probe: str
-    probe_fingerprint: str
-    model: str
-    prompts: str
-    prompts_sha256: str
-    alphas: tuple[float, ...]
-    unit: str = "sigma"
-    samples: int = 1
-    max_new_tokens: int = 48
-    controls: int = 8
-    seed: int = 0
-    greedy: bool = False
-    temperature: float = 1.0
-    other_probe: str | None = None
-    layer: int | None = None
-    chunk_prompts: int = 8
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    limit: int | None = None  # only the first ``limit`` prompts of the file
-    op: str = "add"  # the operator (`valueprobe.steering.operators`) and its settings in σ
-    lo: float | None = None
-    hi: float | None = None
-    target: float | None = None
-
-    def to_dict(self) -> dict:
-        """The JSON of ``settings.json``: operator keys at their defaults are left out, so a sweep
-        written before operators existed (no ``op``: add) is the same sweep as an ``add`` one now."""
-        out = {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
-        for key in _OP_KEYS:
-            if out[key] == _OP_DEFAULTS[key]:
-                del out[key]
-        return out
-
-    def operator(self) -> Operator:
-        """The sweep's `Operator` (checks its settings: one clear line on a bad bound)."""
-        return Operator(
-            choice(Op, self.op, what="operator (--op)"), lo=self.lo, hi=self.hi, target=self.target
-        )
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
-
-_OP_KEYS = ("op", "lo", "hi", "target")
-_OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS}
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
@@ -356,7 +300,7 @@ def _summarise(out: Path, settings: SweepSettings, examples: Sequence[Example], 
         by_group=by_group,
         n_boot=n_boot,
         seed=settings.seed,
-        settings=settings.to_dict(),
+        settings=settings,
     )
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"

@@ -40,7 +40,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import Method, make_fitter
 from valueprobe.stats.metrics import cohens_d
 from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftProbe, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
@@ -298,21 +298,6 @@ def _group_shifts(
     return tuple(out), untargeted_range
 
 
-def _probe_summary(axis: ValueAxis, layer: int, *, to_data_sigma: float) -> ShiftProbe:
-    """The probe's identity and its units at ``layer`` (base σ, and σ over the data), as the shift record keeps it."""
-    i = axis.layers.index(layer)
-    return ShiftProbe(
-        model_id=axis.model_id,
-        fingerprint=axis.fingerprint,
-        method=axis.method,
-        site=str(axis.site),
-        mu=float(axis.mu[i]),
-        sigma=float(axis.sigma[i]),
-        sigma_reference=axis.sigma_reference,
-        sigma_data=float(axis.sigma[i]) / to_data_sigma,
-    )
-
-
 def shift(
     axis: ValueAxis,
     base: LoadedModel,
@@ -367,7 +352,7 @@ def shift(
         tuned_id=tuned.model_id,
         base_fingerprint=base.fingerprint,
         tuned_fingerprint=tuned.fingerprint,
-        probe=_probe_summary(axis, layer, to_data_sigma=rand[1]),
+        probe=axis.ref(layer, sigma_data=float(axis.sigma[axis.layers.index(layer)]) / rand[1]),
         layer=layer,
         layers=tuple(keep),
         tokens=str(tokens),
