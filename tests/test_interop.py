@@ -19,10 +19,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from conftest import build_model, run_cli
 from safetensors.torch import load_file
+from test_cli_faults import one_line
 
-from tests.conftest import build_model, run_cli
-from tests.test_cli_faults import one_line
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import wrap
 from valueprobe.probe.axis import ValueAxis

@@ -83,7 +83,8 @@ def test_ablate_row_alone_keeps_the_add_row_and_reads_back(tiny_lm_factory, tmp_
     assert report.sweeps == added.sweeps
     assert list(report.ablations) == [b.name for b in BENCHMARKS]
     settings = report.ablations["confidence"].settings
-    assert settings["op"] == "ablate" and settings["alphas"] == [0.0, 1.0] and settings["other_probe"] is None
+    assert settings is not None
+    assert settings.op == "ablate" and settings.alphas == (0.0, 1.0) and settings.other_probe is None
     assert ReplicateSteer.from_dict(after) == report
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Necessity: the axis ablated" in summary and "null 95% range (random ablated)" in summary

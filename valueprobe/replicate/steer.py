@@ -338,13 +338,15 @@ class ReplicateSteer:
 
     def _ablate_markdown(self) -> list[str]:
         settings = next(iter(self.ablations.values())).settings
+        if settings is None:
+            raise ValueprobeError("internal: an ablation sweep has no settings to describe")
         headers, rows = self.ablation_table()
         return [
             "",
             "## Necessity: the axis ablated",
             "",
             f"`--op ablate` removes the direction (h − (h·v̂)v̂ at the axis's layer, every position) of"
-            f" `{self.probe}` and, as the null, of each of {settings.controls if settings is not None else '?'} random unit directions;"
+            f" `{self.probe}` and, as the null, of each of {settings.controls} random unit directions;"
             " α ∈ {0, 1} (off, on) with common random numbers, so each figure is the mean change ablation"
             " makes, with a 95% bootstrap CI over prompts; the null range is the central 95% of the random"
             " directions' changes.",
