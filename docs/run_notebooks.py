@@ -8,8 +8,8 @@ Runs each notebook top to bottom with nbclient (the default model, offline, as i
 figure's JSON and not a copy of plotly.js. Each figure is then drawn once in headless Chromium
 (:func:`valueprobe.report.browser.open_report`, offline) and its PNG is added beside the JSON: web
 viewers show the PNG, Jupyter the interactive figure. A figure's JSON is dropped, leaving the PNG, when
-the notebook would otherwise pass ``MAX_BYTES``. Execution timestamps are removed so that a rerun
-changes only what the notebook computed. CI re-executes the notebooks from their code; these outputs
+the notebook would otherwise pass ``MAX_BYTES``. Execution timestamps and stderr (progress bars,
+library warnings) are not kept, so that a rerun changes only what the notebook computed. CI re-executes the notebooks from their code; these outputs
 are for reading.
 """
 
@@ -41,7 +41,7 @@ _PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8">
 </body></html>"""
 
 
-def figure_png(spec: dict, *, width: int = 800, height: int = 450) -> bytes:
+def figure_png(spec: dict, *, width: int = 1000, height: int = 450) -> bytes:
     """A PNG of one plotly figure (its JSON), drawn by plotly.js in headless Chromium at its own size."""
     layout = spec.get("layout", {})
     w, h = int(layout.get("width") or width), int(layout.get("height") or height)
@@ -77,6 +77,8 @@ def run(path: Path) -> None:
     figures = []
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":  # stderr is progress bars and library warnings: clutter to a reader
+            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
         for out in cell.get("outputs", []):
             if out.output_type == "error":
                 sys.exit(f"{path.name}: a cell failed: {out.ename}: {out.evalue}")
@@ -84,7 +86,9 @@ def run(path: Path) -> None:
                 spec = out.data[PLOTLY]
                 out.data["image/png"] = base64.b64encode(figure_png(spec)).decode()
                 title = spec.get("layout", {}).get("title", "Figure")
-                out.data["text/plain"] = html.unescape(str(title.get("text", "Figure") if isinstance(title, dict) else title))
+                out.data["text/plain"] = html.unescape(
+                    str(title.get("text", "Figure") if isinstance(title, dict) else title)
+                )
                 figures.append(out)
     for out in sorted(figures, key=lambda o: -len(json.dumps(o.data[PLOTLY]))):
         if len(nbformat.writes(nb).encode()) <= MAX_BYTES:

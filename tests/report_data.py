@@ -1,129 +1,167 @@
-"""Synthetic result sections for report tests: every section present, numbers made up for layout only."""
+"""Result sections for report tests: every section present, built from the real records and saved by
+their ``to_dict`` (numbers made up for layout only), so a report test reads what a run writes."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from valueprobe.probe.axis import ProbeRef
+from valueprobe.probe.contrast import Contrast, MatchedControl
+from valueprobe.probe.layer_sweep import LayerAurocs, SplitGroups, SweepSummary
+from valueprobe.probe.transfer import TransferSummary
+from valueprobe.read.readout import LogitLens
+from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
+from valueprobe.stats.metrics import MeanSd, Slope
+from valueprobe.steering.dose import Curve, Effect, SteerSweep
+from valueprobe.steering.generation import Trace
+from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 
-def _ms(x: float, sd: float = 0.02) -> dict:
-    return {"mean": x, "sd": sd}
+
+def _ms(x: float, sd: float = 0.02) -> MeanSd:
+    return MeanSd(x, sd)
 
 
-def sweep_section(n_layers: int = 4) -> dict:
-    by = {
-        str(i): {
-            k: _ms(v)
-            for k, v in {
-                "val_auroc": 0.6 + 0.05 * i,
-                "test_auroc": 0.6 + 0.05 * i,
-                "cohens_d": 0.5,
-                "shuffled_auroc": 0.5,
-                "random_auroc": 0.55,
-            }.items()
-        }
-        for i in range(n_layers)
-    }
+def sweep_record(n_layers: int = 4) -> SweepSummary:
     rng = np.random.default_rng(0)
     cos = np.clip(np.eye(n_layers) + 0.3 * rng.random((n_layers, n_layers)), -1, 1)
-    return {
-        "method": "span_diff",
-        "best_layer": n_layers - 1,
-        "n_splits": 3,
-        "by_layer": by,
-        "heldout_auroc": _ms(0.75),
-        "controls": {
+    return SweepSummary(
+        method="span_diff",
+        best_layer=n_layers - 1,
+        n_splits=3,
+        chosen_layers=(n_layers - 1,) * 3,
+        heldout_auroc=_ms(0.75),
+        by_layer={
+            i: LayerAurocs(_ms(0.6 + 0.05 * i), _ms(0.6 + 0.05 * i), _ms(0.5), _ms(0.5), _ms(0.55))
+            for i in range(n_layers)
+        },
+        controls={
             "embed": _ms(0.6),
             "position:token_index": _ms(0.52),
             "shuffled": _ms(0.5),
             "random": _ms(0.55),
         },
-        "strongest_control": "embed",
-        "margin": 0.15,
-        "cosine_layers": list(range(n_layers)),
-        "cosine": cos.tolist(),
-    }
+        strongest_control="embed",
+        margin=0.15,
+        cosine_layers=tuple(range(n_layers)),
+        cosine=tuple(tuple(row) for row in cos.tolist()),
+        splits=(SplitGroups(("a", "b"), ("c",), ("d",)),) * 3,
+    )
+
+
+def sweep_section(n_layers: int = 4) -> dict:
+    return sweep_record(n_layers).to_dict()
+
+
+def matched_control_record() -> MatchedControl:
+    return MatchedControl(
+        layer=3,
+        post_vs_pre_main=Contrast(0.95, (0.9, 0.99), 2.0),
+        post_vs_pre_control=Contrast(0.9, (0.85, 0.95), 1.5),
+        main_post_vs_control_post=Contrast(0.6, (0.5, 0.7), 0.3),
+        embed_main_post_vs_control_post=Contrast(0.5, (0.45, 0.55), 0.0),
+        main_minus_control_post_sigma=0.2,
+    )
+
+
+def _steer() -> SteerSection:
+    alphas = (-4.0, 0.0, 4.0)
+    effect = Effect(
+        metric="p_yes",
+        subset="direct",
+        axis=Slope(0.02, (0.01, 0.03), 5, 15),
+        other=Slope(0.0, (-0.01, 0.01), 5, 15),
+        other_name="other:history",
+        null=(-0.01, 0.0, 0.01),
+        null_range=(-0.01, 0.01),
+        dropped=(),
+        curves={
+            "axis": Curve(alphas, (0.3, 0.4, 0.5), (0.2, 0.3, 0.4), (0.4, 0.5, 0.6)),
+            "other": Curve(alphas, (0.4,) * 3, (0.3,) * 3, (0.5,) * 3),
+            "null": Curve(alphas, (0.4,) * 3, (0.35,) * 3, (0.45,) * 3),
+        },
+    )
+    return SteerSection(
+        SteerSweep(unit="sigma", effects=(effect,), n_rows=45), headline="steering: slope +0.02"
+    )
+
+
+def _shift() -> ShiftSection:
+    group = GroupShift(
+        group="words",
+        n=3,
+        targeted=True,
+        base_mean=-0.03,
+        tuned_mean=0.5,
+        shift=0.53,
+        ci=(0.4, 0.7),
+        shift_data_sigma=4.24,
+        null_range=(-0.2, 0.2),
+        null_percentile=100.0,
+        d_before=None,
+        d_after=None,
+        share=1.0,
+        quartiles_before=(0.25, 0.25, 0.25, 0.25),
+        quartiles_after=(0.0, 0.0, 0.33, 0.67),
+        counts=True,
+    )
+    result = ShiftResult(
+        base_id="tiny",
+        tuned_id="tiny-dpo",
+        base_fingerprint="a",
+        tuned_fingerprint="b",
+        probe=ProbeRef(
+            "tiny", "a", "span_diff", "resid_post", 0.0, 2.0, "fitting set", sigma_data=0.25
+        ),  # 1 base σ = 8 data σ
+        layer=2,
+        layers=(0, 1, 2, 3),
+        tokens="all",
+        n_random=8,
+        groups=(group,),
+        shift_by_layer={"words": (0.1, 0.3, 0.53, 0.4)},
+        pairs=(PairSeparation("words", "other", (0.0, 0.1, 0.2, 0.1), (0.0, 0.5, 0.9, 0.6)),),
+        untargeted_range=None,
+        axis_cosine=None,
+        records=tuple(
+            {"id": f"w{i}", "group": "words", "label": 1, "base": b, "tuned": t}
+            for i, (b, t) in enumerate([(0.0, 0.5), (0.1, 0.7), (-0.2, 0.4)])
+        ),
+    )
+    return ShiftSection(result, tune={"target": "words", "pairs": 4, "steps": 1}, headline="shift +0.5 σ")
 
 
 def all_sections() -> dict:
-    fams = ["icrl", "code"]
-    alphas = [-4.0, 0.0, 4.0]
+    """A ``results.json`` object with every section the report draws."""
+    trace = Trace(
+        tokens=("Hi", " <there>", "!"),
+        n_prompt=1,
+        values={"resid_post[3]": (0.1, -1.5, 2.5)},
+        alpha=(0.0, 0.0, 0.0),
+        steered="resid_post[3]",
+    )
+    transfer = TransferSummary(
+        families=("icrl", "code"),
+        layer=3,
+        method="diff_means",
+        auroc=((0.9, 0.6), (0.55, 0.8)),
+        cohens_d=((1.5, 0.3), (0.2, 1.0)),
+        cosine=((1.0, 0.4), (0.4, 1.0)),
+        controls={"shuffled": ((0.5, 0.5), (0.5, 0.5)), "embed": ((0.8, 0.55), (0.55, 0.6))},
+        margin=((0.1, 0.05), (0.0, 0.2)),
+        off_diagonal_auroc=_ms(0.575),
+        notes=(),
+    )
+    sections = {
+        "sweep": sweep_record(),
+        "history": sweep_record(),
+        "transfer": transfer,
+        "matched_control": matched_control_record(),
+        "logit_lens": LogitLens(3, (("<b>", 2.0), ("yes", 1.0)), (("no", 1.5),)),
+        "trace": TracedText("Hi <there>!", trace),
+        "steer": _steer(),
+        "shift": _shift(),
+    }
     return {
         "model": "tiny",
         "summary": ["axis: AUROC 0.75 vs control 0.60"],
-        "sections": {
-            "sweep": sweep_section(),
-            "history": sweep_section(),
-            "transfer": {
-                "families": fams,
-                "layer": 3,
-                "auroc": [[0.9, 0.6], [0.55, 0.8]],
-                "margin": [[0.1, 0.05], [0.0, 0.2]],
-                "off_diagonal_auroc": _ms(0.575),
-            },
-            "matched_control": {
-                "layer": 3,
-                "main_post_vs_control_post": {"auroc": 0.6, "auroc_ci": [0.5, 0.7]},
-                "post_vs_pre_control": {"auroc": 0.9, "auroc_ci": [0.85, 0.95]},
-            },
-            "logit_lens": {"layer": 3, "promoted": [["<b>", 2.0], ["yes", 1.0]], "suppressed": [["no", 1.5]]},
-            "trace": {
-                "layer": 3,
-                "tokens": ["Hi", " <there>", "!"],
-                "score": [0.1, -1.5, 2.5],
-                "n_prompt": 1,
-            },
-            "steer": {
-                "unit": "sigma",
-                "slope_step": 1.0,
-                "effects": [
-                    {
-                        "metric": "p_yes",
-                        "subset": "direct",
-                        "axis": {"slope": 0.02},
-                        "null_range": [-0.01, 0.01],
-                        "outside_null": True,
-                        "other_name": "other:history",
-                        "curves": {
-                            "axis": {
-                                "alpha": alphas,
-                                "mean": [0.3, 0.4, 0.5],
-                                "lo": [0.2, 0.3, 0.4],
-                                "hi": [0.4, 0.5, 0.6],
-                            },
-                            "other": {
-                                "alpha": alphas,
-                                "mean": [0.4, 0.4, 0.4],
-                                "lo": [0.3] * 3,
-                                "hi": [0.5] * 3,
-                            },
-                            "null": {"alpha": alphas, "mean": [0.4] * 3, "lo": [0.35] * 3, "hi": [0.45] * 3},
-                        },
-                    }
-                ],
-            },
-            "shift": {
-                "layer": 2,
-                "layers": [0, 1, 2, 3],
-                "records": [
-                    {"group": "words", "base": b, "tuned": t} for b, t in [(0, 0.5), (0.1, 0.7), (-0.2, 0.4)]
-                ],
-                "probe": {"sigma": 2.0, "sigma_data": 0.25},  # 1 base σ = 8 data σ
-                "groups": [
-                    {
-                        "group": "words",
-                        "targeted": True,
-                        "shift": 0.53,
-                        "shift_data_sigma": 4.24,
-                        "ci": [0.4, 0.7],
-                        "null_range": [-0.2, 0.2],
-                        "null_percentile": 100.0,
-                        "base_mean": -0.03,
-                    }
-                ],
-                "pairs": [
-                    {"a": "words", "b": "other", "d_base": [0, 0.1, 0.2, 0.1], "d_tuned": [0, 0.5, 0.9, 0.6]}
-                ],
-                "shift_by_layer": {"words": [0.1, 0.3, 0.53, 0.4]},
-            },
-        },
+        "sections": {k: r.to_dict() for k, r in sections.items()},
     }

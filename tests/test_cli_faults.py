@@ -648,9 +648,20 @@ def test_not_a_decoder_only_lm_is_refused_before_any_work(kind, tmp_path, tiny_t
 
 @pytest.mark.parametrize(
     ("verb", "option", "value"),
-    [("safety", "--epochs", "0"), ("dpo-words", "--lr", "-1"), ("safety", "--lr", "0")],
+    [
+        (["replicate", "safety"], "--epochs", "0"),
+        (["replicate", "dpo-words"], "--lr", "-1"),
+        (["replicate", "safety"], "--lr", "0"),
+        (["tune", "dpo", "--data", "data/preference_words.jsonl"], "--epochs", "-1"),
+        (["tune", "sft", "--data", "data/preference_words.jsonl"], "--batch-size", "0"),
+        (["tune", "dpo", "--data", "data/preference_words.jsonl"], "--max-steps", "0"),
+        (["tune", "dpo", "--data", "data/preference_words.jsonl"], "--beta", "-0.1"),
+    ],
 )
-def test_replicate_tuning_refuses_bad_training_settings(verb, option, value, capsys, tmp_path):
-    line = fails(["replicate", verb, option, value, "--out", str(tmp_path / "out")], capsys)
-    assert option in line and "must be positive" in line
-    assert not (tmp_path / "out").exists()
+def test_tuning_refuses_impossible_numbers_before_any_work(
+    verb, option, value, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(ROOT)
+    line = fails([*verb, option, value, "--out", str(tmp_path / "out")], capsys)
+    assert line.startswith(f"error: {option} ") and "must be" in line
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

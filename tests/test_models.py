@@ -216,6 +216,25 @@ def test_default_model_offline_answers_and_captures(default_lm):
     assert set(res.acts) == {"embed", *range(30)} and res.acts[21].shape == (2, 576)
     last = capture(lm, ex, layers=[-1, 0], positions="last", progress=False)
     assert last.acts[29].shape == (2, 576) and torch.isfinite(last.acts[29]).all()
+    # Values against output_hidden_states (hidden_states[L + 1] = resid_post[L] below the last
+    # block, whose entry has the final norm applied): each span's mean over the tokens whose first
+    # character it holds, the embedding, and the last token of the chat prompt at layer 0.
+    enc = tok(text, return_offsets_mapping=True)
+    with torch.no_grad():
+        hs = lm.model(input_ids=torch.tensor([enc.input_ids]), output_hidden_states=True).hidden_states
+    for row, span in enumerate(ex[0].spans):
+        toks = [t for t, (a, b) in enumerate(enc.offset_mapping) if b > a and span.start <= a < span.end]
+        for key, h in ((21, hs[22]), (0, hs[1]), ("embed", hs[0])):
+            torch.testing.assert_close(
+                res.acts[key][row].float(), h[0, toks].mean(0).float(), atol=2e-3, rtol=1e-3
+            )
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    chat_ids = tok(chat, add_special_tokens=False, return_tensors="pt").input_ids
+    with torch.no_grad():
+        h0 = lm.model(input_ids=chat_ids, output_hidden_states=True).hidden_states[1][0, -1]
+    torch.testing.assert_close(last.acts[0][1].float(), h0.float(), atol=2e-3, rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -22,17 +22,20 @@ from hypothesis import strategies as st
 from valueprobe.activations.manifest import StoreManifest
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
+from valueprobe.probe.axis import ProbeRef
+from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
+from valueprobe.read.readout import LogitLens
 from valueprobe.read.scores import ScoreResult
-from valueprobe.replicate.axis import Contrast, MatchedControl
 from valueprobe.replicate.dpo_words import WordsReport
 from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
+from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
 from valueprobe.steering.generation import Generation, Trace
-from valueprobe.steering.sweep import SweepSettings
+from valueprobe.steering.settings import SweepSettings
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
 
@@ -109,6 +112,7 @@ NO_RECORDS = {ShiftResult: {"records": st.just(())}}  # safety's results.json le
 
 ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (MeanSd, records(MeanSd)),
+    (ProbeRef, records(ProbeRef)),
     (Slope, records(Slope)),
     (Curve, records(Curve)),
     (Effect, records(Effect)),
@@ -127,6 +131,10 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (WordsReport, records(WordsReport)),
     (ReplicateSteer, records(ReplicateSteer)),
     (SafetyReport, records(SafetyReport, NO_RECORDS)),
+    (LogitLens, records(LogitLens)),
+    (TracedText, records(TracedText)),
+    (SteerSection, records(SteerSection)),
+    (ShiftSection, records(ShiftSection)),
 ]
 
 
@@ -203,7 +211,12 @@ def test_committed_results_read_back_to_the_same_bytes(folder, cls, dump):
     assert dump(record.to_dict()) == written
 
 
-METRICS = {"sweep": SweepSummary, "transfer": TransferSummary, "icrl_matched_control": MatchedControl}
+METRICS = {
+    "sweep": SweepSummary,
+    "transfer": TransferSummary,
+    "icrl_matched_control": MatchedControl,
+    "logit_lens": LogitLens,
+}
 
 
 @pytest.mark.parametrize("folder", ["smollm2-135m-value", "smollm2-135m-reward-history"])
@@ -222,3 +235,10 @@ def test_committed_probe_metrics_read_back_to_the_same_bytes(folder):
         }
     # how ValueAxis.save writes probe.json
     assert json.dumps(jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n" == written
+
+
+def test_committed_steering_summary_is_the_markdown_of_its_record():
+    # the record read back describes the run exactly as it was written (settings included)
+    folder = PROBES / "steering-smollm2-135m"
+    record = ReplicateSteer.from_dict(json.loads((folder / "results.json").read_text()))
+    assert record.markdown() == (folder / "summary.md").read_text()

@@ -13,7 +13,7 @@ import pytest
 from report_data import all_sections
 
 from valueprobe.report.browser import open_report
-from valueprobe.report.page import write_report
+from valueprobe.report.page import Results, write_report
 
 HAVE_CHROMIUM = bool(
     shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("VALUEPROBE_CHROMIUM")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_report_draws_every_figure_offline(tmp_path):
-    path = write_report(all_sections(), tmp_path / "report.html")
+    path = write_report(Results.from_dict(all_sections()), tmp_path / "report.html")
     shot = tmp_path / "report.png"
     check = open_report(path, screenshot=shot, height=900)
     assert check.n_figures == 10

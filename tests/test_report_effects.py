@@ -4,7 +4,9 @@ stated in one unit, with one number, in the report's caption and in the demo's s
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,9 @@ from hypothesis import strategies as st
 from report_data import all_sections
 from test_shift import calibrated_axis, examples, plant
 
+import valueprobe as vp
+from valueprobe.probe.axis import ProbeRef
+from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -20,26 +25,31 @@ from valueprobe.report.effects import (
     sink_positions,
     trace_figure,
 )
-from valueprobe.report.page import SECTIONS, render_report
+from valueprobe.report.page import SECTIONS, Results, render_report
+from valueprobe.report.sections import ShiftSection, TracedText
+from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift import shift
+from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 
-def _chat_trace(sink: float = 33.0, n: int = 40, seed: int = 0) -> dict:
+def _chat_trace(sink: float = 33.0, n: int = 40, seed: int = 0) -> TracedText:
     """A trace shaped like a real one: the chat template's first token reads +33 σ, the rest ~N(0, 1)."""
     rng = np.random.default_rng(seed)
-    score = [sink, *rng.normal(0.0, 1.0, n - 1).round(3).tolist()]
-    tokens = ["<|im_start|>", *(f" t{i}" for i in range(1, n))]
-    return {
-        "values": {"resid_post[12]": score},
-        "steered": "resid_post[12]",
-        "tokens": tokens,
-        "n_prompt": 10,
-    }
+    score = (sink, *rng.normal(0.0, 1.0, n - 1).round(3).tolist())
+    tokens = ("<|im_start|>", *(f" t{i}" for i in range(1, n)))
+    trace = Trace(
+        tokens=tokens,
+        n_prompt=10,
+        values={"resid_post[12]": score},
+        alpha=(0.0,) * n,
+        steered="resid_post[12]",
+    )
+    return TracedText("".join(tokens), trace)
 
 
 def test_trace_leaves_the_sink_out_of_the_y_range_and_marks_it():
     d = _chat_trace()
-    score = np.array(d["values"]["resid_post[12]"])
+    score = np.array(d.trace.values["resid_post[12]"])
     fig = trace_figure(d)
     lo, hi = fig.layout.yaxis.range
     assert not lo <= score[0] <= hi, "the +33 σ sink is inside the y-range and flattens the trace"
@@ -56,11 +66,12 @@ def test_trace_leaves_the_sink_out_of_the_y_range_and_marks_it():
 
 def test_trace_caption_names_the_sink():
     results = all_sections()
-    results["sections"]["trace"] = _chat_trace()
+    results["sections"]["trace"] = _chat_trace().to_dict()
     (trace_section,) = [s for s in SECTIONS if s.key == "trace"]
-    caption = trace_section.caption(results["sections"]["trace"])
+    caption = trace_section.caption(_chat_trace())
     assert "'<|im_start|>' at token 0 (+33 σ)" in caption and "attention sink" in caption
-    assert "(attention sink)" in render_report(results)  # the token strip's hover says so too
+    # the token strip's hover says so too, in the page rebuilt from the saved JSON
+    assert "(attention sink)" in render_report(Results.from_dict(results))
 
 
 def test_a_trace_without_a_sink_keeps_every_point():
@@ -68,7 +79,7 @@ def test_a_trace_without_a_sink_keeps_every_point():
     fig = trace_figure(d)
     assert len(fig.data) == 1 and not np.isnan(fig.data[0].y).any()
     lo, hi = fig.layout.yaxis.range
-    assert lo <= min(d["values"]["resid_post[12]"]) and max(d["values"]["resid_post[12]"]) <= hi
+    assert lo <= min(d.trace.values["resid_post[12]"]) and max(d.trace.values["resid_post[12]"]) <= hi
 
 
 def test_sink_below_the_line_is_drawn_at_the_bottom():
@@ -91,51 +102,94 @@ def test_sinks_found_anywhere_and_nan_is_never_one():
     assert np.flatnonzero(sink_positions(score)).tolist() == [4, 7]
 
 
-def _shift_section(sigma: float, sigma_data: float, shift: float) -> dict:
-    factor = sigma / sigma_data
-    return {
-        "layer": 12,
-        "layers": [11, 12],
-        "probe": {"sigma": sigma},
-        "records": [{"group": "preference_words/dolphin", "base": 0.1, "tuned": 0.1 + shift}],
-        "groups": [
-            {
-                "group": "preference_words/dolphin",
-                "targeted": True,
-                "shift": shift,
-                "ci": [shift - 0.004, shift + 0.003],
-                "shift_data_sigma": shift * factor,
-                "null_range": [-0.074, 0.096],
-                "null_percentile": 56.0,
-                "base_mean": 0.1,
-            },
-            {
-                "group": "preference_words/volcano",
-                "targeted": False,
-                "shift": 0.002,
-                "ci": [-0.001, 0.004],
-                "shift_data_sigma": 0.002 * factor,
-                "null_range": [-0.08, 0.09],
-                "null_percentile": 52.0,
-                "base_mean": 0.0,
-            },
-        ],
-        "pairs": [],
-        "shift_by_layer": {
-            "preference_words/dolphin": [0.0, shift],
-            "preference_words/volcano": [0.0, 0.002],
-        },
-    }
+def _group(
+    name: str,
+    *,
+    targeted: bool,
+    shift: float,
+    factor: float,
+    ci: tuple,
+    null: tuple,
+    pct: float,
+    base_mean: float,
+):
+    return GroupShift(
+        group=name,
+        n=1,
+        targeted=targeted,
+        base_mean=base_mean,
+        tuned_mean=base_mean + shift,
+        shift=shift,
+        ci=ci,
+        shift_data_sigma=shift * factor,
+        null_range=null,
+        null_percentile=pct,
+        d_before=None,
+        d_after=None,
+        share=0.5,
+        quartiles_before=(0.25,) * 4,
+        quartiles_after=(0.25,) * 4,
+        counts=False,
+    )
+
+
+def _shift_section(sigma: float, sigma_data: float | None, shift: float) -> ShiftResult:
+    factor = sigma / (sigma_data if sigma_data is not None else 1 / 8.94)
+    dolphin, volcano = "preference_words/dolphin", "preference_words/volcano"
+    return ShiftResult(
+        base_id="base",
+        tuned_id="tuned",
+        base_fingerprint="a",
+        tuned_fingerprint="b",
+        probe=ProbeRef(
+            "base", "a", "span_diff", "resid_post", 0.0, sigma, "fitting set", sigma_data=sigma_data
+        ),
+        layer=12,
+        layers=(11, 12),
+        tokens="mean",
+        n_random=32,
+        groups=(
+            _group(
+                dolphin,
+                targeted=True,
+                shift=shift,
+                factor=factor,
+                ci=(shift - 0.004, shift + 0.003),
+                null=(-0.074, 0.096),
+                pct=56.0,
+                base_mean=0.1,
+            ),
+            _group(
+                volcano,
+                targeted=False,
+                shift=0.002,
+                factor=factor,
+                ci=(-0.001, 0.004),
+                null=(-0.08, 0.09),
+                pct=52.0,
+                base_mean=0.0,
+            ),
+        ),  # fmt: skip
+        shift_by_layer={dolphin: (0.0, shift), volcano: (0.0, 0.002)},
+        pairs=(),
+        untargeted_range=(0.002, 0.002),
+        axis_cosine=None,
+        records=({"id": "d0", "group": dolphin, "label": 1.0, "base": 0.1, "tuned": 0.1 + shift},),
+    )
 
 
 _QUANTITY = re.compile(r"([+-]\d+\.\d+) (data σ|σ)")
 
 
-def test_shift_caption_and_summary_state_one_number_in_one_unit():
+@pytest.mark.parametrize("with_sigma_data", [True, False])
+def test_shift_caption_and_summary_state_one_number_in_one_unit(with_sigma_data):
     # The numbers of the issue: -0.0104 base σ is -0.093 data σ when the data spread is 1/9 of the reference.
-    d = _shift_section(sigma=1.0, sigma_data=1 / 8.94, shift=-0.0104)
+    # a result saved before sigma_data was recorded reads back with None, and its JSON has no key
+    d = _shift_section(sigma=1.0, sigma_data=1 / 8.94 if with_sigma_data else None, shift=-0.0104)
+    d = ShiftResult.from_dict(json.loads(json.dumps(d.to_dict())))
+    assert ("sigma_data" in d.to_dict()["probe"]) == with_sigma_data
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
-    caption = section.caption(d)
+    caption = section.caption(ShiftSection(d))
     summary = shift_headline(d, steps=1)
     said_in_summary = _QUANTITY.findall(summary)
     assert said_in_summary[0] == ("-0.093", "data σ")
@@ -157,7 +211,7 @@ def test_shift_null_bar_is_drawn_in_the_violins_unit():
     assert list(bar.y) == pytest.approx([0.1 - 0.074 / 4, 0.1 + 0.096 / 4])
 
 
-def test_shift_converts_base_sigma_to_data_sigma_by_the_data_spread(tiny_lm_factory):
+def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     # A reference set twice as spread as the data: 1 base σ = 2 data σ, and a planted move of 3 base σ
     # along the axis reads 6 data σ in the caption and in the summary alike.
     base = tiny_lm_factory("gpt2")
@@ -165,11 +219,37 @@ def test_shift_converts_base_sigma_to_data_sigma_by_the_data_spread(tiny_lm_fact
     axis = calibrated_axis(base, exs)
     axis = dataclasses.replace(axis, sigma=2.0 * axis.sigma)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
-    d = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False).to_dict()
-    assert data_sigma_per_base_sigma(d) == pytest.approx(2.0, rel=1e-4)
-    alpha = d["groups"][0]
-    assert alpha["shift"] == pytest.approx(3.0, abs=1e-4)
-    assert alpha["shift_data_sigma"] == pytest.approx(6.0, abs=1e-3)
+    res = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False)
+    assert res.to_dict()["probe"]["sigma_data"] == pytest.approx(float(axis.sigma[1]) / 2.0, rel=1e-4)
+    assert data_sigma_per_base_sigma(res) == pytest.approx(2.0, rel=1e-4)
+    alpha = res.groups[0]
+    assert alpha.shift == pytest.approx(3.0, abs=1e-4)
+    assert alpha.shift_data_sigma == pytest.approx(6.0, abs=1e-3)
     (section,) = [s for s in SECTIONS if s.key == "shift" and s.title.startswith("Tuning")]
-    assert f"alpha {alpha['shift_data_sigma']:+.3f} data σ" in section.caption(d)
-    assert f": {alpha['shift_data_sigma']:+.3f} data σ" in shift_headline(d, steps=1)
+    assert f"alpha {alpha.shift_data_sigma:+.3f} data σ" in section.caption(ShiftSection(res))
+    assert f": {alpha.shift_data_sigma:+.3f} data σ" in shift_headline(res, steps=1)
+    headers, rows = res.table()  # the printed table states the same number in the same unit
+    assert headers[3] == "shift (data σ)" and rows[0][3] == f"{alpha.shift_data_sigma:+.3f}"
+    ci = [float(x) for x in rows[0][4].strip("[]").split(",")]
+    assert ci == pytest.approx([2.0 * c for c in alpha.ci], abs=2e-3)
+
+
+def test_trace_figure_takes_a_generations_own_trace_too():
+    # the notebooks draw `vp.trace_figure(gen.trace)`: the same figure as from the report's section
+    traced = _chat_trace()
+    assert vp.trace_figure(traced.trace).to_dict() == trace_figure(traced).to_dict()
+
+
+def test_the_shipped_sweep_is_drawn_in_layer_order():
+    # probe.json stores by_layer with sorted string keys ("0", "1", "10", ...): the figure must not
+    # draw the line through them in that order (the README's screenshot did, after the records port)
+    meta = json.loads(
+        (Path(__file__).resolve().parents[1] / "probes/smollm2-135m-value/probe.json").read_text()
+    )
+    assert list(meta["metrics"]["sweep"]["by_layer"])[:3] == ["0", "1", "10"]  # the case this guards
+    fig = vp.sweep_figure(SweepSummary.from_dict(meta["metrics"]["sweep"]))
+    for trace in fig.data:
+        x = [v for v in trace.x if v is not None]
+        assert x == sorted(x) or x == sorted(x, reverse=True) or trace.fill == "toself", trace.name
+    test = next(t for t in fig.data if t.name == "test AUROC")
+    assert list(test.x) == list(range(30))

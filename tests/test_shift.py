@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import run_cli
@@ -15,7 +16,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import wrap
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.plots import shift_figure
-from valueprobe.tune.shift import shift
+from valueprobe.tune.shift import random_directions, shift
 
 TEXTS = [
     "The capital of France is Paris, and the capital of Italy is Rome.",
@@ -97,6 +98,29 @@ def test_planted_shift_is_recovered_in_sigma_and_beats_the_null(tiny_lm_factory)
     assert all(
         ys[0] == pytest.approx(0.0, abs=1e-6) for ys in res.shift_by_layer.values()
     )  # before the plant
+
+
+def test_data_sigma_shift_and_random_null_match_closed_forms(tiny_lm_factory):
+    """An axis whose σ is twice the data's: the plant c·v̂ with c = 3 data σ reads 1.5 axis σ and 3
+    data σ; along random direction r the same plant moves c·(r·v̂), which in r's own data σ is
+    c·(r·v̂) / std(h·r), the same in every group, so the null range is their 2.5–97.5 percentiles."""
+    base = tiny_lm_factory("gpt2")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    data_sigma = float(axis.sigma[1])
+    wide = ValueAxis(**{**axis.__dict__, "sigma": axis.sigma * 2.0})
+    v = axis.direction(1).double()
+    c = 3.0 * data_sigma
+    tuned = plant(base, layer=1, vector=c * axis.direction(1))
+    res = shift(wide, base, tuned, exs, n_random=64, n_boot=100, seed=0, progress=False)
+    h = capture(base, exs, layers=[1], positions="mean", progress=False).acts[1].double()  # [n, d_model]
+    R = torch.as_tensor(random_directions(base.d_model, 64, seed=0)).double()  # the shift's null directions
+    null = (c * (R @ v) / (h @ R.T).std(0, correction=0)).numpy()
+    lo, hi = np.percentile(null, [2.5, 97.5])
+    for g in res.groups:
+        assert g.shift == pytest.approx(1.5, abs=1e-4)
+        assert g.shift_data_sigma == pytest.approx(3.0, abs=1e-4)
+        assert g.null_range == pytest.approx((lo, hi), abs=1e-4)
 
 
 def test_untargeted_groups_are_the_second_null(tiny_lm_factory):
@@ -206,7 +230,7 @@ def test_cli_shift_writes_table_json_and_figure(saved, tmp_path, capsys):
     ]
     code, out, err = run_cli(args, capsys)
     assert code == 0, err
-    assert "shift σ" in out and "alpha" in out
+    assert "data σ" in out and "alpha" in out
     info = json.loads((tmp_path / "out" / "shift.json").read_text())
     assert [g["group"] for g in info["groups"]] == ["alpha", "beta", "gamma"] and info["n_random"] == 32
     assert info["groups"][0]["targeted"] and info["base_fingerprint"] != info["tuned_fingerprint"]

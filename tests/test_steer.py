@@ -160,6 +160,47 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
             torch.testing.assert_close(runs[cache].logits[t], ref[:, width - 1 + t], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize(("positions", "unit"), [("prompt", "norm"), ("generated", "raw"), ("all", "sigma")])
+def test_generate_steers_its_positions_and_unit_like_the_handle(tiny_lm_factory, positions, unit):
+    """`generate` against `steer` around ``lm.model.generate`` (checked above, cell by cell, against
+    output_hidden_states): the same greedy tokens for the same positions and unit, rows in
+    (prompt, α) order; and the records say which unit and strength each row had."""
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm, sigma=3.0, mean_norm=300.0)
+    alphas = [-2.0, 2.0]
+    gens = generate(
+        lm, axis, PROMPTS[:2], alphas=alphas, greedy=True, max_new_tokens=6, positions=positions, unit=unit,
+        progress=False,
+    )  # fmt: skip
+    encoded = encode_prompts(lm, PROMPTS[:2])
+    ids, mask = pad_rows([encoded[p] for p in (0, 0, 1, 1)], pad_id=0, side="left")
+    alpha = torch.tensor(alphas * 2)
+    with steer(lm, axis, alpha, positions=positions, unit=unit, prompt_length=ids.shape[1]), torch.no_grad():
+        out = lm.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=0,
+        )
+    want = []
+    for row in out[:, ids.shape[1] :].tolist():
+        want.append(tuple(row[: row.index(0)] if 0 in row else row))
+    assert [g.token_ids for g in gens] == want
+    assert [(g.prompt, g.alpha, g.unit) for g in gens] == [(p, a, unit) for p in (0, 1) for a in alphas]
+    with steer(lm, axis, alpha, unit=unit), torch.no_grad():  # the positions matter here
+        every = lm.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=0,
+        )
+    assert positions == "all" or not torch.equal(every, out)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_per_row_alpha_batch_equals_each_row_alone(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)

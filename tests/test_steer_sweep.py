@@ -17,7 +17,9 @@ from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import steered_logits
+from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
@@ -102,6 +104,21 @@ def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
         want = probs[yes].sum() / (probs[yes].sum() + probs[no].sum())
         assert got[row] == pytest.approx(float(want), abs=1e-5)
     assert got[0] != pytest.approx(got[1], abs=1e-6)  # steering moved it
+    # norm units (α % of the mean norm, 10 here) and another direction (with the axis's σ)
+    ids = torch.tensor([encode_prompts(lm, prompts[:1])[0]])
+    other = torch.nn.functional.normalize(
+        torch.randn(lm.d_model, generator=torch.Generator().manual_seed(9)), dim=0
+    )
+    (along_axis,) = p_yes(lm, axis, prompts[:1], [4.0], unit="sigma")
+    for kw, vector in (
+        (dict(unit="norm"), axis.direction(1) * 10.0 / 100),
+        (dict(unit="sigma", direction=other * 5.0), other * 2.0),  # the direction is normalized
+    ):
+        (one,) = p_yes(lm, axis, prompts[:1], [4.0], **kw)
+        logits = steered_logits(lm, ids, torch.ones_like(ids), layer=1, vector=vector, alpha=4.0)
+        probs = torch.softmax(logits[0, -1], dim=-1)
+        assert one == pytest.approx(float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum())), abs=1e-5)
+        assert one != pytest.approx(along_axis, abs=1e-4)  # so a dropped unit or direction shows
 
 
 # --- sweeps -----------------------------------------------------------------------------------------
@@ -223,7 +240,8 @@ def test_summary_null_and_drop_rule():
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"
     json.dumps(flat.to_dict())
-    assert len(flat.figure().data) == 3  # null band, other axis, axis
+    # the one dose-response figure (the report's): null band, other axis, the axis's CI band and its line
+    assert len(dose_response_figure(flat).data) == 4
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -241,36 +259,37 @@ def tiny_files(tmp_path_factory, tiny_lm_factory):
     ValueAxis(**{**ax.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))}).save(root / "no-norm")
     wide = tiny_axis(lm, d_model=32)
     wide.save(root / "wide")
+    arch, weights = lm.fingerprint.split("-")
+    foreign = "0" * len(arch) if arch != "0" * len(arch) else "1" * len(arch)
+    ValueAxis(**{**ax.__dict__, "fingerprint": f"{foreign}-{weights}"}).save(root / "foreign")
     write_jsonl(root / "p.jsonl", chats(4, yes_no=True))
     (root / "empty.jsonl").write_text("")
     (root / "bad.jsonl").write_text('{"id": "a", "label": 1}\n')
     return root
 
 
+def steer_argv(files: Path, probe: str = "probe", **options: object) -> list[str]:
+    """``valueprobe steer`` on the tiny files: ``max_new_tokens=3`` is ``--max-new-tokens 3``, ``greedy=True`` a flag."""
+    argv = ["steer", "--probe", str(files / probe), "--model", str(files / "model"), "--prompts"]
+    argv.append(str(files / "p.jsonl"))
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
 def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     r = tiny_files
-    argv = [
-        "steer",
-        "--probe",
-        str(r / "probe"),
-        "--model",
-        str(r / "model"),
-        "--prompts",
-        str(r / "p.jsonl"),
-        "--alphas",
-        "-2,0,2",
-        "--max-new-tokens",
-        "3",
-        "--random-directions",
-        "2",
-        "--greedy",
-        "--other-probe",
-        str(r / "other"),
-        "--out",
-        str(tmp_path / "out"),
-        "--bootstrap",
-        "50",
-    ]
+    argv = steer_argv(
+        r,
+        alphas="-2,0,2",
+        max_new_tokens=3,
+        random_directions=2,
+        greedy=True,
+        other_probe=r / "other",
+        out=tmp_path / "out",
+        bootstrap=50,
+    )
     code, out, err = run(argv, capsys)
     assert code == 0, err
     for name in ("settings.json", "generations.jsonl", "metrics.json", "metrics.csv", "dose.html"):
@@ -287,6 +306,22 @@ def test_cli_steer_writes_and_resumes(tiny_files, tmp_path, capsys):
     code, _, err = run(argv, capsys)  # everything done: nothing regenerated, nothing appended
     assert code == 0, err
     assert (tmp_path / "out" / "generations.jsonl").read_bytes() == before
+
+
+def test_cli_steer_refuses_a_probe_of_another_architecture_unless_forced(tiny_files, tmp_path, capsys):
+    argv = steer_argv(
+        tiny_files, "foreign", alphas="-2,2", max_new_tokens=2, random_directions=1, greedy=True, bootstrap=10
+    )
+    code, _, err = run([*argv, "--out", str(tmp_path / "refused")], capsys)
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]  # the model's load bar aside
+    assert code == 2 and "Traceback" not in err, err
+    assert "another architecture" in line and "--force" in line
+    assert not (tmp_path / "refused" / "generations.jsonl").exists()
+    with pytest.warns(FingerprintWarning, match="another architecture") as seen:
+        code, _, err = run([*argv, "--out", str(tmp_path / "forced"), "--force"], capsys)
+    assert code == 0, err
+    assert not [w for w in seen if "other weights" in str(w.message)]
+    assert len((tmp_path / "forced" / "generations.jsonl").read_text().splitlines()) == 4 * 2 * 2
 
 
 def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):
@@ -315,6 +350,10 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
         ({"--max-new-tokens": "0"}, "max-new-tokens"),
         ({"--max-new-tokens": "-3"}, "max-new-tokens"),
         ({"--out": str(tmp_path / "other-sweep")}, "different sweep"),
+        ({"--batch-size": "0"}, "--batch-size 0"),
+        ({"--bootstrap": "-1"}, "--bootstrap -1"),
+        ({"--limit": "0"}, "--limit 0"),
+        ({"--temperature": "0"}, "--temperature 0"),
     ]
     for change, words in cases:
         args = {**base, **change}
@@ -400,7 +439,7 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
         tokens=0.05,
     )
     assert list(report.sweeps) == [b.name for b in BENCHMARKS]
-    assert report.sweeps["confidence"].settings["max_new_tokens"] == 1  # ceil(4 × 0.05)
+    assert report.sweeps["confidence"].settings.max_new_tokens == 1  # ceil(4 × 0.05)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["sweeps"]) == {b.name for b in BENCHMARKS}
     summary = (tmp_path / "out" / "summary.md").read_text()
@@ -428,14 +467,16 @@ def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
         for r in rows
         if r["prompt_id"] == first.id and r["direction"] == "axis"
     }
-    assert got == pytest.approx(p, abs=1e-5)
+    assert got == pytest.approx(p, abs=1e-6)
     (effect,) = [
         e
         for e in results["sweeps"]["confidence"]["effects"]
         if e["metric"] == "p_yes" and e["subset"] == first.group
     ]
-    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-5)
-    assert abs(p[1.0] - p[-1.0]) > 1e-4  # the steering moved it, so the slope is not a trivial 0
+    assert effect["axis"]["slope"] == pytest.approx((p[1.0] - p[-1.0]) / 2, abs=1e-6)
+    assert (
+        abs(p[1.0] - p[-1.0]) > 1e-3
+    )  # the steering moved it well past the tolerance: the slope is no trivial 0
 
 
 @pytest.mark.slow
@@ -449,3 +490,25 @@ def test_p_yes_on_the_default_model(default_lm):
     assert np.all((base > 0) & (base < 1))
     moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
     assert not np.allclose(base, moved)
+    # The first prompt's P(yes) at α = 0 and 30 % of the mean norm, against the trusted route:
+    # h += 30 · mean_norm / 100 · v̂ at the axis's best layer, one unbatched forward.
+    (prompt,) = encode_prompts(default_lm, conf[:1])
+    ids = torch.tensor([prompt])
+    layer = axis.best_layer
+    step = axis.direction(layer) * float(axis.mean_norm[axis.layers.index(layer)]) / 100
+    for alpha, got in ((0.0, base[0]), (30.0, moved[0])):
+        logits = steered_logits(default_lm, ids, torch.ones_like(ids), layer=layer, vector=step, alpha=alpha)
+        probs = torch.softmax(logits[0, -1].double(), dim=-1)
+        want = float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum()))
+        assert got == pytest.approx(want, abs=2e-3)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--prompts", "0"), ("--batch-size", "0"), ("--tokens", "0"), ("--tokens", "nan")]
+)
+def test_replicate_steer_refuses_impossible_numbers_before_loading(
+    option, value, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("valueprobe.cli.steer.load", _stop_at_load)
+    code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err

@@ -167,10 +167,10 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
     delta = (after[t] - before[t]) - np.mean(after[ctrl] - before[ctrl])
     got = written["models"][0]["dirs"]["ax"]
     assert written["models"][0]["prompts"][0] == first.id
-    assert got["item_delta"][0] == pytest.approx(float(delta), abs=1e-5)
+    assert got["item_delta"][0] == pytest.approx(float(delta), abs=2e-6)
     assert got["top_before"][0] == float(np.argmax(before) == t)
     assert got["top_after"][0] == float(np.argmax(after) == t)
-    assert abs(delta) > 1e-6  # two DPO steps moved the readings
+    assert abs(delta) > 1e-4  # two DPO steps moved the readings, well past the tolerance
 
 
 def test_safety_end_to_end(tiny_dir, tmp_path):
@@ -214,11 +214,12 @@ def test_safety_end_to_end(tiny_dir, tmp_path):
     sens = read_jsonl(data / "sensitive.jsonl")
     s = last_scores(lm, [e for e in sens if e.group == "sensitive/sensitive"])
     n = last_scores(lm, [e for e in sens if e.group == "sensitive/neutral"])
-    assert written["base_sensitive_minus_neutral"]["ax"]["gap"] == pytest.approx(
-        s.mean() - n.mean(), abs=1e-4
-    )
+    # float32 forwards agree to ~1e-6; the gap is over 50 times that, so its sign is checked too
+    gap = s.mean() - n.mean()
+    assert written["base_sensitive_minus_neutral"]["ax"]["gap"] == pytest.approx(gap, abs=2e-6)
+    assert abs(gap) > 1e-4
     harmful = [e for e in read_jsonl(data / "refusal.jsonl") if e.group == "refusal/harmful"]
     tuned = load(str(tmp_path / "runs" / "safety"))
     want = (last_scores(tuned, harmful) - last_scores(lm, harmful)).mean()
     (group,) = [g for g in written["shifts"]["ax"]["groups"] if g["group"] == "refusal/harmful"]
-    assert group["shift"] == pytest.approx(want, abs=1e-4) and abs(want) > 1e-6
+    assert group["shift"] == pytest.approx(want, abs=2e-6) and abs(want) > 1e-4

@@ -22,6 +22,7 @@ from valueprobe.probe.layer_sweep import SweepResult
 from valueprobe.probe.transfer import TransferResult
 from valueprobe.read.readout import logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
+from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import Steering, steer
@@ -42,6 +43,7 @@ __all__ = [
     "fit_probe",
     "sweep_figure",
     "shift_figure",
+    "trace_figure",
     "transfer_heatmap",
     # read and steer
     "ValueAxis",

@@ -30,9 +30,11 @@ __all__ = [
     "Backend",
     "ChatTemplate",
     "Dtype",
+    "HookSite",
     "LayerKey",
     "LayerSelection",
     "LayerSpec",
+    "Op",
     "PaddingSide",
     "Positions",
     "ShardSpec",
@@ -56,6 +58,29 @@ class Site(StrEnum):
 
     resid_pre = "resid_pre"  # the block's input
     resid_post = "resid_post"  # the block's output
+
+
+class HookSite(StrEnum):
+    """Every place a hook can read or write in a decoder block: the residual stream (`Site`) and
+    the outputs of the block's attention and MLP submodules (what they add to the residual, before
+    any post-norm a family applies, as steering-vectors' ``layer_type`` reads them)."""
+
+    resid_pre = "resid_pre"
+    resid_post = "resid_post"
+    attn_out = "attn_out"
+    mlp_out = "mlp_out"
+
+
+class Op(StrEnum):
+    """What steering does to the hidden state h at a cell, with p = h·v̂ (see
+    `valueprobe.steering.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
+    σ-score to a target; ``clamp`` holds it in [lo, hi]; ``add-norm`` adds, then rescales to ‖h‖."""
+
+    add = "add"
+    ablate = "ablate"
+    set = "set"
+    clamp = "clamp"
+    add_norm = "add-norm"
 
 
 class Positions(StrEnum):

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 # The command modules register their commands on cli_app's app when imported; this module only runs it.
-from valueprobe.cli import capture_fit, merge, steer, trace, tune  # noqa: F401
+from valueprobe.cli import capture_fit, interop, merge, steer, trace, tune  # noqa: F401
 from valueprobe.cli.app import (
     DeviceOpt,
     ForceOpt,
@@ -191,7 +191,7 @@ def report(
     target = check_output_file(out or from_ / "report.html")
     results = load_results(from_)
     path = write_report(results, target)
-    present = {s.key for s in SECTIONS if s.key in results["sections"]}
+    present = {s.key for s in SECTIONS if s.key in results.sections}
     table(
         f"report -> {path}",
         ["section", "in report"],

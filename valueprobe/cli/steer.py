@@ -18,6 +18,7 @@ import typer
 
 from valueprobe.cli.app import (
     ControlsOpt,
+    ForceOpt,
     ModelOpt,
     RandomDirectionsOpt,
     app,
@@ -27,14 +28,16 @@ from valueprobe.cli.app import (
     table,
     write_html,
 )
+from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
+from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.vocab import Unit
+from valueprobe.vocab import Op, Unit
 
 __all__ = ["replicate_steer_command", "steer_command"]
 
@@ -50,6 +53,17 @@ def _read_prompts(path: Path, limit: int | None):
     if limit is not None and limit < 1:
         raise ValueprobeError(f"--limit {limit} must be at least 1")
     return examples[:limit] if limit else examples
+
+
+def _check_numbers(
+    *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
+) -> None:
+    """The numeric options `check_settings` does not see, refused before any work."""
+    check_at_least("--batch-size", batch_size, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--limit", limit, 1)
+    if not greedy and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
@@ -95,11 +109,24 @@ def steer_command(
     chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8,
     batch_size: int = 32,
     bootstrap: int = 1000,
+    force: ForceOpt = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    op: Annotated[
+        Op,
+        typer.Option(
+            help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
+        ),
+    ] = Op.add,
+    lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
+    hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
+    target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_numbers(
+        batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
+    )
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
@@ -132,13 +159,17 @@ def steer_command(
         chunk_prompts=chunk_prompts,
         metrics=chosen,
         limit=limit,
+        op=op.value,
+        lo=lo,
+        hi=hi,
+        target=target,
     )
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
     result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap
+        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
-    write_html(result.figure(), out / "dose.html")
+    write_html(dose_response_figure(result), out / "dose.html")
     headers, rows = result.table()
     table(
         f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)",
@@ -171,29 +202,47 @@ def replicate_steer_command(
     seed: int = 0,
     batch_size: int = 32,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    rows: Annotated[
+        str,
+        typer.Option(
+            help="add (steer along each direction) and/or ablate (remove it): a row left out keeps its results"
+        ),
+    ] = "add,ablate",
+    benchmarks: Annotated[
+        str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
+    ] = "all",
 ) -> None:
-    """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length."""
+    """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
-    axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
-    for bench in BENCHMARKS:  # every check before the model loads
-        path = data / bench.file
-        examples = _read_prompts(path, prompts)
-        settings = bench.settings(
-            probe,
-            other_probe,
-            axis,
-            model,
-            path,
-            values,
-            unit.value,
-            samples,
-            n_random,
-            seed,
-            prompts,
-            tokens,
+    check_at_least("--prompts", prompts, 1)
+    check_at_least("--batch-size", batch_size, 1)
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise ValueprobeError(
+            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
         )
-        check_settings(settings, axis, runs / bench.name, examples)
+    chosen = parse_rows(rows)
+    names = parse_benchmarks(benchmarks)
+    axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
+    planned = plan(
+        rows=chosen,
+        probe=probe,
+        other_probe=other_probe,
+        axis=axis,
+        model=model,
+        data_dir=data,
+        runs_dir=runs,
+        alphas=values,
+        unit=unit.value,
+        samples=samples,
+        controls=n_random,
+        seed=seed,
+        prompts=prompts,
+        tokens=tokens,
+        benchmarks=names,
+    )
+    for run in planned:  # every check before the model loads
+        check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = load(model, device=device)
     report = replicate_steer(
         lm,
@@ -212,10 +261,20 @@ def replicate_steer_command(
         seed=seed,
         tokens=tokens,
         batch_size=batch_size,
+        rows=chosen,
+        benchmarks=names,
     )
-    write_html(report.combined().figure(), out / "dose.html")
-    headers, rows = report.table()
-    table(
-        f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions", headers, rows
+    if report.sweeps:
+        write_html(dose_response_figure(report.combined()), out / "dose.html")
+        table(
+            f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions",
+            *report.table(),
+        )
+    if report.ablations:
+        table(
+            f"replicate steer, ablated: {probe.name} vs {n_random} random directions",
+            *report.ablation_table(),
+        )
+    console.print(
+        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''} (sweeps in {runs}/)"
     )
-    console.print(f"wrote {out}/results.json, summary.md, dose.html (sweeps in {runs}/)")

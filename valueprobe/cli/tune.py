@@ -76,7 +76,6 @@ def tune(
     Rerun the same command to resume an interrupted run."""
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
-    pairs = read_pairs(data, groups=groups, split=split)
     settings = TuneSettings(
         method=method,
         lora=lora,
@@ -87,6 +86,8 @@ def tune(
         batch_size=batch_size,
         max_steps=max_steps,
     )
+    settings.check()  # before the pairs are read and before any model loads
+    pairs = read_pairs(data, groups=groups, split=split)
     res = train(
         model,
         pairs,
@@ -125,9 +126,8 @@ class _Inputs(NamedTuple):
 
 def _replicate(run: Callable[..., R], inputs: _Inputs, **options: object) -> R:
     """Check the training settings, load the probes and the model, then run one replication."""
-    if inputs.epochs <= 0 or inputs.lr <= 0:
-        raise ValueprobeError(f"--epochs {inputs.epochs} and --lr {inputs.lr} must be positive")
     settings = TuneSettings(epochs=inputs.epochs, learning_rate=inputs.lr, max_steps=inputs.max_steps)
+    settings.check()
     axes = _axes(inputs.probes)
     return run(
         load(inputs.model),

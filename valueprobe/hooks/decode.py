@@ -17,6 +17,9 @@ The steering comes in two forms, one for each kind of route, and both describe t
   closed-loop α). The route holds the handle for the run and removes it in ``finally``.
 
 ``live`` says the hooks do more than the data: a route that only takes data refuses such a run.
+``beyond`` names what else the hooks do that the data form cannot say (an operator other than
+``add``, a site off the residual stream, a window of generated tokens, a condition): a route that
+only takes data refuses such a run in one line that names it.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class Decode:
         additions, alpha, where: the steering as data; ``alpha`` holds one strength per row.
         hooks: the steering as Python: attaches it and returns its handle.
         live: the hooks read values or set α while the run goes (data cannot say that).
+        beyond: what the hooks steer that the additions do not say, e.g. ``"--op ablate"``
+            (empty when the data form is the whole steering).
         remote: NDIF execution, for the nnsight route (`valueprobe.hooks.route.route` checks it).
     """
 
@@ -75,4 +80,5 @@ class Decode:
     where: str
     hooks: Callable[[], Handle]
     live: bool = False
+    beyond: str = ""
     remote: bool | str = False

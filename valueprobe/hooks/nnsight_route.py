@@ -122,12 +122,18 @@ class NnsightRoute:
         when ``where`` is ``all``/``prompt``, every later step at its one new cell when ``where`` is
         ``all``/``generated``. Equal to the hooks route (tests/test_steer.py). A ``live`` run is
         refused: the graph cannot hand a value read in one step back to Python before that step's
-        addition.
+        addition. So is a run whose hooks do more than add (``beyond``: another operator, a site off
+        the residual stream, a window of generated tokens, a condition), in one line naming it.
         """
         if run.live:
             raise ValueprobeError(
                 "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
                 "cannot hand a value read in one step back to Python before that step's addition"
+            )
+        if run.beyond:
+            raise ValueprobeError(
+                f"{run.beyond} runs on backend 'hooks' only: nnsight's generate graph takes the steering"
+                " as additions α·size·v̂ (use --backend hooks)"
             )
         model = nnsight_model(run.lm, remote=run.remote)
         envoys = _envoys(model, run.lm, [a.point.layer for a in run.additions])

@@ -37,20 +37,32 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.forward import Read, Reduce
-from valueprobe.vocab import Site, layer_out_of_range
+from valueprobe.hooks.forward import Reduce
+from valueprobe.vocab import HookSite, Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["Handle", "Intervention", "Point", "Recording", "Step", "StopForward", "intervene", "record"]
+__all__ = [
+    "SUBMODULES",
+    "Handle",
+    "Intervention",
+    "Point",
+    "Recording",
+    "Step",
+    "StopForward",
+    "intervene",
+    "record",
+]
 
 
 class Point(NamedTuple):
-    """A place in the residual stream: decoder block ``layer`` (negative counts from the end), at ``site``."""
+    """A place in decoder block ``layer`` (negative counts from the end), at ``site``: the residual
+    stream (``resid_pre``, ``resid_post``) or the output of the block's attention (``attn_out``) or
+    MLP (``mlp_out``) submodule, found by name per family (`SUBMODULES`)."""
 
     layer: int
-    site: Site = Site.resid_post
+    site: Site | HookSite = Site.resid_post
 
 
 @dataclass(frozen=True)
@@ -168,14 +180,48 @@ class Handle:
         self.remove()
 
 
-def _resolve(lm: LoadedModel, point: Point) -> Read:
-    """(block, hook its input?) for a point; checks layer and site."""
-    if point.site not in (Site.resid_pre, Site.resid_post):
-        raise ValueprobeError(f"unknown site {point.site!r}: use resid_pre or resid_post")
+# Where a site sits in a block's forward, for running reads in execution order.
+_ORDER = {HookSite.resid_pre: 0, HookSite.attn_out: 1, HookSite.mlp_out: 2, HookSite.resid_post: 3}
+# The names a decoder block gives its attention and MLP submodules, by family: Llama, Qwen, Gemma,
+# Mistral (self_attn, mlp); GPT-2 (attn, mlp); GPT-NeoX (attention, mlp); others (feed_forward...).
+SUBMODULES: dict[HookSite, tuple[str, ...]] = {
+    HookSite.attn_out: ("self_attn", "attn", "attention", "self_attention"),
+    HookSite.mlp_out: ("mlp", "feed_forward", "ffn"),
+}
+Hooked = tuple[int, HookSite]  # (0-based block, site): one hook serves every point that resolves to it
+
+
+def _resolve(lm: LoadedModel, point: Point) -> Hooked:
+    """(block, site) for a point; checks the layer and that the site is one the hook layer has."""
+    try:
+        site = HookSite(str(point.site))
+    except ValueError:
+        raise ValueprobeError(
+            f"unknown site {point.site!r}: use one of {', '.join(s.value for s in HookSite)}"
+        ) from None
     n = lm.n_layers
     if not -n <= int(point.layer) < n:  # negative counts from the end, as Python indexes the blocks
         raise layer_out_of_range(int(point.layer), n)
-    return int(point.layer) % n, point.site == Site.resid_pre
+    block = int(point.layer) % n
+    if site in SUBMODULES:
+        _module(lm, (block, site))  # a family without the submodule is refused here, before any hook
+    return block, site
+
+
+def _module(lm: LoadedModel, hooked: Hooked) -> tuple[torch.nn.Module, bool]:
+    """The module a hook goes on and whether it hooks the module's input (resid_pre) or output."""
+    block, site = hooked
+    module = lm.layers[block]
+    if site not in SUBMODULES:
+        return module, site == HookSite.resid_pre
+    for name in SUBMODULES[site]:
+        sub = getattr(module, name, None)
+        if isinstance(sub, torch.nn.Module):
+            return sub, False
+    raise ValueprobeError(
+        f"{type(module).__name__} blocks of {lm.model_id} expose no {site.value} submodule (none of"
+        f" {', '.join(SUBMODULES[site])}): use site resid_post or resid_pre"
+    )
 
 
 def _attach(
@@ -236,12 +282,12 @@ def intervene(
     Interventions run before any other hook on the block (so every recorder sees their result);
     two on one point run newest first.
     """
-    block, on_input = _resolve(lm, point)
+    module, on_input = _module(lm, _resolve(lm, point))
     reader = _StepReader()
     handle = Intervention()
     handle._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
     try:
-        _attach(handle, lm.layers[block], on_input, lambda h: fn(h, reader.step()), first=True)
+        _attach(handle, module, on_input, lambda h: fn(h, reader.step()), first=True)
     except BaseException:
         handle.remove()
         raise
@@ -295,12 +341,12 @@ def record(
     reader = _StepReader()
     rec._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
     try:
-        by_hook: dict[Read, list[Point]] = {}
+        by_hook: dict[Hooked, list[Point]] = {}
         for point in rec.points:
             by_hook.setdefault(_resolve(lm, point), []).append(point)
-        order = sorted(by_hook, key=lambda k: (k[0], not k[1]))  # execution order
+        order = sorted(by_hook, key=lambda k: (k[0], _ORDER[k[1]]))  # execution order
         for i, key in enumerate(order):
-            module, on_input = lm.layers[key[0]], key[1]
+            module, on_input = _module(lm, key)
             _attach(
                 rec, module, on_input, _saver(rec, reader, by_hook[key], keep, stop and i == len(order) - 1)
             )

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 
 __all__ = [
     "TUNE_FILE",
+    "TunedBase",
     "ignore_old_checkpointing_reads",
     "is_adapter_dir",
     "merge_adapter",
@@ -35,14 +38,32 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / TUNE_FILE).exists() and (path / "adapter_config.json").exists()
 
 
-def read_tune_record(path: Path) -> dict[str, Any]:
-    """The adapter's ``valueprobe-tune.json``; one clear error when it is unreadable or has no base."""
+@dataclass(frozen=True)
+class TunedBase:
+    """The model a checkpoint was tuned from (``base`` in ``valueprobe-tune.json``): how to load it
+    again, and its shape. `valueprobe.tune.train.TuneRecord` holds it; loading an adapter reads it."""
+
+    spec: str
+    fingerprint: str
+    model_type: str | None
+    d_model: int
+    n_layers: int
+    vocab_size: int
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TunedBase:
+        return record_from_dict(cls, d)
+
+
+def read_tune_record(path: Path) -> tuple[TunedBase, dict[str, Any]]:
+    """The adapter's base, and its whole ``valueprobe-tune.json``; one clear error when it is
+    unreadable or its base is not a `TunedBase`."""
     try:
         record = json.loads((path / TUNE_FILE).read_text())
-        record["base"]["spec"], record["base"]["fingerprint"]  # noqa: B018 -- the keys load needs
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        base = TunedBase.from_dict(record["base"])
+    except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
         raise ValueprobeError(f"{path / TUNE_FILE} is unreadable ({exc}); retrain or restore it") from None
-    return record
+    return base, record
 
 
 @contextmanager

@@ -202,7 +202,14 @@ def check_model(recorded: str, lm: _Model, *, what: str, model_id: str = "", for
             f"{source} was made on another architecture or vocabulary than {lm.model_id}"
             f" (fingerprint {lm.fingerprint}); use a probe fitted on this model, or pass --force to read it anyway"
         )
-    if match != Match.same:
+    if match == Match.arch:
+        warnings.warn(
+            f"{source} was made on another architecture or vocabulary than {lm.model_id}"
+            f" (fingerprint {lm.fingerprint}); reading it anyway because --force was given",
+            FingerprintWarning,
+            stacklevel=3,
+        )
+    elif match != Match.same:
         warnings.warn(
             f"{source} was made on other weights than {lm.model_id} (fingerprint {lm.fingerprint}); reading it as"
             " a descendant (e.g. a fine-tune) of that model",

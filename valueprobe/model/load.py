@@ -324,11 +324,11 @@ def _load_adapter(path: Path, **load_kwargs: Any) -> LoadedModel:
         ValueprobeError: the record is unreadable, or the base now loads with another architecture
             (other base weights give a ``FingerprintWarning``).
     """
-    record = read_tune_record(path)
-    spec = record["base"]["spec"]
+    tuned_from, record = read_tune_record(path)
+    spec = tuned_from.spec
     base = load(spec, **load_kwargs)
     # architecture must match (else ValueprobeError); other base weights only warn
-    check_records(record["base"]["fingerprint"], base.fingerprint, what=f"adapter {path} and its base {spec}")
+    check_records(tuned_from.fingerprint, base.fingerprint, what=f"adapter {path} and its base {spec}")
     merged = merge_adapter(base.model, path)
     lm = wrap(merged, base.tokenizer, model_id=str(path), layers_path=load_kwargs.get("layers_path"))
     lm.meta["tune"] = record

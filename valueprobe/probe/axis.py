@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text, jsonable
+from valueprobe.files import atomic_write, atomic_write_text, jsonable, record_from_dict
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.version import __version__
 from valueprobe.vocab import Site, Unit, choice, layer_ranges
@@ -35,6 +36,51 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
+
+
+@dataclass(frozen=True)
+class ProbeRef:
+    """Which probe a result was read on, and its units at one layer: what a score or a shift keeps
+    of the axis (``"probe"`` in summary.json and shift.json). ``axis.ref(layer)`` makes one."""
+
+    model_id: str
+    fingerprint: str
+    method: str
+    site: str
+    mu: float
+    sigma: float
+    sigma_reference: str
+    # the axis's σ over the data read (units of ``sigma``): sigma / sigma_data converts base σ to
+    # data σ. Only a shift records it; None is left out of the JSON.
+    sigma_data: float | None = None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if self.sigma_data is None:
+            del out["sigma_data"]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeRef:
+        return record_from_dict(cls, d)
+
+
+def check_combinable(axes: Sequence[ValueAxis]) -> None:
+    """Refuse, in one line, axes that cannot be combined: other widths or other architectures.
+
+    Axes of one architecture with other weights (a base model and its tuned descendant) combine
+    with a `valueprobe.model.fingerprint.FingerprintWarning`.
+    """
+    first = axes[0]
+    for other in axes[1:]:
+        if other.d_model != first.d_model:
+            raise ValueprobeError(
+                f"cannot combine axes of different widths: {first.model_id} (d_model {first.d_model})"
+                f" and {other.model_id} (d_model {other.d_model})"
+            )
+        check_records(
+            first.fingerprint, other.fingerprint, what=f"axes of {first.model_id} and {other.model_id}"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,8 +93,10 @@ class ValueAxis:
 
     Arithmetic: ``-axis`` flips every direction (and μ); ``k * axis`` keeps the unit
     directions and multiplies ``scale``, the steering strength (negative k also flips);
-    ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, leaving μ and σ
-    uncalibrated (NaN) until :func:`valueprobe.probe.fit.calibrate`. ``axis[18]`` keeps one layer.
+    ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, and
+    ``a.orthogonalize(b)`` projects b's direction out of a's, each leaving μ and σ uncalibrated
+    (NaN) until :func:`valueprobe.probe.fit.calibrate` and recording in ``made`` (``probe.json``)
+    the operation, the layers and the `provenance` of both axes. ``axis[18]`` keeps one layer.
     Readouts (``project``, ``score``) ignore ``scale``.
 
     >>> axis = ValueAxis.load("probes/value-smollm2", lm=lm)
@@ -72,6 +120,7 @@ class ValueAxis:
     datasets: tuple[dict, ...] = ()
     ops: tuple[str, ...] = ()
     version: str = __version__
+    made: dict = field(default_factory=dict)  # how axis arithmetic made it: {"op", "layers", "from": [...]}
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -96,6 +145,20 @@ class ValueAxis:
                 f"layer {layer} is not in this axis; it has layers {layer_ranges(self.layers)}"
             )
         return self.layers.index(layer)
+
+    def ref(self, layer: int, *, sigma_data: float | None = None) -> ProbeRef:
+        """This axis's identity and its units (μ, σ) at ``layer``, as results record it."""
+        i = self.layers.index(layer)
+        return ProbeRef(
+            model_id=self.model_id,
+            fingerprint=self.fingerprint,
+            method=self.method,
+            site=str(self.site),
+            mu=float(self.mu[i]),
+            sigma=float(self.sigma[i]),
+            sigma_reference=self.sigma_reference,
+            sigma_data=sigma_data,
+        )
 
     def direction(self, layer: int | None = None) -> torch.Tensor:
         """Unit direction [d_model] at ``layer`` (default: the best layer)."""
@@ -169,17 +232,24 @@ class ValueAxis:
 
     __rmul__ = __mul__
 
-    def _combine(self, other: ValueAxis, sign: float) -> ValueAxis:
-        if not isinstance(other, ValueAxis):
-            return NotImplemented
-        if other.d_model != self.d_model:
-            raise ValueprobeError(
-                f"cannot combine axes of different widths: {self.model_id} (d_model {self.d_model})"
-                f" and {other.model_id} (d_model {other.d_model})"
-            )
-        check_records(
-            self.fingerprint, other.fingerprint, what=f"axes of {self.model_id} and {other.model_id}"
-        )
+    def provenance(self) -> dict[str, Any]:
+        """What this axis is and how it was made: the record `made` keeps of each axis it combines."""
+        out: dict[str, Any] = {
+            "model_id": self.model_id,
+            "fingerprint": self.fingerprint,
+            "method": self.method,
+            "site": str(self.site),
+            "layers": list(self.layers),
+            "scale": self.scale,
+            "ops": list(self.ops),
+            **({"made": self.made} if self.made else {}),
+            "datasets": list(self.datasets),
+        }
+        return out | ({"made": self.made} if self.made else {})
+
+    def _shared(self, other: ValueAxis) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """The layers both axes have, and each axis's scale·v̂ there ``[shared, d_model]``."""
+        check_combinable([self, other])
         shared = [layer for layer in self.layers if layer in other.layers]
         if not shared:
             raise ValueprobeError(
@@ -187,12 +257,16 @@ class ValueAxis:
             )
         a = torch.stack([self.direction(layer) * self.scale for layer in shared])
         b = torch.stack([other.direction(layer) * other.scale for layer in shared])
-        v = a + sign * b
+        return shared, a, b
+
+    def _made(self, other: ValueAxis, shared: list[int], v: torch.Tensor, how: str, symbol: str) -> ValueAxis:
+        """The axis of directions ``v`` (renormalized) at ``shared``, made from self and ``other`` by ``how``."""
         norms = v.norm(dim=1, keepdim=True)
-        if (norms == 0).any():
-            raise ValueprobeError("axis arithmetic gave a zero direction (the axes cancel)")
+        if (norms < 1e-6).any():
+            raise ValueprobeError(
+                f"axis arithmetic ({how}) gave a zero direction: the axes are parallel or cancel"
+            )
         nan = torch.full((len(shared),), float("nan"))
-        op = "-" if sign < 0 else "+"
         return ValueAxis(
             directions=v / norms,
             layers=tuple(shared),
@@ -201,14 +275,35 @@ class ValueAxis:
             mean_norm=torch.stack([self.mean_norm[self._index(layer)] for layer in shared]),
             best_layer=self.best_layer if self.best_layer in shared else shared[0],
             site=self.site,
-            method=f"({self.method}) {op} ({other.method})",
+            method=f"({self.method}) {symbol} ({other.method})",
             model_id=self.model_id,
             fingerprint=self.fingerprint,
             d_model=self.d_model,
             sigma_reference="uncalibrated (axis arithmetic): run valueprobe.probe.fit.calibrate(axis, store)",
             datasets=self.datasets + other.datasets,
-            ops=(*self.ops, f"{op} axis"),
+            ops=(*self.ops, f"{symbol} axis"),
+            made={"op": how, "layers": list(shared), "from": [self.provenance(), other.provenance()]},
         )
+
+    def _combine(self, other: ValueAxis, sign: float) -> ValueAxis:
+        if not isinstance(other, ValueAxis):
+            return NotImplemented
+        shared, a, b = self._shared(other)
+        how, symbol = ("difference", "-") if sign < 0 else ("sum", "+")
+        return self._made(other, shared, a + sign * b, how, symbol)
+
+    def orthogonalize(self, other: ValueAxis) -> ValueAxis:
+        """This axis with ``other``'s direction projected out at each shared layer: v̂ − (v̂·ŵ)ŵ,
+        renormalized (its own scale kept). μ and σ are left uncalibrated, as for ``a - b``.
+
+        >>> value_only = value_axis.orthogonalize(length_axis)    # steer value, not length
+        >>> float(value_only.direction(18) @ length_axis.direction(18))   # 0 up to rounding
+        """
+        shared, a, b = self._shared(other)
+        w = b / b.norm(dim=1, keepdim=True)
+        v = a - (a * w).sum(dim=1, keepdim=True) * w
+        made = self._made(other, shared, v, "orthogonalize", "⊥")
+        return replace(made, scale=self.scale)
 
     def __sub__(self, other: ValueAxis) -> ValueAxis:
         return self._combine(other, -1.0)
@@ -262,6 +357,7 @@ class ValueAxis:
             "scale": self.scale,
             "sigma_reference": self.sigma_reference,
             "ops": list(self.ops),
+            **({"made": self.made} if self.made else {}),
             "datasets": list(self.datasets),
             "metrics": self.metrics,
             "valueprobe_version": self.version,
@@ -305,6 +401,7 @@ class ValueAxis:
                 metrics=info.get("metrics", {}),
                 datasets=tuple(info.get("datasets", [])),
                 ops=tuple(info.get("ops", [])),
+                made=info.get("made", {}),
                 version=info.get("valueprobe_version", "unknown"),
             )
         except KeyError as e:

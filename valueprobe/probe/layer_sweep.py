@@ -172,7 +172,8 @@ class SweepSummary:
 
     @property
     def layers(self) -> tuple[int, ...]:
-        return tuple(self.by_layer)
+        # by layer, not by key order: a probe.json written with sorted keys reads "0", "1", "10", ...
+        return tuple(sorted(self.by_layer))
 
     def summary(self) -> str:
         """One line: the chosen layer, the held-out AUROC, the strongest control and the margin."""

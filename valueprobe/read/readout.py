@@ -12,8 +12,9 @@ calls :func:`score_dataset`::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,8 +24,9 @@ from valueprobe.activations.capture import run_encoded
 from valueprobe.activations.encode import encode
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.axis import ProbeRef, ValueAxis
 from valueprobe.read.scores import ScoreResult
 from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.stats.null import direction_null, random_directions
@@ -292,7 +294,7 @@ def score_dataset(
         progress=progress,
     )
     return summarize(
-        axis_record(axis, layer),
+        axis.ref(layer),
         records,
         examples,
         layer=layer,
@@ -337,22 +339,8 @@ def read_records(
     return per_example(axis, examples, readouts, layer=layer), _mean_by_example(readouts)
 
 
-def axis_record(axis: ValueAxis, layer: int) -> dict:
-    """The probe as ``summary.json`` records it."""
-    i = axis.layers.index(layer)
-    return {
-        "model_id": axis.model_id,
-        "fingerprint": axis.fingerprint,
-        "method": axis.method,
-        "site": str(axis.site),
-        "mu": float(axis.mu[i]),
-        "sigma": float(axis.sigma[i]),
-        "sigma_reference": axis.sigma_reference,
-    }
-
-
 def summarize(
-    probe: dict,
+    probe: ProbeRef,
     records: Sequence[dict],
     examples: Sequence[Example],
     *,
@@ -367,6 +355,27 @@ def summarize(
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
     summary = group_summary(records, examples, bootstrap=bootstrap, seed=seed, random=random)
     return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """What :func:`logit_lens` returns, as a record: the layer, and (token, logit) pairs, most extreme first."""
+
+    layer: int
+    promoted: tuple[tuple[str, float], ...]
+    suppressed: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "layer": self.layer,
+            "promoted": [list(p) for p in self.promoted],
+            "suppressed": [list(p) for p in self.suppressed],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LogitLens:
+        """From ``logit_lens(...)`` or its JSON (``probe.json`` ``metrics.logit_lens``)."""
+        return record_from_dict(cls, d)
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from typing import Any
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.probe.axis import ProbeRef
 from valueprobe.vocab import Tokens
 
 
@@ -32,7 +33,7 @@ class ScoreResult:
 
     records: tuple[dict, ...]
     summary: tuple[dict, ...]
-    probe: dict
+    probe: ProbeRef
     layer: int
     tokens: Tokens
 
@@ -77,7 +78,7 @@ class ScoreResult:
 
     def to_dict(self) -> dict:
         return {
-            "probe": jsonable(self.probe),
+            "probe": jsonable(self.probe.to_dict()),
             "layer": self.layer,
             "tokens": str(self.tokens),
             "summary": jsonable(list(self.summary)),

@@ -23,23 +23,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.fit import FitReport, fit_probe
 from valueprobe.probe.fitters import Method
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source
 from valueprobe.probe.transfer import evaluate_axis, transfer_matrix
 from valueprobe.read.readout import logit_lens
-from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.vocab import LayerKey, Positions, Target
 
 __all__ = [
@@ -118,73 +116,6 @@ def capture_families(
             progress=progress,
         )
     return stores
-
-
-@dataclass(frozen=True)
-class Contrast:
-    """One two-sample contrast of projections: AUROC with a bootstrap 95% CI, and Cohen's d."""
-
-    auroc: float
-    auroc_ci: tuple[float, float]
-    cohens_d: float
-
-    @classmethod
-    def of(cls, pos: np.ndarray, neg: np.ndarray, *, seed: int) -> Contrast:
-        scores = np.concatenate([pos, neg])
-        labels = np.concatenate([np.ones(len(pos)), np.zeros(len(neg))])
-        ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
-        return cls(auroc(scores, labels), ci, cohens_d(scores, labels))
-
-    def to_dict(self) -> dict:
-        return {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Contrast:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class MatchedControl:
-    """The axis on ICRL conversations and their matched controls (see the module docstring)."""
-
-    layer: int
-    post_vs_pre_main: Contrast
-    post_vs_pre_control: Contrast
-    main_post_vs_control_post: Contrast  # identical text, different reward history
-    embed_main_post_vs_control_post: Contrast | None  # must be 0.5: the text is identical
-    main_minus_control_post_sigma: float
-
-    def contrasts(self) -> dict[str, Contrast]:
-        out = {
-            "post_vs_pre_main": self.post_vs_pre_main,
-            "post_vs_pre_control": self.post_vs_pre_control,
-            "main_post_vs_control_post": self.main_post_vs_control_post,
-        }
-        if self.embed_main_post_vs_control_post is not None:
-            out["embed_main_post_vs_control_post"] = self.embed_main_post_vs_control_post
-        return out
-
-    def table(self) -> tuple[list[str], list[list[str]]]:
-        """(headers, rows): one row per contrast."""
-        rows = [
-            [name, f"{c.auroc:.3f}", f"[{c.auroc_ci[0]:.3f}, {c.auroc_ci[1]:.3f}]", f"{c.cohens_d:.3f}"]
-            for name, c in self.contrasts().items()
-        ]
-        return ["contrast", "AUROC", "95% CI", "Cohen's d"], rows
-
-    def to_dict(self) -> dict:
-        """JSON-ready, stored in probe.json under ``metrics.icrl_matched_control``."""
-        return {
-            "layer": self.layer,
-            **{name: c.to_dict() for name, c in self.contrasts().items()},
-            "main_minus_control_post_sigma": self.main_minus_control_post_sigma,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MatchedControl:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, {"embed_main_post_vs_control_post": None, **d})
 
 
 def _post_pre(store: ActivationStore, v: np.ndarray, layer: LayerKey) -> tuple[np.ndarray, np.ndarray]:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -38,9 +39,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.probe.transfer import transfer_matrix
+from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.transfer import TransferSummary, transfer_matrix
 from valueprobe.read.readout import logit_lens
 from valueprobe.replicate.axis import (
     FAMILIES,
@@ -51,11 +54,13 @@ from valueprobe.replicate.axis import (
 )
 from valueprobe.replicate.stages import StageCache
 from valueprobe.report.effects import shift_text
-from valueprobe.report.page import RESULTS_FILE, write_report
+from valueprobe.report.page import RESULTS_FILE, Results, write_report
+from valueprobe.report.sections import ShiftSection, SteerSection, read_sections
 from valueprobe.steering.generation import generate
 from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import shift
+from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneSettings, train
 
 __all__ = ["DemoSize", "DemoResult", "FULL", "QUICK", "run_demo"]
@@ -138,14 +143,13 @@ def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
     sweep = run_sweep(
         lm(), axis, examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False
     )
-    d = sweep.to_dict()
-    e = next((x for x in d["effects"] if x["metric"] == "p_yes"), d["effects"][0])
-    where = {True: "outside", False: "inside", None: "undetermined vs"}[e["outside_null"]]
-    d["headline"] = (
-        f"steering ({e['metric']}, {e['subset']}): slope {e['axis']['slope']:+.4f} per σ, {where} the"
-        f" random-direction null [{e['null_range'][0]:+.4f}, {e['null_range'][1]:+.4f}]"
+    e = next((x for x in sweep.effects if x.metric == "p_yes"), sweep.effects[0])
+    where = {True: "outside", False: "inside", None: "undetermined vs"}[e.outside]
+    headline = (
+        f"steering ({e.metric}, {e.subset}): slope {e.axis.slope:+.4f} per σ, {where} the"
+        f" random-direction null [{e.null_range[0]:+.4f}, {e.null_range[1]:+.4f}]"
     )
-    return d
+    return SteerSection(sweep, headline).to_dict()
 
 
 def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
@@ -183,22 +187,21 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         seed=seed,
         progress=False,
     )
-    d = jsonable(result.to_dict())
-    d["tune"] = {
+    tune = {
         "target": TUNE_TARGET,
         "pairs": len(pairs),
         "steps": settings.max_steps,
         "checkpoint": str(tuned_dir),
     }
-    d["headline"] = shift_headline(d, steps=settings.max_steps)
-    return d
+    headline = shift_headline(result, steps=settings.max_steps)
+    return jsonable(ShiftSection(result, tune, headline).to_dict())
 
 
-def shift_headline(d: dict, *, steps: int) -> str:
+def shift_headline(result: ShiftResult, *, steps: int) -> str:
     """The summary line of the shift stage: the targeted group's shift in the words and unit of the
     report's shift caption (:func:`valueprobe.report.effects.shift_text`)."""
-    g = next(x for x in d["groups"] if x["targeted"])
-    return f"shift after {steps}-step DPO ({TUNE_TARGET}, layer {d['layer']}): {shift_text(d, g)}"
+    g = next(x for x in result.groups if x.targeted)
+    return f"shift after {steps}-step DPO ({TUNE_TARGET}, layer {result.layer}): {shift_text(result, g)}"
 
 
 # Stages that plug in after the axis: name -> fn(lm, probe_dir, out, seed, quick) -> section dict.
@@ -375,7 +378,10 @@ def run_demo(
     sections["trace"] = run.trace(axis)
     later, missing = run.later(shas)
     sections.update(later)
-    summary = summarize(sections)
+    records, unreadable = read_sections(sections)
+    if unreadable:
+        raise ValueprobeError(f"internal: demo sections do not read back as records: {unreadable}")
+    summary = summarize(records)
     results = {
         "format": "valueprobe.results",
         "format_version": 1,
@@ -388,7 +394,8 @@ def run_demo(
     }
     results_path = out / RESULTS_FILE
     atomic_write_text(results_path, _json(results))
-    report = write_report(results, out / "report.html", title=f"valueprobe demo: {model}")
+    shown = Results(records, model=model, summary=tuple(summary), missing=missing)
+    report = write_report(shown, out / "report.html", title=f"valueprobe demo: {model}")
     return DemoResult(
         out, report, results_path, run.probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
     )
@@ -398,36 +405,38 @@ def _json(obj: object) -> str:
     return json.dumps(obj, indent=1, default=float) + "\n"
 
 
-def _sweep_line(name: str, d: dict) -> str:
-    c = d["controls"][d["strongest_control"]]["mean"]
+def _sweep_line(name: str, s: SweepSummary) -> str:
+    c = s.controls[s.strongest_control].mean
     return (
-        f"{name} (layer {d['best_layer']}): held-out AUROC {d['heldout_auroc']['mean']:.3f} vs strongest control"
-        f" {d['strongest_control']} {c:.3f} (margin {d['margin']:+.3f})"
+        f"{name} (layer {s.best_layer}): held-out AUROC {s.heldout_auroc.mean:.3f} vs strongest control"
+        f" {s.strongest_control} {c:.3f} (margin {s.margin:+.3f})"
     )
 
 
-def summarize(sections: dict) -> list[str]:
-    """At most six lines, each a headline figure beside its control."""
+def summarize(sections: Mapping[str, Any]) -> list[str]:
+    """At most six lines, each a headline figure beside its control, from the section records
+    (`valueprobe.report.sections.read_sections`)."""
     lines = [
         _sweep_line("pre/post axis", sections["sweep"]),
         _sweep_line("reward-history axis", sections["history"]),
     ]
-    t = sections["transfer"]
-    n = len(t["families"])
+    t: TransferSummary = sections["transfer"]
+    n = len(t.families)
     off = [(i, j) for i in range(n) for j in range(n) if i != j]
-    strongest = [t["auroc"][i][j] - t["margin"][i][j] for i, j in off]
+    strongest = [t.auroc[i][j] - t.margin[i][j] for i, j in off]
     lines.append(
-        f"transfer (layer {t['layer']}): off-diagonal AUROC {t['off_diagonal_auroc']['mean']:.3f} vs strongest"
+        f"transfer (layer {t.layer}): off-diagonal AUROC {t.off_diagonal_auroc.mean:.3f} vs strongest"
         f" control {sum(strongest) / len(strongest):.3f} (mean over {len(off)} cells)"
     )
-    mc = sections["matched_control"]
+    mc: MatchedControl = sections["matched_control"]
     lines.append(
-        f"matched control: main vs control post (identical text) AUROC {mc['main_post_vs_control_post']['auroc']:.3f};"
-        f" post vs pre in never-rewarded control {mc['post_vs_pre_control']['auroc']:.3f}"
+        f"matched control: main vs control post (identical text) AUROC {mc.main_post_vs_control_post.auroc:.3f};"
+        f" post vs pre in never-rewarded control {mc.post_vs_pre_control.auroc:.3f}"
     )
     for name in ("steer", "shift"):
-        if name in sections and "headline" in sections[name]:
-            lines.append(str(sections[name]["headline"]))
+        sec = sections.get(name)
+        if sec is not None and sec.headline:
+            lines.append(sec.headline)
     if len(lines) > 6:
         raise ValueprobeError("internal: the demo summary has more than six lines")
     return lines

@@ -7,6 +7,14 @@ confidence (yes-rate and P(yes) to "Will this answer be correct?", with the inve
 backtracking (self-correction phrases), code verbosity (lines, comments, type hints), refusal, and
 length. Each steers the probe's axis at its best layer, the other axis's direction at the same
 layer and ``controls`` random unit directions, all with the same vector length per unit of α.
+
+The ``ablate`` row asks for necessity instead: the same five benchmarks with the axis's direction
+removed at its layer (``--op ablate``, h − (h·v̂)v̂ at every position) against ``controls`` random
+directions removed the same way, as a sweep over α ∈ {0, 1} (off, on), so its slope is the change
+ablation makes. ``--rows ablate`` runs that row alone and keeps the add row already in ``results.json``::
+
+    valueprobe replicate steer --rows ablate --out probes/steering-smollm2-135m
+
 Writes ``results.json``, ``summary.md`` and ``dose.html`` into ``out``.
 """
 
@@ -15,18 +23,28 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.sweep import SweepSettings, run_sweep
 
-__all__ = ["BENCHMARKS", "Benchmark", "ReplicateSteer", "replicate_steer"]
+__all__ = [
+    "BENCHMARKS",
+    "ROWS",
+    "Benchmark",
+    "ReplicateSteer",
+    "Run",
+    "parse_rows",
+    "plan",
+    "replicate_steer",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +60,7 @@ class Benchmark:
     def settings(
         self,
         probe: Path,
-        other_probe: Path,
+        other_probe: Path | None,
         axis: ValueAxis,
         model: str,
         path: Path,
@@ -53,6 +71,7 @@ class Benchmark:
         seed: int,
         prompts: int,
         tokens: float,
+        op: str = "add",
     ) -> SweepSettings:
         return SweepSettings(
             probe=str(probe),
@@ -66,9 +85,10 @@ class Benchmark:
             max_new_tokens=max(1, math.ceil(self.max_new_tokens * tokens)),
             controls=controls,
             seed=seed,
-            other_probe=str(other_probe),
+            other_probe=None if other_probe is None else str(other_probe),
             metrics=self.metrics,
             limit=prompts,
+            op=op,
         )
 
 
@@ -82,6 +102,94 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("refusal", "steer_refusal.jsonl", 32, ("refusal",), "refusal phrase near the start"),
     Benchmark("length", "steer_open.jsonl", 64, ("length", "degenerate"), "words, and degenerate outputs"),
 )  # fmt: skip
+
+
+# The rows of `replicate_steer`: "add" steers along each direction (sufficiency), "ablate" removes it (necessity).
+ROWS: tuple[str, ...] = ("add", "ablate")
+ABLATE_ALPHAS: tuple[float, ...] = (0.0, 1.0)  # off, on: the slope is the change ablation makes
+
+
+BENCHMARK_NAMES: tuple[str, ...] = tuple(b.name for b in BENCHMARKS)
+
+
+def parse_benchmarks(text: str) -> tuple[str, ...]:
+    """``"all"`` or ``"length,confidence"`` -> benchmark names in `BENCHMARKS` order; one clear line otherwise."""
+    if text.strip().lower() == "all":
+        return BENCHMARK_NAMES
+    given = [b.strip() for b in text.split(",") if b.strip()]
+    if not given or any(b not in BENCHMARK_NAMES for b in given):
+        raise ValueprobeError(
+            f"--benchmarks {text!r}: give 'all' or a comma list of {', '.join(BENCHMARK_NAMES)}"
+        )
+    return tuple(b for b in BENCHMARK_NAMES if b in given)
+
+
+def parse_rows(text: str) -> tuple[str, ...]:
+    """``"add,ablate"`` -> the rows to run, in `ROWS` order; one clear line for an unknown or empty list."""
+    given = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = [r for r in given if r not in ROWS]
+    if unknown or not given:
+        raise ValueprobeError(f"--rows {text!r}: give a comma list of {', '.join(ROWS)}")
+    return tuple(r for r in ROWS if r in given)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One sweep of `replicate_steer`: a benchmark under one row, its prompts, folder and settings."""
+
+    bench: Benchmark
+    row: str
+    prompts: Path
+    folder: Path
+    settings: SweepSettings
+
+
+def plan(
+    *,
+    rows: Sequence[str],
+    probe: Path,
+    other_probe: Path,
+    axis: ValueAxis,
+    model: str,
+    data_dir: Path,
+    runs_dir: Path,
+    alphas: Sequence[float],
+    unit: str,
+    samples: int,
+    controls: int,
+    seed: int,
+    prompts: int,
+    tokens: float,
+    benchmarks: Sequence[str] = BENCHMARK_NAMES,
+) -> list[Run]:
+    """Every sweep the rows ask for, in order: the CLI checks them all before the model loads.
+
+    The ablate row removes the direction (α = 0 off, 1 on; its unit is ``raw``, as removal has no
+    size) and leaves the other axis out: its question is the axis against random directions.
+    """
+    runs = []
+    for row in rows:
+        for bench in (b for b in BENCHMARKS if b.name in benchmarks):
+            path = data_dir / bench.file
+            add = row == "add"
+            settings = bench.settings(
+                probe,
+                other_probe if add else None,
+                axis,
+                model,
+                path,
+                alphas if add else ABLATE_ALPHAS,
+                unit if add else "raw",
+                samples,
+                controls,
+                seed,
+                prompts,
+                tokens,
+                op=row,
+            )
+            folder = runs_dir / (bench.name if add else f"{bench.name}-{row}")
+            runs.append(Run(bench, row, path, folder, settings))
+    return runs
 
 
 MIN_PROMPTS = 5  # below this a prompt bootstrap cannot say much: the verdict says so instead
@@ -104,11 +212,12 @@ def _verdict(n_prompts: int, slope: float, ci: tuple[float, float] | None, outsi
 
 @dataclass(frozen=True)
 class ReplicateSteer:
-    """The five sweeps of `replicate_steer`, by benchmark name."""
+    """The sweeps of `replicate_steer` by benchmark name: steering (``sweeps``) and ablation."""
 
     sweeps: dict[str, SteerSweep]
     probe: str
     other_probe: str
+    ablations: dict[str, SteerSweep] = field(default_factory=dict)
 
     def combined(self) -> SteerSweep:
         """All effects in one record (subsets prefixed by benchmark), for one figure."""
@@ -157,12 +266,43 @@ class ReplicateSteer:
                 )
         return headers, rows
 
+    def ablation_table(self) -> tuple[list[str], list[list[object]]]:
+        """One row per ablation effect: the change removing the direction makes, against the null."""
+        headers = [
+            "benchmark",
+            "metric",
+            "subset",
+            "prompts",
+            "ablated − intact",
+            "95% CI",
+            "null 95% range (random ablated)",
+            "axis vs null",
+        ]
+        rows: list[list[object]] = [
+            [
+                name,
+                e.metric,
+                e.subset,
+                e.axis.n_prompts,
+                e.axis.slope,
+                f"[{e.axis.ci[0]:+.4f}, {e.axis.ci[1]:+.4f}]",
+                f"[{e.null_range[0]:+.4f}, {e.null_range[1]:+.4f}]",
+                _verdict(e.axis.n_prompts, e.axis.slope, e.axis.ci, e.outside),
+            ]
+            for name, s in self.ablations.items()
+            for e in s.effects
+        ]
+        return headers, rows
+
     def to_dict(self) -> dict:
-        return {
+        out = {
             "probe": self.probe,
             "other_probe": self.other_probe,
             "sweeps": {k: s.to_dict() for k, s in self.sweeps.items()},
         }
+        if self.ablations:  # a file from before the ablate row reads back to the same bytes
+            out["ablations"] = {k: s.to_dict() for k, s in self.ablations.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReplicateSteer:
@@ -170,30 +310,57 @@ class ReplicateSteer:
         return record_from_dict(cls, d)
 
     def markdown(self) -> str:
+        lines = ["# Steering SmolLM2-135M-Instruct along its value axes", ""]
+        if self.sweeps:
+            lines += self._steer_markdown()
+        if self.ablations:
+            lines += self._ablate_markdown()
+        return "\n".join(lines) + "\n"
+
+    def _steer_markdown(self) -> list[str]:
         first = next(iter(self.sweeps.values()))
         settings = first.settings
+        if settings is None or any(s.settings is None for s in self.sweeps.values()):
+            raise ValueprobeError("internal: a replicated sweep has no settings to describe")
         headers, rows = self.table()
-        lines = [
-            "# Steering SmolLM2-135M-Instruct along its value axes",
-            "",
+        return [
             f"Axis steered: `{self.probe}`; control axis: `{self.other_probe}` (its direction at the same layer);"
-            f" {settings.get('controls')} random unit directions. Strengths {settings.get('alphas')} in"
-            f" `{first.unit}` units, {settings.get('samples')} sample(s), sampling at temperature"
-            f" {settings.get('temperature')} with common random numbers; slopes are OLS per {first.step:g}"
+            f" {settings.controls} random unit directions. Strengths {list(settings.alphas)} in"
+            f" `{first.unit}` units, {settings.samples} sample(s), sampling at temperature"
+            f" {settings.temperature} with common random numbers; slopes are OLS per {first.step:g}"
             " units of α with 95% bootstrap CIs over prompts; the null range is the central 95% of the"
             " random directions' slopes. Strengths with more than half degenerate outputs are dropped.",
             "",
             *markdown_table(headers, rows, lambda v: f"{v:+.4f}" if isinstance(v, float) else str(v)),
-        ]
-        lines += [
             "",
-            "Sizes: "
-            + "; ".join(
-                f"{n}: {s.n_rows} outputs, {s.settings.get('limit')} prompts, {s.settings.get('max_new_tokens')} new tokens"
-                for n, s in self.sweeps.items()
-            ),
+            "Sizes: " + _sizes(self.sweeps),
         ]
-        return "\n".join(lines) + "\n"
+
+    def _ablate_markdown(self) -> list[str]:
+        settings = next(iter(self.ablations.values())).settings
+        headers, rows = self.ablation_table()
+        return [
+            "",
+            "## Necessity: the axis ablated",
+            "",
+            f"`--op ablate` removes the direction (h − (h·v̂)v̂ at the axis's layer, every position) of"
+            f" `{self.probe}` and, as the null, of each of {settings.controls if settings is not None else '?'} random unit directions;"
+            " α ∈ {0, 1} (off, on) with common random numbers, so each figure is the mean change ablation"
+            " makes, with a 95% bootstrap CI over prompts; the null range is the central 95% of the random"
+            " directions' changes.",
+            "",
+            *markdown_table(headers, rows, lambda v: f"{v:+.4f}" if isinstance(v, float) else str(v)),
+            "",
+            "Sizes: " + _sizes(self.ablations),
+        ]
+
+
+def _sizes(sweeps: Mapping[str, SteerSweep]) -> str:
+    return "; ".join(
+        f"{n}: {s.n_rows} outputs, {s.settings.limit} prompts, {s.settings.max_new_tokens} new tokens"
+        for n, s in sweeps.items()
+        if s.settings is not None
+    )
 
 
 def replicate_steer(
@@ -214,38 +381,66 @@ def replicate_steer(
     seed: int = 0,
     tokens: float = 1.0,
     batch_size: int = 32,
+    rows: Sequence[str] = ROWS,
+    benchmarks: Sequence[str] = BENCHMARK_NAMES,
 ) -> ReplicateSteer:
-    """Run (or resume) every benchmark of :data:`BENCHMARKS` and write the results into ``out``.
+    """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
 
     Args:
         prompts: rows per prompt set (confidence and refusal keep their pairs when even).
         tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
+        rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
+            A sweep not run keeps what ``out/results.json`` already holds for it.
         Others: as in `valueprobe.steering.sweep.SweepSettings`.
     """
-    sweeps: dict[str, SteerSweep] = {}
-    for bench in BENCHMARKS:
-        path = data_dir / bench.file
-        examples = read_jsonl(path)[:prompts]
-        settings = bench.settings(
-            probe,
-            other_probe,
-            axis,
-            lm.model_id,
-            path,
-            alphas,
-            unit,
-            samples,
-            controls,
-            seed,
-            prompts,
-            tokens,
-        )
-        sweeps[bench.name] = run_sweep(
-            lm, axis, examples, runs_dir / bench.name, settings, other=other, batch_size=batch_size
-        )
+    runs = plan(
+        rows=rows,
+        probe=probe,
+        other_probe=other_probe,
+        axis=axis,
+        model=lm.model_id,
+        data_dir=data_dir,
+        runs_dir=runs_dir,
+        alphas=alphas,
+        unit=unit,
+        samples=samples,
+        controls=controls,
+        seed=seed,
+        prompts=prompts,
+        tokens=tokens,
+        benchmarks=benchmarks,
+    )
+    report = _previous(out, probe=probe, other_probe=other_probe, runs=runs)
+    for run in runs:
+        examples = read_jsonl(run.prompts)[:prompts]
+        control = other if run.row == "add" else None
+        sweep = run_sweep(lm, axis, examples, run.folder, run.settings, other=control, batch_size=batch_size)
+        if run.row == "add":
+            report = replace(report, sweeps=_in_order({**report.sweeps, run.bench.name: sweep}))
+        else:
+            report = replace(report, ablations=_in_order({**report.ablations, run.bench.name: sweep}))
         # Written after every benchmark, so a stopped run still shows what it finished.
-        report = ReplicateSteer(sweeps=dict(sweeps), probe=str(probe), other_probe=str(other_probe))
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
         atomic_write_text(out / "summary.md", report.markdown())
     return report
+
+
+def _in_order(sweeps: dict[str, SteerSweep]) -> dict[str, SteerSweep]:
+    return {name: sweeps[name] for name in BENCHMARK_NAMES if name in sweeps}
+
+
+def _previous(out: Path, *, probe: Path, other_probe: Path, runs: Sequence[Run]) -> ReplicateSteer:
+    """What ``out/results.json`` holds for the sweeps not run now (a sweep run now starts from nothing)."""
+    empty = ReplicateSteer(sweeps={}, probe=str(probe), other_probe=str(other_probe))
+    path = out / "results.json"
+    if not path.is_file():
+        return empty
+    old = ReplicateSteer.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    again = {(run.row, run.bench.name) for run in runs}
+    sweeps = {k: v for k, v in old.sweeps.items() if ("add", k) not in again}
+    ablations = {k: v for k, v in old.ablations.items() if ("ablate", k) not in again}
+    if (sweeps or ablations) and old.probe != str(probe):
+        raise ValueprobeError(f"{path} holds results for {old.probe}, not {probe}: give another --out")
+    other = str(other_probe) if any(run.row == "add" for run in runs) or not sweeps else old.other_probe
+    return replace(empty, other_probe=other, sweeps=sweeps, ablations=ablations)

@@ -1,17 +1,12 @@
-"""Report figures of what the axis does, drawn from saved result JSON: the value trace of a
+"""Report figures of what the axis does, drawn from result records: the value trace of a
 generation, steering dose-response, and the shift after tuning.
 
     from valueprobe.report.effects import shift_layers_figure
-    shift_layers_figure(json.load(open("runs/shift/shift.json")))
+    shift_layers_figure(ShiftResult.from_dict(json.load(open("runs/shift/shift.json"))))
 
-Expected keys:
-
-- trace: ``Trace.to_dict()`` of :mod:`valueprobe.steering.generation` (``tokens``, ``n_prompt``, ``values``
-  {point: [T] σ-scores}, ``steered``), or simply ``layer``, ``tokens`` [T], ``score`` [T];
-- steer: ``SteerSweep.to_dict()`` of :mod:`valueprobe.steering.dose` (``unit``, ``effects`` with ``curves``
-  {``axis``, ``other``, ``null``: {``alpha``, ``mean``, ``lo``, ``hi``}} and slopes);
-- shift: ``ShiftResult.to_dict()`` of :mod:`valueprobe.tune.shift` (``records``, ``groups``, ``layers``,
-  ``pairs``, ``shift_by_layer``, ``layer``).
+- trace: a `valueprobe.report.sections.TracedText` (a generation's text and its `Trace`);
+- steer: a `valueprobe.steering.dose.SteerSweep` (its effects' curves and slopes);
+- shift: a `valueprobe.tune.shift_records.ShiftResult` (records, groups, layers, pairs).
 """
 
 from __future__ import annotations
@@ -22,7 +17,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from valueprobe.report.figures import LAYOUT, PALETTE, band
+from valueprobe.report.sections import TracedText
+from valueprobe.report.style import LAYOUT, PALETTE, band
+from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Trace
+from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 __all__ = [
     "data_sigma_per_base_sigma",
@@ -37,18 +36,11 @@ __all__ = [
 ]
 
 
-def trace_series(d: dict) -> tuple[str, list[str], np.ndarray]:
-    """(where it was read, tokens, σ-score per token) from either trace form; null scores become NaN."""
-    if "values" in d:
-        where = d.get("steered") or next(iter(d["values"]))
-        raw = d["values"][where]
-    else:
-        where, raw = f"layer {d.get('layer', '?')}", d["score"]
-    return (
-        where,
-        [str(t) for t in d["tokens"]],
-        np.array([np.nan if v is None else v for v in raw], dtype=float),
-    )
+def trace_series(traced: TracedText | Trace) -> tuple[str, list[str], np.ndarray]:
+    """(where it was read, tokens, σ-score per token); the steered point's values, else the first point's."""
+    t = traced.trace if isinstance(traced, TracedText) else traced
+    where = t.steered if t.steered in t.values else next(iter(t.values))
+    return where, [str(tok) for tok in t.tokens], np.array(t.values[where], dtype=float)
 
 
 def sink_positions(score: np.ndarray, *, factor: float = 10.0) -> np.ndarray:
@@ -90,13 +82,17 @@ def _trace_range(score: np.ndarray, sinks: np.ndarray) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def trace_figure(d: dict) -> go.Figure:
+def trace_figure(traced: TracedText | Trace) -> go.Figure:
     """The value (σ units) at each token of one generation; the prompt/generation boundary marked.
 
     Attention sinks (:func:`sink_positions`) are left out of the line and of the y-range, and
-    drawn as a triangle at the edge of the plot, labelled with their token and value.
+    drawn as a triangle at the edge of the plot, labelled with their token and value. Takes the
+    report's section or a generation's own trace:
+
+    >>> (gen,) = vp.generate(lm, axis, [prompt], alphas=[0.0], trace=True)
+    >>> vp.trace_figure(gen.trace).show()
     """
-    where, tokens, score = trace_series(d)
+    where, tokens, score = trace_series(traced)
     x = np.arange(len(score))
     sinks = sink_positions(score)
     lo, hi = _trace_range(score, sinks)
@@ -133,16 +129,23 @@ def trace_figure(d: dict) -> go.Figure:
         )  # fmt: skip
     for y in (-1.0, 1.0):
         fig.add_hline(y=y, line_dash="dot", line_color="#999")
-    if d.get("n_prompt"):
-        fig.add_vline(x=int(d["n_prompt"]) - 0.5, line_dash="dash", annotation_text="generation starts")
-    fig.update_layout(title=f"value trace at {where}", xaxis_title="token", yaxis_title="score (σ)", **LAYOUT)
+    n_prompt = (traced.trace if isinstance(traced, TracedText) else traced).n_prompt
+    if n_prompt:
+        fig.add_vline(x=n_prompt - 0.5, line_dash="dash", annotation_text="generation starts")
+    fig.update_layout(
+        title=f"value trace at {where}",
+        xaxis_title="token",
+        yaxis_title="score (σ)",
+        showlegend=False,
+        **LAYOUT,
+    )
     fig.update_yaxes(range=[lo, hi])
     return fig
 
 
-def trace_tokens_html(d: dict) -> str:
+def trace_tokens_html(traced: TracedText) -> str:
     """The trace's tokens as HTML spans coloured by value: red above the mean, blue below, ±2 σ saturates."""
-    _, tokens, score = trace_series(d)
+    _, tokens, score = trace_series(traced)
     spans = []
     for tok, s, sink in zip(tokens, score, sink_positions(score), strict=True):
         a = 0.0 if not np.isfinite(s) else min(abs(float(s)) / 2.0, 1.0) * 0.75
@@ -154,24 +157,22 @@ def trace_tokens_html(d: dict) -> str:
     return '<div class="tokens">' + "".join(spans) + "</div>"
 
 
-def dose_response_figure(d: dict) -> go.Figure:
-    """One panel per (metric, prompt subset) of ``SteerSweep.to_dict()``: the axis with its 95% CI over
-    prompts, the other axis, and the central 95% of random directions as a grey band (the null)."""
-    effects = d["effects"]
+def dose_response_figure(sweep: SteerSweep) -> go.Figure:
+    """One panel per (metric, prompt subset) of a sweep: the axis with its 95% CI over prompts, the
+    other axis, and the central 95% of random directions as a grey band (the null)."""
+    effects = sweep.effects
     cols = min(3, max(len(effects), 1))
     rows = (len(effects) + cols - 1) // cols
-    fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=[f"{e['metric']} ({e['subset']})" for e in effects]
-    )
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"{e.metric} ({e.subset})" for e in effects])
     for i, e in enumerate(effects):
         r, c, first = i // cols + 1, i % cols + 1, i == 0
-        curves = e["curves"]
+        curves = e.curves
         if "null" in curves:
             n = curves["null"]
             fig.add_trace(
                 go.Scatter(
-                    x=[*n["alpha"], *n["alpha"][::-1]],
-                    y=[*n["hi"], *n["lo"][::-1]],
+                    x=[*n.alphas, *n.alphas[::-1]],
+                    y=[*n.hi, *n.lo[::-1]],
                     fill="toself",
                     fillcolor="rgba(150,150,150,0.3)",
                     line={"width": 0},
@@ -186,11 +187,11 @@ def dose_response_figure(d: dict) -> go.Figure:
             o = curves["other"]
             fig.add_trace(
                 go.Scatter(
-                    x=o["alpha"],
-                    y=o["mean"],
+                    x=list(o.alphas),
+                    y=list(o.means),
                     mode="lines+markers",
                     line={"color": "#e69f00"},
-                    name=e.get("other_name") or "other axis",
+                    name=e.other_name or "other axis",
                     legendgroup="other",
                     showlegend=first,
                 ),
@@ -198,11 +199,11 @@ def dose_response_figure(d: dict) -> go.Figure:
                 col=c,
             )
         a = curves["axis"]
-        band(fig, a["alpha"], a["lo"], a["hi"], PALETTE[0], row=r, col=c)
+        band(fig, a.alphas, a.lo, a.hi, PALETTE[0], row=r, col=c)
         fig.add_trace(
             go.Scatter(
-                x=a["alpha"],
-                y=a["mean"],
+                x=list(a.alphas),
+                y=list(a.means),
                 mode="lines+markers",
                 line={"color": PALETTE[0]},
                 name="axis (95% CI)",
@@ -212,54 +213,52 @@ def dose_response_figure(d: dict) -> go.Figure:
             row=r,
             col=c,
         )
-    fig.update_xaxes(title_text=f"α ({d.get('unit', 'sigma')})")
+    fig.update_xaxes(title_text=f"α ({sweep.unit})")
     fig.update_layout(title="steering dose-response: axis vs random directions", height=330 * rows, **LAYOUT)
     return fig
 
 
-def data_sigma_per_base_sigma(d: dict) -> float | None:
-    """How many data σ make one base σ at the headline layer of ``ShiftResult.to_dict()``.
+def data_sigma_per_base_sigma(res: ShiftResult) -> float | None:
+    """How many data σ make one base σ at the headline layer of a shift.
 
     Two units meet in a shift: *base σ*, the spread of the axis's projection over its reference
     set (the unit of every score and of ``shift``), and *data σ*, its spread over these examples in
     the base model (the unit of ``shift_data_sigma`` and of the random-direction null, each random
-    direction being measured in its own spread over the same examples). `valueprobe.tune.shift`
-    records each group's shift in both units, so the ratio is ``shift_data_sigma / shift`` of any
-    group that moved. None when no group moved.
+    direction being measured in its own spread over the same examples). The ratio is
+    ``probe.sigma / probe.sigma_data``; results written before ``sigma_data`` was recorded give it
+    as ``shift_data_sigma / shift`` of any group that moved. None when neither is known.
     """
-    for g in d.get("groups", []):
-        if g.get("shift") and g.get("shift_data_sigma") is not None:
-            return float(g["shift_data_sigma"]) / float(g["shift"])
+    probe = res.probe
+    if probe.sigma and probe.sigma_data:
+        return probe.sigma / probe.sigma_data
+    for g in res.groups:
+        if g.shift and np.isfinite(g.shift_data_sigma):
+            return g.shift_data_sigma / g.shift
     return None
 
 
-def shift_text(d: dict, g: dict) -> str:
+def shift_text(res: ShiftResult, g: GroupShift) -> str:
     """One group's shift in data σ, its 95% CI and the random-direction null, as the report and the
     demo's summary both state it (one unit, one wording).
 
-    >>> shift_text({"groups": [{"shift": -0.05, "shift_data_sigma": -0.1}]},
-    ...            {"shift": -0.05, "shift_data_sigma": -0.1, "ci": [-0.1, 0.0],
-    ...             "null_range": [-0.2, 0.3], "null_percentile": 40.0})
+    >>> shift_text(res, res.groups[0])
     '-0.100 data σ (95% CI [-0.200, +0.000]) vs random-direction null [-0.200, +0.300] (40th pct)'
     """
-    factor = data_sigma_per_base_sigma(d)
+    factor = data_sigma_per_base_sigma(res)
     ci = (
-        f" (95% CI [{g['ci'][0] * factor:+.3f}, {g['ci'][1] * factor:+.3f}])"
-        if factor is not None and g.get("ci") and None not in g["ci"]
+        f" (95% CI [{g.ci[0] * factor:+.3f}, {g.ci[1] * factor:+.3f}])"
+        if factor is not None and np.isfinite(g.ci).all()
         else ""
     )
-    lo, hi = g["null_range"]
-    null = "n/a" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}]"
-    return (
-        f"{g['shift_data_sigma']:+.3f} data σ{ci} vs random-direction null {null}"
-        f" ({g['null_percentile']:.0f}th pct)"
-    )
+    lo, hi = g.null_range
+    null = f"[{lo:+.3f}, {hi:+.3f}]" if np.isfinite(lo) and np.isfinite(hi) else "n/a"
+    return f"{g.shift_data_sigma:+.3f} data σ{ci} vs random-direction null {null} ({g.null_percentile:.0f}th pct)"
 
 
-def shift_distribution_figure(d: dict) -> go.Figure:
-    """Per-group score distributions of base and tuned on the base axis (``ShiftResult.to_dict()``)."""
+def shift_distribution_figure(res: ShiftResult) -> go.Figure:
+    """Per-group score distributions of base and tuned on the base axis."""
     by_group: dict[str, dict[str, list[float]]] = {}
-    for r in d["records"]:
+    for r in res.records:
         g = by_group.setdefault(str(r["group"]), {"base": [], "tuned": []})
         g["base"].append(r["base"])
         g["tuned"].append(r["tuned"])
@@ -279,23 +278,23 @@ def shift_distribution_figure(d: dict) -> go.Figure:
                 scalemode="width",
             )
         )
-    factor = data_sigma_per_base_sigma(d)
-    for g in d.get("groups", []):  # the random-direction null at the headline layer, as a grey bar
-        lo, hi = g["null_range"]
-        if lo is not None and hi is not None and factor:
+    factor = data_sigma_per_base_sigma(res)
+    for gs in res.groups:  # the random-direction null at the headline layer, as a grey bar
+        lo, hi = gs.null_range
+        if np.isfinite(lo) and np.isfinite(hi) and factor:
             fig.add_trace(
                 go.Scatter(  # the null is in data σ; the violins are in base σ
-                    x=[g["group"]] * 2,
-                    y=[g["base_mean"] + lo / factor, g["base_mean"] + hi / factor],
+                    x=[gs.group] * 2,
+                    y=[gs.base_mean + lo / factor, gs.base_mean + hi / factor],
                     mode="lines",
                     line={"color": "#bbb", "width": 8},
                     name="null: random directions",
-                    showlegend=g is d["groups"][0],
+                    showlegend=gs is res.groups[0],
                     opacity=0.6,
                 )
             )
     fig.update_layout(
-        title=f"scores at layer {d['layer']}: base (left) vs tuned (right)",
+        title=f"scores at layer {res.layer}: base (left) vs tuned (right)",
         yaxis_title="score (base σ)",
         violinmode="overlay",
         **LAYOUT,
@@ -303,39 +302,39 @@ def shift_distribution_figure(d: dict) -> go.Figure:
     return fig
 
 
-def shift_layers_figure(d: dict) -> go.Figure:
+def shift_layers_figure(res: ShiftResult) -> go.Figure:
     """Cohen's d between groups at every layer, base (dashed) and tuned (solid): where tuning moved them."""
-    layers = list(d["layers"])
+    layers = list(res.layers)
     fig = go.Figure()
-    for i, p in enumerate(d.get("pairs", [])):
+    for i, p in enumerate(res.pairs):
         color = PALETTE[i % len(PALETTE)]
-        for which, dash in (("d_base", "dash"), ("d_tuned", None)):
+        for which, ys, dash in (("base", p.d_base, "dash"), ("tuned", p.d_tuned, None)):
             fig.add_trace(
                 go.Scatter(
                     x=layers,
-                    y=p[which],
+                    y=list(ys),
                     mode="lines+markers",
                     line={"color": color, "dash": dash},
-                    name=f"{p['a']} vs {p['b']}: {which[2:]}",
+                    name=f"{p.a} vs {p.b}: {which}",
                 )
             )
-    if not d.get("pairs"):
-        for i, (group, ys) in enumerate(d["shift_by_layer"].items()):
+    if not res.pairs:
+        for i, (group, ys) in enumerate(res.shift_by_layer.items()):
             fig.add_trace(
                 go.Scatter(
                     x=layers,
-                    y=ys,
+                    y=list(ys),
                     mode="lines+markers",
                     name=f"{group}: shift (σ)",
                     line={"color": PALETTE[i % len(PALETTE)]},
                 )
             )
     fig.add_hline(y=0, line_color="#999")
-    fig.add_vline(x=d["layer"], line_dash="dot", annotation_text=f"axis layer {d['layer']}")
+    fig.add_vline(x=res.layer, line_dash="dot", annotation_text=f"axis layer {res.layer}")
     fig.update_layout(
         title="separation by layer before (dashed) and after (solid) tuning",
         xaxis_title="layer",
-        yaxis_title="Cohen's d" if d.get("pairs") else "shift (σ)",
+        yaxis_title="Cohen's d" if res.pairs else "shift (σ)",
         **LAYOUT,
     )
     return fig

@@ -1,8 +1,11 @@
 """Plotly figures for the layer sweep, the transfer matrix and a checkpoint shift.
 
-from valueprobe.report.plots import sweep_figure, transfer_heatmap
-sweep_figure(report.sweep).write_html("runs/fit/sweep.html")
-transfer_heatmap(report.transfer).write_html("runs/fit/transfer.html")
+    from valueprobe.report.plots import sweep_figure, transfer_heatmap
+    sweep_figure(report.sweep).write_html("runs/fit/sweep.html")
+    transfer_heatmap(report.transfer).write_html("runs/fit/transfer.html")
+
+Each takes the live result or its saved record (``SweepSummary``, ``TransferSummary``: what
+``to_dict`` writes, read back by ``from_dict``), so the report draws the same figure from disk.
 """
 
 from __future__ import annotations
@@ -14,49 +17,53 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from valueprobe.probe.layer_sweep import SweepResult
-from valueprobe.probe.transfer import TransferResult
+from valueprobe.probe.layer_sweep import SweepResult, SweepSummary
+from valueprobe.probe.transfer import TransferResult, TransferSummary
+from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.tune.shift_records import ShiftResult
 
 
-def sweep_figure(sweep: SweepResult) -> go.Figure:
-    """Held-out AUROC by layer (mean ± sd over splits) with the four controls and the chosen layer."""
-    layers = list(sweep.layers)
+def sweep_figure(sweep: SweepResult | SweepSummary) -> go.Figure:
+    """Held-out AUROC by layer: test mean with an sd band over splits, val, the controls, the chosen layer.
+
+    Draws a live sweep and a saved one (``SweepSummary.from_dict`` of ``probe.json``
+    ``metrics.sweep``) the same way: the report uses this function too.
+    """
+    s = sweep.record() if isinstance(sweep, SweepResult) else sweep
+    layers = list(s.layers)
     fig = go.Figure()
-
-    def band(name: str, a: np.ndarray, dash: str | None = None) -> None:
-        mean, sd = a.mean(axis=1), a.std(axis=1, ddof=1) if a.shape[1] > 1 else np.zeros(len(a))
+    series = [
+        ("test AUROC", "test_auroc", PALETTE[0], None),
+        ("val AUROC", "val_auroc", PALETTE[0], "dot"),
+        ("control: shuffled labels", "shuffled_auroc", "#7f7f7f", "dash"),
+        ("control: random direction", "random_auroc", "#bcbd22", "dash"),
+    ]
+    for name, key, color, dash in series:
+        mean = np.array([getattr(s.by_layer[layer], key).mean for layer in layers])
+        sd = np.array([getattr(s.by_layer[layer], key).sd for layer in layers])
+        if dash is None:
+            band(fig, layers, mean - sd, mean + sd, color, f"{name} ± sd", legend=True)
         fig.add_trace(
-            go.Scatter(
-                x=layers,
-                y=mean,
-                name=name,
-                mode="lines+markers",
-                line={"dash": dash},
-                error_y={"type": "data", "array": sd, "visible": True},
-            )
+            go.Scatter(x=layers, y=mean, name=name, mode="lines+markers", line={"dash": dash, "color": color})
         )
-
-    band("test AUROC", sweep.test_auroc)
-    band("val AUROC", sweep.val_auroc, "dot")
-    band("control: shuffled labels", sweep.shuffled_auroc, "dash")
-    band("control: random direction", sweep.random_auroc, "dash")
-    for name, a in sweep.controls().items():
+    for i, (name, ms) in enumerate(sorted(s.controls.items())):
         if name == "embed" or name.startswith("position:"):
-            fig.add_hline(
-                y=float(np.mean(a)),
-                line_dash="dashdot",
-                annotation_text=f"control: {name}",
-                annotation_position="bottom right",
+            fig.add_trace(
+                go.Scatter(
+                    x=[layers[0], layers[-1]],
+                    y=[ms.mean] * 2,
+                    mode="lines",
+                    name=f"control: {name}",
+                    line={"dash": "dashdot", "color": PALETTE[(i + 2) % len(PALETTE)]},
+                )
             )
-    fig.add_vline(x=sweep.best_layer, line_dash="dot", annotation_text=f"best (val) {sweep.best_layer}")
+    fig.add_vline(x=s.best_layer, line_dash="dot", annotation_text=f"chosen layer {s.best_layer}")
     fig.update_layout(
-        title=f"Value axis by layer ({sweep.method}); {sweep.summary()}",
         xaxis_title="layer",
         yaxis_title="AUROC (held-out groups)",
         yaxis_range=[0.0, 1.02],
-        template="plotly_white",
-        title_font_size=12,
+        title=f"{s.method}: held-out AUROC by layer",
+        **LAYOUT,
     )
     return fig
 
@@ -85,22 +92,37 @@ def cosine_heatmap(
     return fig
 
 
-def layer_cosine_figure(sweep: SweepResult) -> go.Figure:
-    """Cosine similarity between the directions fitted at different layers."""
-    return cosine_heatmap(sweep.cosine, sweep.layers)
+def layer_cosine_figure(sweep: SweepResult | SweepSummary) -> go.Figure:
+    """Cosine similarity between the directions fitted at different layers (live or saved sweep)."""
+    s = sweep.record() if isinstance(sweep, SweepResult) else sweep
+    fig = cosine_heatmap(s.cosine, s.cosine_layers, title="cos(v_i, v_j) between layers")
+    fig.update_layout(**LAYOUT)
+    return fig
 
 
 def transfer_heatmap(
-    result: TransferResult,
+    result: TransferResult | TransferSummary,
     *,
     metric: Literal["auroc", "cohens_d", "cosine", "margin"] = "auroc",
 ) -> go.Figure:
-    """Heatmap of the transfer matrix (rows: fitted on, columns: evaluated on), cells annotated."""
-    z = getattr(result, metric)
-    names = list(result.families)
+    """Heatmap of the transfer matrix (rows: fitted on, columns: evaluated on), cells annotated.
+
+    AUROC cells also show the margin over the strongest control. Draws a live matrix and a saved
+    one (``TransferSummary.from_dict``) the same way: the report uses this function too.
+    """
+    r = result.record() if isinstance(result, TransferResult) else result
+    z = np.array(getattr(r, metric), dtype=float)
+    names = list(r.families)
     zrange = {"auroc": (0.0, 1.0), "cosine": (-1.0, 1.0), "margin": (-0.5, 0.5)}.get(metric)
     mid = {"auroc": 0.5}.get(metric, 0.0)
-    text = [[("" if not np.isfinite(v) else f"{v:.2f}") for v in row] for row in z]
+    margin = np.array(r.margin, dtype=float) if metric == "auroc" else np.full_like(z, np.nan)
+    text = [
+        [
+            ("" if not np.isfinite(v) else f"{v:.2f}") + ("" if not np.isfinite(m) else f"<br>({m:+.2f})")
+            for v, m in zip(row, mrow, strict=True)
+        ]
+        for row, mrow in zip(z, margin, strict=True)
+    ]
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -116,12 +138,13 @@ def transfer_heatmap(
             colorbar={"title": metric},
         )
     )
+    extra = " (margin over strongest control)" if metric == "auroc" else ""
     fig.update_layout(
-        title=f"Transfer at layer {result.layer}: {metric} (diagonal: held-out groups)",
+        title=f"Transfer at layer {r.layer}: {metric}{extra} (diagonal: held-out groups)",
         xaxis_title="evaluated on",
         yaxis_title="fitted on",
         yaxis_autorange="reversed",
-        template="plotly_white",
+        **LAYOUT,
     )
     return fig
 
@@ -133,7 +156,7 @@ def shift_figure(res: ShiftResult) -> go.Figure:
         cols=2,
         column_widths=[0.55, 0.45],
         subplot_titles=(
-            f"scores at layer {res.layer} (σ of the base reference)",
+            f"scores at layer {res.layer} (base σ)",
             "separation by layer (Cohen's d)" if res.pairs else "mean shift by layer (σ)",
         ),
     )

@@ -5,7 +5,7 @@
 >>> from valueprobe.steering.dose import summarise
 >>> result = summarise(rows, unit="sigma", metrics=["code_lines"])
 >>> headers, table = result.table()
->>> result.figure().write_html("dose.html", include_plotlyjs=True)
+>>> dose_response_figure(result).write_html("dose.html")   # valueprobe.report.effects
 
 Rules, as in the paper: a metric is read over valid outputs only (rows where it applies, see
 `valueprobe.steering.behaviour`); for each direction, a strength is dropped when more than half of its
@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
 from valueprobe.steering.behaviour import dropped
+from valueprobe.steering.settings import SweepSettings
 
 __all__ = ["Effect", "SteerSweep", "SweepRow", "summarise", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
 
@@ -155,7 +154,7 @@ class SteerSweep:
     unit: str
     effects: tuple[Effect, ...]
     n_rows: int
-    settings: dict = field(default_factory=dict, compare=False)
+    settings: SweepSettings | None = field(default=None, compare=False)  # None: a combined or ad-hoc summary
 
     @property
     def step(self) -> float:
@@ -195,14 +194,14 @@ class SteerSweep:
             "unit": self.unit,
             "slope_step": self.step,
             "n_rows": self.n_rows,
-            "settings": self.settings,
+            "settings": {} if self.settings is None else self.settings.to_dict(),
             "effects": [e.to_dict() for e in self.effects],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SteerSweep:
         """The sweep again from its ``to_dict()``; ``slope_step`` is derived from the unit."""
-        return record_from_dict(cls, d)
+        return record_from_dict(cls, {**d, "settings": d.get("settings") or None})
 
     def csv(self) -> str:
         lines = [
@@ -215,75 +214,6 @@ class SteerSweep:
                 f"{other},{e.null_range[0]:.6g},{e.null_range[1]:.6g},{e.outside},{self.step:g}"
             )
         return "\n".join(lines) + "\n"
-
-    def figure(self) -> go.Figure:
-        """Dose-response panels: axis (95% CI over prompts), other axis, and the random-direction band."""
-        n = max(len(self.effects), 1)
-        cols = min(3, n)
-        fig = make_subplots(
-            rows=(n + cols - 1) // cols,
-            cols=cols,
-            subplot_titles=[f"{e.metric} ({e.subset})" for e in self.effects],
-        )
-        for i, e in enumerate(self.effects):
-            r, c = i // cols + 1, i % cols + 1
-            first = i == 0
-            if "null" in e.curves:
-                band = e.curves["null"]
-                fig.add_trace(
-                    go.Scatter(
-                        x=[*band.alphas, *band.alphas[::-1]],
-                        y=[*band.hi, *band.lo[::-1]],
-                        fill="toself",
-                        fillcolor="rgba(150,150,150,0.3)",
-                        line={"width": 0},
-                        name="random directions (95% range)",
-                        legendgroup="null",
-                        showlegend=first,
-                    ),
-                    row=r,
-                    col=c,
-                )
-            if "other" in e.curves:
-                o = e.curves["other"]
-                fig.add_trace(
-                    go.Scatter(
-                        x=o.alphas,
-                        y=o.means,
-                        mode="lines+markers",
-                        line={"color": "#e69f00"},
-                        name=e.other_name or "other axis",
-                        legendgroup="other",
-                        showlegend=first,
-                    ),
-                    row=r,
-                    col=c,
-                )
-            a = e.curves[AXIS]
-            fig.add_trace(
-                go.Scatter(
-                    x=a.alphas,
-                    y=a.means,
-                    mode="lines+markers",
-                    line={"color": "#0072b2"},
-                    name="axis",
-                    legendgroup="axis",
-                    showlegend=first,
-                    error_y={
-                        "type": "data",
-                        "symmetric": False,
-                        "array": np.subtract(a.hi, a.means).tolist(),
-                        "arrayminus": np.subtract(a.means, a.lo).tolist(),
-                    },
-                ),
-                row=r,
-                col=c,
-            )
-        fig.update_xaxes(title_text=f"α ({self.unit})")
-        fig.update_layout(
-            title="steering dose-response: axis vs random directions", height=320 * ((n + 2) // 3)
-        )
-        return fig
 
 
 def _valid(
@@ -341,7 +271,7 @@ def summarise(
     by_group: bool = False,
     n_boot: int = 1000,
     seed: int = 0,
-    settings: dict | None = None,
+    settings: SweepSettings | None = None,
 ) -> SteerSweep:
     """Slopes, CIs, null ranges and curves of ``metrics`` for every subset of ``rows``.
 
@@ -393,4 +323,4 @@ def summarise(
                     curves=curves,
                 )
             )
-    return SteerSweep(unit=unit, effects=tuple(effects), n_rows=len(rows), settings=settings or {})
+    return SteerSweep(unit=unit, effects=tuple(effects), n_rows=len(rows), settings=settings)

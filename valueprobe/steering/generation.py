@@ -27,9 +27,19 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route
-from valueprobe.steering.handle import AlphaSource, Attach, Steering, SteerPoint, Where, steer_points
+from valueprobe.steering.condition import Condition
+from valueprobe.steering.handle import (
+    AlphaSource,
+    Attach,
+    Steering,
+    SteerPoint,
+    Where,
+    check_phase,
+    steer_plan,
+)
+from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.steering.sampling import RowSampler, row_seed
-from valueprobe.vocab import Backend, LayerSpec, Site, Unit
+from valueprobe.vocab import Backend, HookSite, LayerSpec, Site, Unit
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -75,6 +85,7 @@ class Generation:
         text: the generated text (no prompt, no EOS); token_ids: its token ids.
         finished: whether the row stopped on EOS before ``max_new_tokens``.
         trace: the per-token readout, when asked for.
+        op: the steering operator (`valueprobe.steering.operators.Operator.describe`), e.g. ``ablate``.
     """
 
     prompt: int
@@ -87,6 +98,7 @@ class Generation:
     token_ids: tuple[int, ...]
     finished: bool
     trace: Trace | None = field(default=None, compare=False)
+    op: str = "add"
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -136,6 +148,9 @@ class _Settings:
     direction_name: str
     read_layers: Sequence[int]
     trace: bool
+    op: Operator
+    window: tuple[int, int] | None
+    condition: Condition | None
 
 
 def _check_sizes(
@@ -184,7 +199,7 @@ def _point_name(p: Point) -> str:
 
 def generate(
     lm: LoadedModel,
-    axis: ValueAxis,
+    axis: ValueAxis | Sequence[ValueAxis],
     prompts: Sequence[Prompt],
     *,
     alphas: Sequence[float] = (0.0,),
@@ -197,7 +212,7 @@ def generate(
     top_p: float = 1.0,
     unit: Unit | str = Unit.sigma,
     layers: LayerSpec = None,
-    site: Site | str | None = None,
+    site: HookSite | Site | str | None = None,
     positions: Where = "all",
     direction: Tensor | None = None,
     direction_name: str = "axis",
@@ -207,11 +222,15 @@ def generate(
     backend: Backend | str = Backend.hooks,
     source: Callable[[int], AlphaSource] | None = None,
     progress: bool = True,
+    op: Operator | str | None = None,
+    window: tuple[int, int] | None = None,
+    condition: Condition | None = None,
 ) -> list[Generation]:
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
     Args:
-        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it).
+        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it), or several, each
+            with its own strength (``[2 * a, -b]``; `valueprobe.steering.handle.steer_plan`).
         prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
         alphas: strengths in ``unit``; samples: samples per (prompt, α).
         seed: base seed; row seeds are `valueprobe.steering.sampling.row_seed(seed, prompt, sample)`.
@@ -227,12 +246,21 @@ def generate(
             ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
             hook's α source. Hooks route only.
+        op: the operator (`valueprobe.steering.operators`): ``add`` (default), ``ablate``, ``set``,
+            ``clamp``, ``add-norm``, or an `Operator` with its bounds or target. Hooks route only,
+            but for ``add``.
+        window, condition: a window of generated tokens, and a condition on a probe's reading
+            (`valueprobe.steering.handle.steer`). Hooks route only.
 
     >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
     """
     _check_sizes(prompts, alphas, max_new_tokens=max_new_tokens, samples=samples, batch_size=batch_size)
     impl = route(backend)
-    plan = steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction)
+    operator = as_operator(op)
+    check_phase(positions, window, 0)
+    first, points = steer_plan(
+        lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=operator
+    )
     encoded = encode_prompts(lm, prompts)
     rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
     run = _Settings(
@@ -244,12 +272,15 @@ def generate(
         direction_name=direction_name,
         read_layers=read_layers,
         trace=trace,
+        op=operator,
+        window=window,
+        condition=condition,
     )
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
             alpha_source = None if source is None else source(len(chunk))
-            out.extend(_run_chunk(impl, lm, axis, plan, chunk, encoded, run, alpha_source))
+            out.extend(_run_chunk(impl, lm, first, points, chunk, encoded, run, alpha_source))
             bar.update(len(chunk))
     return out
 
@@ -291,6 +322,9 @@ def _run_chunk(
             trace=run.trace,
             source=source,
             read_layers=run.read_layers,
+            op=run.op,
+            window=run.window,
+            condition=run.condition,
         )
     )
     live = run.trace or bool(run.read_layers) or source is not None
@@ -305,6 +339,7 @@ def _run_chunk(
         where=run.where,
         hooks=hooks,
         live=live,
+        beyond=_beyond(run, plan),
     )
     seqs = impl.generate(decode)
     reads, applied = _reads(hooks.handle) if run.trace else (None, [])
@@ -317,15 +352,25 @@ def _run_chunk(
             seqs[i].cpu(),
             ids.shape[1],
             mask[i],
-            run.config,
-            run.unit,
-            run.direction_name,
+            run,
             reads,
             applied,
             steered,
         )
         for i, r in enumerate(chunk)
     ]
+
+
+def _beyond(run: _Settings, plan: Sequence[SteerPoint]) -> str:
+    """What the chunk's hooks steer beyond the additions a data-only route takes (empty: nothing)."""
+    sites = {str(t.point.site) for t in plan} - {Site.resid_pre.value, Site.resid_post.value}
+    why = [
+        *([f"--op {run.op.op.value}"] if run.op.op != "add" else []),
+        *[f"site {s}" for s in sorted(sites)],
+        *(["a window of generated tokens"] if run.window is not None else []),
+        *(["a condition"] if run.condition is not None else []),
+    ]
+    return " with ".join(why)
 
 
 def _row_result(
@@ -335,15 +380,13 @@ def _row_result(
     seq: Tensor,
     width: int,
     prompt_mask: Tensor,
-    config: GenerationConfig,
-    unit: Unit,
-    direction_name: str,
+    run: _Settings,
     reads: dict[str, list[Tensor]] | None,
     applied: list[Tensor],
     steered: str,
 ) -> Generation:
     new = seq[width:].tolist()
-    eos = config.eos_token_id
+    eos = run.config.eos_token_id
     finished = eos is not None and eos in new
     kept = new[: new.index(eos)] if finished else new
     text = lm.tokenizer.decode(kept, skip_special_tokens=True)
@@ -368,11 +411,12 @@ def _row_result(
         prompt=row.prompt,
         sample=row.sample,
         alpha=row.alpha,
-        unit=unit.value,
-        direction=direction_name,
+        unit=run.unit.value,
+        direction=run.direction_name,
         seed=row.seed,
         text=text,
         token_ids=tuple(kept),
         finished=finished,
         trace=trace,
+        op=run.op.describe(),
     )

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +32,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -42,6 +40,7 @@ from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.handle import check_unit
+from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep"]
@@ -56,42 +55,9 @@ SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_refusal": ("refusal",),
     "steer_open": ("length", "degenerate"),
 }
-DEFAULT_METRICS = ("length", "degenerate")
 # Sets whose groups are conditions to compare (the question and its inverted control; harmful and
 # benign requests): their effects are reported per group. Other files pool their groups.
 BY_GROUP = ("steer_confidence", "steer_refusal")
-
-
-@dataclass(frozen=True)
-class SweepSettings:
-    """What defines a sweep; recorded in ``settings.json`` so a resumed run is the same sweep."""
-
-    probe: str
-    probe_fingerprint: str
-    model: str
-    prompts: str
-    prompts_sha256: str
-    alphas: tuple[float, ...]
-    unit: str = "sigma"
-    samples: int = 1
-    max_new_tokens: int = 48
-    controls: int = 8
-    seed: int = 0
-    greedy: bool = False
-    temperature: float = 1.0
-    other_probe: str | None = None
-    layer: int | None = None
-    chunk_prompts: int = 8
-    metrics: tuple[str, ...] = DEFAULT_METRICS
-    limit: int | None = None  # only the first ``limit`` prompts of the file
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 def _model_shape(model: str) -> tuple[int, int] | None:
@@ -114,7 +80,10 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
-    check_unit(axis, axis.best_layer if settings.layer is None else settings.layer, settings.unit)
+    layer = axis.best_layer if settings.layer is None else settings.layer
+    check_unit(axis, layer, settings.unit)
+    if settings.operator().needs_sigma:
+        axis.sigma_at(layer)
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -194,6 +163,7 @@ def run_sweep(
     other: ValueAxis | None = None,
     batch_size: int = 32,
     n_boot: int = 1000,
+    force: bool = False,
     progress: bool = True,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
@@ -204,10 +174,11 @@ def run_sweep(
         settings: the sweep's definition (check it with `check_settings` before loading the model).
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
+        force: steer a model of another architecture than the probe's (width and layers still checked).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
-    axis.check(lm, force=True)
+    axis.check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
@@ -282,6 +253,7 @@ def _run_block(
         direction_name=name,
         batch_size=batch_size,
         progress=False,
+        op=settings.operator(),
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:
@@ -295,6 +267,7 @@ def _run_block(
             layer=layer,
             direction=v,
             batch_size=batch_size,
+            op=settings.operator(),
         )
         pyes = dict(zip(pairs, got.tolist(), strict=True))
     return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
@@ -327,7 +300,7 @@ def _summarise(out: Path, settings: SweepSettings, examples: Sequence[Example], 
         by_group=by_group,
         n_boot=n_boot,
         seed=settings.seed,
-        settings=settings.to_dict(),
+        settings=settings,
     )
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"

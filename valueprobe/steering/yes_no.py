@@ -20,6 +20,7 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import encode_prompts
 from valueprobe.steering.handle import steer
+from valueprobe.steering.operators import Operator
 from valueprobe.vocab import Unit
 
 __all__ = ["answer_tokens", "p_yes"]
@@ -52,6 +53,7 @@ def p_yes(
     layer: int | None = None,
     direction: torch.Tensor | None = None,
     batch_size: int = 16,
+    op: Operator | str | None = None,
 ) -> np.ndarray:
     """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
 
@@ -61,7 +63,8 @@ def p_yes(
     Args:
         prompts: one prompt per row (chats get the assistant turn opened).
         alphas: one strength per row, in ``unit``.
-        layer, direction: as in `valueprobe.steering.handle.steer` (default: the axis at its best layer).
+        layer, direction, op: as in `valueprobe.steering.handle.steer` (default: ``add`` along the
+            axis at its best layer).
 
     >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])
     array([0.31, 0.46])
@@ -78,7 +81,7 @@ def p_yes(
         # right padding: real tokens keep positions 0..n-1 and never see pads
         ids, mask = pad_rows(rows, pad_id=pad, side="right")
         alpha = torch.tensor([float(a) for a in alphas[start : start + batch_size]])
-        with torch.no_grad(), steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction):
+        with torch.no_grad(), steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op):
             logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
         last = torch.tensor([len(r) - 1 for r in rows])
         probs = torch.softmax(logits[torch.arange(len(rows)), last.to(logits.device)].float(), dim=-1).cpu()

@@ -40,7 +40,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import Method, make_fitter
 from valueprobe.stats.metrics import cohens_d
 from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_directions
-from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftProbe, ShiftResult
+from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
@@ -298,20 +298,6 @@ def _group_shifts(
     return tuple(out), untargeted_range
 
 
-def _probe_summary(axis: ValueAxis, layer: int) -> ShiftProbe:
-    """The probe's identity and its unit at ``layer``, as the shift record keeps it."""
-    i = axis.layers.index(layer)
-    return ShiftProbe(
-        model_id=axis.model_id,
-        fingerprint=axis.fingerprint,
-        method=axis.method,
-        site=str(axis.site),
-        mu=float(axis.mu[i]),
-        sigma=float(axis.sigma[i]),
-        sigma_reference=axis.sigma_reference,
-    )
-
-
 def shift(
     axis: ValueAxis,
     base: LoadedModel,
@@ -366,7 +352,7 @@ def shift(
         tuned_id=tuned.model_id,
         base_fingerprint=base.fingerprint,
         tuned_fingerprint=tuned.fingerprint,
-        probe=_probe_summary(axis, layer),
+        probe=axis.ref(layer, sigma_data=float(axis.sigma[axis.layers.index(layer)]) / rand[1]),
         layer=layer,
         layers=tuple(keep),
         tokens=str(tokens),

@@ -18,8 +18,9 @@ import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, jsonable, record_from_dict
+from valueprobe.probe.axis import ProbeRef
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftProbe", "ShiftResult"]
+__all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
 
 # The name shift.json has always carried; the subpackage move briefly wrote "valueprobe.tune.shift",
 # which reads as the same format.
@@ -28,7 +29,12 @@ FORMAT = "valueprobe.shift"
 
 @dataclass(frozen=True)
 class GroupShift:
-    """One group's move along the axis at the headline layer (scores in the axis's base σ)."""
+    """One group's move along the axis at the headline layer.
+
+    ``shift`` and ``ci`` are in base σ (the axis's spread over its reference set, the unit of every
+    score); ``shift_data_sigma`` and ``null_range`` are in data σ (its spread over these examples in the
+    base model). The table, the report and the demo's summary state shifts in data σ.
+    """
 
     group: str
     n: int
@@ -59,19 +65,6 @@ class PairSeparation:
 
 
 @dataclass(frozen=True)
-class ShiftProbe:
-    """The probe a shift was read on: its identity, and its unit (μ, σ) at the headline layer."""
-
-    model_id: str
-    fingerprint: str
-    method: str
-    site: str
-    mu: float
-    sigma: float
-    sigma_reference: str
-
-
-@dataclass(frozen=True)
 class ShiftResult:
     """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
 
@@ -79,7 +72,7 @@ class ShiftResult:
     tuned_id: str
     base_fingerprint: str
     tuned_fingerprint: str
-    probe: ShiftProbe
+    probe: ProbeRef  # with sigma_data: the axis's σ over these examples
     layer: int
     layers: tuple[int, ...]
     tokens: str
@@ -98,9 +91,9 @@ class ShiftResult:
             "group",
             "n",
             "targeted",
-            "shift σ",
+            "shift (data σ)",
             "95% CI",
-            "null 95% (data σ)",
+            "random-direction null 95%",
             "axis %ile",
             "d before",
             "d after",
@@ -108,13 +101,17 @@ class ShiftResult:
             "counts",
         ]
         f = lambda x: "—" if x is None or not math.isfinite(x) else f"{x:+.3f}"  # noqa: E731
+        # One unit in every shift column, as in the report and the demo's summary: data σ, the axis's
+        # spread over these examples in the base model (the unit of the random-direction null).
+        sigma_data = self.probe.sigma_data
+        k = self.probe.sigma / sigma_data if sigma_data else math.nan  # data σ per base σ
         rows = [
             [
                 g.group,
                 str(g.n),
                 "yes" if g.targeted else "",
-                f(g.shift),
-                f"[{f(g.ci[0])}, {f(g.ci[1])}]",
+                f(g.shift_data_sigma),
+                f"[{f(g.ci[0] * k)}, {f(g.ci[1] * k)}]",
                 f"[{f(g.null_range[0])}, {f(g.null_range[1])}]",
                 f"{g.null_percentile:.0f}",
                 f(g.d_before),
@@ -128,6 +125,7 @@ class ShiftResult:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        out["probe"] = self.probe.to_dict()
         out["format"], out["format_version"] = FORMAT, 1
         return out
 

@@ -27,6 +27,7 @@ Folders:
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -37,7 +38,7 @@ import torch
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, atomic_write_text, record_from_dict
-from valueprobe.model.adapter import TUNE_FILE, ignore_old_checkpointing_reads
+from valueprobe.model.adapter import TUNE_FILE, TunedBase, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
 
@@ -85,17 +86,21 @@ class TuneSettings:
     seed: int = 0
     save_steps: int = 10
 
-
-@dataclass(frozen=True)
-class TunedBase:
-    """The model a checkpoint was tuned from: how to load it again, and its shape."""
-
-    spec: str
-    fingerprint: str
-    model_type: str | None
-    d_model: int
-    n_layers: int
-    vocab_size: int
+    def check(self) -> None:
+        """Refuse settings no training can run (``--epochs -1`` once wrote an adapter): one line each."""
+        positive = {"--epochs": self.epochs, "--lr": self.learning_rate, "--beta": self.beta}
+        at_least_one = {"--batch-size": self.batch_size, "--max-length": self.max_length, "r": self.r}
+        at_least_one |= {"save_steps": self.save_steps}
+        for option, value in positive.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueprobeError(f"{option} {value} must be a positive number")
+        for option, value in at_least_one.items():
+            if value < 1:
+                raise ValueprobeError(f"{option} {value} must be at least 1")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueprobeError(f"--max-steps {self.max_steps} must be -1 (run the epochs) or at least 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueprobeError(f"lora_dropout {self.lora_dropout} must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -360,6 +365,7 @@ def train(
         calling again with the same arguments resumes there.
     """
     out = Path(out)
+    settings.check()
     check_out(out, overwrite=overwrite)
     if not pairs:
         raise ValueprobeError("no pairs to train on")

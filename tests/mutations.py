@@ -1,0 +1,457 @@
+"""Mutation check: plant known faults in a copy of the package and require the tests to catch each.
+
+    python tests/mutations.py                 # every fault; exit 1 if one survives or a snippet moved
+    python tests/mutations.py --only top_p    # the faults whose name contains "top_p"
+    python tests/mutations.py --subprocess    # a fresh interpreter per fault (slower, no fork)
+
+Each row of `FAULTS` names a file, a snippet that must occur in it exactly once, its faulty
+replacement, and the few test node ids that must fail on it. The package, the tests and
+pyproject.toml are copied into a temporary folder once (data/ and probes/ are linked), so the
+working tree is never touched. For each fault the copy's file is rewritten, ``pytest -x -q -p
+no:cacheprovider`` runs the listed tests, and the original text is put back.
+
+A fault counts as caught only when pytest reports failed tests (exit 1), not a collection error.
+CI runs the whole suite on the clean tree first, so a failure here comes from the fault.
+
+Speed: third-party libraries (torch, transformers, TRL...) are imported once in this process,
+which then forks one child per fault; the child imports valueprobe afresh from the copy. Compiled
+files are checked by source hash, so a restored file is never shadowed by a mutated one's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import contextlib
+import importlib
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    file: str  # relative to the repository root
+    snippet: str  # must occur exactly once in the file
+    replacement: str
+    tests: tuple[str, ...]  # pytest node ids that must fail
+
+
+S = "tests/test_steer.py::"
+FAULTS: tuple[Fault, ...] = (
+    # --- steering: sampling with common random numbers ---------------------------------------------
+    Fault(
+        "sampler stream depends on alpha",
+        "valueprobe/steering/generation.py",
+        "seeds = [int(r.seed or 0) for r in chunk]",
+        "seeds = [int(r.seed or 0) + int(1000 * r.alpha) for r in chunk]",
+        (S + "test_common_random_numbers_give_one_text_per_prompt_and_sample[llama]",),
+    ),
+    Fault(
+        "sampler ignores top_p",
+        "valueprobe/steering/sampling.py",
+        "if self.top_p < 1:",
+        "if False:",
+        (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
+    ),
+    Fault(
+        "sampler ignores temperature",
+        "valueprobe/steering/sampling.py",
+        "probs = torch.softmax(scores.double() / self.temperature, dim=-1)",
+        "probs = torch.softmax(scores.double(), dim=-1)",
+        (S + "test_sampler_temperature_divides_the_logits",),
+    ),
+    Fault(
+        "generate drops top_p",
+        "valueprobe/steering/generation.py",
+        "RowSampler(seeds, temperature=run.temperature, top_p=run.top_p)",
+        "RowSampler(seeds, temperature=run.temperature)",
+        (S + "test_generate_passes_temperature_and_top_p_to_the_sampler",),
+    ),
+    Fault(
+        "generate drops temperature",
+        "valueprobe/steering/generation.py",
+        "RowSampler(seeds, temperature=run.temperature, top_p=run.top_p)",
+        "RowSampler(seeds, top_p=run.top_p)",
+        (S + "test_generate_passes_temperature_and_top_p_to_the_sampler",),
+    ),
+    Fault(
+        "top_p drops the token that crosses p",
+        "valueprobe/steering/sampling.py",
+        "keep = (cdf - ranked) < self.top_p",
+        "keep = cdf < self.top_p",
+        (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
+    ),
+    Fault(
+        "sampler draws on the untruncated scale",
+        "valueprobe/steering/sampling.py",
+        "u = self.draw().to(cdf.device) * cdf[:, -1]",
+        "u = self.draw().to(cdf.device)",
+        (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
+    ),
+    # --- steering: where and how hard --------------------------------------------------------------
+    Fault(
+        "generate ignores positions",
+        "valueprobe/steering/generation.py",
+        "        where=positions,\n",
+        '        where="all",\n',
+        (S + "test_generate_steers_its_positions_and_unit_like_the_handle[prompt-norm]",),
+    ),
+    Fault(
+        "generate records the wrong unit",
+        "valueprobe/steering/generation.py",
+        "unit=Unit(unit),",
+        'unit=Unit("sigma"),',
+        (S + "test_generate_steers_its_positions_and_unit_like_the_handle[prompt-norm]",),
+    ),
+    Fault(
+        "prompt boundary off by one",
+        "valueprobe/steering/handle.py",
+        "in_prompt = step.columns() < self.prompt_length",
+        "in_prompt = step.columns() <= self.prompt_length",
+        (S + "test_kv_cache_logits_equal_full_forward_every_token[prompt-llama]",),
+    ),
+    Fault(
+        "prompt and generated swapped in Steering.cells",
+        "valueprobe/steering/handle.py",
+        '(in_prompt if self.where == "prompt" else ~in_prompt)',
+        '(~in_prompt if self.where == "prompt" else in_prompt)',
+        (S + "test_kv_cache_logits_equal_full_forward_every_token[prompt-llama]",),
+    ),
+    Fault(
+        "cached forwards see columns from 0 (KV-cache offset lost)",
+        "valueprobe/hooks/patch.py",
+        "return torch.arange(self.offset, self.offset + self.n_new, device=self.pad.device)",
+        "return torch.arange(0, self.n_new, device=self.pad.device)",
+        (S + "test_kv_cache_logits_equal_full_forward_every_token[generated-llama]",),
+    ),
+    Fault(
+        "pad cells steered",
+        "valueprobe/steering/handle.py",
+        "ok = ~step.pad",
+        "ok = torch.ones_like(step.pad)",
+        (S + "test_steered_layer_output_is_h_plus_alpha_sigma_v[llama]",),
+    ),
+    Fault(
+        "norm unit a factor of 100 off",
+        "valueprobe/steering/handle.py",
+        "        0.01,\n",
+        "        1.0,\n",
+        (S + "test_units_and_scaled_axis_add_their_closed_form[1.0-norm]",),
+    ),
+    Fault(
+        "raw unit ignores the axis scale",
+        "valueprobe/steering/handle.py",
+        "return float(axis.scale)",
+        "return 1.0",
+        (S + "test_units_and_scaled_axis_add_their_closed_form[2.0-raw]",),
+    ),
+    Fault(
+        "sigma and norm units ignore the axis scale",
+        "valueprobe/steering/handle.py",
+        "return value * fraction * float(axis.scale)",
+        "return value * fraction",
+        (S + "test_units_and_scaled_axis_add_their_closed_form[2.0-sigma]",),
+    ),
+    Fault(
+        "P(yes) reads yes and no swapped",
+        "valueprobe/steering/yes_no.py",
+        "py, pn = probs[:, yes].sum(dim=1), probs[:, no].sum(dim=1)",
+        "py, pn = probs[:, no].sum(dim=1), probs[:, yes].sum(dim=1)",
+        ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
+    ),
+    Fault(
+        "P(yes) ignores the unit",
+        "valueprobe/steering/yes_no.py",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction)",
+        "steer(lm, axis, alpha, layers=layers, direction=direction)",
+        ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
+    ),
+    Fault(
+        "P(yes) ignores the direction",
+        "valueprobe/steering/yes_no.py",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit)",
+        ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
+    ),
+    # --- steering sweeps: resume and the metric set ------------------------------------------------
+    Fault(
+        "resume forgets finished rows and appends them again",
+        "valueprobe/steering/sweep.py",
+        "done = {r.key() for r in _read_rows(path)}",
+        "done = {r.key() for r in _read_rows(path) if False}",
+        ("tests/test_steer_sweep.py::test_cli_steer_writes_and_resumes",),
+    ),
+    Fault(
+        "summary adds a metric nobody asked for",
+        "valueprobe/steering/sweep.py",
+        "metrics=settings.metrics,",
+        'metrics=(*settings.metrics, "backtrack"),',
+        ("tests/test_steer_sweep.py::test_cli_steer_writes_and_resumes",),
+    ),
+    # --- files: atomic writes and the writability check -------------------------------------------
+    Fault(
+        "atomic_write writes the target in place",
+        "valueprobe/files.py",
+        'tmp = path.with_name(path.name + ".tmp")',
+        "tmp = path",
+        ("tests/test_report.py::test_write_report_is_atomic",),
+    ),
+    Fault(
+        "write_report opens the page before rendering it",
+        "valueprobe/report/page.py",
+        "return atomic_write_text(out, render_report(results, title=title))",
+        'return (out.open("w", encoding="utf-8").write(render_report(results, title=title)), out)[1]',
+        ("tests/test_report.py::test_write_report_is_atomic",),
+    ),
+    Fault(
+        "writability checked in the system temp folder",
+        "valueprobe/files.py",
+        'tempfile.mkstemp(dir=folder, prefix=".valueprobe-check-")',
+        'tempfile.mkstemp(prefix=".valueprobe-check-")',
+        ("tests/test_cli_faults.py::test_read_only_output_folder",),
+    ),
+    # --- activations (capture), probe ------------------------------------------------------------------
+    Fault(
+        "a span takes the token that starts at its end",
+        "valueprobe/activations/encode.py",
+        "if b > a and lo <= a < hi]",
+        "if b > a and lo <= a <= hi]",
+        ("tests/test_probe_sweep.py::test_real_store_from_a_tiny_model",),
+    ),
+    Fault(
+        "span mean divides by one token too many",
+        "valueprobe/activations/capture.py",
+        "weights[i, r, [t + shifts[i] for t in toks]] = 1.0 / len(toks)",
+        "weights[i, r, [t + shifts[i] for t in toks]] = 1.0 / (len(toks) + 1)",
+        ("tests/test_probe_sweep.py::test_real_store_from_a_tiny_model",),
+    ),
+    Fault(
+        "SpanDiff takes pre minus post",
+        "valueprobe/probe/fitters.py",
+        "s[1] / c[1] - s[0] / c[0]",
+        "s[0] / c[0] - s[1] / c[1]",
+        ("tests/test_probe_sweep.py::test_real_store_from_a_tiny_model",),
+    ),
+    Fault(
+        "val averages projections instead of cosines",
+        "valueprobe/read/readout.py",
+        '"val": float(readouts.cos[rows].mean())',
+        '"val": float(readouts.proj[rows].mean())',
+        ("tests/test_cli.py::test_capture_fit_score",),
+    ),
+    # --- tune: DPO, shift and the safety replication ----------------------------------------------
+    Fault(
+        "DPO trains with the hinge loss",
+        "valueprobe/tune/train.py",
+        'loss_type: str = "sigmoid"',
+        'loss_type: str = "hinge"',
+        ("tests/test_tune.py::test_train_changes_weights_and_reloads[dpo]",),
+    ),
+    Fault(
+        "shift is base minus tuned",
+        "valueprobe/tune/shift.py",
+        "delta = s_tuned - s_base",
+        "delta = s_base - s_tuned",
+        ("tests/test_shift.py::test_planted_shift_is_recovered_in_sigma_and_beats_the_null",),
+    ),
+    Fault(
+        "shift reads the tuned side from the base model",
+        "valueprobe/tune/shift.py",
+        "read(tuned, progress=progress)",
+        "read(base, progress=progress)",
+        ("tests/test_shift.py::test_planted_shift_is_recovered_in_sigma_and_beats_the_null",),
+    ),
+    Fault(
+        "shift in data σ uses the inverse factor",
+        "valueprobe/tune/shift.py",
+        "to_data_sigma = float(axis.sigma[axis.layers.index(layer)]) / float((h_base @ v).std())",
+        "to_data_sigma = float((h_base @ v).std()) / float(axis.sigma[axis.layers.index(layer)])",
+        ("tests/test_shift.py::test_data_sigma_shift_and_random_null_match_closed_forms",),
+    ),
+    Fault(
+        "random-direction null not in each direction's own σ",
+        "valueprobe/tune/shift.py",
+        "return (p_tuned - p_base) / p_base.std(axis=0), to_data_sigma",
+        "return (p_tuned - p_base), to_data_sigma",
+        ("tests/test_shift.py::test_data_sigma_shift_and_random_null_match_closed_forms",),
+    ),
+    Fault(
+        "safety gap is neutral minus sensitive",
+        "valueprobe/replicate/safety.py",
+        '"gap": float(sens.mean() - neut.mean())',
+        '"gap": float(neut.mean() - sens.mean())',
+        ("tests/test_tune_replicate.py::test_safety_end_to_end",),
+    ),
+)
+
+# Imported once before forking; the children import valueprobe itself from the copy.
+HEAVY = (
+    "numpy",
+    "scipy.stats",
+    "sklearn.linear_model",
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.gpt_neox.modeling_gpt_neox",
+    "tokenizers",
+    "safetensors.torch",
+    "plotly.graph_objects",
+    "typer",
+    "jaxtyping",
+    "hypothesis",
+    "peft",
+    "trl",
+    "pytest",
+)
+
+
+def check_snippets(faults: tuple[Fault, ...]) -> list[str]:
+    """One line per fault whose snippet does not occur exactly once (or whose file is gone)."""
+    problems = []
+    for f in faults:
+        path = ROOT / f.file
+        if not path.is_file():
+            problems.append(f"{f.name}: {f.file} does not exist")
+            continue
+        n = path.read_text(encoding="utf-8").count(f.snippet)
+        if n != 1:
+            problems.append(f"{f.name}: snippet occurs {n} times in {f.file}: {f.snippet!r}")
+    return problems
+
+
+def make_copy(tmp: Path) -> None:
+    """valueprobe/, tests/ and pyproject.toml copied; data/ and probes/ linked (tests read them)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for name in ("valueprobe", "tests"):
+        shutil.copytree(ROOT / name, tmp / name, ignore=ignore)
+    shutil.copy2(ROOT / "pyproject.toml", tmp / "pyproject.toml")
+    for name in ("data", "probes"):
+        if (ROOT / name).exists():
+            (tmp / name).symlink_to(ROOT / name, target_is_directory=True)
+    # checked by hash: a source put back after a fault is never shadowed by a cache of the fault
+    compileall.compile_dir(
+        str(tmp / "valueprobe"), quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
+    )
+
+
+def _child(tmp: Path, tests: tuple[str, ...], log: Path) -> None:
+    """In the forked child: output to ``log``, valueprobe from the copy, run pytest, exit with its code."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 3
+    try:
+        sys.dont_write_bytecode = True
+        os.chdir(tmp)
+        sys.path.insert(0, str(tmp))
+        import pytest
+
+        import valueprobe
+
+        if not Path(valueprobe.__file__).resolve().is_relative_to(tmp.resolve()):
+            print(f"valueprobe imported from {valueprobe.__file__}, not the mutated copy", flush=True)
+            code = 3
+        else:
+            code = int(pytest.main([*PYTEST_ARGS, *tests]))
+    except BaseException as exc:  # a child must never return into the parent's loop
+        print(f"child failed: {exc!r}", flush=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def run_tests(tmp: Path, tests: tuple[str, ...], log: Path, *, fork: bool) -> int:
+    """pytest's exit status on ``tests`` in the copy (1: tests failed)."""
+    if not fork:
+        env = {**os.environ, "PYTHONPATH": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+        with log.open("w") as out:
+            return subprocess.run(
+                [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests],
+                cwd=tmp,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            ).returncode
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(tmp, tests, log)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run only faults whose name contains this text")
+    ap.add_argument("--subprocess", action="store_true", help="a fresh interpreter per fault, no fork")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary copy and logs")
+    args = ap.parse_args(argv)
+    faults = tuple(f for f in FAULTS if not args.only or args.only in f.name)
+    start = time.perf_counter()
+    problems = check_snippets(faults)
+    if problems:
+        print("mutations: snippets not found exactly once (update FAULTS to the new code):", file=sys.stderr)
+        for p in problems:
+            print(f"  {p}", file=sys.stderr)
+        return 1
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    fork = hasattr(os, "fork") and not args.subprocess
+    if fork:
+        for mod in HEAVY:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(mod)
+    assert "valueprobe" not in sys.modules, "the parent must not import valueprobe: children read the copy"
+    tmp = Path(tempfile.mkdtemp(prefix="valueprobe-mutations-"))
+    rows: list[tuple[str, str, float]] = []
+    try:
+        make_copy(tmp)
+        (tmp / "logs").mkdir()
+        for i, f in enumerate(faults):
+            path = tmp / f.file
+            original = path.read_text(encoding="utf-8")
+            path.write_text(original.replace(f.snippet, f.replacement), encoding="utf-8")
+            t0 = time.perf_counter()
+            log = tmp / "logs" / f"{i:02d}.log"
+            try:
+                code = run_tests(tmp, f.tests, log, fork=fork)
+            finally:
+                path.write_text(original, encoding="utf-8")
+            verdict = {1: "caught", 0: "SURVIVED"}.get(code, f"ERROR (pytest exit {code})")
+            rows.append((f.name, verdict, time.perf_counter() - t0))
+            print(f"{verdict:>22}  {rows[-1][2]:6.1f} s  {f.name}", flush=True)
+            if code != 1:
+                print("".join(f"      | {ln}\n" for ln in log.read_text().splitlines()[-15:]), flush=True)
+    finally:
+        if args.keep:
+            print(f"copy and logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    bad = [r for r in rows if r[1] != "caught"]
+    width = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'fault':<{width}}  {'verdict':<22}  seconds")
+    for name, verdict, secs in rows:
+        print(f"{name:<{width}}  {verdict:<22}  {secs:7.1f}")
+    total = time.perf_counter() - start
+    print(f"\n{len(rows) - len(bad)}/{len(rows)} faults caught in {total:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

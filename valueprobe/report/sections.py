@@ -1,0 +1,111 @@
+"""The records a report section reads: one per ``results.json`` section, each from its JSON by ``from_dict``.
+
+    valueprobe report --from runs/demo
+
+    >>> sections, unreadable = read_sections(json.load(open("runs/demo/results.json"))["sections"])
+    >>> sections["sweep"].best_layer, sections["steer"].sweep.effects[0].axis.slope
+
+Most sections are a result record as its command saves it (`SweepSummary`, `TransferSummary`,
+`MatchedControl`, `LogitLens`). The demo adds a line or two to three of them; those are the
+records here, and their ``to_dict`` writes the JSON the demo always wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.probe.contrast import MatchedControl
+from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.transfer import TransferSummary
+from valueprobe.read.readout import LogitLens
+from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Trace
+from valueprobe.tune.shift_records import ShiftResult
+
+__all__ = ["READERS", "ShiftSection", "SteerSection", "TracedText", "read_sections"]
+
+
+@dataclass(frozen=True)
+class TracedText:
+    """One generation and its per-token value trace (the demo's ``trace`` section)."""
+
+    text: str
+    trace: Trace
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, **self.trace.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TracedText:
+        return cls(text=str(d["text"]), trace=Trace.from_dict(d))
+
+
+@dataclass(frozen=True)
+class SteerSection:
+    """A steering sweep and the demo's one-line headline of it."""
+
+    sweep: SteerSweep
+    headline: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.sweep.to_dict()
+        return out if self.headline is None else {**out, "headline": self.headline}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SteerSection:
+        return cls(sweep=SteerSweep.from_dict(d), headline=d.get("headline"))
+
+
+@dataclass(frozen=True)
+class ShiftSection:
+    """A shift, what was tuned for it (target word, pairs, steps, checkpoint), and its headline."""
+
+    result: ShiftResult
+    tune: dict[str, Any] | None = None
+    headline: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.result.to_dict()
+        if self.tune is not None:
+            out["tune"] = self.tune
+        if self.headline is not None:
+            out["headline"] = self.headline
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ShiftSection:
+        return cls(result=ShiftResult.from_dict(d), tune=d.get("tune"), headline=d.get("headline"))
+
+
+# Section key -> the record its JSON reads as. "history" is a second sweep.
+READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "sweep": SweepSummary.from_dict,
+    "history": SweepSummary.from_dict,
+    "transfer": TransferSummary.from_dict,
+    "matched_control": MatchedControl.from_dict,
+    "logit_lens": LogitLens.from_dict,
+    "trace": TracedText.from_dict,
+    "steer": SteerSection.from_dict,
+    "shift": ShiftSection.from_dict,
+}
+
+
+def read_sections(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each known section of ``raw`` as its record, and why any present one could not be read.
+
+    Unknown keys are ignored; an empty or non-object section counts as absent.
+    """
+    sections: dict[str, Any] = {}
+    unreadable: dict[str, str] = {}
+    for key, read in READERS.items():
+        d = raw.get(key)
+        if not isinstance(d, Mapping) or not d:
+            continue
+        try:
+            sections[key] = read(d)
+        except (ValueprobeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            unreadable[key] = str(exc) if isinstance(exc, ValueprobeError) else repr(exc)
+    return sections, unreadable
