@@ -38,6 +38,7 @@ from valueprobe.steering.generation import Generation, Trace
 from valueprobe.steering.settings import SweepSettings
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
+from valueprobe.vocab import ShardSpec
 
 PROBES = Path(__file__).resolve().parents[1] / "probes"
 
@@ -167,7 +168,21 @@ def test_score_result_refuses_rows_the_summary_does_not_count():
 
 
 @settings(max_examples=40, deadline=None)
-@given(records(StoreManifest, {StoreManifest: {"n_layers": st.integers(1, 100)}}))  # a model has a layer
+@given(
+    records(
+        StoreManifest,
+        {
+            StoreManifest: {
+                "n_layers": st.integers(1, 100),  # a model has a layer
+                # a part is shard I of N with 0 <= I < N, as --shard accepts it
+                "part": st.none()
+                | st.integers(1, 64).flatmap(
+                    lambda n: st.builds(ShardSpec, st.integers(0, n - 1), st.just(n))
+                ),
+            }
+        },
+    )
+)
 def test_store_manifest_round_trips(x):
     y = StoreManifest.from_dict(through_json(x.to_dict()), where=Path("manifest.json"))
     assert y == x and text(y.to_dict()) == text(x.to_dict())
