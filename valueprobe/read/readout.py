@@ -339,10 +339,6 @@ def read_records(
     return per_example(axis, examples, readouts, layer=layer), _mean_by_example(readouts)
 
 
-<<<<<<< HEAD
-def summarize(
-    probe: ProbeRef,
-=======
 def axis_record(axis: ValueAxis, layer: int) -> dict:
     """The probe as ``summary.json`` (and a score part) records it: `ValueAxis.ref` as JSON."""
     return axis.ref(layer).to_dict()
@@ -350,7 +346,6 @@ def axis_record(axis: ValueAxis, layer: int) -> dict:
 
 def summarize(
     probe: ProbeRef | Mapping[str, Any],
->>>>>>> main
     records: Sequence[dict],
     examples: Sequence[Example],
     *,
@@ -364,12 +359,8 @@ def summarize(
     if not any(r["n_readout_tokens"] for r in records):
         raise ValueprobeError(f"no example had any {str(tokens)!r} tokens to read; use tokens='all'")
     summary = group_summary(records, examples, bootstrap=bootstrap, seed=seed, random=random)
-<<<<<<< HEAD
-    return ScoreResult(tuple(records), tuple(summary), probe, layer, tokens)
-=======
     ref = probe if isinstance(probe, ProbeRef) else ProbeRef.from_dict(probe)
     return ScoreResult(tuple(records), tuple(summary), ref, layer, tokens)
->>>>>>> main
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from valueprobe.files import (
     mmap_safetensors,
 )
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ProbeRef, ValueAxis
-from valueprobe.read.readout import read_records, score_dataset, summarize
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.read.readout import axis_record, read_records, score_dataset, summarize
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
 from valueprobe.vocab import ChatTemplate, ShardSpec, Tokens, check_split, choice
 
@@ -56,7 +56,7 @@ class ScorePart:
     dataset: DatasetInfo
     fingerprint: str  # the scored model's
     settings: dict  # layer, tokens, batch_size, bootstrap, seed, null, max_length, chat_template
-    probe: ProbeRef
+    probe: dict
     records: tuple[dict, ...]
     random: dict[str, np.ndarray] | None  # example id -> mean projection on each null direction [k]
 
@@ -79,7 +79,7 @@ class ScorePart:
             "dataset": asdict(self.dataset),
             "fingerprint": self.fingerprint,
             "settings": self.settings,
-            "probe": self.probe.to_dict(),
+            "probe": self.probe,
         }
         atomic_write_text(out / PART, json.dumps(head, indent=1, allow_nan=False) + "\n")
         return out
@@ -94,7 +94,6 @@ class ScorePart:
                 raise ValueError(f"format {head.get('format')!r}")
             shard = ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
             dataset = DatasetInfo(**head["dataset"])
-            probe = ProbeRef.from_dict(head["probe"])
             random = None
             if head["settings"]["null"]:
                 arrays, meta = mmap_safetensors(path / NULL)
@@ -105,15 +104,7 @@ class ScorePart:
                 f"part {path} is not a readable score part ({PART}: {exc}); rerun its `valueprobe score --shard`"
             ) from None
         records = tuple(read_scores_csv(path / "scores.csv"))
-        return cls(
-            shard,
-            dataset,
-            head["fingerprint"],
-            head["settings"],
-            probe,
-            records,
-            random,
-        )
+        return cls(shard, dataset, head["fingerprint"], head["settings"], head["probe"], records, random)
 
 
 @dataclass(frozen=True)
@@ -181,7 +172,9 @@ def score_part(
     )
     recorded = {**asdict(s), "layer": layer, "tokens": str(tokens), "chat_template": str(s.chat_template)}
     del recorded["force"]  # how a probe was allowed to load does not change the rows
-    return ScorePart(shard, dataset, lm.fingerprint, recorded, axis.ref(layer), tuple(records), random)
+    return ScorePart(
+        shard, dataset, lm.fingerprint, recorded, axis_record(axis, layer), tuple(records), random
+    )
 
 
 def _check_together(paths: Sequence[Path], parts: Sequence[ScorePart]) -> None:
