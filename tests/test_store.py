@@ -12,11 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from valueprobe.activations.capture import capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import read_safetensors_header
+from valueprobe.probe.fit import fit_probe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,3 +185,26 @@ def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkey
     assert not list((tmp_path / "s").glob("shard-*"))
     # Nothing was captured, so nothing is left: no shard, and no store holding only a manifest.
     assert not (tmp_path / "s").exists()
+
+
+def test_bfloat16_store_keeps_bf16_and_reads_float32(tiny_lm_factory, tmp_path):
+    """bf16 on disk (2 bytes a value), read back exactly as the bf16 rounding of the capture, in
+    float32; a probe fits on it in float32 and finds the same direction as on the rounded rows."""
+    lm = tiny_lm_factory("llama")
+    exs = _examples(12)
+    ref = capture(lm, exs, layers="all", positions="spans", include_embed=True, progress=False)
+    kw = dict(layers="all", positions="spans", examples_per_shard=5, progress=False)
+    store = capture_to_store(lm, exs, tmp_path / "bf", dtype="bfloat16", **kw)
+    assert store.manifest.dtype == "bfloat16"
+    _, header = read_safetensors_header(tmp_path / "bf" / store.manifest.shards[0].file)
+    assert header["resid_post.1"]["dtype"] == "BF16"
+    for key in store.manifest.keys:
+        got = store.acts(key)
+        assert got.dtype == np.float32
+        assert torch.equal(torch.from_numpy(got), ref.acts[key].to(torch.bfloat16).float())
+    full = capture_to_store(lm, exs, tmp_path / "f32", dtype="float32", **kw)
+    a = fit_probe(store, method="span_diff", n_splits=2, transfer=False).axis
+    b = fit_probe(full, method="span_diff", n_splits=2, transfer=False).axis
+    assert a.directions.dtype == torch.float32
+    cos = (a.directions * b.directions).sum(1)
+    assert cos.min() > 0.999  # bf16 keeps 8 bits of mantissa: the mean difference barely moves

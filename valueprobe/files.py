@@ -346,7 +346,8 @@ def record_from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
         raise ValueprobeError(f"{cls.__name__}: a field is missing from the record ({exc})") from None
 
 
-_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": None}
+# numpy has no bfloat16: a BF16 tensor is mapped as its raw 16 bits and widened to float32 (exact)
+_NP_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I64": np.int64, "BF16": np.uint16}
 
 
 def read_safetensors_header(path: Path) -> tuple[int, dict]:
@@ -376,7 +377,11 @@ def read_safetensors_header(path: Path) -> tuple[int, dict]:
 
 
 def mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Memory-map every tensor of a safetensors file as numpy arrays (read-only)."""
+    """Memory-map every tensor of a safetensors file as numpy arrays (read-only).
+
+    A bfloat16 tensor comes back as float32 in RAM (numpy has no bfloat16): the exact value, its
+    16 bits shifted into the high half of a float32.
+    """
     n, header = read_safetensors_header(path)
     meta = header.pop("__metadata__", {}) or {}
     arrays: dict[str, np.ndarray] = {}
@@ -389,7 +394,9 @@ def mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
         start, end = info["data_offsets"]
         shape = tuple(info["shape"])
         if end == start:
-            arrays[name] = np.zeros(shape, dtype)
+            arrays[name] = np.zeros(shape, np.float32 if info["dtype"] == "BF16" else dtype)
             continue
         arrays[name] = np.memmap(path, dtype=dtype, mode="r", offset=8 + n + start, shape=shape)
+        if info["dtype"] == "BF16":
+            arrays[name] = (arrays[name].astype(np.uint32) << 16).view(np.float32)
     return arrays, meta

@@ -150,6 +150,7 @@ class Dtype(StrEnum):
 
     float16 = "float16"
     float32 = "float32"
+    bfloat16 = "bfloat16"  # float32's range in 2 bytes; read back as float32 (probes fit in float32)
 
 
 def choice(kind: type[E], value: str, *, what: str) -> E:

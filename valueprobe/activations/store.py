@@ -62,6 +62,7 @@ from valueprobe.vocab import (
 __all__ = ["ActivationStore", "capture_to_store", "check_store_out", "FORMAT_VERSION"]
 
 MANIFEST = "manifest.json"
+_TORCH_DTYPES = {Dtype.float16: torch.float16, Dtype.float32: torch.float32, Dtype.bfloat16: torch.bfloat16}
 
 
 def _key_name(key: LayerKey, site: str) -> str:
@@ -358,7 +359,7 @@ def _write_from(
     """The shard loop, from the first example no shard holds to the last of the store's range."""
     todo, block = manifest.example_range, manifest.examples_per_shard
     start = todo.start + manifest.n_examples_done  # shards are contiguous from the range's start
-    torch_dtype = torch.float16 if manifest.dtype == Dtype.float16 else torch.float32
+    torch_dtype = _TORCH_DTYPES[manifest.dtype]
     if not todo and not (out / MANIFEST).exists():  # a part with no blocks (more parts than blocks)
         atomic_write_text(out / MANIFEST, json.dumps(replace(manifest, complete=True).to_dict(), indent=1))
     with tqdm(
