@@ -233,18 +233,13 @@ def capture_to_store(
 ) -> ActivationStore:
     """Capture ``examples`` and stream them to a sharded store at ``out_dir``; resumes if present.
 
-    Memory stays bounded by one shard (``examples_per_shard`` examples' rows), whatever the size
-    of the dataset. A shard is also closed after ``checkpoint_seconds`` of work (at a batch
-    boundary), so an interruption loses at most about that much. Shards end at multiples of
-    ``examples_per_shard`` (counted from the dataset's first example), so every run, resumed or
-    not, feeds the model the same batches. Rerunning the same call after an
-    interruption skips the complete shards and gives the same store as an uninterrupted run. A
-    capture that fails before its first shard leaves no store behind.
-
-    With ``shard`` (``ShardSpec(I, N)``, the CLI's ``--shard I/N``) only that part's blocks of
-    ``examples_per_shard`` examples are captured (:meth:`ShardSpec.examples`), into a store whose
-    manifest names the part and the whole dataset (sha256, size); ``valueprobe merge`` joins the
-    N parts into the store a one-process capture makes.
+    Memory stays bounded by one shard (``examples_per_shard`` examples' rows) on any dataset. A
+    shard also closes after ``checkpoint_seconds`` of work, so a kill loses at most that much;
+    shards end at multiples of ``examples_per_shard``, so every run, resumed or not, feeds the
+    same batches and gives the same store. A capture that fails before its first shard leaves no
+    store. With ``shard`` (``--shard I/N``) only that part's blocks are captured, into a store whose
+    manifest names the part and the whole dataset; ``valueprobe merge`` joins the N parts into the
+    store one process makes (:meth:`ShardSpec.examples`).
 
     Raises:
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
@@ -256,11 +251,7 @@ def capture_to_store(
     chat_template = choice(ChatTemplate, chat_template, what="chat template")
     layer_list = parse_layers(layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
     examples = regroup(examples, group_by)
-    tokens: dict[str, Any] = {
-        "positions": positions,
-        "span_labels": span_labels,
-        "chat_template": chat_template,
-    }
+    tokens: dict[str, Any] = dict(positions=positions, span_labels=span_labels, chat_template=chat_template)
     select: Callable[..., list] = functools.partial(encode, lm, max_length=max_length, **tokens)
     out = Path(out_dir)
     wanted = _wanted(
@@ -275,10 +266,9 @@ def capture_to_store(
         part=shard,
         **tokens,
     )
-    todo = wanted.example_range
-    # Validate every example's token selection (this part's) before writing anything. The token
-    # ids are not kept: each shard encodes its own examples again, so memory stays flat.
-    select(examples[todo.start : todo.stop])
+    # Check every token selection (this part's) before writing anything; the ids are not kept
+    # (each shard encodes its examples again), so memory stays flat.
+    select(examples[wanted.example_range.start : wanted.example_range.stop])
     run = functools.partial(
         run_until,
         lm,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -86,6 +86,17 @@ def parse_alphas(text: str) -> tuple[float, ...]:
     return values
 
 
+OpOpt = Annotated[
+    Op,
+    typer.Option(
+        help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
+    ),
+]
+SiteOpt = Annotated[
+    HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
+]
+
+
 @app.command("steer")
 def steer_command(
     ctx: typer.Context,
@@ -111,18 +122,11 @@ def steer_command(
     bootstrap: int = 1000,
     force: ForceOpt = False,
     device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
-    op: Annotated[
-        Op,
-        typer.Option(
-            help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
-        ),
-    ] = Op.add,
+    op: OpOpt = Op.add,
     lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
-    site: Annotated[
-        HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
-    ] = None,
+    site: SiteOpt = None,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -133,16 +137,7 @@ def steer_command(
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
-    chosen = (
-        tuple(m.strip() for m in metrics.split(",") if m.strip())
-        if metrics
-        else metrics_for(prompts, examples)
-    )
-    unknown = [m for m in chosen if m not in METRICS and m != "p_yes"]
-    if unknown:
-        raise ValueprobeError(
-            f"--metrics: unknown {unknown[0]!r}; choose from {', '.join([*METRICS, 'p_yes'])}"
-        )
+    chosen = _metrics(metrics, prompts, examples)
     settings = SweepSettings(
         probe=str(probe),
         probe_fingerprint=axis.fingerprint,
@@ -174,13 +169,24 @@ def steer_command(
         lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
     write_html(dose_response_figure(result), out / "dose.html")
-    headers, rows = result.table()
-    table(
-        f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)",
-        headers,
-        rows,
-    )
+    title = f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)"
+    table(title, *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:
+    """``--metrics``, checked against the known ones; default by prompt set."""
+    chosen = (
+        tuple(m.strip() for m in metrics.split(",") if m.strip())
+        if metrics
+        else metrics_for(prompts, examples)
+    )
+    unknown = [m for m in chosen if m not in METRICS and m != "p_yes"]
+    if unknown:
+        raise ValueprobeError(
+            f"--metrics: unknown {unknown[0]!r}; choose from {', '.join([*METRICS, 'p_yes'])}"
+        )
+    return chosen
 
 
 @replicate_app.command("steer")
@@ -228,46 +234,26 @@ def replicate_steer_command(
     chosen = parse_rows(rows)
     names = parse_benchmarks(benchmarks)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
-    planned = plan(
-        rows=chosen,
-        probe=probe,
-        other_probe=other_probe,
-        axis=axis,
-        model=model,
-        data_dir=data,
-        runs_dir=runs,
-        alphas=values,
-        unit=unit.value,
-        samples=samples,
-        controls=n_random,
-        seed=seed,
-        prompts=prompts,
-        tokens=tokens,
-        benchmarks=names,
-    )
-    for run in planned:  # every check before the model loads
+    shared: dict[str, Any] = {
+        "rows": chosen,
+        "probe": probe,
+        "other_probe": other_probe,
+        "axis": axis,
+        "data_dir": data,
+        "runs_dir": runs,
+        "alphas": values,
+        "unit": unit.value,
+        "samples": samples,
+        "controls": n_random,
+        "seed": seed,
+        "prompts": prompts,
+        "tokens": tokens,
+        "benchmarks": names,
+    }
+    for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = load(model, device=device)
-    report = replicate_steer(
-        lm,
-        axis=axis,
-        other=other,
-        probe=probe,
-        other_probe=other_probe,
-        data_dir=data,
-        runs_dir=runs,
-        out=out,
-        prompts=prompts,
-        alphas=values,
-        unit=unit.value,
-        samples=samples,
-        controls=n_random,
-        seed=seed,
-        tokens=tokens,
-        batch_size=batch_size,
-        rows=chosen,
-        benchmarks=names,
-    )
+    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, **shared)
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")
         table(
