@@ -268,16 +268,8 @@ class ReplicateSteer:
 
     def ablation_table(self) -> tuple[list[str], list[list[object]]]:
         """One row per ablation effect: the change removing the direction makes, against the null."""
-        headers = [
-            "benchmark",
-            "metric",
-            "subset",
-            "prompts",
-            "ablated − intact",
-            "95% CI",
-            "null 95% range (random ablated)",
-            "axis vs null",
-        ]
+        headers = ["benchmark", "metric", "subset", "prompts", "ablated − intact", "95% CI"]
+        headers += ["null 95% range (random ablated)", "axis vs null"]
         rows: list[list[object]] = [
             [
                 name,
