@@ -173,15 +173,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "P(yes) ignores the unit",
         "valueprobe/steering/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op)",
-        "steer(lm, axis, alpha, layers=layers, direction=direction, op=op)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op, site=site)",
+        "steer(lm, axis, alpha, layers=layers, direction=direction, op=op, site=site)",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     Fault(
         "P(yes) ignores the direction",
         "valueprobe/steering/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op)",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, op=op)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op, site=site)",
+        "steer(lm, axis, alpha, layers=layers, unit=unit, op=op, site=site)",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     # --- steering sweeps: resume and the metric set ------------------------------------------------
