@@ -107,8 +107,8 @@ class StoreManifest:
         spells them (lists, strings), or None. ``ignore`` names settings not to compare."""
         ours, theirs = self.to_dict(), other.to_dict()
         for name in _SETTINGS:
-            if name not in ignore and ours[name] != theirs[name]:
-                return name, ours[name], theirs[name]
+            if name not in ignore and ours.get(name) != theirs.get(name):
+                return name, ours.get(name), theirs.get(name)
         return None
 
     def to_dict(self) -> dict:
@@ -119,6 +119,8 @@ class StoreManifest:
         body["shards"] = [{**asdict(s), "examples": list(s.examples)} for s in self.shards]
         for name in ("site", "positions", "dtype", "chat_template"):
             body[name] = str(body[name])
+        if self.part is None:  # a whole store's manifest is the one valueprobe always wrote
+            del body["part"]
         return {"format": FORMAT, "version": FORMAT_VERSION, **body}
 
     @classmethod
