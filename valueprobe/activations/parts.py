@@ -111,7 +111,7 @@ def merge_stores(out: str | Path, parts: Sequence[str | Path]) -> ActivationStor
         raise ValueprobeError(f"merge OUT {out} holds a part (shard): write the merged store to a new folder")
     manifests = [read_part(p) for p in paths]
     _check_together(paths, manifests)
-    ordered = sorted(zip(paths, manifests, strict=True), key=lambda pm: pm[1].part.index)  # type: ignore[union-attr]
+    ordered = sorted(zip(paths, manifests, strict=True), key=lambda pm: _part_index(pm[1]))
 
     def write(tmp: Path) -> None:
         shards: list[Shard] = []
@@ -125,3 +125,9 @@ def merge_stores(out: str | Path, parts: Sequence[str | Path]) -> ActivationStor
 
     atomic_write_dir(out, write)
     return ActivationStore.open(out)
+
+
+def _part_index(manifest: StoreManifest) -> int:
+    """A part's shard index (`read_part` has refused every store that is not a part)."""
+    assert manifest.part is not None
+    return manifest.part.index

@@ -189,8 +189,12 @@ def steer_plan(
     check_combinable(listed)
     if direction is not None and len(listed) > 1:
         raise ValueprobeError("a steering direction override takes one axis, not several")
-    kw = dict(layers=layers, site=site, unit=unit, direction=direction, op=op)
-    return listed[0], [t for axis in listed for t in steer_points(lm, axis, **kw)]  # type: ignore[arg-type]
+    points = [
+        t
+        for axis in listed
+        for t in steer_points(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
+    ]
+    return listed[0], points
 
 
 # What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
