@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 When = Literal["above", "below"]
-WHEN: tuple[str, ...] = ("above", "below")
+WHEN: tuple[When, ...] = ("above", "below")
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,7 +177,7 @@ def find_threshold(scores: ArrayLike, labels: ArrayLike, *, layer: int | None = 
         i = int(np.argmax(table[:, 0]))
         f1, precision, recall, fired = (float(x) for x in table[i])
         if best is None or f1 > best.f1:
-            best = ThresholdFit(float(candidates[i]), when, f1, precision, recall, int(fired), layer)  # type: ignore[arg-type]
+            best = ThresholdFit(float(candidates[i]), when, f1, precision, recall, int(fired), layer)
     assert best is not None
     return best
 
