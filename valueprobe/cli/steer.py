@@ -21,6 +21,7 @@ from valueprobe.cli.app import (
     ForceOpt,
     ModelOpt,
     RandomDirectionsOpt,
+    ShardOpt,
     app,
     console,
     renamed,
@@ -36,10 +37,12 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
+from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
+from valueprobe.steering.sweep_parts import check_part_out, run_sweep_part
 from valueprobe.vocab import HookSite, Op, Unit
 
-__all__ = ["replicate_steer_command", "steer_command"]
+__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -127,6 +130,7 @@ def steer_command(
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
     site: SiteOpt = None,
+    shard: ShardOpt = None,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -163,14 +167,38 @@ def steer_command(
         target=target,
         site=None if site is None else site.value,
     )
-    check_settings(settings, axis, out, examples)
+    check_settings(settings, axis, out, examples, part=shard is not None)
+    if shard is not None:
+        check_part_out(out, shard)
     lm = load(model, device=device)
+    if shard is not None:
+        n_rows = run_sweep_part(
+            lm,
+            axis,
+            examples,
+            out,
+            settings,
+            shard=shard,
+            other=other,
+            batch_size=batch_size,
+            n_boot=bootstrap,
+            force=force,
+        )
+        console.print(
+            f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
+        )
+        return
     result = run_sweep(
         lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
+    print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
+
+
+def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
+    """Write the dose figure next to a sweep's files and print its table."""
     write_html(dose_response_figure(result), out / "dose.html")
-    title = f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)"
-    table(title, *result.table())
+    n_random = 0 if result.settings is None else result.settings.controls
+    table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
 
 

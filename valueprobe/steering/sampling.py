@@ -13,6 +13,7 @@ depend on which rows share its batch or chunk. It hands ``generate`` a one-hot s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -65,6 +66,13 @@ class RowSampler:
         self.top_p = top_p
         self.shortlist = shortlist
         self.full_sorts = 0  # rows that needed the full sort, for benchmarks and tests
+
+    def rows(self, index: Sequence[int]) -> RowSampler:
+        """A sampler over some of these rows (in ``index`` order) sharing their generators, so each
+        kept row's draws go on as if nothing had left (guided decoding drops rows mid-run)."""
+        out = copy.copy(self)
+        out.generators = [self.generators[i] for i in index]
+        return out
 
     def draw(self) -> Float[Tensor, " batch"]:
         """One uniform per row, from the row's own generator."""
