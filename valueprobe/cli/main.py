@@ -81,7 +81,9 @@ def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
         str,
-        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
+        typer.Option(
+            help="icrl | code | backtracking | confidence | refusal | preference | steering | tasks | all"
+        ),
     ] = "all",
     seed: int = 0,
     n: Annotated[
