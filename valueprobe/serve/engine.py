@@ -17,7 +17,7 @@ addition, as `valueprobe.steering.generation.Trace` reads the steered point.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -110,15 +110,10 @@ class Chunk:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What `valueprobe.serve.app` needs of an engine.
-
-    ``model`` is the id ``/v1/models`` lists and requests name; ``layers`` the probe's layers
-    and ``best_layer`` its default (the HTTP layer checks requests against them).
-    """
+    """What `valueprobe.serve.app` needs of an engine: ``model`` is the id ``/v1/models`` lists
+    and requests name; the HTTP layer checks requests against the probe before ``submit``."""
 
     model: str
-    layers: Sequence[int]
-    best_layer: int
 
     async def start(self) -> None:
         """Start background work (the batching loop); called once the event loop runs."""
