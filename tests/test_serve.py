@@ -27,6 +27,7 @@ from test_cli_faults import one_line
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
 from valueprobe.hooks.route import position_ids_from_mask
+from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
 from valueprobe.serve.protocol import Limits
@@ -248,6 +249,45 @@ def test_bad_request_is_a_400_naming_the_field_and_the_server_keeps_serving(serv
         )
     assert exc.value.body["param"] == param
     assert _complete(server.client(), 1.0, max_tokens=2).choices[0].model_extra["values"]
+
+
+def test_a_prompt_past_the_context_is_a_400_from_the_engine(server, lm):
+    context = lm.model.config.max_position_embeddings
+    r = httpx.post(
+        f"{server.url}/completions",
+        json={"model": MODEL, "prompt": PROMPT, "max_tokens": context},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_a_batch_that_fails_is_retried_row_by_row_so_only_the_bad_request_fails(server, monkeypatch):
+    real = hf_engine.generate_rows
+
+    def fragile(lm, axis, rows, **kw):  # a fault that only one request's row triggers
+        if any(r.alpha == 7.0 for r in rows):
+            raise RuntimeError("row with alpha 7 broke the batch")
+        return real(lm, axis, rows, **kw)
+
+    monkeypatch.setattr(hf_engine, "generate_rows", fragile)
+    before = len(server.engine.batch_sizes)
+    clients = [server.client(), server.client()]
+    gate = threading.Barrier(2)
+
+    def one(i: int):
+        gate.wait()
+        try:
+            return _complete(clients[i], [7.0, 1.0][i], max_tokens=3).choices[0]
+        except openai.InternalServerError as exc:
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        bad, good = pool.map(one, range(2))
+    assert server.engine.batch_sizes[before:] == [2, 1, 1]  # together, then each alone
+    assert isinstance(bad, openai.InternalServerError) and "alpha 7" in str(bad)
+    assert good.model_extra["values"] == pytest.approx(
+        _complete(server.client(), 1.0, max_tokens=3).choices[0].model_extra["values"]
+    )
 
 
 def test_body_that_is_not_json_is_a_400(server):
