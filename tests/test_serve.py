@@ -199,6 +199,19 @@ def test_curl_stream_ends_in_done(server):
     assert "".join(c["text"] for c in chunks) == whole.text
 
 
+def test_a_client_that_leaves_stops_only_its_row(server):
+    before = server.engine.cancelled_rows
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "stream": True, "steering": {"alpha": 1}}
+    with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=30) as r:
+        first = next(r.iter_lines())
+    assert first.startswith("data: ")
+    deadline = time.monotonic() + 30
+    while server.engine.cancelled_rows == before:
+        assert time.monotonic() < deadline, "the row of a client that left kept running"
+        time.sleep(0.05)
+    assert len(_complete(server.client(), 1.0, max_tokens=2).choices[0].model_extra["values"]) == 2
+
+
 def test_rows_of_one_batch_equal_each_request_alone(server):
     client = server.client()
     alphas = [-4.0, 0.0, 4.0, None]

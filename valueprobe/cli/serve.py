@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -26,23 +25,12 @@ from valueprobe.cli.app import DeviceOpt, LayersPathOpt, ModelOpt, TrustOpt, app
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.serve.engine import ServeOptions
 
 if TYPE_CHECKING:
     from valueprobe.serve.engine import Engine
 
 __all__ = ["ENGINES", "serve_cmd"]
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """What an engine factory gets: the probe (already read), the model and where to run it."""
-
-    probe: Path
-    axis: ValueAxis
-    model: str
-    device: str
-    layers_path: str | None
-    trust_remote_code: bool
 
 
 def _need(module: str, install: str, what: str) -> None:
@@ -62,8 +50,8 @@ def _hf(opts: ServeOptions) -> Engine:
 
 def _vllm(opts: ServeOptions) -> Engine:
     _need("vllm", "valueprobe[vllm]", "--engine vllm")
-    # The vLLM engine lives in its own module (its own extra and environment); it provides
-    # make_engine(opts) -> Engine and plugs into the same HTTP layer.
+    # The vLLM engine lives in its own module (its own extra and environment): it provides
+    # make_engine(opts: ServeOptions) -> Engine and plugs into the same HTTP layer.
     module = importlib.import_module("valueprobe.serve.vllm_engine")
     make: Callable[[ServeOptions], Engine] = module.make_engine
     return make(opts)

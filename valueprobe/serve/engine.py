@@ -19,11 +19,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from valueprobe.errors import ValueprobeError
 
-__all__ = ["Chunk", "Engine", "FinishReason", "Positions", "RequestError", "SteerRequest", "SteerSpec"]
+if TYPE_CHECKING:
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = [
+    "Chunk",
+    "Engine",
+    "FinishReason",
+    "Positions",
+    "RequestError",
+    "ServeOptions",
+    "SteerRequest",
+    "SteerSpec",
+]
 
 Positions = Literal["prompt", "generated", "all"]
 FinishReason = Literal["stop", "length"]
@@ -131,3 +144,18 @@ class Engine(Protocol):
         disconnected) cancels the request without touching the others.
         """
         ...
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``valueprobe serve`` hands an engine's factory (``make_engine(opts) -> Engine``):
+    the probe (folder and axis, already read and checked for units) and the model to load, where.
+    The factory loads the model and refuses, in one `ValueprobeError` line, a probe of another
+    model (``axis.check``, the fingerprint check ``score`` does)."""
+
+    probe: Path
+    axis: ValueAxis
+    model: str
+    device: str
+    layers_path: str | None
+    trust_remote_code: bool

@@ -70,6 +70,7 @@ class HFEngine:
         self.tokenizer_lock = threading.Lock()  # fast tokenizers refuse concurrent use from two threads
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="valueprobe-hf")
         self.batch_sizes: list[int] = []  # rows of each batch run, in order (benchmarks, tests)
+        self.cancelled_rows = 0  # rows stopped early because their client left
         self.pending: asyncio.Queue[_Job] | None = None
         self.task: asyncio.Task[None] | None = None
 
@@ -169,11 +170,20 @@ class HFEngine:
                     job.put(exc)
 
     def _generate(self, layer: int, value_layer: int, batch: list[_Job]) -> None:
+        gone: set[int] = set()
+
         def on_step(k: int, steps: list[RowStep | None]) -> Collection[int]:
             for job, step in zip(batch, steps, strict=True):
                 if step is not None and not job.cancelled:
                     job.put(self._chunk(job, step))
-            return [i for i, j in enumerate(batch) if j.cancelled]
+            left = {
+                i
+                for i, (j, step) in enumerate(zip(batch, steps, strict=True))
+                if j.cancelled and step is not None
+            }
+            self.cancelled_rows += len(left - gone)
+            gone.update(left)
+            return left
 
         generate_rows(
             self.lm, self.axis, [j.row for j in batch], layer=layer, value_layer=value_layer, on_step=on_step
