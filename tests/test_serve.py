@@ -9,6 +9,7 @@ layer), each request run alone (batched = alone), and α's order (readouts order
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -172,6 +173,7 @@ def test_chat_stream_equals_chat_whole(server):
     assert reasons[-1] == whole.finish_reason and all(r is None for r in reasons[:-1])
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
 def test_curl_stream_ends_in_done(server):
     body = json.dumps(
         {

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.steering.handle import Where
 
 if TYPE_CHECKING:
     from valueprobe.probe.axis import ValueAxis
@@ -38,7 +39,7 @@ __all__ = [
     "SteerSpec",
 ]
 
-Positions = Literal["prompt", "generated", "all"]
+Positions = Where  # the steering handle's phases: prompt, generated, all
 FinishReason = Literal["stop", "length"]
 
 

@@ -112,7 +112,7 @@ class HFEngine:
             seed=request.seed,
         )
 
-    async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:  # type: ignore[override]
+    async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
         if self.pending is None:
             raise RuntimeError("the engine is not started")
         job = _Job(request, self._row(request), asyncio.get_running_loop())
