@@ -30,9 +30,9 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import load
+from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
@@ -40,7 +40,7 @@ from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.sweep_parts import check_part_out, run_sweep_part
-from valueprobe.vocab import HookSite, Op, Unit
+from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
 __all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
 
@@ -172,26 +172,41 @@ def steer_command(
         check_part_out(out, shard)
     lm = load(model, device=device)
     if shard is not None:
-        n_rows = run_sweep_part(
-            lm,
-            axis,
-            examples,
-            out,
-            settings,
-            shard=shard,
-            other=other,
-            batch_size=batch_size,
-            n_boot=bootstrap,
-            force=force,
-        )
-        console.print(
-            f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
-        )
-        return
+        return _write_part(lm, axis, examples, out, settings, shard, other, batch_size, bootstrap, force)
     result = run_sweep(
         lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
     )
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
+
+
+def _write_part(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: list[Example],
+    out: Path,
+    settings: SweepSettings,
+    shard: ShardSpec,
+    other: ValueAxis | None,
+    batch_size: int,
+    bootstrap: int,
+    force: bool,
+) -> None:
+    """Run this shard's blocks of the sweep into ``out`` (a part that `valueprobe merge` joins)."""
+    n_rows = run_sweep_part(
+        lm,
+        axis,
+        examples,
+        out,
+        settings,
+        shard=shard,
+        other=other,
+        batch_size=batch_size,
+        n_boot=bootstrap,
+        force=force,
+    )
+    console.print(
+        f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
+    )
 
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
