@@ -114,12 +114,15 @@ class Chunk:
         value: its σ-score (see the module doc for where and when it is read).
         finish_reason: set on the request's last chunk: ``stop`` (EOS or a stop string) or
             ``length`` (``max_tokens`` reached); None before.
+        prompt_tokens: the prompt's length in tokens, if the engine knows it (then the response
+            carries OpenAI's ``usage``); optional.
     """
 
     text: str
     token_id: int
     value: float
     finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
 
 
 @runtime_checkable

@@ -201,4 +201,4 @@ class HFEngine:
         else:
             delta, job.sent = text[job.sent :], len(text)
         job.ended = step.finish is not None
-        return Chunk(text=delta, token_id=step.token_id, value=step.value, finish_reason=step.finish)
+        return Chunk(delta, step.token_id, step.value, step.finish, prompt_tokens=len(job.row.ids))

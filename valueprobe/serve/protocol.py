@@ -200,7 +200,15 @@ def completion(req: SteerRequest, chunks: Sequence[Chunk], limits: Limits, *, ch
         "token_ids": [c.token_id for c in chunks],
     }
     choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-    return _header(req, limits, chat=chat, stream=False) | {"choices": [choice]}
+    out = _header(req, limits, chat=chat, stream=False) | {"choices": [choice]}
+    prompt = chunks[0].prompt_tokens if chunks else None
+    if prompt is not None:
+        out["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": len(chunks),
+            "total_tokens": prompt + len(chunks),
+        }
+    return out
 
 
 def stream_chunk(
