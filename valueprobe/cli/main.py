@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 
 # The command modules register their commands on cli_app's app when imported; this module only runs it.
-from valueprobe.cli import capture_fit, interop, merge, replicate_guide, steer, trace, tune  # noqa: F401
+from valueprobe.cli import capture_fit, interop, merge, replicate_guide, serve, steer, trace, tune  # noqa: F401
 from valueprobe.cli.app import (
     DeviceOpt,
     ForceOpt,
