@@ -2,6 +2,7 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
         --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 --out runs/steer-code
+    valueprobe steer --engine vllm ...     # the same sweep and files through vLLM (the [vllm] extra)
     valueprobe replicate steer --out probes/steering-smollm2-135m
 
 Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
@@ -10,6 +11,7 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,12 +32,14 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
+from valueprobe.steering.generation import generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.vocab import HookSite, Op, Unit
 
@@ -127,10 +131,14 @@ def steer_command(
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
     site: SiteOpt = None,
+    engine: Annotated[
+        str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+    ] = "hf",
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_engine(engine, op=op, site=site)
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
@@ -162,16 +170,40 @@ def steer_command(
         hi=hi,
         target=target,
         site=None if site is None else site.value,
+        engine=engine,
     )
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
+    generator = generate if engine == "hf" else VllmGenerator(open_llm(model, seed=seed), probe)
     result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
+        lm,
+        axis,
+        examples,
+        out,
+        settings,
+        other=other,
+        batch_size=batch_size,
+        n_boot=bootstrap,
+        force=force,
+        generator=generator,
     )
     write_html(dose_response_figure(result), out / "dose.html")
     title = f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)"
     table(title, *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+def _check_engine(engine: str, *, op: Op, site: HookSite | None) -> None:
+    """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
+    if engine not in ("hf", "vllm"):
+        raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
+    if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
+        if op != Op.add:
+            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {op.value}")
+        if site is not None and site not in (HookSite.resid_post, HookSite.resid_pre):
+            raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:
