@@ -188,8 +188,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "resume forgets finished rows and appends them again",
         "valueprobe/steering/sweep.py",
-        "done = {r.key() for r in _read_rows(path)}",
-        "done = {r.key() for r in _read_rows(path) if False}",
+        "done = {r.key() for r in read_rows(path)}",
+        "done = {r.key() for r in read_rows(path) if False}",
         ("tests/test_steer_sweep.py::test_cli_steer_writes_and_resumes",),
     ),
     Fault(

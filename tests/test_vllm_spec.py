@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 
 from valueprobe.engines.vllm_spec import EXTRA_KEY, VllmSteer, resolve
 from valueprobe.errors import ValueprobeError
@@ -81,3 +83,15 @@ def test_salt_separates_every_steering_and_none_for_zero():
         VllmSteer(probe=PROBE, alpha=2.0, positions="prompt"),
     ]
     assert len({a.salt(), *(o.salt() for o in others)}) == 5
+
+
+def test_steer_engine_choices_are_checked_before_loading(tmp_path, capsys):
+    args = ["steer", "--probe", PROBE, "--prompts", "data/steer_open.jsonl", "--out", str(tmp_path / "o")]
+    code, _, err = run_cli([*args, "--engine", "tgi"], capsys)
+    assert code == 2 and "unknown --engine 'tgi'" in err
+    code, _, err = run_cli([*args, "--engine", "vllm", "--op", "ablate"], capsys)
+    assert code == 2
+    if importlib.util.find_spec("vllm") is None:
+        assert "pip install 'valueprobe[vllm]'" in err
+    else:
+        assert "--op add only" in err

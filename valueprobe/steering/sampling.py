@@ -13,6 +13,7 @@ depend on which rows share its batch or chunk. It hands ``generate`` a one-hot s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,6 +52,13 @@ class RowSampler:
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.temperature = temperature
         self.top_p = top_p
+
+    def rows(self, index: Sequence[int]) -> RowSampler:
+        """A sampler over some of these rows (in ``index`` order) sharing their generators, so each
+        kept row's draws go on as if nothing had left (guided decoding drops rows mid-run)."""
+        out = copy.copy(self)
+        out.generators = [self.generators[i] for i in index]
+        return out
 
     def draw(self) -> Float[Tensor, " batch"]:
         """One uniform per row, from the row's own generator."""
