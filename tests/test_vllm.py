@@ -221,3 +221,50 @@ def test_values_are_taken_once(engine):
     values = take_values(llm, ["once"])["once"]
     assert len(values) == len(out.outputs[0].token_ids) and all(math.isfinite(v) for v in values)
     assert take_values(llm, ["once"]) == {}
+
+
+def test_serve_engine_streams_values_that_order_by_alpha(engine):
+    """The serve engine on vLLM: concurrent requests, each with its own α, stream one chunk per
+    token; read three layers downstream of the steering, the first token's value orders by α."""
+    import asyncio
+
+    from valueprobe.serve.engine import SteerRequest, SteerSpec
+    from valueprobe.serve.vllm_engine import VllmEngine
+
+    lm, axis, _ = engine
+    layer = axis.best_layer
+
+    def request(i: int, alpha: float | None) -> SteerRequest:
+        steering = None if alpha is None else SteerSpec(alpha=alpha, unit="sigma", layer=layer)
+        return SteerRequest(
+            id=f"req-{i}",
+            prompt=None,
+            messages=tuple(PROMPTS[1]),
+            max_tokens=8,
+            temperature=0.0,
+            top_p=1.0,
+            seed=None,
+            steering=steering,
+            value_layer=layer + 3,
+        )
+
+    async def run() -> list[list]:
+        served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+        try:
+            await served.start()
+            alphas = [-8.0, -4.0, None, 4.0, 8.0]
+
+            async def one(i: int, a: float | None) -> list:
+                return [c async for c in served.submit(request(i, a))]
+
+            return await asyncio.gather(*(one(i, a) for i, a in enumerate(alphas)))
+        finally:
+            await served.close()
+
+    streams = asyncio.run(run())
+    for chunks in streams:
+        assert 1 <= len(chunks) <= 8 and chunks[-1].finish_reason in ("stop", "length")
+        assert all(c.finish_reason is None for c in chunks[:-1])
+        assert all(math.isfinite(c.value) for c in chunks)
+    first = [chunks[0].value for chunks in streams]
+    assert first == sorted(first) and first[0] < first[-1] - 1.0

@@ -19,6 +19,7 @@ kernel numerics).
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Sequence
@@ -87,10 +88,12 @@ def open_llm(
 
 
 def take_values(llm: Any, keys: Sequence[str]) -> dict[str, list[float]]:
-    """The per-token values the workers kept under ``keys`` (each key once: taking forgets them)."""
+    """The per-token values the workers kept under ``keys``, from the first generated token on
+    (each key once: taking forgets them). ``llm`` is a ``vllm.LLM``."""
     out: dict[str, list[float]] = {}
     for part in llm.collective_rpc("valueprobe_take_values", args=(list(keys),)):
-        out.update(part or {})
+        for key, (first, values) in (part or {}).items():
+            out[key] = [math.nan] * int(first) + [float(v) for v in values]
     return out
 
 
