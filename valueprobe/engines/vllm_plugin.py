@@ -164,15 +164,17 @@ def _keep(dest: Sequence[tuple[str, int]], values: Sequence[float]) -> None:
             kept[t] = v
 
 
-def take(keys: Sequence[str]) -> dict[str, list[float]]:
-    """Hand over (and forget) the values kept under ``keys``: one per generated token, in order
-    (NaN where a position was never read)."""
-    out: dict[str, list[float]] = {}
+def take(keys: Sequence[str]) -> dict[str, tuple[int, list[float]]]:
+    """Hand over (and forget) the values kept under ``keys``: per key, the first generated-token
+    index held and the values from there on, in order (NaN where a position was never read).
+    A stream takes as it goes; values that arrive later are kept again under the same key."""
+    out: dict[str, tuple[int, list[float]]] = {}
     with _LOCK:
         for key in keys:
             kept = _VALUES.pop(key, None)
             if kept:
-                out[key] = [kept.get(t, math.nan) for t in range(max(kept) + 1)]
+                first = min(kept)
+                out[key] = (first, [kept.get(t, math.nan) for t in range(first, max(kept) + 1)])
     return out
 
 
@@ -233,7 +235,7 @@ def install(runner: Any) -> list[torch.utils.hooks.RemovableHandle]:
     return handles
 
 
-def _take_values(worker: Any, keys: list[str]) -> dict[str, list[float]]:
+def _take_values(worker: Any, keys: list[str]) -> dict[str, tuple[int, list[float]]]:
     return take(keys)
 
 
