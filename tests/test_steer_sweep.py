@@ -24,7 +24,7 @@ from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering import generation
 from valueprobe.steering.dose import SweepRow, summarise
 from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, _directions, run_sweep
+from valueprobe.steering.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
 from valueprobe.steering.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -190,7 +190,7 @@ def test_sweep_random_directions_are_the_stats_null_rows(tiny_lm_factory, tmp_pa
     """One random-direction scheme: the sweep's ``random-K`` is row K of stats.null's draw, seed for seed."""
     axis = tiny_axis(tiny_lm_factory("llama"))
     settings = settings_for(tmp_path, controls=3, seed=5)
-    named = dict(_directions(axis, settings, None, axis.best_layer))
+    named = dict(sweep_directions(axis, settings, None, axis.best_layer))
     expected = torch.from_numpy(null_directions(axis.d_model, 3, seed=5)).float()
     assert named["axis"] is None
     for k in range(3):
@@ -376,9 +376,9 @@ def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_
     counts: list[int] = []
     real_check = cli_steer.check_settings
 
-    def spy(settings, *a):
+    def spy(settings, *a, **k):
         counts.append(settings.controls)
-        return real_check(settings, *a)
+        return real_check(settings, *a, **k)
 
     monkeypatch.setattr(cli_steer, "check_settings", spy)
     monkeypatch.setattr(cli_steer, "load", _stop_at_load)

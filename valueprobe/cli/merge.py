@@ -3,6 +3,8 @@
 valueprobe capture --data data/icrl.jsonl --shard 0/2 --out runs/icrl.part0
 valueprobe capture --data data/icrl.jsonl --shard 1/2 --out runs/icrl.part1
 valueprobe merge runs/icrl runs/icrl.part0 runs/icrl.part1
+
+The same for `score --shard` (scores.csv) and `steer --shard` (generations.jsonl) parts.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import MANIFEST
 from valueprobe.cli.app import app, console, table
 from valueprobe.cli.capture_fit import print_store
+from valueprobe.cli.steer import print_sweep
 from valueprobe.errors import ValueprobeError
 from valueprobe.read.score_parts import merge_scores
+from valueprobe.steering.sweep import GENERATIONS
+from valueprobe.steering.sweep_parts import merge_sweeps
 
 
 def _merge_store(out: Path, parts: list[Path]) -> None:
@@ -30,8 +35,12 @@ def _merge_scores(out: Path, parts: list[Path]) -> None:
     table(f"score (merged): layer {res.layer}", headers, rows)
 
 
+def _merge_sweeps(out: Path, parts: list[Path]) -> None:
+    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
+
+
 # What a part is recognised by (its marker file) -> how its kind is merged and summarised.
-MERGERS = {MANIFEST: _merge_store, "scores.csv": _merge_scores}
+MERGERS = {MANIFEST: _merge_store, "scores.csv": _merge_scores, GENERATIONS: _merge_sweeps}
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
         --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 --out runs/steer-code
+    valueprobe steer --engine vllm ...     # the same sweep and files through vLLM (the [vllm] extra)
     valueprobe replicate steer --out probes/steering-smollm2-135m
 
 Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
@@ -10,7 +11,10 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,6 +25,7 @@ from valueprobe.cli.app import (
     ForceOpt,
     ModelOpt,
     RandomDirectionsOpt,
+    ShardOpt,
     app,
     console,
     renamed,
@@ -29,17 +34,21 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import load
+from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
+from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.vocab import HookSite, Op, Unit
+from valueprobe.steering.sweep_parts import check_part_out, run_sweep_part
+from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
-__all__ = ["replicate_steer_command", "steer_command"]
+__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -92,6 +101,9 @@ OpOpt = Annotated[
         help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
     ),
 ]
+EngineOpt = Annotated[
+    str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+]
 SiteOpt = Annotated[
     HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
 ]
@@ -127,10 +139,13 @@ def steer_command(
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
     site: SiteOpt = None,
+    shard: ShardOpt = None,
+    engine: EngineOpt = "hf",
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_engine(engine, op=op, site=site, shard=shard)
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
@@ -162,16 +177,75 @@ def steer_command(
         hi=hi,
         target=target,
         site=None if site is None else site.value,
+        engine=engine,
     )
-    check_settings(settings, axis, out, examples)
+    check_settings(settings, axis, out, examples, part=shard is not None)
+    if shard is not None:
+        check_part_out(out, shard)
     lm = load(model, device=device)
-    result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
+    if shard is not None:
+        return _write_part(lm, axis, examples, out, settings, shard, other, batch_size, bootstrap, force)
+    run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
+    print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
+
+
+def _write_part(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: list[Example],
+    out: Path,
+    settings: SweepSettings,
+    shard: ShardSpec,
+    other: ValueAxis | None,
+    batch_size: int,
+    bootstrap: int,
+    force: bool,
+) -> None:
+    """Run this shard's blocks of the sweep into ``out`` (a part that `valueprobe merge` joins)."""
+    n_rows = run_sweep_part(
+        lm,
+        axis,
+        examples,
+        out,
+        settings,
+        shard=shard,
+        other=other,
+        batch_size=batch_size,
+        n_boot=bootstrap,
+        force=force,
     )
+    console.print(
+        f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
+    )
+
+
+def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
+    """Write the dose figure next to a sweep's files and print its table."""
     write_html(dose_response_figure(result), out / "dose.html")
-    title = f"steer {probe.name} on {prompts.name} ({result.n_rows} outputs, {n_random} random directions)"
-    table(title, *result.table())
+    n_random = 0 if result.settings is None else result.settings.controls
+    table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+def _check_engine(engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None) -> None:
+    """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
+    if engine not in ("hf", "vllm"):
+        raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
+    if engine == "vllm":
+        if shard is not None:
+            raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
+        if op != Op.add:
+            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {op.value}")
+        if site is not None and site not in (HookSite.resid_post, HookSite.resid_pre):
+            raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
+
+
+def _generator(engine: str, model: str, seed: int, probe: Path) -> Callable[..., list[Generation]]:
+    """What generates the sweep's rows: the HF route, or one vLLM request per row."""
+    return generate if engine == "hf" else VllmGenerator(open_llm(model, seed=seed), probe)
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +44,11 @@ from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
 from valueprobe.vocab import HookSite, choice
 
-__all__ = ["SweepSettings", "check_settings", "run_sweep"]
+__all__ = ["SweepSettings", "check_settings", "run_sweep", "start_sweep", "sweep_blocks", "sweep_rows"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
+PART = "part.json"  # in the folder of one shard of a sharded sweep (`valueprobe.steering.sweep_parts`)
 # Metrics tabled for each steering prompt set (data/steer_*.jsonl); other files get DEFAULT_METRICS.
 SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_confidence": ("yes", "p_yes"),
@@ -75,8 +76,11 @@ def _model_shape(model: str) -> tuple[int, int] | None:
     return None
 
 
-def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples: Sequence[Example]) -> None:
-    """Every check that needs no model: run it before loading one. Raises `ValueprobeError`."""
+def check_settings(
+    settings: SweepSettings, axis: ValueAxis, out: Path, examples: Sequence[Example], *, part: bool = False
+) -> None:
+    """Every check that needs no model: run it before loading one (``part``: ``out`` is to hold one
+    shard's part, `valueprobe.steering.sweep_parts`). Raises `ValueprobeError`."""
     if settings.max_new_tokens < 1:
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
@@ -104,6 +108,11 @@ def check_settings(settings: SweepSettings, axis: ValueAxis, out: Path, examples
     recorded = out / SETTINGS
     if out.exists() and not out.is_dir():
         raise ValueprobeError(f"--out {out} is a file: give a folder")
+    if not part and (out / PART).is_file():
+        raise ValueprobeError(
+            f"--out {out} holds one part of a sharded sweep ({PART}): resume it with its --shard I/N,"
+            " or `valueprobe merge` the parts into a new folder"
+        )
     if recorded.is_file():
         try:
             before = json.loads(recorded.read_text(encoding="utf-8"))
@@ -132,7 +141,7 @@ def metrics_for(prompts_path: str | Path, examples: Sequence[Example]) -> tuple[
     return base
 
 
-def _read_rows(path: Path) -> list[SweepRow]:
+def read_rows(path: Path) -> list[SweepRow]:
     """Finished rows; a last line cut by an interruption is dropped (and cut from the file)."""
     if not path.is_file():
         return []
@@ -168,6 +177,7 @@ def run_sweep(
     n_boot: int = 1000,
     force: bool = False,
     progress: bool = True,
+    generator: Callable[..., list[Generation]] = generate,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
 
@@ -178,21 +188,73 @@ def run_sweep(
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
         force: steer a model of another architecture than the probe's (width and layers still checked).
+        generator: what generates each block's rows, called as `generate` is (the HF route by
+            default; `valueprobe.engines.vllm_generate.VllmGenerator` for ``--engine vllm``).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
+    start_sweep(lm, axis, out, settings, force=force)
+    blocks = sweep_blocks(len(examples), settings.chunk_prompts)
+    directions = sweep_directions(axis, settings, other, sweep_layer(axis, settings))
+    sweep_rows(
+        lm,
+        axis,
+        examples,
+        out,
+        settings,
+        directions,
+        blocks,
+        batch_size=batch_size,
+        progress=progress,
+        generator=generator,
+    )
+    return summarise_sweep(out, settings, examples, n_boot=n_boot)
+
+
+def sweep_layer(axis: ValueAxis, settings: SweepSettings) -> int:
+    return axis.best_layer if settings.layer is None else settings.layer
+
+
+def start_sweep(lm: LoadedModel, axis: ValueAxis, out: Path, settings: SweepSettings, *, force: bool) -> None:
+    """Check the model against the axis and write ``settings.json`` (the sweep's identity) once."""
     axis.check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
-    layer = axis.best_layer if settings.layer is None else settings.layer
-    path = out / GENERATIONS
-    done = {r.key() for r in _read_rows(path)}
-    size = settings.chunk_prompts
-    blocks = [list(range(i, min(i + size, len(examples)))) for i in range(0, len(examples), size)]
-    chunks = [
-        (d, b, block) for d in _directions(axis, settings, other, layer) for b, block in enumerate(blocks)
+
+
+def sweep_blocks(n_prompts: int, size: int, prompts: range | None = None) -> list[tuple[int, list[int]]]:
+    """The sweep's resumable blocks as (block index, prompt indices): ``size`` prompts each, the
+    blocks that lie in ``prompts`` (a shard's run of whole blocks; None: all).
+
+    >>> sweep_blocks(5, 2)
+    [(0, [0, 1]), (1, [2, 3]), (2, [4])]
+    """
+    keep = range(n_prompts) if prompts is None else prompts
+    return [
+        (i // size, list(range(i, min(i + size, n_prompts)))) for i in range(0, n_prompts, size) if i in keep
     ]
+
+
+def sweep_rows(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: Sequence[Example],
+    out: Path,
+    settings: SweepSettings,
+    directions: Sequence[tuple[str, torch.Tensor | None]],
+    blocks: Sequence[tuple[int, list[int]]],
+    *,
+    batch_size: int,
+    progress: bool,
+    generator: Callable[..., list[Generation]] = generate,
+) -> None:
+    """Generate every row of ``blocks`` along each of ``directions`` not yet in ``generations.jsonl``,
+    appending chunk by chunk (direction-major, then block: the file's order), with ``generator``."""
+    layer = sweep_layer(axis, settings)
+    path = out / GENERATIONS
+    done = {r.key() for r in read_rows(path)}
+    chunks = [(d, b, block) for d in directions for b, block in blocks]
     for (name, v), b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
         keys = [
             (examples[p].id, float(a), name, s)
@@ -202,14 +264,15 @@ def run_sweep(
         ]
         if all(k in done for k in keys):
             continue
-        got = _run_block(lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size)
+        got = _run_block(
+            lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size, generator
+        )
         rows = [r for r in got if r.key() not in done]
         _append(path, rows)
         done.update(r.key() for r in rows)
-    return _summarise(out, settings, examples, n_boot=n_boot)
 
 
-def _directions(
+def sweep_directions(
     axis: ValueAxis, settings: SweepSettings, other: ValueAxis | None, layer: int
 ) -> list[tuple[str, torch.Tensor | None]]:
     """The steered directions by name: the axis (None: its own), the other axis, the random controls."""
@@ -233,6 +296,7 @@ def _run_block(
     settings: SweepSettings,
     layer: int,
     batch_size: int,
+    generator: Callable[..., list[Generation]] = generate,
 ) -> list[SweepRow]:
     """Every row of one block of prompts (the ``b``-th) along one direction, with its metrics.
 
@@ -240,7 +304,7 @@ def _run_block(
     """
     prompts = [_prompt(ex) for ex in block]
     block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
-    gens = generate(
+    gens = generator(
         lm,
         axis,
         prompts,
@@ -294,12 +358,14 @@ def _sweep_row(ex: Example, g: Generation, name: str, pyes: dict[tuple[int, floa
     )
 
 
-def _summarise(out: Path, settings: SweepSettings, examples: Sequence[Example], *, n_boot: int) -> SteerSweep:
+def summarise_sweep(
+    out: Path, settings: SweepSettings, examples: Sequence[Example], *, n_boot: int
+) -> SteerSweep:
     """The dose-response summary of every finished row, written to ``metrics.json`` and ``metrics.csv``."""
     yes_no = "p_yes" in settings.metrics
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
     result = summarise(
-        _read_rows(out / GENERATIONS),
+        read_rows(out / GENERATIONS),
         unit=settings.unit,
         metrics=settings.metrics,
         by_group=by_group,
