@@ -4,6 +4,7 @@ independent readout, pruning and rollback against their definitions, tokens spen
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -231,23 +232,18 @@ def test_rollback_that_never_fires_is_best_of_n(tiny_lm_factory):
 def test_rollback_steers_only_after_a_rollback(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
-    calm = guide(lm, axis, PROMPTS, Rollback(n=2, k=2, tau=1e-6, beta=0.0), max_new_tokens=12, progress=False)
-    pushed = guide(
-        lm,
-        axis,
-        PROMPTS,
-        Rollback(n=2, k=2, tau=1e-6, beta=0.0, alpha=40.0),
-        max_new_tokens=12,
-        progress=False,
-    )
+    kw = {"max_new_tokens": 12, "progress": False, "read_layer": 2, "steer_layer": 0}
+    calm = guide(lm, axis, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0), **kw)
+    pushed = guide(lm, axis, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0, alpha=40.0), **kw)
     pairs = [
         (a, b)
         for g, h in zip(calm, pushed, strict=True)
         for a, b in zip(g.candidates, h.candidates, strict=True)
     ]
-    assert any(a.token_ids != b.token_ids for a, b in pairs)
-    for a, b in pairs:  # until the first rollback the rows are the same
-        assert a.sigma[:2] == pytest.approx(b.sigma[:2], abs=1e-5)
+    untouched = [(a, b) for a, b in pairs if a.rollbacks == b.rollbacks == 0]
+    assert untouched and len(untouched) < len(pairs)
+    assert all(a.token_ids == b.token_ids and a.sigma == b.sigma for a, b in untouched)
+    assert any(a.token_ids != b.token_ids for a, b in pairs if b.rollbacks)
 
 
 def test_guided_records_round_trip_through_json(tiny_lm_factory):
@@ -271,7 +267,7 @@ def test_guided_records_round_trip_through_json(tiny_lm_factory):
     ],
 )
 def test_bad_policy_settings_are_refused_in_one_line(policy, options, says):
-    with pytest.raises(ValueprobeError, match=says):
+    with pytest.raises(ValueprobeError, match=re.escape(says)):
         as_policy(policy, **options)
 
 
@@ -361,6 +357,9 @@ class _NoCache(torch.nn.Module):
         super().__init__()
         self.inner = inner
         self.config = inner.config
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, **kw):
         out = self.inner(
