@@ -383,3 +383,24 @@ def test_rollback_on_a_model_without_a_kv_cache_is_one_line(cli_files, capsys, t
     monkeypatch.setattr(cli_guide, "load", no_cache_load)
     code, _, err = run_cli(guide_argv(cli_files, tmp_path / "out", "--policy", "rollback"), capsys)
     assert "returns no KV cache" in one_line(code, err)
+
+
+@pytest.mark.slow
+def test_on_the_default_model_the_read_is_the_second_pass_and_the_samples_are_generates(default_lm):
+    from pathlib import Path
+
+    lm = default_lm
+    axis = ValueAxis.load(
+        Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-reward-history", lm=lm
+    )
+    chats = [[{"role": "user", "content": "What is 7 + 5? Give the final answer as a number."}]]
+    out = guide(lm, axis, chats, BestOfN(n=3), max_new_tokens=10, temperature=0.8, progress=False)
+    gens = generate(lm, axis, chats, samples=3, max_new_tokens=10, temperature=0.8, progress=False)
+    assert [g.token_ids for g in gens] == [c.token_ids for c in out[0].candidates]
+    prompt = encode_prompts(lm, chats)[0]
+    layer = axis.best_layer
+    for c in out[0].candidates:
+        h = hidden(lm, prompt, c.token_ids[: len(c.sigma)], layer)
+        np.testing.assert_allclose(c.sigma, axis.score(h.float(), layer).numpy(), atol=1e-3)
+    means = [float(np.mean(c.sigma)) for c in out[0].candidates]
+    assert out[0].chosen == int(np.argmax(means))
