@@ -120,17 +120,10 @@ def guide_command(
         alpha=parse_number("--alpha", alpha),
         steer_tokens=steer_tokens,
     )
-    if score not in SCORES:
-        raise ValueprobeError(f"--score {score!r}: use one of {', '.join(SCORES)}")
-    for option, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
-        check_at_least(option, value, 1)
-    check_at_least("--random-directions", random_directions_, 0)
-    if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
-    axis = ValueAxis.load(probe)
-    for option, layer in (("--read-layer", read_layer), ("--steer-layer", steer_layer)):
-        if layer is not None and layer not in axis.layers:
-            raise ValueprobeError(f"{option} {layer}: the probe has layers {list(axis.layers)}")
+    _check_numbers(
+        score, max_new_tokens, batch_size, random_directions_, greedy=greedy, temperature=temperature
+    )
+    axis = _axis(probe, read_layer, steer_layer)
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
     check_device(device)
@@ -141,28 +134,42 @@ def guide_command(
         "read_layer": read_layer,
         "steer_layer": steer_layer,
         "unit": unit,
-        "seed": seed,
-        "max_new_tokens": max_new_tokens,
-        "greedy": greedy,
-        "temperature": temperature,
-        "top_p": top_p,
-        "batch_size": batch_size,
     }
+    shared |= {"seed": seed, "max_new_tokens": max_new_tokens, "greedy": greedy, "temperature": temperature}
+    shared |= {"top_p": top_p, "batch_size": batch_size}
     records = _run(lm, axis, rows, chosen, random_directions_, shared)
-    settings = {
+    settings: dict[str, Any] = {
         "probe": str(probe),
         "prompts": str(prompts),
         "model": model,
         "policy": chosen.name,
-        **{key: v for key, v in asdict(chosen).items() if key != "name"},
-        **shared,
-        "unit": unit.value,
-        "random_directions": random_directions_,
-        "limit": limit,
     }
+    settings |= {key: v for key, v in asdict(chosen).items() if key != "name"} | shared
+    settings |= {"unit": unit.value, "random_directions": random_directions_, "limit": limit}
     summary = write_guided(out, records, settings)
     table(f"guide {chosen.name} by {score}: {probe.name} on {prompts.name}", *summary.table())
     console.print(f"wrote {out}/guide.jsonl, summary.json")
+
+
+def _axis(probe: Path, read_layer: int | None, steer_layer: int | None) -> ValueAxis:
+    axis = ValueAxis.load(probe)
+    for option, layer in (("--read-layer", read_layer), ("--steer-layer", steer_layer)):
+        if layer is not None and layer not in axis.layers:
+            raise ValueprobeError(f"{option} {layer}: the probe has layers {list(axis.layers)}")
+    return axis
+
+
+def _check_numbers(
+    score: str, max_new_tokens: int, batch_size: int, n_random: int, *, greedy: bool, temperature: float
+) -> None:
+    """The options besides the policy's, refused in one line before any work."""
+    if score not in SCORES:
+        raise ValueprobeError(f"--score {score!r}: use one of {', '.join(SCORES)}")
+    for option, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
+        check_at_least(option, value, 1)
+    check_at_least("--random-directions", n_random, 0)
+    if not greedy and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
 
 
 def _policy(name: str, **given: float | int | None) -> Policy:
