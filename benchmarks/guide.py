@@ -36,8 +36,8 @@ from valueprobe.guided.run import guide
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.stats.null import random_directions
+from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.steering.sampling import RowSampler, row_seed
 
 ROOT = Path(__file__).resolve().parents[1]
