@@ -83,6 +83,10 @@ def overhead(lm, axis, args) -> dict:
         out = guide(lm, axis, ps, BestOfN(n=args.n), **kw)
         guided_s.append(time.perf_counter() - start)
         same &= [g.token_ids for g in gens] == [c.token_ids for g in out for c in g.candidates]
+        print(
+            f"  repeat: generate {plain_s[-1]:.2f}s, bare {bare_s[-1]:.2f}s, guide {guided_s[-1]:.2f}s",
+            flush=True,
+        )
     pruned = guide(lm, axis, ps, Prune(n=args.n, every=8, quantile=0.5), **kw)
     spent = sum(g.tokens_spent for g in out)
     return {
@@ -111,12 +115,17 @@ def accuracy(lm, axis, args) -> dict:
         start = time.perf_counter()
         out = guide(lm, axis, chats, policy, score=score, direction=direction, **kw)
         right = [check(t, g.text).correct for t, g in zip(chosen, out, strict=True)]
-        return {
+        row = {
             "accuracy": sum(right) / len(right),
             "tokens_per_prompt": sum(g.tokens_spent for g in out) / len(out),
             "rollbacks_per_prompt": sum(g.rollbacks for g in out) / len(out),
             "seconds": time.perf_counter() - start,
         }
+        print(
+            f"  {policy.name} n={policy.n} by {score}{'' if direction is None else ' (random direction)'}: {row}",
+            flush=True,
+        )
+        return row
 
     rows = {
         "one sample": run(BestOfN(n=1)),
@@ -143,7 +152,10 @@ def main() -> None:
     load_before = os.getloadavg()
     lm = load(args.model)
     axis = ValueAxis.load(args.probe, lm=lm)
-    res = {"overhead": overhead(lm, axis, args), "accuracy": accuracy(lm, axis, args)}
+    print(f"load average at start {load_before}", flush=True)
+    res = {"overhead": overhead(lm, axis, args)}
+    print(f"overhead: {res['overhead']}  load average {os.getloadavg()}", flush=True)
+    res["accuracy"] = accuracy(lm, axis, args)
     res["load_average"] = {"before": load_before, "after": os.getloadavg()}
     res["settings"] = vars(args)
     o = res["overhead"]
