@@ -110,6 +110,7 @@ class HFEngine:
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
+            ignore_eos=request.ignore_eos,
         )
 
     async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
