@@ -367,3 +367,31 @@ def test_sixteen_concurrent_clients_each_get_their_own_steering(vllm_server, eng
         got = list(pool.map(one, alphas))
     first = [v[0] for v in got]
     assert first == sorted(first) and first[0] < first[-1] - 1.0
+
+
+def test_steer_engine_vllm_writes_the_sweep_files(tmp_path, capsys):
+    """``valueprobe steer --engine vllm``: the same folder as the HF route (settings, one row per
+    (prompt, α, direction), metrics, dose figure), the engine recorded in settings.json."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "sweep"
+    root = Path(__file__).resolve().parents[1]
+    args = [
+        "steer",
+        "--probe",
+        str(PROBE),
+        "--prompts",
+        str(root / "data" / "steer_open.jsonl"),
+        "--out",
+        str(out),
+    ]
+    args += ["--engine", "vllm", "--limit", "2", "--alphas", "-4,4", "--random-directions", "1"]
+    code, _, err = run_cli([*args, "--max-new-tokens", "8", "--greedy", "--bootstrap", "50"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2 and {r["direction"] for r in rows} == {"axis", "random-0"}
+    assert json.loads((out / "settings.json").read_text())["engine"] == "vllm"
+    for name in ("metrics.json", "metrics.csv", "dose.html"):
+        assert (out / name).is_file()
