@@ -7,7 +7,7 @@ Prints:
 - guided best-of-N (`valueprobe.guided.run.guide`, N = 8, the value read at the axis's best layer
   inside the generating forward, the pick by mean σ) ÷ plain sampling of the same N
   (`valueprobe.steering.generation.generate` with ``samples=8``: transformers' ``generate`` with the
-  same per-row sampler): 6 prompts × 8 rows, 48 new tokens, temperature 0.8, the same seeds, so the
+  same per-row sampler), and ÷ transformers' ``generate`` with that sampler and no hook at all: 6 prompts × 8 rows, 48 new tokens, temperature 0.8, the same seeds, so the
   same tokens (checked). Min of interleaved repeats. Target <= 1.05. Both stop a row at EOS;
   ``generate`` keeps stepping a finished row until the batch ends, guide drops it.
 - prune (every 8 tokens, quantile 0.5) on the same rows: its tokens spent ÷ best-of-N's.
@@ -26,13 +26,17 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from valueprobe.datasets.answers import check, read_tasks
 from valueprobe.files import atomic_write_text
 from valueprobe.guided.policy import BestOfN, Policy, Prune, Rollback
 from valueprobe.guided.run import guide
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import generate
+from valueprobe.steering.generation import encode_prompts, generate
+from valueprobe.steering.sampling import RowSampler, row_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee"]
@@ -42,15 +46,37 @@ def prompts() -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": f"Write a few sentences about {t}."}] for t in TOPICS]
 
 
+def bare_generate(lm, ps, args) -> list[list[int]]:
+    """The same rows through transformers' ``generate`` alone: the per-row sampler, no hook at all."""
+    encoded = [e for e in encode_prompts(lm, ps) for _ in range(args.n)]
+    seeds = [row_seed(0, p, s) for p in range(len(ps)) for s in range(args.n)]
+    pad = pad_id_for(lm.tokenizer)
+    ids, mask = pad_rows(encoded, pad_id=pad, side="left")
+    eos = lm.tokenizer.eos_token_id
+    with torch.inference_mode():
+        seqs = lm.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=args.new, do_sample=False, pad_token_id=pad,
+            eos_token_id=eos, logits_processor=[RowSampler(seeds, temperature=0.8)],
+        )  # fmt: skip
+    out = []
+    for row in seqs[:, ids.shape[1] :].tolist():
+        out.append(row[: row.index(eos)] if eos in row else row)
+    return out
+
+
 def overhead(lm, axis, args) -> dict:
     kw = {"max_new_tokens": args.new, "temperature": 0.8, "seed": 0, "progress": False, "batch_size": 48}
     ps = prompts()
     guide(lm, axis, ps[:1], BestOfN(n=2), **{**kw, "max_new_tokens": 2})  # warm-up
-    plain_s, guided_s, same = [], [], True
+    plain_s, bare_s, guided_s, same = [], [], [], True
     for _ in range(args.repeats):
         start = time.perf_counter()
         gens = generate(lm, axis, ps, samples=args.n, **kw)
         plain_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        bare = bare_generate(lm, ps, args)
+        bare_s.append(time.perf_counter() - start)
+        same &= bare == [list(g.token_ids) for g in gens]
         start = time.perf_counter()
         out = guide(lm, axis, ps, BestOfN(n=args.n), **kw)
         guided_s.append(time.perf_counter() - start)
@@ -61,6 +87,8 @@ def overhead(lm, axis, args) -> dict:
         "plain_s": min(plain_s),
         "guided_s": min(guided_s),
         "guided_ratio": min(guided_s) / min(plain_s),
+        "bare_s": min(bare_s),
+        "guided_over_bare": min(guided_s) / min(bare_s),
         "same_tokens": same,
         "best_of_n_tokens": spent,
         "prune_tokens": sum(g.tokens_spent for g in pruned),
@@ -118,6 +146,7 @@ def main() -> None:
         f"guided best-of-{args.n} ÷ plain sampling of the same {args.n}: {o['guided_ratio']:.3f}"
         f" ({o['guided_s']:.2f}s / {o['plain_s']:.2f}s; same tokens: {o['same_tokens']})  target <= 1.05"
     )
+    print(f"guided best-of-{args.n} ÷ bare transformers generate (no hooks): {o['guided_over_bare']:.3f}")
     print(f"prune tokens ÷ best-of-{args.n} tokens: {o['prune_token_ratio']:.3f}")
     print(f"arithmetic tasks ({res['accuracy']['tasks']} questions, last-integer rule):")
     for name, r in res["accuracy"]["rows"].items():
