@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -51,11 +51,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine():
-    # the recorder below travels to the workers by value (test-only: insecure serialization)
+    # the recorder below travels to the workers as a pickled reference (test-only)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     lm = vp.load("smollm2-135m")
     axis = ValueAxis.load(PROBE, lm=lm)
     llm = open_llm("smollm2-135m", enforce_eager=True, max_model_len=1024)
@@ -63,17 +60,16 @@ def engine():
     del llm
 
 
-def _record_block(block: int):
-    def install(model):
-        model._vp_rec = []
+def _record_block(block: int, model) -> None:
+    """In the worker (through ``LLM.apply_model``, pickled by reference): record the residual
+    stream (hidden + residual) at ``block``'s output, after the plugin's hook."""
+    model._vp_rec = []
 
-        def hook(module, args, output):
-            hidden, residual = output
-            model._vp_rec.append((hidden + residual).detach().clone())
+    def hook(module, args, output):
+        hidden, residual = output
+        model._vp_rec.append((hidden + residual).detach().clone())
 
-        model._vp_rec_handle = model.model.layers[block].register_forward_hook(hook)
-
-    return install
+    model._vp_rec_handle = model.model.layers[block].register_forward_hook(hook)
 
 
 def _read_and_stop(model):
@@ -95,7 +91,7 @@ def test_steered_block_holds_h_plus_alpha_v(engine):
 
     def run(spec: VllmSteer | None) -> torch.Tensor:
         llm.reset_prefix_cache()
-        llm.apply_model(_record_block(layer))
+        llm.apply_model(partial(_record_block, layer))
         extra = None if spec is None else spec.extra_args()
         llm.generate([prompt], _params(max_tokens=1, extra_args=extra), use_tqdm=False)
         return torch.tensor(llm.apply_model(_read_and_stop)[0][0])  # [prompt tokens, d_model]
