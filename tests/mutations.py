@@ -48,6 +48,7 @@ class Fault:
 
 
 S = "tests/test_steer.py::"
+SAMPLING = "tests/test_sampling.py::"
 FAULTS: tuple[Fault, ...] = (
     # --- steering: sampling with common random numbers ---------------------------------------------
     Fault(
@@ -60,8 +61,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "sampler ignores top_p",
         "valueprobe/steering/sampling.py",
-        "if self.top_p < 1:",
-        "if False:",
+        "    if top_p < 1:\n",
+        "    if False:\n",
         (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
     ),
     Fault(
@@ -88,16 +89,44 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "top_p drops the token that crosses p",
         "valueprobe/steering/sampling.py",
-        "keep = (cdf - ranked) < self.top_p",
-        "keep = cdf < self.top_p",
+        "keep = (cdf - ranked) < top_p  # the first token is always kept",
+        "keep = cdf < top_p",
         (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
     ),
     Fault(
         "sampler draws on the untruncated scale",
         "valueprobe/steering/sampling.py",
-        "u = self.draw().to(cdf.device) * cdf[:, -1]",
-        "u = self.draw().to(cdf.device)",
+        "u = uniform * cdf[:, -1]",
+        "u = uniform",
         (S + "test_sampler_top_p_keeps_the_smallest_set_reaching_p",),
+    ),
+    Fault(
+        "shortlist trusts a pick tied with its k-th token",
+        "valueprobe/steering/sampling.py",
+        "above_kth = ranked.gather(1, pick) > ranked[:, -1:]",
+        "above_kth = ranked.gather(1, pick) >= ranked[:, -1:]",
+        (SAMPLING + "test_ties_straddling_the_shortlist_take_the_lowest_ids",),
+    ),
+    Fault(
+        "shortlist keeps topk's order among ties",
+        "valueprobe/steering/sampling.py",
+        "by_id, perm = index.sort(dim=-1)",
+        "by_id, perm = index, torch.arange(index.shape[1]).expand_as(index)",
+        (SAMPLING + "test_ties_inside_the_shortlist_are_ordered_by_id",),
+    ),
+    Fault(
+        "shortlist trusts a top_p cut past its k",
+        "valueprobe/steering/sampling.py",
+        "known = ~kept[:, -1]",
+        "known = kept[:, -1] | True",
+        (SAMPLING + "test_top_p_cut_inside_the_shortlist_is_exact_without_the_sort",),
+    ),
+    Fault(
+        "shortlist scales u by the unsorted sum",
+        "valueprobe/steering/sampling.py",
+        "slack = 4 * probs.shape[1] * 2.0**-53",
+        "slack = 0.0",
+        (SAMPLING + "test_a_uniform_on_a_cdf_step_is_not_decided_by_an_unsorted_sum",),
     ),
     # --- steering: where and how hard --------------------------------------------------------------
     Fault(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, MethodCurve, Separation
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import LayerAurocs, SplitGroups, SweepSummary
@@ -129,6 +130,26 @@ def _shift() -> ShiftSection:
     return ShiftSection(result, tune={"target": "words", "pairs": 4, "steps": 1}, headline="shift +0.5 σ")
 
 
+def _guide() -> GuideReplication:
+    def point(n: int, acc: float, null: tuple[float, float] | None = None) -> BudgetPoint:
+        return BudgetPoint(n, 40.0 * n, acc, (acc - 0.1, acc + 0.1), null)
+
+    curves = (
+        MethodCurve("greedy", "baseline", (point(1, 0.2),)),
+        MethodCurve("one sample", "baseline", (point(1, 0.1),)),
+        MethodCurve("best-of-n by log-prob", "baseline", (point(1, 0.1), point(2, 0.15), point(4, 0.2))),
+        MethodCurve("self-consistency", "baseline", (point(1, 0.1), point(2, 0.12), point(4, 0.22))),
+        MethodCurve("oracle (any of n right)", "oracle", (point(1, 0.1), point(2, 0.2), point(4, 0.35))),
+        MethodCurve("best-of-n by value", "policy", (point(1, 0.1), point(2, 0.16), point(4, 0.25)), "value"),
+        MethodCurve("best-of-n by random directions", "null",
+                    tuple(point(n, 0.1 + 0.02 * n, (0.08, 0.2)) for n in (1, 2, 4)), "value"),
+        MethodCurve("prune", "policy", (BudgetPoint(4, 90.0, 0.18, (0.1, 0.26)),), "value"),
+    )  # fmt: skip
+    budget = GuideBudget("arithmetic", "data/task_arithmetic.jsonl", 20, 4, curves,
+                         (Separation("value", 3, 0.74, 0.69, (0.45, 0.71), 80, 8),), {"temperature": 0.8})  # fmt: skip
+    return GuideReplication({"arithmetic": budget}, ("value",), "tiny")
+
+
 def all_sections() -> dict:
     """A ``results.json`` object with every section the report draws."""
     trace = Trace(
@@ -159,6 +180,7 @@ def all_sections() -> dict:
         "trace": TracedText("Hi <there>!", trace),
         "steer": _steer(),
         "shift": _shift(),
+        "guide": _guide(),
     }
     return {
         "model": "tiny",

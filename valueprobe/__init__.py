@@ -15,6 +15,8 @@ from valueprobe.activations.capture import capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.guided.records import Guided
+from valueprobe.guided.run import guide
 from valueprobe.model.load import LoadedModel, load, wrap
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import FitReport, fit_probe
@@ -52,11 +54,13 @@ __all__ = [
     "logit_lens",
     "generate",
     "steer",
+    "guide",
     # result and record types
     "ActivationStore",
     "Example",
     "FitReport",
     "Generation",
+    "Guided",
     "LoadedModel",
     "ScoreResult",
     "ShiftResult",

@@ -22,7 +22,17 @@ from typing import Annotated
 import typer
 
 # The command modules register their commands on cli_app's app when imported; this module only runs it.
-from valueprobe.cli import capture_fit, interop, merge, steer, trace, tune  # noqa: F401
+from valueprobe.cli import (  # noqa: F401
+    capture_fit,
+    guide,
+    interop,
+    merge,
+    replicate_guide,
+    serve,
+    steer,
+    trace,
+    tune,
+)
 from valueprobe.cli.app import (
     DeviceOpt,
     ModelOpt,
@@ -73,7 +83,9 @@ def datasets_build(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
         str,
-        typer.Option(help="icrl | code | backtracking | confidence | refusal | preference | steering | all"),
+        typer.Option(
+            help="icrl | code | backtracking | confidence | refusal | preference | steering | tasks | all"
+        ),
     ] = "all",
     seed: int = 0,
     n: Annotated[

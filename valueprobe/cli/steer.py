@@ -2,6 +2,7 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
         --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 --out runs/steer-code
+    valueprobe steer --engine vllm ...     # the same sweep and files through vLLM (the [vllm] extra)
     valueprobe replicate steer --out probes/steering-smollm2-135m
 
 Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
@@ -10,6 +11,7 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -34,6 +36,7 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
@@ -41,6 +44,7 @@ from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, repli
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
@@ -98,6 +102,9 @@ OpOpt = Annotated[
         help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
     ),
 ]
+EngineOpt = Annotated[
+    str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+]
 SiteOpt = Annotated[
     HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
 ]
@@ -134,10 +141,12 @@ def steer_command(
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
     site: SiteOpt = None,
     shard: ShardOpt = None,
+    engine: EngineOpt = "hf",
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_engine(engine, op=op, site=site, shard=shard)
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
@@ -169,15 +178,17 @@ def steer_command(
         hi=hi,
         target=target,
         site=None if site is None else site.value,
+        engine=engine,
     )
-    run = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
-    if run_sharded(out, shard, device, _part_work(settings, axis, examples, model, run), print_merged_sweeps):
+    part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    if run_sharded(
+        out, shard, device, _part_work(settings, axis, examples, model, part), print_merged_sweeps
+    ):
         return
     check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
-    result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
-    )
+    run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
 
 
@@ -206,6 +217,26 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     n_random = 0 if result.settings is None else result.settings.controls
     table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+def _check_engine(engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None) -> None:
+    """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
+    if engine not in ("hf", "vllm"):
+        raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
+    if engine == "vllm":
+        if shard is not None:
+            raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
+        if op != Op.add:
+            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {op.value}")
+        if site is not None and site not in (HookSite.resid_post, HookSite.resid_pre):
+            raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
+
+
+def _generator(engine: str, model: str, seed: int, probe: Path) -> Callable[..., list[Generation]]:
+    """What generates the sweep's rows: the HF route, or one vLLM request per row."""
+    return generate if engine == "hf" else VllmGenerator(open_llm(model, seed=seed), probe)
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:

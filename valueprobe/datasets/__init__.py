@@ -8,7 +8,8 @@
 'Yes'
 
 Families (see data/README.md): icrl (+ icrl_control), code, backtracking, confidence,
-refusal (+ sensitive), preference (words, words eval, safety).
+refusal (+ sensitive), preference (words, words eval, safety), steering (prompt sets), tasks
+(checkable: arithmetic and code; read and checked by `valueprobe.datasets.answers`).
 """
 
 from __future__ import annotations

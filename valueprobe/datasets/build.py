@@ -24,7 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from valueprobe.datasets import backtracking, code_corruption, confidence, icrl, preference, refusal, steering
+from valueprobe.datasets import (
+    backtracking,
+    code_corruption,
+    confidence,
+    icrl,
+    preference,
+    refusal,
+    steering,
+    tasks,
+)
 from valueprobe.datasets.io import (
     Example,
     dumps_jsonl,
@@ -47,6 +56,7 @@ _GENERATORS: dict[str, Generator] = {
     "refusal": refusal.generate,
     "preference": preference.generate,
     "steering": steering.generate,
+    "tasks": tasks.generate,
 }
 FAMILIES: tuple[str, ...] = tuple(_GENERATORS)
 
@@ -59,6 +69,7 @@ N_MEANING = {
     "refusal": "pairs in refusal.jsonl and in sensitive.jsonl",
     "preference": "training prompts per target word (safety: 8 n pairs)",
     "steering": "prompts per steering set (confidence: problems asked both ways; refusal: n/2 pairs)",
+    "tasks": "arithmetic questions per level (3 levels) and code tasks",
 }
 
 

@@ -299,10 +299,8 @@ def load(
         spec: ``"smollm2-135m"`` (offline default), a folder, a ``.gguf`` path, or a hub id.
         dtype: torch dtype or its name (``"bfloat16"``).
         device: where to put the model (ignored with ``device_map``).
-        device_map: ``"auto"`` to spread a large model over the GPUs, then CPU, then disk
-            (accelerate), or a map from module names to ``"cuda:0"``, ``"cpu"``, ``"disk"``. Hooks and
-            steering vectors follow each layer's device and dtype.
-        offload_folder: where the ``"disk"`` layers of ``device_map`` are kept.
+        device_map: ``"auto"`` (accelerate: GPUs, then CPU, then disk) or module name -> ``"cuda:0"``,
+            ``"cpu"``, ``"disk"``; hooks and vectors follow each layer. offload_folder: for ``"disk"``.
         trust_remote_code: only when you trust the repository's code.
         layers_path: dotted path of the decoder blocks when auto-detection fails.
 

@@ -210,6 +210,7 @@ LATER_STAGES: dict[str, Callable[..., dict]] = {"steer": steer_stage, "shift": s
 MISSING_WHY = {
     "steer": "the steering sweep is not registered in this build",
     "shift": "the DPO shift stage is not registered in this build",
+    "guide": "guided decoding is not a demo stage: `valueprobe replicate guide` writes it",
 }
 
 

@@ -33,6 +33,7 @@ from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
+from valueprobe.report.budget import budget_caption, budget_figure
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
     dose_response_figure,
@@ -226,6 +227,8 @@ SECTIONS: tuple[Section, ...] = (
             lambda sec: [dose_response_figure(sec.sweep)], _steer_caption),
     Section("shift", "Tuning moves the axis: shift after DPO", "`valueprobe demo` or `valueprobe shift`",
             lambda sec: [shift_distribution_figure(sec.result), shift_layers_figure(sec.result)], _shift_caption),
+    Section("guide", "Guided decoding: accuracy against tokens spent", "`valueprobe replicate guide`",
+            lambda g: [budget_figure(b) for b in g.tasks.values()], budget_caption),
 )  # fmt: skip
 
 

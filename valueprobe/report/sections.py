@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.guided.budget import GuideReplication
 from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
@@ -90,6 +91,7 @@ READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "trace": TracedText.from_dict,
     "steer": SteerSection.from_dict,
     "shift": ShiftSection.from_dict,
+    "guide": GuideReplication.from_dict,
 }
 
 

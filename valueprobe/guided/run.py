@@ -1,0 +1,312 @@
+"""Value-guided decoding: sample N rows per prompt, read the value in the same forward, act on it.
+
+    >>> import valueprobe as vp
+    >>> out = vp.guide(lm, axis, ["What is 12 * 7? Answer:"], "best-of-n")           # N = 8, by mean σ
+    >>> out = vp.guide(lm, axis, prompts, Prune(n=8, every=8, quantile=0.5))
+    >>> out = vp.guide(lm, axis, prompts, Rollback(k=8, tau=1.0, alpha=2.0), read_layer=14, steer_layer=16)
+    >>> out = vp.guide(lm, axis, prompts, "best-of-n", direction=r, direction_name="random-0")  # the null
+    >>> out = vp.guide(lm, axis, prompts, "best-of-n", score="logprob")   # the log-probability baseline
+
+``valueprobe guide --probe probes/smollm2-135m-reward-history --prompts data/... --policy prune --out runs/g``
+runs it from the command line. The value of a token is read by a recorder on the read layer
+(`valueprobe.hooks.route.record`) while the token is fed to the model, inside the forward that
+gives the next token's logits: no second pass. Rollback's push is the steering handle
+(`valueprobe.steering.handle.Steering`) at the steer layer, with one α per row, zero but in the
+``steer_tokens`` after a rollback. Rows sample with common random numbers
+(`valueprobe.steering.sampling`): row (prompt p, sample s) draws from its own generator seeded by
+``row_seed(seed, p, s)``, so its tokens do not depend on which rows share its batch, and the same
+seed gives the axis, a null direction and the log-probability baseline the same candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.guided.cache import CachedDecoder
+from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
+from valueprobe.guided.records import Guided, tail_mean
+from valueprobe.guided.rows import Row, prune_rows, rollback_due
+from valueprobe.hooks.padding import pad_id_for
+from valueprobe.hooks.route import Handle, Point, Recording, record
+from valueprobe.steering.generation import Prompt, encode_prompts
+from valueprobe.steering.handle import Steering, SteerPoint, steer_points
+from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.vocab import Unit
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = ["SCORES", "Score", "guide", "pick"]
+
+Score = Literal["sigma", "cos", "logprob"]
+SCORES: tuple[str, ...] = ("sigma", "cos", "logprob")
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every chunk of one `guide` call shares."""
+
+    policy: Policy
+    score: str
+    read: Point
+    steer_layer: int
+    direction_name: str
+    eos: int | None
+    max_new_tokens: int
+    greedy: bool
+    temperature: float
+    top_p: float
+
+
+def _reading(direction: Tensor, mu: float, sigma: float, h: Tensor) -> Tensor:
+    """Per cell of ``h`` [batch, new, d_model]: (σ-score, cos) along the unit ``direction``."""
+    h = h.detach().float()
+    proj = h @ direction.to(h.device)
+    norm = h.norm(dim=-1)
+    cos = torch.where(norm > 0, proj / norm.clamp_min(1e-30), torch.zeros_like(proj))
+    return torch.stack([(proj - mu) / sigma, cos], dim=-1).cpu()
+
+
+def _read_stats(axis: ValueAxis, layer: int, score: str, policy: Policy) -> tuple[float, float]:
+    """μ and σ of the axis at the read layer; σ-scores need them calibrated, cos does not."""
+    if score == "sigma" or isinstance(policy, Rollback):
+        return float(axis.mu[axis.layers.index(layer)]), axis.sigma_at(layer)
+    i = axis.layers.index(layer)
+    sigma = float(axis.sigma[i])
+    return float(axis.mu[i]), sigma if sigma > 0 else float("nan")
+
+
+def _check(
+    lm: LoadedModel, axis: ValueAxis, layer: int, *, score: str, max_new_tokens: int, batch_size: int
+) -> None:
+    if score not in SCORES:
+        raise ValueprobeError(f"unknown score {score!r}: use one of {', '.join(SCORES)}")
+    if max_new_tokens < 1 or batch_size < 1:
+        raise ValueprobeError(
+            f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens} and {batch_size}"
+        )
+    if axis.d_model != lm.d_model:
+        raise ValueprobeError(f"the axis is for d_model {axis.d_model} but the model has {lm.d_model}")
+    if layer not in axis.layers:
+        raise ValueprobeError(f"the axis has no layer {layer}: read at one of its layers {list(axis.layers)}")
+
+
+def guide(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    prompts: Sequence[Prompt],
+    policy: Policy | str = "best-of-n",
+    *,
+    score: Score | str = "sigma",
+    read_layer: int | None = None,
+    steer_layer: int | None = None,
+    unit: Unit | str = Unit.sigma,
+    direction: Tensor | None = None,
+    direction_name: str | None = None,
+    seed: int = 0,
+    max_new_tokens: int = 48,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> list[Guided]:
+    """Guided decoding of each prompt: one `Guided` record per prompt, in order.
+
+    Args:
+        lm: the loaded model; axis: the value axis (its μ, σ at the read layer make σ-scores).
+        prompts: raw strings, or chats rendered with the chat template.
+        policy: ``best-of-n``, ``prune``, ``rollback`` (defaults) or a policy object
+            (`valueprobe.guided.policy`: ``BestOfN(n=8, last_k=16)``, ``Prune(...)``, ``Rollback(...)``).
+        score: what picks the candidate: ``sigma`` (mean σ-score, the default), ``cos`` (the paper's
+            val(s), mean cos) or ``logprob`` (mean log-probability: the baseline); ties by log-probability.
+        read_layer: where the value is read (default the axis's best layer);
+        steer_layer: where rollback's α pushes (default the read layer).
+        unit: rollback's α unit (``sigma``, ``norm``, ``raw``).
+        direction: read (and steer) along this vector instead of the axis, with the axis's μ and σ
+            (the random-direction null); direction_name: recorded (default ``axis`` / ``direction``).
+        seed, greedy, temperature, top_p: sampling, with common random numbers per (prompt, sample).
+        batch_size: rows per batch; whole prompts' N rows go together (siblings prune together).
+    """
+    policy = as_policy(policy)
+    read = axis.best_layer if read_layer is None else int(read_layer)
+    steer_at = read if steer_layer is None else int(steer_layer)
+    _check(lm, axis, read, score=str(score), max_new_tokens=max_new_tokens, batch_size=batch_size)
+    mu, sigma = _read_stats(axis, read, str(score), policy)
+    (target,) = steer_points(lm, axis, layers=[steer_at], unit=unit, direction=direction)
+    vector = (axis.direction(read) if direction is None else direction).detach().float().cpu()
+    if vector.shape != (lm.d_model,) or not bool(vector.norm() > 0):
+        raise ValueprobeError(f"the read direction must be a non-zero vector of d_model {lm.d_model}")
+    encoded = encode_prompts(lm, prompts)
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    run = _Run(
+        policy=policy,
+        score=str(score),
+        read=Point(read, axis.site),
+        steer_layer=steer_at,
+        direction_name=direction_name or ("axis" if direction is None else "direction"),
+        eos=None if eos is None else int(eos),
+        max_new_tokens=max_new_tokens,
+        greedy=greedy,
+        temperature=temperature,
+        top_p=top_p,
+    )
+    reduce = partial(_reading, vector / vector.norm(), mu, sigma)
+    per_chunk = max(1, batch_size // policy.n)
+    out: list[Guided] = []
+    with tqdm(total=len(encoded), desc=f"guide {policy.name}", unit="prompt", disable=not progress) as bar:
+        for start in range(0, len(encoded), per_chunk):
+            chosen = range(start, min(start + per_chunk, len(encoded)))
+            rows = [
+                Row(p, s, None if greedy else row_seed(seed, p, s), encoded[p][-1])
+                for p in chosen
+                for s in range(policy.n)
+            ]
+            recording = record(lm, [run.read], reduce=reduce)
+            steering = _steering(lm, axis, target, policy)
+            with Handle().join(recording, *([steering] if steering is not None else [])):
+                _decode(
+                    lm, rows, [encoded[p] for p in chosen for _ in range(policy.n)], run, recording, steering
+                )
+            out.extend(_records(lm, rows, run, chosen))
+            bar.update(len(chosen))
+    return out
+
+
+def _steering(lm: LoadedModel, axis: ValueAxis, target: SteerPoint, policy: Policy) -> Steering | None:
+    """Rollback's push along the axis at the steer layer, α per row (set each forward); none when
+    nothing would steer, so best-of-n and prune carry only the read."""
+    if not isinstance(policy, Rollback) or policy.alpha == 0 or policy.steer_tokens == 0:
+        return None
+    return Steering(lm, axis, [target], alpha=0.0, where="all", prompt_length=None, trace=False)
+
+
+def _sample(logits: Tensor, sampler: RowSampler | None) -> tuple[list[int], list[float]]:
+    """One token per row (argmax, or the row's own draw) and its log-probability at T = 1."""
+    token = logits.argmax(-1) if sampler is None else sampler.sample(logits).to(logits.device)
+    logp = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
+    return token.tolist(), logp.tolist()
+
+
+def _take(rows: list[Row], need: list[int], logits: Tensor, sampler: RowSampler | None, run: _Run) -> None:
+    """Rows ``need`` (batch indices) sample their next token from their logits."""
+    if not need:
+        return
+    tokens, logps = _sample(logits[need], None if sampler is None else sampler.rows(need))
+    for i, token, logp in zip(need, tokens, logps, strict=True):
+        rows[i].take(token, logp, eos=run.eos, max_new_tokens=run.max_new_tokens)
+
+
+def _decode(
+    lm: LoadedModel,
+    rows: list[Row],
+    prompts: list[list[int]],
+    run: _Run,
+    recording: Recording,
+    steering: Steering | None,
+) -> None:
+    """The loop: prefill, then feed one cell per live row per forward, read, act, sample."""
+    decoder = CachedDecoder(lm, prompts, pad_id=pad_id_for(lm.tokenizer))
+    sampler = (
+        None
+        if run.greedy
+        else RowSampler([int(r.seed or 0) for r in rows], temperature=run.temperature, top_p=run.top_p)
+    )
+    logits = decoder.prefill()
+    recording.values[run.read].clear()
+    if isinstance(run.policy, Rollback) and not decoder.croppable():
+        decoder.unfeed(0, 0)  # refuses in one line, naming the cache that cannot be cropped
+    batch = list(rows)
+    _take(batch, list(range(len(batch))), logits, sampler, run)
+    while True:
+        live = [i for i, r in enumerate(batch) if not r.done]
+        if not live:
+            return
+        decoder.keep(live)
+        batch = [batch[i] for i in live]
+        sampler = None if sampler is None else sampler.rows(live)
+        if steering is not None:
+            assert isinstance(run.policy, Rollback)
+            steering.alpha = torch.tensor([run.policy.alpha if r.steer_left > 0 else 0.0 for r in batch])
+        logits = decoder.step(torch.tensor([r.seq[r.fed] for r in batch]))
+        _read(batch, recording, run)
+        if isinstance(run.policy, Rollback):
+            for i, r in enumerate(batch):
+                if rollback_due(r, run.policy):
+                    decoder.unfeed(i, r.roll_back(run.policy.k, run.policy))
+        _take(batch, [i for i, r in enumerate(batch) if r.needs_token()], logits, sampler, run)
+        if isinstance(run.policy, Prune):
+            _checkpoint(batch, run.policy, run.score)
+
+
+def _read(batch: list[Row], recording: Recording, run: _Run) -> None:
+    """Each row's reading of the cell it just fed, from the recorder on the read layer."""
+    values = recording.values[run.read]
+    reading = values[-1][:, -1]  # [rows, 2]: (σ-score, cos) of the one new cell
+    values.clear()
+    beta = run.policy.beta if isinstance(run.policy, Rollback) else 0.0
+    for r, (s, c) in zip(batch, reading.tolist(), strict=True):
+        r.fed += 1
+        r.read(s, c, beta)
+
+
+def _checkpoint(batch: list[Row], policy: Prune, score: str) -> None:
+    """Every ``every`` tokens (rows of a prune run stay in step), drop rows below the quantile."""
+    lengths = {len(r.tokens) for r in batch if not r.done}
+    if len(lengths) != 1 or next(iter(lengths)) % policy.every:
+        return
+    for r in prune_rows(batch, policy, score):
+        r.pruned_at = len(r.tokens)
+        r.done = True
+
+
+def pick(candidates: Sequence[Row], score: str, last_k: int | None) -> int:
+    """The index of the best unpruned candidate: highest mean score (over the last ``last_k`` readings),
+    then highest mean log-probability; NaN ranks last, the first index wins a full tie."""
+
+    def key(i: int) -> tuple[float, float]:
+        value = tail_mean(candidates[i].scores(score), last_k)
+        logp = tail_mean(candidates[i].logprobs, None)
+        return (value if value == value else float("-inf"), logp if logp == logp else float("-inf"))
+
+    eligible = [i for i, r in enumerate(candidates) if r.pruned_at is None] or list(range(len(candidates)))
+    return max(eligible, key=lambda i: (key(i), -i))
+
+
+def _records(lm: LoadedModel, rows: list[Row], run: _Run, prompts: Sequence[int]) -> list[Guided]:
+    out = []
+    settings = {k: v for k, v in asdict(run.policy).items() if k != "name"}
+    for p in prompts:
+        mine = [r for r in rows if r.prompt == p]
+        best = pick(mine, run.score, run.policy.last_k)
+        candidates = tuple(
+            r.candidate(lm.tokenizer.decode(r.tokens, skip_special_tokens=True), run.policy.last_k)
+            for r in mine
+        )
+        out.append(
+            Guided(
+                prompt=p,
+                policy=run.policy.name,
+                score=run.score,
+                direction=run.direction_name,
+                read_layer=run.read.layer,
+                steer_layer=run.steer_layer,
+                chosen=best,
+                text=candidates[best].text,
+                token_ids=candidates[best].token_ids,
+                tokens_spent=sum(c.tokens_spent for c in candidates),
+                rollbacks=sum(c.rollbacks for c in candidates),
+                candidates=candidates,
+                settings=settings,
+            )
+        )
+    return out
