@@ -2,6 +2,7 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --model smollm2-135m \\
         --prompts data/steer_code.jsonl --alphas -2,-1,0,1,2 --samples 2 --random-directions 8 --out runs/steer-code
+    valueprobe steer --engine vllm ...     # the same sweep and files through vLLM (the [vllm] extra)
     valueprobe replicate steer --out probes/steering-smollm2-135m
 
 Both check every argument (strengths, probe, layer, unit statistics, prompts file, output folder)
@@ -10,7 +11,10 @@ before loading the model, and both resume: rerun the same command after an inter
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,23 +30,26 @@ from valueprobe.cli.app import (
     console,
     renamed,
     replicate_app,
+    run_sharded,
     table,
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import LoadedModel, load
+from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.sweep_parts import check_part_out, run_sweep_part
+from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
-__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
+__all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -95,6 +102,9 @@ OpOpt = Annotated[
         help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
     ),
 ]
+EngineOpt = Annotated[
+    str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+]
 SiteOpt = Annotated[
     HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
 ]
@@ -131,10 +141,12 @@ def steer_command(
     target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
     site: SiteOpt = None,
     shard: ShardOpt = None,
+    engine: EngineOpt = "hf",
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    _check_engine(engine, op=op, site=site, shard=shard)
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
@@ -166,47 +178,37 @@ def steer_command(
         hi=hi,
         target=target,
         site=None if site is None else site.value,
+        engine=engine,
     )
-    check_settings(settings, axis, out, examples, part=shard is not None)
-    if shard is not None:
-        check_part_out(out, shard)
+    part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    if run_sharded(
+        out, shard, device, _part_work(settings, axis, examples, model, part), print_merged_sweeps
+    ):
+        return
+    check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
-    if shard is not None:
-        return _write_part(lm, axis, examples, out, settings, shard, other, batch_size, bootstrap, force)
-    result = run_sweep(
-        lm, axis, examples, out, settings, other=other, batch_size=batch_size, n_boot=bootstrap, force=force
-    )
+    run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
 
 
-def _write_part(
-    lm: LoadedModel,
-    axis: ValueAxis,
-    examples: list[Example],
-    out: Path,
-    settings: SweepSettings,
-    shard: ShardSpec,
-    other: ValueAxis | None,
-    batch_size: int,
-    bootstrap: int,
-    force: bool,
-) -> None:
-    """Run this shard's blocks of the sweep into ``out`` (a part that `valueprobe merge` joins)."""
-    n_rows = run_sweep_part(
-        lm,
-        axis,
-        examples,
-        out,
-        settings,
-        shard=shard,
-        other=other,
-        batch_size=batch_size,
-        n_boot=bootstrap,
-        force=force,
-    )
-    console.print(
-        f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
-    )
+def _part_work(
+    settings: SweepSettings, axis: ValueAxis, examples: list, model: str, run: Callable[..., int]
+) -> Callable[[Path, ShardSpec, str], None]:
+    """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder."""
+
+    def work(part_out: Path, part: ShardSpec, on: str) -> None:
+        check_settings(settings, axis, part_out, examples, part=True)
+        check_part_out(part_out, part)
+        n_rows = run(load(model, device=on), axis, examples, part_out, settings, shard=part)
+        console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
+
+    return work
+
+
+def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
+    """Merge the parts of a sharded sweep into ``out``, write its figure and print its table."""
+    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
 
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
@@ -215,6 +217,26 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     n_random = 0 if result.settings is None else result.settings.controls
     table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
+
+
+def _check_engine(engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None) -> None:
+    """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
+    if engine not in ("hf", "vllm"):
+        raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
+    if engine == "vllm":
+        if shard is not None:
+            raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
+        if op != Op.add:
+            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {op.value}")
+        if site is not None and site not in (HookSite.resid_post, HookSite.resid_pre):
+            raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
+
+
+def _generator(engine: str, model: str, seed: int, probe: Path) -> Callable[..., list[Generation]]:
+    """What generates the sweep's rows: the HF route, or one vLLM request per row."""
+    return generate if engine == "hf" else VllmGenerator(open_llm(model, seed=seed), probe)
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:

@@ -18,6 +18,8 @@ vLLM loads general plugins in every process; `register` only patches what each p
   once and every later step calls the op. A step without steering or readout touches nothing.
 - ``Request.from_engine_core_request`` (engine core) folds a steering's `VllmSteer.salt` into the
   request's ``cache_salt``, so the prefix cache never serves steered KV to another strength.
+- the compile cache: the plugin adds itself to the config's ``additional_config`` (part of vLLM's
+  compile-cache key), so a graph compiled without the op is never loaded with the plugin on.
 - the workers gain one method, ``valueprobe_take_values``, that `LLM.collective_rpc` calls by name
   (no insecure serialization) to collect per-token values.
 
@@ -52,6 +54,7 @@ __all__ = ["block_op", "install", "register", "take"]
 
 log = logging.getLogger("valueprobe.vllm")
 
+_GRAPH_ID = "block-op-1"  # in vLLM's compile-cache key: graphs with the op never mix with graphs without
 _MAX_KEPT = 65536  # requests whose values wait to be taken; the oldest go first
 _LOCK = threading.Lock()
 _VALUES: OrderedDict[str, dict[int, float]] = OrderedDict()
@@ -164,15 +167,17 @@ def _keep(dest: Sequence[tuple[str, int]], values: Sequence[float]) -> None:
             kept[t] = v
 
 
-def take(keys: Sequence[str]) -> dict[str, list[float]]:
-    """Hand over (and forget) the values kept under ``keys``: one per generated token, in order
-    (NaN where a position was never read)."""
-    out: dict[str, list[float]] = {}
+def take(keys: Sequence[str]) -> dict[str, tuple[int, list[float]]]:
+    """Hand over (and forget) the values kept under ``keys``: per key, the first generated-token
+    index held and the values from there on, in order (NaN where a position was never read).
+    A stream takes as it goes; values that arrive later are kept again under the same key."""
+    out: dict[str, tuple[int, list[float]]] = {}
     with _LOCK:
         for key in keys:
             kept = _VALUES.pop(key, None)
             if kept:
-                out[key] = [kept.get(t, math.nan) for t in range(max(kept) + 1)]
+                first = min(kept)
+                out[key] = (first, [kept.get(t, math.nan) for t in range(first, max(kept) + 1)])
     return out
 
 
@@ -233,7 +238,7 @@ def install(runner: Any) -> list[torch.utils.hooks.RemovableHandle]:
     return handles
 
 
-def _take_values(worker: Any, keys: list[str]) -> dict[str, list[float]]:
+def _take_values(worker: Any, keys: list[str]) -> dict[str, tuple[int, list[float]]]:
     return take(keys)
 
 
@@ -260,6 +265,11 @@ def _wrap_load(cls: Any) -> None:
         return
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM keys its compile cache by the config, not by module hooks: without this, a graph
+        # compiled without the plugin (cached on disk) would load and never call the op.
+        extra = getattr(getattr(self, "vllm_config", None), "additional_config", None)
+        if isinstance(extra, dict):
+            extra[EXTRA_KEY] = _GRAPH_ID
         out = original(self, *args, **kwargs)
         self._valueprobe_hooks = install(self)
         return out

@@ -2,11 +2,11 @@
 
     >>> from valueprobe.guided.policy import Prune, as_policy
     >>> as_policy("prune", n=8, every=8, quantile=0.5)      # the CLI's way, by name
-    Prune(n=8, last_k=None, every=8, quantile=0.5)
+    Prune(n=8, last_k=None, every=8, quantile=0.5, name='prune')
     >>> as_policy(Prune(n=4))                               # a policy as is, checked
 
 Every policy samples ``n`` rows per prompt in one batch and ends by picking one of them by its
-score (`valueprobe.guided.select`); they differ in what happens while the rows are sampled:
+score (`valueprobe.guided.run.pick`); they differ in what happens while the rows are sampled:
 - `BestOfN`: nothing: every row runs to EOS or ``max_new_tokens``.
 - `Prune`: every ``every`` tokens, a row whose running score (its mean so far) is below the
   ``quantile`` of its live siblings' is dropped and stops costing tokens.

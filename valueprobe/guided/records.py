@@ -12,14 +12,16 @@ fed, and neither is an EOS), so ``values`` has ``len(token_ids)`` or ``len(token
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from valueprobe.files import record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict
 
-__all__ = ["Candidate", "Guided", "tail_mean"]
+__all__ = ["Candidate", "GuideSummary", "Guided", "tail_mean", "write_guided"]
 
 
 def tail_mean(values: Sequence[float], last_k: int | None) -> float:
@@ -103,3 +105,74 @@ class Guided:
     def from_dict(cls, d: Mapping[str, Any]) -> Guided:
         """The record again from its ``to_dict()`` (or the JSON of it)."""
         return record_from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class GuideSummary:
+    """Per direction (``axis``, ``random-0``...): what a guided run cost and what it picked.
+
+    Attributes:
+        rows: one ``(direction, prompts, tokens per prompt, rollbacks per prompt, pruned share,
+            chosen mean σ, chosen mean log-probability)`` tuple per direction, in first-seen order.
+    """
+
+    policy: str
+    score: str
+    rows: tuple[tuple[str, int, float, float, float, float, float], ...]
+
+    @classmethod
+    def of(cls, records: Sequence[Guided]) -> GuideSummary:
+        by: dict[str, list[Guided]] = {}
+        for g in records:
+            by.setdefault(g.direction, []).append(g)
+        rows = []
+        for name, gs in by.items():
+            cands = [c for g in gs for c in g.candidates]
+            picks = [g.candidates[g.chosen] for g in gs]
+            rows.append(
+                (
+                    name,
+                    len(gs),
+                    math.fsum(g.tokens_spent for g in gs) / len(gs),
+                    math.fsum(g.rollbacks for g in gs) / len(gs),
+                    sum(c.pruned_at is not None for c in cands) / max(len(cands), 1),
+                    tail_mean([c.sigma_mean for c in picks if c.sigma_mean == c.sigma_mean], None),
+                    tail_mean([c.logprob for c in picks if c.logprob == c.logprob], None),
+                )
+            )
+        first = records[0] if records else None
+        return cls(policy=first.policy if first else "", score=first.score if first else "", rows=tuple(rows))
+
+    def table(self) -> tuple[list[str], list[tuple]]:
+        columns = [
+            "direction",
+            "prompts",
+            "tokens/prompt",
+            "rollbacks/prompt",
+            "pruned",
+            "chosen σ",
+            "chosen logp",
+        ]
+        return columns, [tuple(r) for r in self.rows]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GuideSummary:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
+
+def write_guided(out: Path, records: Sequence[Guided], settings: Mapping[str, Any]) -> GuideSummary:
+    """``out/guide.jsonl`` (one `Guided` per line) and ``out/summary.json`` (the settings and the
+    `GuideSummary`), each written whole to a temporary name and renamed into place."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = "".join(
+        json.dumps(jsonable(g.to_dict()), ensure_ascii=False, allow_nan=False) + "\n" for g in records
+    )
+    atomic_write_text(out / "guide.jsonl", lines)
+    summary = GuideSummary.of(records)
+    body = {"settings": dict(settings), "summary": summary.to_dict()}
+    atomic_write_text(out / "summary.json", json.dumps(jsonable(body), indent=2, allow_nan=False) + "\n")
+    return summary

@@ -124,8 +124,10 @@ def prune_rows(rows: Sequence[Row], policy: Prune, score: str) -> list[Row]:
 
 
 def rollback_due(row: Row, policy: Rollback) -> bool:
-    """The EMA of the row's σ reading fell ``tau`` below its first reading, and it may still roll back."""
-    if row.done or row.rollbacks >= policy.max_rollbacks or len(row.ema) < row.armed_at:
+    """The EMA of the row's σ reading fell ``tau`` below its first reading, and it may still roll back:
+    under ``max_rollbacks``, with ``k`` tokens to take back, ``k`` tokens after its last rollback."""
+    # k tokens must exist to take back: a rollback always costs exactly k tokens
+    if row.done or row.rollbacks >= policy.max_rollbacks or len(row.ema) < max(row.armed_at, policy.k):
         return False
     start, now = row.ema[0], row.ema[-1]
     return math.isfinite(start) and math.isfinite(now) and now < start - policy.tau

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformers import GenerationConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from valueprobe.hooks.patch import Handle, Point
 
@@ -68,6 +68,9 @@ class Decode:
         beyond: what the hooks steer that the additions do not say, e.g. ``"--op ablate"``
             (empty when the data form is the whole steering).
         remote: NDIF execution, for the nnsight route (`valueprobe.hooks.route.route` checks it).
+        stopping: stopping criteria, called after every step with the tokens so far; they may stop
+            rows one by one (a per-request length) and report each step as it ends (serving
+            streams tokens this way, `valueprobe.steering.rows`). Python at every step: ``live``.
     """
 
     lm: LoadedModel
@@ -82,3 +85,4 @@ class Decode:
     live: bool = False
     beyond: str = ""
     remote: bool | str = False
+    stopping: StoppingCriteriaList | None = None

@@ -67,4 +67,5 @@ class HooksRoute:
                 attention_mask=run.attention_mask.to(device),
                 generation_config=run.config,
                 logits_processor=run.processors,
+                stopping_criteria=run.stopping,
             )

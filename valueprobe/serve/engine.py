@@ -17,15 +17,29 @@ addition, as `valueprobe.steering.generation.Trace` reads the steered point.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.steering.handle import Where
 
-__all__ = ["Chunk", "Engine", "FinishReason", "Positions", "RequestError", "SteerRequest", "SteerSpec"]
+if TYPE_CHECKING:
+    from valueprobe.probe.axis import ValueAxis
 
-Positions = Literal["prompt", "generated", "all"]
+__all__ = [
+    "Chunk",
+    "Engine",
+    "FinishReason",
+    "Positions",
+    "RequestError",
+    "ServeOptions",
+    "SteerRequest",
+    "SteerSpec",
+]
+
+Positions = Where  # the steering handle's phases: prompt, generated, all
 FinishReason = Literal["stop", "length"]
 
 
@@ -72,6 +86,7 @@ class SteerRequest:
         temperature: 0 is greedy; top_p in (0, 1]; seed: the row's sampling seed (None: fresh).
         steering: the steering, or None for none (the engine then adds nothing at all).
         value_layer: the layer the per-token value is read at (default: the probe's best layer).
+        ignore_eos: generate ``max_tokens`` even past EOS (vLLM's extension; fixed-length benchmarks).
     """
 
     id: str
@@ -83,6 +98,7 @@ class SteerRequest:
     seed: int | None
     steering: SteerSpec | None
     value_layer: int
+    ignore_eos: bool = False
 
     @property
     def alpha(self) -> float:
@@ -100,25 +116,23 @@ class Chunk:
         value: its σ-score (see the module doc for where and when it is read).
         finish_reason: set on the request's last chunk: ``stop`` (EOS or a stop string) or
             ``length`` (``max_tokens`` reached); None before.
+        prompt_tokens: the prompt's length in tokens, if the engine knows it (then the response
+            carries OpenAI's ``usage``); optional.
     """
 
     text: str
     token_id: int
     value: float
     finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
 
 
 @runtime_checkable
 class Engine(Protocol):
-    """What `valueprobe.serve.app` needs of an engine.
-
-    ``model`` is the id ``/v1/models`` lists and requests name; ``layers`` the probe's layers
-    and ``best_layer`` its default (the HTTP layer checks requests against them).
-    """
+    """What `valueprobe.serve.app` needs of an engine: ``model`` is the id ``/v1/models`` lists
+    and requests name; the HTTP layer checks requests against the probe before ``submit``."""
 
     model: str
-    layers: Sequence[int]
-    best_layer: int
 
     async def start(self) -> None:
         """Start background work (the batching loop); called once the event loop runs."""
@@ -136,3 +150,18 @@ class Engine(Protocol):
         disconnected) cancels the request without touching the others.
         """
         ...
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``valueprobe serve`` hands an engine's factory (``make_engine(opts) -> Engine``):
+    the probe (folder and axis, already read and checked for units) and the model to load, where.
+    The factory loads the model and refuses, in one `ValueprobeError` line, a probe of another
+    model (``axis.check``, the fingerprint check ``score`` does)."""
+
+    probe: Path
+    axis: ValueAxis
+    model: str
+    device: str
+    layers_path: str | None
+    trust_remote_code: bool

@@ -48,11 +48,12 @@ class SweepSettings:
     hi: float | None = None
     target: float | None = None
     site: str | None = None  # resid_pre, resid_post, attn_out or mlp_out; None: the axis's own site
+    engine: str = "hf"  # what generated the rows: hf (the hooks route) or vllm
 
     def to_dict(self) -> dict:
-        """The JSON of ``settings.json``: operator and site keys at their defaults are left out, so a
-        sweep written before they existed (no ``op``: add, at the axis's site) is the same sweep as
-        such a sweep now."""
+        """The JSON of ``settings.json``: operator, site and engine keys at their defaults are left
+        out, so a sweep written before they existed (no ``op``: add, at the axis's site, on the HF
+        route) is the same sweep as such a sweep now."""
         out = {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
         for key in _OP_KEYS:
             if out[key] == _OP_DEFAULTS[key]:
@@ -71,5 +72,5 @@ class SweepSettings:
         return record_from_dict(cls, d)
 
 
-_OP_KEYS = ("op", "lo", "hi", "target", "site")
+_OP_KEYS = ("op", "lo", "hi", "target", "site", "engine")
 _OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS}

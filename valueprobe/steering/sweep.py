@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +177,7 @@ def run_sweep(
     n_boot: int = 1000,
     force: bool = False,
     progress: bool = True,
+    generator: Callable[..., list[Generation]] = generate,
 ) -> SteerSweep:
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
 
@@ -187,6 +188,8 @@ def run_sweep(
         other: the other axis, steered as a control along its direction at the same layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
         force: steer a model of another architecture than the probe's (width and layers still checked).
+        generator: what generates each block's rows, called as `generate` is (the HF route by
+            default; `valueprobe.engines.vllm_generate.VllmGenerator` for ``--engine vllm``).
     """
     out = Path(out)
     check_settings(settings, axis, out, examples)
@@ -194,7 +197,16 @@ def run_sweep(
     blocks = sweep_blocks(len(examples), settings.chunk_prompts)
     directions = sweep_directions(axis, settings, other, sweep_layer(axis, settings))
     sweep_rows(
-        lm, axis, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress
+        lm,
+        axis,
+        examples,
+        out,
+        settings,
+        directions,
+        blocks,
+        batch_size=batch_size,
+        progress=progress,
+        generator=generator,
     )
     return summarise_sweep(out, settings, examples, n_boot=n_boot)
 
@@ -235,9 +247,10 @@ def sweep_rows(
     *,
     batch_size: int,
     progress: bool,
+    generator: Callable[..., list[Generation]] = generate,
 ) -> None:
     """Generate every row of ``blocks`` along each of ``directions`` not yet in ``generations.jsonl``,
-    appending chunk by chunk (direction-major, then block: the file's order)."""
+    appending chunk by chunk (direction-major, then block: the file's order), with ``generator``."""
     layer = sweep_layer(axis, settings)
     path = out / GENERATIONS
     done = {r.key() for r in read_rows(path)}
@@ -251,7 +264,9 @@ def sweep_rows(
         ]
         if all(k in done for k in keys):
             continue
-        got = _run_block(lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size)
+        got = _run_block(
+            lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size, generator
+        )
         rows = [r for r in got if r.key() not in done]
         _append(path, rows)
         done.update(r.key() for r in rows)
@@ -281,6 +296,7 @@ def _run_block(
     settings: SweepSettings,
     layer: int,
     batch_size: int,
+    generator: Callable[..., list[Generation]] = generate,
 ) -> list[SweepRow]:
     """Every row of one block of prompts (the ``b``-th) along one direction, with its metrics.
 
@@ -288,7 +304,7 @@ def _run_block(
     """
     prompts = [_prompt(ex) for ex in block]
     block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
-    gens = generate(
+    gens = generator(
         lm,
         axis,
         prompts,

@@ -1,0 +1,393 @@
+"""The vLLM plugin on SmolLM2, in the second venv (.venv-vllm, built by bash .ci/vllm-env):
+
+    .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm.py
+
+Skipped where vLLM does not import (the main venv). Trusted references: the residual stream read
+inside the worker by a plain forward hook (h + α·v̂), the HF route's greedy tokens and traced
+σ-scores (`valueprobe.steering.generation.generate`), and the same requests run alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+import valueprobe as vp  # noqa: E402
+from valueprobe.engines.vllm_generate import VllmGenerator, open_llm, take_values  # noqa: E402
+from valueprobe.engines.vllm_spec import VllmSteer  # noqa: E402
+from valueprobe.probe.axis import ValueAxis  # noqa: E402
+from valueprobe.steering.generation import encode_prompts  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PROBE = Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-value"
+PROMPTS = [
+    [{"role": "user", "content": c}]
+    for c in (
+        "Describe a robot learning to paint.",
+        "Tell me about winter mornings.",
+        "Tell me about the history of bicycles.",
+        "Write a short story about winter mornings.",
+        "Describe gardening.",
+        "Is 7 a prime number? Answer yes or no.",
+        "Give me three tips for learning to cook.",
+        "What is the capital of France?",
+        "Explain what a compiler does.",
+        "Write a haiku about rain.",
+        "Should I learn Python or JavaScript first?",
+        "Summarize the plot of a heist movie.",
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    # the recorder below travels to the workers as a pickled reference (test-only)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    lm = vp.load("smollm2-135m")
+    axis = ValueAxis.load(PROBE, lm=lm)
+    llm = open_llm("smollm2-135m", enforce_eager=True, max_model_len=1024)
+    yield lm, axis, llm
+    del llm
+
+
+def _record_block(block: int, model) -> None:
+    """In the worker (through ``LLM.apply_model``, pickled by reference): record the residual
+    stream (hidden + residual) at ``block``'s output, after the plugin's hook."""
+    model._vp_rec = []
+
+    def hook(module, args, output):
+        hidden, residual = output
+        model._vp_rec.append((hidden + residual).detach().clone())
+
+    model._vp_rec_handle = model.model.layers[block].register_forward_hook(hook)
+
+
+def _read_and_stop(model):
+    model._vp_rec_handle.remove()
+    return [t.tolist() for t in model._vp_rec]
+
+
+def _params(**kw):
+    return vllm.SamplingParams(temperature=0.0, **kw)
+
+
+def test_steered_block_holds_h_plus_alpha_v(engine):
+    """At the steered block, the residual stream read by a plain hook after the plugin's is the
+    unsteered one plus α·σ·v̂ on every steered position, and untouched elsewhere."""
+    lm, axis, llm = engine
+    layer, alpha = axis.best_layer, 4.0
+    ids = encode_prompts(lm, [PROMPTS[0]])[0]
+    prompt = TokensPrompt(prompt_token_ids=ids)
+
+    def run(spec: VllmSteer | None) -> torch.Tensor:
+        llm.reset_prefix_cache()
+        llm.apply_model(partial(_record_block, layer))
+        extra = None if spec is None else spec.extra_args()
+        llm.generate([prompt], _params(max_tokens=1, extra_args=extra), use_tqdm=False)
+        return torch.tensor(llm.apply_model(_read_and_stop)[0][0])  # [prompt tokens, d_model]
+
+    plain = run(None)
+    steered = run(VllmSteer(probe=str(PROBE), alpha=alpha, layer=layer))
+    only_generated = run(VllmSteer(probe=str(PROBE), alpha=alpha, layer=layer, positions="generated"))
+    step = alpha * axis.sigma_at(layer) * axis.direction(layer).float()
+    assert plain.shape == (len(ids), lm.d_model)
+    torch.testing.assert_close(steered, plain + step, atol=2e-5, rtol=1e-6)
+    assert torch.equal(only_generated, plain)  # the prompt pass is not touched at all
+
+
+def test_alpha_zero_is_bit_identical_to_no_steering(engine):
+    lm, axis, llm = engine
+    ids = encode_prompts(lm, PROMPTS[:3])
+    prompts = [TokensPrompt(prompt_token_ids=i) for i in ids]
+    plain = llm.generate(prompts, _params(max_tokens=12, logprobs=1), use_tqdm=False)
+    spec = VllmSteer(probe=str(PROBE), alpha=0.0, key=None).extra_args()
+    zero = llm.generate(prompts, _params(max_tokens=12, logprobs=1, extra_args=spec), use_tqdm=False)
+    for a, b in zip(plain, zero, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [{k: v.logprob for k, v in step.items()} for step in a.outputs[0].logprobs] == [
+            {k: v.logprob for k, v in step.items()} for step in b.outputs[0].logprobs
+        ]
+
+
+def test_vllm_greedy_matches_hf_route(engine):
+    """Greedy tokens through vLLM equal the HF route's at α ∈ {−4σ, 0, +4σ} on >= 90% of 12
+    prompts each, and the per-token values equal the HF trace at the steered point."""
+    lm, axis, llm = engine
+    alphas = [-4.0, 0.0, 4.0]
+    hf = vp.generate(
+        lm, axis, PROMPTS, alphas=alphas, greedy=True, max_new_tokens=24, trace=True, progress=False
+    )
+    got = VllmGenerator(llm, PROBE).with_values(
+        lm, axis, PROMPTS, alphas=alphas, greedy=True, max_new_tokens=24
+    )
+    steered = f"resid_post[{axis.best_layer}]"
+    report = []
+    for a in alphas:
+        pairs = [(h, g) for h, g in zip(hf, got, strict=True) if h.alpha == a]
+        same = sum(h.token_ids == g.generation.token_ids for h, g in pairs)
+        agree = sum(
+            _prefix(h.token_ids, g.generation.token_ids) / max(len(h.token_ids), 1) for h, g in pairs
+        ) / len(pairs)
+        report.append(f"alpha {a:+g}: {same}/12 identical, token agreement {agree:.3f}")
+        assert same >= 11, report
+    print("; ".join(report))
+    for h, g in zip(hf, got, strict=True):
+        if h.token_ids != g.generation.token_ids:
+            continue
+        assert h.trace is not None
+        n = h.trace.n_prompt
+        expected = h.trace.values[steered][n - 1 : n - 1 + len(h.token_ids)]
+        assert len(g.values) >= len(expected)
+        torch.testing.assert_close(
+            torch.tensor(g.values[: len(expected)]), torch.tensor(expected), atol=2e-3, rtol=1e-3
+        )
+
+
+def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_batched_alphas_equal_each_request_alone(engine):
+    lm, axis, llm = engine
+    gen = VllmGenerator(llm, PROBE)
+    alphas = [-4.0, -2.0, 0.0, 2.0, 4.0]
+    together = gen.with_values(
+        lm, axis, PROMPTS[:2], alphas=alphas, greedy=True, max_new_tokens=16, progress=False
+    )
+    for row in together:
+        alone = gen.with_values(
+            lm,
+            axis,
+            [PROMPTS[row.generation.prompt]],
+            alphas=[row.generation.alpha],
+            greedy=True,
+            max_new_tokens=16,
+            progress=False,
+        )[0]
+        assert alone.generation.token_ids == row.generation.token_ids
+        torch.testing.assert_close(torch.tensor(alone.values), torch.tensor(row.values), atol=1e-4, rtol=1e-4)
+
+
+def test_prefix_cache_never_shares_steered_kv(engine):
+    """Steered and unsteered requests for one long prompt do not share cache blocks; two requests
+    with the same steering do, and α = 0 shares with no steering (it is bit-identical)."""
+    lm, axis, llm = engine
+    text = " ".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog." for i in range(40))
+    ids = lm.tokenizer(text)["input_ids"]
+    prompt = TokensPrompt(prompt_token_ids=ids)
+    llm.reset_prefix_cache()
+
+    def cached(alpha: float | None) -> int:
+        extra = None if alpha is None else VllmSteer(probe=str(PROBE), alpha=alpha).extra_args()
+        out = llm.generate([prompt], _params(max_tokens=1, extra_args=extra), use_tqdm=False)[0]
+        return int(out.num_cached_tokens or 0)
+
+    assert cached(None) == 0
+    assert cached(None) > 0  # the cache is on and this prompt fills blocks
+    assert cached(4.0) == 0  # steered: never the unsteered blocks
+    assert cached(4.0) > 0  # the same steering shares
+    assert cached(-4.0) == 0  # another strength does not
+    assert cached(0.0) > 0  # α = 0 shares the unsteered blocks
+
+
+def test_values_are_taken_once(engine):
+    lm, axis, llm = engine
+    ids = encode_prompts(lm, [PROMPTS[5]])[0]
+    spec = VllmSteer(probe=str(PROBE), alpha=2.0, key="once")
+    out = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        _params(max_tokens=5, extra_args=spec.extra_args()),
+        use_tqdm=False,
+    )[0]
+    values = take_values(llm, ["once"])["once"]
+    assert len(values) == len(out.outputs[0].token_ids) and all(math.isfinite(v) for v in values)
+    assert take_values(llm, ["once"]) == {}
+
+
+def test_serve_engine_streams_values_that_order_by_alpha(engine):
+    """The serve engine on vLLM: concurrent requests, each with its own α, stream one chunk per
+    token; read three layers downstream of the steering, the first token's value orders by α."""
+    import asyncio
+
+    from valueprobe.serve.engine import SteerRequest, SteerSpec
+    from valueprobe.serve.vllm_engine import VllmEngine
+
+    lm, axis, _ = engine
+    layer = axis.best_layer
+
+    def request(i: int, alpha: float | None) -> SteerRequest:
+        steering = None if alpha is None else SteerSpec(alpha=alpha, unit="sigma", layer=layer)
+        return SteerRequest(
+            id=f"req-{i}",
+            prompt=None,
+            messages=tuple(PROMPTS[1]),
+            max_tokens=8,
+            temperature=0.0,
+            top_p=1.0,
+            seed=None,
+            steering=steering,
+            value_layer=layer + 3,
+        )
+
+    async def run() -> list[list]:
+        served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+        try:
+            await served.start()
+            alphas = [-8.0, -4.0, None, 4.0, 8.0]
+
+            async def one(i: int, a: float | None) -> list:
+                return [c async for c in served.submit(request(i, a))]
+
+            return await asyncio.gather(*(one(i, a) for i, a in enumerate(alphas)))
+        finally:
+            await served.close()
+
+    streams = asyncio.run(run())
+    for chunks in streams:
+        assert 1 <= len(chunks) <= 8 and chunks[-1].finish_reason in ("stop", "length")
+        assert all(c.finish_reason is None for c in chunks[:-1])
+        assert all(math.isfinite(c.value) for c in chunks)
+    first = [chunks[0].value for chunks in streams]
+    assert first == sorted(first) and first[0] < first[-1] - 1.0
+
+
+@pytest.fixture(scope="module")
+def vllm_server(engine):
+    """``valueprobe serve --engine vllm``'s app on a free loopback port (uvicorn in a thread)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from valueprobe.serve.app import bind, build_app
+    from valueprobe.serve.protocol import Limits
+    from valueprobe.serve.vllm_engine import VllmEngine
+
+    lm, axis, _ = engine
+    served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+    sock = bind("127.0.0.1", 0)
+    app = build_app(served, Limits(model="smollm2-135m", axis=axis, max_alpha=10.0, max_tokens=64))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def test_openai_client_gets_steered_completions_and_values_from_vllm(vllm_server, engine):
+    import openai
+
+    lm, axis, llm = engine
+    client = openai.OpenAI(base_url=vllm_server, api_key="none", max_retries=0, timeout=120)
+    extra = {"steering": {"alpha": 4.0}}
+    whole = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0, extra_body=extra
+    ).choices[0]
+    values = whole.model_extra["values"]
+    assert len(values) >= 1 and all(math.isfinite(v) for v in values)
+    # the same request offline through the plugin: the same tokens and values
+    ids = lm.tokenizer("The capital of France is")["input_ids"]
+    spec = VllmSteer(probe=str(PROBE), alpha=4.0, layer=axis.best_layer, key="http-ref")
+    ref = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        _params(max_tokens=6, extra_args=spec.extra_args()),
+        use_tqdm=False,
+    )[0]
+    assert whole.text == ref.outputs[0].text
+    torch.testing.assert_close(torch.tensor(values), torch.tensor(take_values(llm, ["http-ref"])["http-ref"]))
+    pieces, streamed = [], []
+    for chunk in client.chat.completions.create(
+        model="smollm2-135m",
+        messages=PROMPTS[2],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        extra_body=extra,
+    ):
+        pieces.append(chunk.choices[0].delta.content or "")
+        streamed += chunk.choices[0].model_extra.get("values") or []
+    chat = client.chat.completions.create(
+        model="smollm2-135m", messages=PROMPTS[2], max_tokens=6, temperature=0, extra_body=extra
+    ).choices[0]
+    assert "".join(pieces) == chat.message.content
+    assert streamed == pytest.approx(chat.model_extra["values"], abs=1e-5)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(
+            model="smollm2-135m", prompt="x", max_tokens=2, extra_body={"steering": {"alpha": 99}}
+        )
+    assert bad.value.body["param"].startswith("steering")
+
+
+def test_sixteen_concurrent_clients_each_get_their_own_steering(vllm_server, engine):
+    """16 clients at once, each with its own α, read three layers downstream: values order by α."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    _, axis, _ = engine
+    client = openai.OpenAI(base_url=vllm_server, api_key="none", max_retries=0, timeout=300)
+    alphas = [-8.0 + i for i in range(16)]
+
+    def one(alpha: float) -> list[float]:
+        got = client.completions.create(
+            model="smollm2-135m",
+            prompt="My favourite season is",
+            max_tokens=4,
+            temperature=0,
+            extra_body={"steering": {"alpha": alpha}, "value_layer": axis.best_layer + 3},
+        )
+        return got.choices[0].model_extra["values"]
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, alphas))
+    first = [v[0] for v in got]
+    assert first == sorted(first) and first[0] < first[-1] - 1.0
+
+
+def test_steer_engine_vllm_writes_the_sweep_files(tmp_path, capsys):
+    """``valueprobe steer --engine vllm``: the same folder as the HF route (settings, one row per
+    (prompt, α, direction), metrics, dose figure), the engine recorded in settings.json."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "sweep"
+    root = Path(__file__).resolve().parents[1]
+    args = [
+        "steer",
+        "--probe",
+        str(PROBE),
+        "--prompts",
+        str(root / "data" / "steer_open.jsonl"),
+        "--out",
+        str(out),
+    ]
+    args += ["--engine", "vllm", "--limit", "2", "--alphas", "-4,4", "--random-directions", "1"]
+    code, _, err = run_cli([*args, "--max-new-tokens", "8", "--greedy", "--bootstrap", "50"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2 and {r["direction"] for r in rows} == {"axis", "random-0"}
+    assert json.loads((out / "settings.json").read_text())["engine"] == "vllm"
+    for name in ("metrics.json", "metrics.csv", "dose.html"):
+        assert (out / name).is_file()

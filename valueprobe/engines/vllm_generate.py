@@ -1,0 +1,231 @@
+"""A steering sweep's generations through vLLM: every (prompt, sample, α) row is one request.
+
+    valueprobe steer --engine vllm --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl --out runs/steer-vllm
+
+    >>> llm = open_llm("smollm2-135m")
+    >>> run = VllmGenerator(llm, "probes/smollm2-135m-value")
+    >>> rows = run.with_values(lm, axis, ["Is 7 prime?"], alphas=[-2, 0, 2], greedy=True)
+    >>> rows[0].generation.text, rows[0].values        # the text, and one σ-score per generated token
+
+Rows are the same records, in the same order, as `valueprobe.steering.generation.generate` gives,
+so `valueprobe.steering.sweep.run_sweep` takes `VllmGenerator` in its place (``generator=``). Each
+request carries its own steering (`valueprobe.engines.vllm_spec.VllmSteer` in ``extra_args``), so
+the whole sweep is one ``LLM.generate`` call that vLLM batches as it likes. Prompts are the same
+token ids as the HF route (`encode_prompts`); sampling uses each row's common-random-numbers seed
+as vLLM's per-request seed, so every strength of one (prompt, sample) draws the same numbers
+(vLLM's own generator, so sampled texts differ from the HF route's; greedy texts agree up to
+kernel numerics).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from valueprobe.engines.vllm_spec import VllmSteer
+from valueprobe.errors import ValueprobeError
+from valueprobe.model.gguf import ALIASES, alias_dir
+from valueprobe.model.load import cache_dir
+from valueprobe.steering.generation import Generation, Prompt, encode_prompts
+from valueprobe.steering.operators import Operator, as_operator
+from valueprobe.steering.sampling import row_seed
+from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, parse_layers
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = ["INSTALL", "VllmGenerator", "VllmRow", "engine_kwargs", "model_path", "open_llm", "take_values"]
+
+INSTALL = (
+    "pip install 'valueprobe[vllm]' in its own virtual environment (bash .ci/vllm-env builds .venv-vllm)"
+)
+
+
+def model_path(model: str) -> str:
+    """The local folder vLLM loads for ``model``: an alias's safetensors cache, or the folder given."""
+    if model in ALIASES:
+        return str(alias_dir(model, cache_dir()))
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    return model  # a hub id, for machines that reach the hub
+
+
+def engine_kwargs(
+    model: str,
+    *,
+    seed: int = 0,
+    max_model_len: int = 2048,
+    enforce_eager: bool = False,
+    prefix_caching: bool = True,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` / ``AsyncEngineArgs`` valueprobe's engines use.
+
+    ``dtype`` float32 by default, as the HF route loads; a 2 GiB CPU KV cache unless
+    ``VLLM_CPU_KVCACHE_SPACE`` says otherwise (vLLM's CPU default is far larger).
+    """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    return {
+        "model": model_path(model),
+        "dtype": dtype,
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "enable_prefix_caching": prefix_caching,
+    }
+
+
+def open_llm(model: str, **kw: Any) -> Any:
+    """A ``vllm.LLM`` on ``model`` with valueprobe's plugin loaded (its entry point does that);
+    ``kw`` as `engine_kwargs`. One clear line when vLLM is not installed."""
+    try:
+        from vllm import LLM  # optional dependency: the [vllm] extra
+    except ImportError:
+        raise ValueprobeError(f"the vLLM engine needs vLLM: {INSTALL}") from None
+    return LLM(**engine_kwargs(model, **kw))
+
+
+def take_values(llm: Any, keys: Sequence[str]) -> dict[str, list[float]]:
+    """The per-token values the workers kept under ``keys``, from the first generated token on
+    (each key once: taking forgets them). ``llm`` is a ``vllm.LLM``."""
+    out: dict[str, list[float]] = {}
+    for part in llm.collective_rpc("valueprobe_take_values", args=(list(keys),)):
+        for key, (first, values) in (part or {}).items():
+            out[key] = [math.nan] * int(first) + [float(v) for v in values]
+    return out
+
+
+@dataclass(frozen=True)
+class VllmRow:
+    """One generated row and its per-token values (σ, at the steered layer, before the addition)."""
+
+    generation: Generation
+    values: tuple[float, ...]
+
+
+def _check_supported(site: HookSite | Site | str | None, op: Operator | str | None) -> None:
+    if as_operator(op).op != "add":
+        raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {as_operator(op).op.value}")
+    if site is not None and str(site) not in (Site.resid_post.value, Site.resid_pre.value):
+        raise ValueprobeError(f"--engine vllm steers the residual stream only, not site {site}")
+
+
+class VllmGenerator:
+    """`generate` through vLLM: call it as `valueprobe.steering.generation.generate` is called.
+
+    Args:
+        llm: a ``vllm.LLM`` (`open_llm`) on the same model as ``lm``.
+        probe: the probe folder of the axis steered (the workers load it from there).
+        positions: ``all``, ``prompt`` or ``generated``.
+    """
+
+    def __init__(self, llm: Any, probe: str | Path, *, positions: str = "all") -> None:
+        self.llm = llm
+        self.probe = str(Path(probe).resolve())
+        self.positions = positions
+
+    def __call__(
+        self, lm: LoadedModel, axis: ValueAxis, prompts: Sequence[Prompt], **kw: Any
+    ) -> list[Generation]:
+        return [r.generation for r in self.with_values(lm, axis, prompts, **kw)]
+
+    def with_values(
+        self,
+        lm: LoadedModel,
+        axis: ValueAxis,
+        prompts: Sequence[Prompt],
+        *,
+        alphas: Sequence[float] = (0.0,),
+        samples: int = 1,
+        seed: int = 0,
+        max_new_tokens: int = 48,
+        greedy: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        unit: Unit | str = Unit.sigma,
+        layers: LayerSpec = None,
+        site: HookSite | Site | str | None = None,
+        direction: Tensor | None = None,
+        direction_name: str = "axis",
+        op: Operator | str | None = None,
+        batch_size: int = 0,  # noqa: ARG002 - vLLM batches by itself
+        progress: bool = True,
+    ) -> list[VllmRow]:
+        """Every (prompt, sample, α) row, in that nested order, with its per-token values."""
+        from vllm import SamplingParams  # optional dependency: the [vllm] extra
+        from vllm.inputs import TokensPrompt
+
+        _check_supported(site, op)
+        chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
+        if len(chosen) != 1:
+            raise ValueprobeError(f"--engine vllm steers one layer per request, not {chosen}")
+        encoded = encode_prompts(lm, prompts)
+        vec = None if direction is None else tuple(float(x) for x in direction.detach().float().cpu())
+        eos = getattr(lm.tokenizer, "eos_token_id", None)
+        rows, requests, params = [], [], []
+        for p, ids in enumerate(encoded):
+            for s in range(samples):
+                row_s = None if greedy else row_seed(seed, p, s)
+                for a in alphas:
+                    key = uuid.uuid4().hex
+                    spec = VllmSteer(
+                        probe=self.probe,
+                        alpha=float(a),
+                        unit=Unit(unit).value,
+                        layer=chosen[0],
+                        site=str(site or axis.site),
+                        positions=self.positions,
+                        direction=vec,
+                        key=key,
+                    )
+                    rows.append((p, s, float(a), row_s, key))
+                    requests.append(TokensPrompt(prompt_token_ids=ids))
+                    params.append(
+                        SamplingParams(
+                            max_tokens=max_new_tokens,
+                            temperature=0.0 if greedy else temperature,
+                            top_p=1.0 if greedy else top_p,
+                            seed=row_s,
+                            stop_token_ids=None if eos is None else [int(eos)],
+                            extra_args=spec.extra_args(),
+                        )
+                    )
+        outs = self.llm.generate(requests, params, use_tqdm=progress)
+        values = take_values(self.llm, [r[4] for r in rows])
+        return [
+            _row(lm, r, out, values.get(r[4], []), unit=Unit(unit), name=direction_name, op=as_operator(op))
+            for r, out in zip(rows, outs, strict=True)
+        ]
+
+
+def _row(
+    lm: LoadedModel, r: tuple, out: Any, values: list[float], *, unit: Unit, name: str, op: Operator
+) -> VllmRow:
+    p, s, a, row_s, _ = r
+    done = out.outputs[0]
+    ids = [int(t) for t in done.token_ids]
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    finished = done.finish_reason == "stop"
+    kept = ids[: ids.index(eos)] if eos is not None and eos in ids else ids
+    gen = Generation(
+        prompt=p,
+        sample=s,
+        alpha=a,
+        unit=unit.value,
+        direction=name,
+        seed=row_s,
+        text=lm.tokenizer.decode(kept, skip_special_tokens=True),
+        token_ids=tuple(kept),
+        finished=finished,
+        op=op.describe(),
+    )
+    return VllmRow(gen, tuple(values[: len(ids)]))

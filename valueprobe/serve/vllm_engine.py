@@ -1,0 +1,154 @@
+"""``valueprobe serve --engine vllm``: the serve engine contract on vLLM's ``AsyncLLM`` with the plugin.
+
+    valueprobe serve --probe probes/smollm2-135m-value --engine vllm     # pip install 'valueprobe[vllm]'
+
+Each `SteerRequest` becomes one vLLM request whose ``extra_args`` carry its steering and readout
+(`valueprobe.engines.vllm_spec.VllmSteer`), so vLLM's continuous batching mixes requests of any
+α, unit, layer and positions, and the plugin steers each one in the workers and salts its prefix
+cache. The stream comes back as vLLM's deltas; after each delta the engine takes that request's
+new per-token values from the workers (``collective_rpc``, see `valueprobe.engines.vllm_plugin`)
+and yields one `Chunk` per token. A client that leaves aborts only its own request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from valueprobe.engines.vllm_generate import INSTALL, engine_kwargs
+from valueprobe.engines.vllm_spec import VllmSteer
+from valueprobe.errors import ValueprobeError
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.serve.engine import Chunk, FinishReason, RequestError, SteerRequest
+from valueprobe.steering.generation import encode_prompts
+
+__all__ = ["VllmEngine", "make_engine"]
+
+
+class VllmEngine:
+    """The `valueprobe.serve.engine.Engine` on vLLM.
+
+    Args:
+        probe: the probe folder (the workers read the axis from there); axis: that probe, read.
+        model: the model spec (an alias, a folder or a hub id); its id is what ``/v1/models`` lists.
+        enforce_eager: skip vLLM's torch.compile (faster start, slower steps).
+    """
+
+    def __init__(
+        self, probe: str | Path, axis: ValueAxis, model: str, *, enforce_eager: bool = False
+    ) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs  # optional dependency: the [vllm] extra
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:
+            raise ValueprobeError(f"--engine vllm needs vLLM: {INSTALL}") from None
+        self.model = model
+        self.layers: Sequence[int] = list(axis.layers)
+        self.best_layer = axis.best_layer
+        self.probe = str(Path(probe).resolve())
+        args = AsyncEngineArgs(**engine_kwargs(model, enforce_eager=enforce_eager))
+        self.llm = AsyncLLM.from_engine_args(args)
+        config = self.llm.model_config
+        width, depth = config.get_hidden_size(), config.get_num_layers(self.llm.vllm_config.parallel_config)
+        if width != axis.d_model or max(axis.layers) >= depth:
+            self.llm.shutdown()
+            raise ValueprobeError(
+                f"the probe is from {axis.model_id} (d_model {axis.d_model}) but {model} has d_model {width}"
+                f" and {depth} layers: use a probe fitted on this model"
+            )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.context = int(config.max_model_len)
+
+    async def start(self) -> None:
+        """Nothing to start: vLLM's engine core runs from construction on."""
+
+    async def close(self) -> None:
+        self.llm.shutdown()
+
+    def _spec(self, request: SteerRequest) -> VllmSteer:
+        s = request.steering
+        if s is None:
+            return VllmSteer(probe=self.probe, alpha=0.0, layer=request.value_layer, key=request.id)
+        return VllmSteer(
+            probe=self.probe,
+            alpha=s.alpha,
+            unit=s.unit,
+            layer=s.layer,
+            positions=s.positions,
+            key=request.id,
+            read_layer=request.value_layer,
+        )
+
+    def _ids(self, request: SteerRequest) -> list[int]:
+        prompt: Any = request.prompt if request.messages is None else [dict(m) for m in request.messages]
+        field = "prompt" if request.messages is None else "messages"
+        try:
+            ids = encode_prompts(cast(Any, SimpleNamespace(tokenizer=self.tokenizer)), [prompt])[0]
+        except ValueprobeError as e:
+            raise RequestError(field, str(e)) from None
+        if len(ids) + request.max_tokens > self.context:
+            raise RequestError(
+                field,
+                f"{len(ids)} prompt tokens plus max_tokens {request.max_tokens} exceed the model's context of"
+                f" {self.context}",
+            )
+        return ids
+
+    async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
+        """One `Chunk` per generated token, its value taken from the workers as the token arrives."""
+        from vllm import SamplingParams  # optional dependency: the [vllm] extra
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = self._ids(request)
+        spec = self._spec(request)
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p if request.temperature > 0 else 1.0,
+            seed=request.seed,
+            ignore_eos=bool(getattr(request, "ignore_eos", False)),
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=spec.extra_args(),
+        )
+        values: dict[int, float] = {}
+        sent, finished = 0, False
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request.id):
+                done = out.outputs[0]
+                new = list(done.token_ids)
+                if new:
+                    await self._take(spec.key, values)
+                finished = out.finished
+                reason: FinishReason | None = None
+                if finished:
+                    reason = "length" if done.finish_reason == "length" else "stop"
+                for j, token in enumerate(new):
+                    last = j == len(new) - 1
+                    yield Chunk(
+                        text=done.text if last else "",
+                        token_id=int(token),
+                        value=values.get(sent, math.nan),
+                        finish_reason=reason if last else None,
+                        prompt_tokens=len(ids),
+                    )
+                    sent += 1
+        finally:
+            if not finished:
+                await self.llm.abort(request.id)
+            await self._take(spec.key, {})  # forget what is left
+
+    async def _take(self, key: str | None, into: dict[int, float]) -> None:
+        if key is None:
+            return
+        for part in await self.llm.collective_rpc("valueprobe_take_values", args=([key],)):
+            for first, got in (part or {}).values():
+                into.update({int(first) + i: float(v) for i, v in enumerate(got)})
+
+
+def make_engine(opts: Any) -> VllmEngine:
+    """The factory `valueprobe.cli.serve` calls with its ServeOptions (probe, axis, model)."""
+    return VllmEngine(opts.probe, opts.axis, opts.model)

@@ -1,0 +1,269 @@
+"""One request per row: each row of a batched, steered ``generate`` has its own α, unit, positions,
+sampling and length, and every step is reported as it ends (``valueprobe serve --engine hf``).
+
+    >>> rows = [RowSpec(ids, alpha=a, max_new_tokens=20) for a in (-2.0, 0.0, 2.0)]
+    >>> outs = generate_rows(lm, axis, rows, layer=axis.best_layer, value_layer=axis.best_layer)
+    >>> outs[2].token_ids, outs[2].values          # the +2σ row's tokens and per-token σ-scores
+
+Where `valueprobe.steering.generation.generate` runs a sweep (prompts × strengths, one unit, one
+phase, one sampler), this runs whatever rows arrived together. The steering is one `Steering`
+handle on the route's own ``generate``; its α comes from an `AlphaSource` that lays each row's
+strength on that row's phase, so rows with α = 0 are passed through bit for bit and rows never
+see each other's steering. Units are folded into α (σ and % norm are both multiples of the
+axis's raw unit), so rows of different units share one batch.
+
+A token's value is the σ-score at ``value_layer`` (the axis's site) in the forward that produced
+the token, read in that forward: at the steered point before the addition (the handle's trace),
+elsewhere after any steering upstream (a recording at that point).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.padding import pad_rows
+from valueprobe.hooks.route import Decode, Point, Recording, Step, record, route
+from valueprobe.steering.generation import _config
+from valueprobe.steering.handle import Attach, Steering, SteerPoint, Where, check_unit, steer_points
+from valueprobe.steering.sampling import RowSampler
+from valueprobe.vocab import Backend, Unit
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+
+__all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
+
+Finish = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One row: its prompt's token ids and everything that may differ from its neighbours.
+
+    Attributes:
+        ids: the prompt, tokenized (`valueprobe.steering.generation.encode_prompts`).
+        alpha: strength in ``unit`` (0: the row is untouched); positions: its phase.
+        max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
+        ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).
+    """
+
+    ids: tuple[int, ...]
+    alpha: float = 0.0
+    unit: Unit | str = Unit.sigma
+    positions: Where = "all"
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """One row's token at one step: its id, its value (σ), and why the row ends here, if it does."""
+
+    token_id: int
+    value: float
+    finish: Finish | None
+
+
+@dataclass
+class RowOutput:
+    """A row's whole run: tokens (EOS not included), one value per token, and how it ended."""
+
+    token_ids: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    finish: Finish | None = None  # None: cancelled by the caller
+
+
+# Called after every step with the step index and one RowStep per row (None for a row already
+# done); returns the rows to cancel (a client that left): they stop at once, the others go on.
+OnStep = Callable[[int, list[RowStep | None]], Collection[int]]
+
+
+def _raw_alpha(axis: ValueAxis, layer: int, row: RowSpec) -> float:
+    """The row's α in the axis's raw unit, so rows of any unit share one hook."""
+    return float(row.alpha) * check_unit(axis, layer, row.unit) / check_unit(axis, layer, Unit.raw)
+
+
+class _PerRowAlpha:
+    """An `AlphaSource`: each row's strength on its own phase (prompt, generated or all columns)."""
+
+    def __init__(self, alphas: Tensor, positions: Sequence[Where], prompt_length: int) -> None:
+        self.alphas = alphas
+        self.prompt = torch.tensor([p in ("prompt", "all") for p in positions])
+        self.generated = torch.tensor([p in ("generated", "all") for p in positions])
+        self.prompt_length = prompt_length
+
+    def __call__(
+        self, target: SteerPoint, h: Tensor, step: Step, cells: Tensor
+    ) -> Float[Tensor, "batch new"]:
+        generated = (step.columns() - self.prompt_length >= 0).cpu()[None, :]  # [1, new]
+        phase = torch.where(generated, self.generated[:, None], self.prompt[:, None])
+        return self.alphas[:, None] * phase
+
+
+class _RowSampling:
+    """Per-row decoding as a logits processor: argmax where temperature is 0, else the row's own
+    `RowSampler` (its seed, temperature and top-p). Hands ``generate`` a one-hot score."""
+
+    def __init__(self, rows: Sequence[RowSpec]) -> None:
+        self.samplers = [
+            None
+            if r.temperature == 0
+            else RowSampler(
+                [secrets.randbits(62) if r.seed is None else r.seed], temperature=r.temperature, top_p=r.top_p
+            )
+            for r in rows
+        ]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        out = torch.full_like(scores, float("-inf"))
+        for i, sampler in enumerate(self.samplers):
+            token = scores[i].argmax() if sampler is None else sampler.sample(scores[i : i + 1])[0]
+            out[i, int(token)] = 0.0
+        return out
+
+
+class _Steps(StoppingCriteria):
+    """After every step: each live row's token and value, its end (EOS, its own length), and the
+    caller's cancellations. Returns the rows that are done, so ``generate`` stops each on time."""
+
+    def __init__(
+        self,
+        rows: Sequence[RowSpec],
+        width: int,
+        eos: int | None,
+        read: Callable[[], Tensor],
+        on_step: OnStep,
+    ) -> None:
+        self.rows = rows
+        self.width = width
+        self.eos = eos
+        self.read = read
+        self.on_step = on_step
+        self.done = [False] * len(rows)
+        self.outputs = [RowOutput() for _ in rows]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
+        k = input_ids.shape[1] - self.width - 1
+        tokens = input_ids[:, -1].tolist()
+        values = self.read().tolist()
+        steps: list[RowStep | None] = []
+        for i, (row, token, value) in enumerate(zip(self.rows, tokens, values, strict=True)):
+            if self.done[i]:
+                steps.append(None)
+                continue
+            finish: Finish | None = (
+                "stop"
+                if token == self.eos and not row.ignore_eos
+                else ("length" if k + 1 >= row.max_new_tokens else None)
+            )
+            steps.append(RowStep(int(token), float(value), finish))
+            out = self.outputs[i]
+            if finish != "stop":
+                out.token_ids.append(int(token))
+                out.values.append(float(value))
+            out.finish = finish
+            self.done[i] = finish is not None
+        for i in self.on_step(k, steps):
+            self.done[i] = True
+        return torch.tensor(self.done, device=input_ids.device)  # type: ignore[return-value]
+
+
+def _read(handle: Steering | None, read: Callable[[Steering], Tensor]) -> Tensor:
+    assert handle is not None, "the route attaches the steering before the first step"
+    return read(handle)
+
+
+def _value_reader(
+    lm: LoadedModel, axis: ValueAxis, layer: int, value_layer: int
+) -> tuple[Recording | None, Callable[[Steering], Tensor]]:
+    """Where the per-token value comes from: the steering handle's own trace at the steered point
+    (before its addition), or a recording of the σ-score at another layer."""
+    if value_layer == layer:
+        return None, lambda handle: handle.reads[handle.points[0].point][-1][:, -1]
+    point = Point(value_layer, axis.site)
+    rec = record(lm, [point], reduce=lambda h: torch.as_tensor(axis.score(h.float(), value_layer)).cpu())
+    return rec, lambda handle: rec[point][:, -1]
+
+
+def generate_rows(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    rows: Sequence[RowSpec],
+    *,
+    layer: int,
+    value_layer: int,
+    on_step: OnStep | None = None,
+    backend: Backend | str = Backend.hooks,
+) -> list[RowOutput]:
+    """Run every row in one batch; report each step through ``on_step``; return each row's run.
+
+    Args:
+        lm: the loaded model; axis: the probe's axis (steered along, and read).
+        rows: one `RowSpec` per request, in any mix of α, unit, positions, sampling and length.
+        layer: the steered block (one the axis has); value_layer: the block the value is read at.
+        on_step: called after every step (see `OnStep`); it may cancel rows.
+        backend: the route; only ``hooks`` runs Python at every step.
+    """
+    if not rows:
+        raise ValueprobeError("no rows to generate")
+    if value_layer not in axis.layers:
+        raise ValueprobeError(
+            f"the axis has no layer {value_layer}: pick one of its layers {list(axis.layers)}"
+        )
+    plan = steer_points(lm, axis, layers=[layer], unit=Unit.raw)
+    alphas = torch.tensor([_raw_alpha(axis, layer, r) for r in rows], dtype=torch.float32)
+    config = _config(lm, max_new_tokens=max(r.max_new_tokens for r in rows), min_new_tokens=0)
+    # EOS ends each row in _Steps, as the row asks: generate gets an empty EOS list, since None
+    # would be filled in from the model's own generation config and stop every row at EOS
+    eos, config.eos_token_id = config.eos_token_id, []
+    ids, mask = pad_rows([list(r.ids) for r in rows], pad_id=config.pad_token_id, side="left")
+    width = ids.shape[1]
+    source = _PerRowAlpha(alphas, [r.positions for r in rows], width)
+    hooks = Attach(
+        partial(
+            Steering,
+            lm,
+            axis,
+            plan,
+            alpha=torch.zeros(len(rows)),
+            where="all",
+            prompt_length=width,
+            trace=value_layer == layer,
+            source=source,
+        )
+    )
+    recording, read = _value_reader(lm, axis, layer, value_layer)
+    steps = _Steps(rows, width, eos, lambda: _read(hooks.handle, read), on_step or (lambda k, s: ()))
+    decode = Decode(
+        lm,
+        ids,
+        mask,
+        config=config,
+        processors=LogitsProcessorList([_RowSampling(rows)]),
+        additions=plan,
+        alpha=alphas,
+        where="all",
+        hooks=hooks,
+        live=True,
+        stopping=StoppingCriteriaList([steps]),
+    )
+    try:
+        route(backend).generate(decode)
+    finally:
+        if recording is not None:
+            recording.remove()
+    return steps.outputs
