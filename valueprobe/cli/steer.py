@@ -254,6 +254,13 @@ def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, .
     return chosen
 
 
+def _check_tokens(tokens: float) -> None:
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise ValueprobeError(
+            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
+        )
+
+
 @replicate_app.command("steer")
 def replicate_steer_command(
     ctx: typer.Context,
@@ -286,16 +293,14 @@ def replicate_steer_command(
     benchmarks: Annotated[
         str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
     ] = "all",
+    shard: ShardOpt = None,
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     check_at_least("--prompts", prompts, 1)
     check_at_least("--batch-size", batch_size, 1)
-    if not (math.isfinite(tokens) and tokens > 0):
-        raise ValueprobeError(
-            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
-        )
+    _check_tokens(tokens)
     chosen = parse_rows(rows)
     names = parse_benchmarks(benchmarks)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
@@ -318,7 +323,11 @@ def replicate_steer_command(
     for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = load(model, device=device)
-    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, **shared)
+    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, shard=shard, **shared)
+    if shard is not None:
+        return console.print(
+            f"wrote shard {shard} of each sweep under {runs}/: rerun without --shard to merge"
+        )
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")
         table(
