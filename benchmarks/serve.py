@@ -8,7 +8,7 @@ Each engine is started as its own server (``python -m valueprobe serve --engine 
 and the shipped probe) and driven over HTTP by closed-loop clients (the official ``openai``
 async client): each client sends its requests one after another. A level runs unsteered
 (no ``steering`` field) and steered (α = ±2σ, alternating, at the probe's layer) with the same
-prompts, greedy, ``--new`` tokens at most; the two alternate for ``--repeats`` rounds and the
+prompts, greedy, exactly ``--new`` tokens (``ignore_eos``, so both do the same work); the two alternate for ``--repeats`` rounds and the
 best round of each is kept (the machine is shared). Reported per (engine, clients, steered): requests,
 generated tokens per second, requests per second, p50 / p95 request latency; and steered ÷
 unsteered as the ratio of time per generated token (the target for the vLLM engine is <= 1.10).
@@ -79,7 +79,9 @@ async def one_level(url: str, model: str, *, clients: int, per_client: int, stee
         nonlocal tokens
         for r in range(per_client):
             i = c * per_client + r
-            extra = {"steering": {"alpha": 2.0 if i % 2 else -2.0}} if steered else {}
+            extra = {"ignore_eos": True} | (
+                {"steering": {"alpha": 2.0 if i % 2 else -2.0}} if steered else {}
+            )
             t0 = time.perf_counter()
             got = await client.chat.completions.create(
                 model=model,
@@ -191,6 +193,7 @@ def main() -> None:
             f"{r['engine']:5} clients {r['clients']:2}  steered ÷ unsteered (time per token) {r['steered_over_unsteered']:.3f}"
         )
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1, 5, 15 min)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
 
 

@@ -70,3 +70,60 @@ def test_torchrun_two_ranks_merge_to_one_process_store(tiny_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "out.parts" / "part-0-of-2" / "shard-00000.safetensors").stat().st_mtime_ns == before
     assert_same_store(ActivationStore.open(tmp_path / "out"), one)
+
+
+def _torchrun_cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env |= {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launch = ["torchrun", "--nproc-per-node", "2", "--standalone", "-m", "valueprobe", *argv]
+    return subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_steer_and_score_merge_to_one_process(tiny_dir, tmp_path, capsys):
+    """steer and score under torchrun: each rank its part, rank 0 merges; the same files as one process.
+    Parts on disk from another world size are refused in one line before any work."""
+    from conftest import run_cli
+    from test_steer_sweep import chats, tiny_axis
+
+    tiny_axis(load(tiny_dir)).save(tmp_path / "probe")
+    write_jsonl(tmp_path / "p.jsonl", chats(5))
+    steer = [
+        "steer",
+        "--probe",
+        str(tmp_path / "probe"),
+        "--model",
+        tiny_dir,
+        "--prompts",
+        str(tmp_path / "p.jsonl"),
+    ]
+    steer += ["--alphas", "-2,2", "--max-new-tokens", "3", "--random-directions", "1", "--chunk-prompts", "2"]
+    steer += ["--bootstrap", "20"]
+    assert run_cli([*steer, "--out", str(tmp_path / "one")], capsys)[0] == 0
+    proc = _torchrun_cli(*steer, "--out", str(tmp_path / "ranked"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("generations.jsonl", "metrics.csv"):
+        assert (tmp_path / "ranked" / name).read_text() == (tmp_path / "one" / name).read_text(), name
+    assert sorted(p.name for p in (tmp_path / "ranked.parts").iterdir()) == ["part-0-of-2", "part-1-of-2"]
+
+    score = [
+        "score",
+        "--probe",
+        str(tmp_path / "probe"),
+        "--model",
+        tiny_dir,
+        "--data",
+        str(tmp_path / "p.jsonl"),
+    ]
+    score += ["--batch-size", "2", "--bootstrap", "20"]
+    assert run_cli([*score, "--out", str(tmp_path / "score-one")], capsys)[0] == 0
+    proc = _torchrun_cli(*score, "--out", str(tmp_path / "score"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, want = tmp_path / "score" / "scores.csv", tmp_path / "score-one" / "scores.csv"
+    assert got.read_text() == want.read_text()
+
+    (tmp_path / "again.parts" / "part-2-of-3").mkdir(parents=True)
+    proc = _torchrun_cli(*steer, "--out", str(tmp_path / "again"))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-3000:]
+    assert "holds parts of a 3-rank run (part-2-of-3) but torchrun started 2 ranks" in lines[0]
+    assert not (tmp_path / "again").exists()

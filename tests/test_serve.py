@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -435,3 +436,27 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
         assert means[0] < means[1] < means[2], means
     finally:
         s.close()
+
+
+def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
+    from valueprobe.steering import rows as rows_module
+
+    (ids,) = encode_prompts(lm, [PROMPT])
+    spec = rows_module.RowSpec(tuple(ids), max_new_tokens=4)
+    (free,) = rows_module.generate_rows(lm, axis, [spec], layer=STEER_LAYER, value_layer=VALUE_LAYER)
+    real = rows_module._config
+
+    def eos_is_the_second_token(lm, **kw):  # make the row's own second greedy token its EOS
+        config = real(lm, **kw)
+        config.eos_token_id = free.token_ids[1]
+        return config
+
+    monkeypatch.setattr(rows_module, "_config", eos_is_the_second_token)
+    # generate fills an unset EOS from the model's own generation config: that one must not stop it
+    monkeypatch.setattr(lm.model.generation_config, "eos_token_id", free.token_ids[1])
+    stops, runs = rows_module.generate_rows(
+        lm, axis, [spec, replace(spec, ignore_eos=True)], layer=STEER_LAYER, value_layer=VALUE_LAYER
+    )
+    assert (stops.token_ids, stops.finish) == (free.token_ids[:1], "stop")
+    assert (runs.token_ids, runs.finish) == (free.token_ids, "length")
+    assert runs.values == pytest.approx(free.values, abs=1e-5)

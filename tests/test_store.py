@@ -208,3 +208,35 @@ def test_bfloat16_store_keeps_bf16_and_reads_float32(tiny_lm_factory, tmp_path):
     assert a.directions.dtype == torch.float32
     cos = (a.directions * b.directions).sum(1)
     assert cos.min() > 0.999  # bf16 keeps 8 bits of mantissa: the mean difference barely moves
+
+
+def test_up_front_check_holds_one_block_and_warns_once(tiny_lm_factory, tmp_path, monkeypatch, caplog):
+    """Before writing, a capture encodes every example (a bad one fails before any shard), but one
+    block of --examples-per-shard at a time, so what it holds does not grow with the dataset; the
+    truncations of all blocks make one warning."""
+    from valueprobe.activations import store
+
+    lm = tiny_lm_factory("llama")
+    exs = [
+        Example(id=f"e{i}", label=i % 2, group="g", text="Paris is nice. " * (1 + 20 * (i % 3)))
+        for i in range(11)
+    ]
+    long = [ex.id for ex in exs if len(lm.tokenizer(ex.text)["input_ids"]) > 32]
+    assert 3 < len(long) < len(exs)
+    seen: list[int] = []
+    real = store.encode
+
+    def counting(lm_, examples, **kw):
+        seen.append(len(examples))
+        return real(lm_, examples, **kw)
+
+    monkeypatch.setattr(store, "encode", counting)
+    with caplog.at_level("WARNING", logger="valueprobe"):
+        capture_to_store(
+            lm, exs, tmp_path / "s", positions="last", examples_per_shard=3, max_length=32, progress=False
+        )
+    assert max(seen) <= 3 and sum(seen) == 2 * len(exs)  # each block checked, then captured
+    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"truncated {len(long)} of 11 examples to max_length 32 tokens")
+    assert f"(first: {long[0]!r}" in warnings[0]

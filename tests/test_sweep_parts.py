@@ -149,3 +149,33 @@ def test_cli_steer_shard_and_merge(tiny_files, tmp_path, capsys, monkeypatch):  
     )
     lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
     assert code == 2 and len(lines) == 1 and "shard 1/3 is missing" in lines[0], err
+
+
+def test_replicate_steer_shards_then_merges_to_the_one_process_results(tiny_lm_factory, tmp_path):
+    """replicate steer --shard I/N runs each sweep's shard; the run without --shard merges the parts
+    (no generation left to do) into the results one process writes."""
+    from test_steer_sweep import DATA
+
+    from valueprobe.replicate.steer import replicate_steer
+
+    lm = tiny_lm_factory("llama")
+    axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
+    common = dict(
+        axis=axis, other=other, probe=Path("p/value"), other_probe=Path("p/history"), data_dir=DATA, prompts=3,
+        alphas=(-1.0, 1.0), unit="sigma", controls=1, tokens=0.05, benchmarks=("confidence", "length"),
+    )  # fmt: skip
+    one = replicate_steer(lm, runs_dir=tmp_path / "one", out=tmp_path / "one-out", **common)
+    for i in (1, 0):
+        replicate_steer(
+            lm, runs_dir=tmp_path / "split", out=tmp_path / "split-out", shard=ShardSpec(i, 2), **common
+        )
+    assert not (tmp_path / "split-out" / "results.json").exists()
+    assert (tmp_path / "split" / "length.parts" / "part-1-of-2" / GENERATIONS).is_file()
+    merged = replicate_steer(lm, runs_dir=tmp_path / "split", out=tmp_path / "split-out", **common)
+    for name in ("confidence", "length", "confidence-ablate"):
+        folder = next((tmp_path / "one").glob(f"{name}*"), None)
+        if folder is None or folder.suffix == ".parts":
+            continue
+        got = (tmp_path / "split" / folder.name / GENERATIONS).read_text()
+        assert got == (folder / GENERATIONS).read_text(), name
+    assert merged.to_dict() == one.to_dict()

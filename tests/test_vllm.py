@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -51,11 +51,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def engine():
-    # the recorder below travels to the workers by value (test-only: insecure serialization)
+    # the recorder below travels to the workers as a pickled reference (test-only)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     lm = vp.load("smollm2-135m")
     axis = ValueAxis.load(PROBE, lm=lm)
     llm = open_llm("smollm2-135m", enforce_eager=True, max_model_len=1024)
@@ -63,17 +60,16 @@ def engine():
     del llm
 
 
-def _record_block(block: int):
-    def install(model):
-        model._vp_rec = []
+def _record_block(block: int, model) -> None:
+    """In the worker (through ``LLM.apply_model``, pickled by reference): record the residual
+    stream (hidden + residual) at ``block``'s output, after the plugin's hook."""
+    model._vp_rec = []
 
-        def hook(module, args, output):
-            hidden, residual = output
-            model._vp_rec.append((hidden + residual).detach().clone())
+    def hook(module, args, output):
+        hidden, residual = output
+        model._vp_rec.append((hidden + residual).detach().clone())
 
-        model._vp_rec_handle = model.model.layers[block].register_forward_hook(hook)
-
-    return install
+    model._vp_rec_handle = model.model.layers[block].register_forward_hook(hook)
 
 
 def _read_and_stop(model):
@@ -95,7 +91,7 @@ def test_steered_block_holds_h_plus_alpha_v(engine):
 
     def run(spec: VllmSteer | None) -> torch.Tensor:
         llm.reset_prefix_cache()
-        llm.apply_model(_record_block(layer))
+        llm.apply_model(partial(_record_block, layer))
         extra = None if spec is None else spec.extra_args()
         llm.generate([prompt], _params(max_tokens=1, extra_args=extra), use_tqdm=False)
         return torch.tensor(llm.apply_model(_read_and_stop)[0][0])  # [prompt tokens, d_model]
@@ -268,3 +264,130 @@ def test_serve_engine_streams_values_that_order_by_alpha(engine):
         assert all(math.isfinite(c.value) for c in chunks)
     first = [chunks[0].value for chunks in streams]
     assert first == sorted(first) and first[0] < first[-1] - 1.0
+
+
+@pytest.fixture(scope="module")
+def vllm_server(engine):
+    """``valueprobe serve --engine vllm``'s app on a free loopback port (uvicorn in a thread)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from valueprobe.serve.app import bind, build_app
+    from valueprobe.serve.protocol import Limits
+    from valueprobe.serve.vllm_engine import VllmEngine
+
+    lm, axis, _ = engine
+    served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+    sock = bind("127.0.0.1", 0)
+    app = build_app(served, Limits(model="smollm2-135m", axis=axis, max_alpha=10.0, max_tokens=64))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def test_openai_client_gets_steered_completions_and_values_from_vllm(vllm_server, engine):
+    import openai
+
+    lm, axis, llm = engine
+    client = openai.OpenAI(base_url=vllm_server, api_key="none", max_retries=0, timeout=120)
+    extra = {"steering": {"alpha": 4.0}}
+    whole = client.completions.create(
+        model="smollm2-135m", prompt="The capital of France is", max_tokens=6, temperature=0, extra_body=extra
+    ).choices[0]
+    values = whole.model_extra["values"]
+    assert len(values) >= 1 and all(math.isfinite(v) for v in values)
+    # the same request offline through the plugin: the same tokens and values
+    ids = lm.tokenizer("The capital of France is")["input_ids"]
+    spec = VllmSteer(probe=str(PROBE), alpha=4.0, layer=axis.best_layer, key="http-ref")
+    ref = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        _params(max_tokens=6, extra_args=spec.extra_args()),
+        use_tqdm=False,
+    )[0]
+    assert whole.text == ref.outputs[0].text
+    torch.testing.assert_close(torch.tensor(values), torch.tensor(take_values(llm, ["http-ref"])["http-ref"]))
+    pieces, streamed = [], []
+    for chunk in client.chat.completions.create(
+        model="smollm2-135m",
+        messages=PROMPTS[2],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        extra_body=extra,
+    ):
+        pieces.append(chunk.choices[0].delta.content or "")
+        streamed += chunk.choices[0].model_extra.get("values") or []
+    chat = client.chat.completions.create(
+        model="smollm2-135m", messages=PROMPTS[2], max_tokens=6, temperature=0, extra_body=extra
+    ).choices[0]
+    assert "".join(pieces) == chat.message.content
+    assert streamed == pytest.approx(chat.model_extra["values"], abs=1e-5)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(
+            model="smollm2-135m", prompt="x", max_tokens=2, extra_body={"steering": {"alpha": 99}}
+        )
+    assert bad.value.body["param"].startswith("steering")
+
+
+def test_sixteen_concurrent_clients_each_get_their_own_steering(vllm_server, engine):
+    """16 clients at once, each with its own α, read three layers downstream: values order by α."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    _, axis, _ = engine
+    client = openai.OpenAI(base_url=vllm_server, api_key="none", max_retries=0, timeout=300)
+    alphas = [-8.0 + i for i in range(16)]
+
+    def one(alpha: float) -> list[float]:
+        got = client.completions.create(
+            model="smollm2-135m",
+            prompt="My favourite season is",
+            max_tokens=4,
+            temperature=0,
+            extra_body={"steering": {"alpha": alpha}, "value_layer": axis.best_layer + 3},
+        )
+        return got.choices[0].model_extra["values"]
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, alphas))
+    first = [v[0] for v in got]
+    assert first == sorted(first) and first[0] < first[-1] - 1.0
+
+
+def test_steer_engine_vllm_writes_the_sweep_files(tmp_path, capsys):
+    """``valueprobe steer --engine vllm``: the same folder as the HF route (settings, one row per
+    (prompt, α, direction), metrics, dose figure), the engine recorded in settings.json."""
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "sweep"
+    root = Path(__file__).resolve().parents[1]
+    args = [
+        "steer",
+        "--probe",
+        str(PROBE),
+        "--prompts",
+        str(root / "data" / "steer_open.jsonl"),
+        "--out",
+        str(out),
+    ]
+    args += ["--engine", "vllm", "--limit", "2", "--alphas", "-4,4", "--random-directions", "1"]
+    code, _, err = run_cli([*args, "--max-new-tokens", "8", "--greedy", "--bootstrap", "50"], capsys)
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2 and {r["direction"] for r in rows} == {"axis", "random-0"}
+    assert json.loads((out / "settings.json").read_text())["engine"] == "vllm"
+    for name in ("metrics.json", "metrics.csv", "dose.html"):
+        assert (out / name).is_file()

@@ -161,12 +161,14 @@ def encode(
     span_labels: Sequence[str] | None = None,
     chat_template: ChatTemplate = ChatTemplate.model,
     warn: bool = True,
+    truncated: list[tuple[str, int]] | None = None,
 ) -> list[Encoded]:
     """Tokenize examples and pick, for each, the token indices of every row it yields.
 
     ``span_labels`` keeps only spans with those labels (e.g. only ``prefix``, so a probe never
     reads the text that admits an error). A text longer than the model's context is an error
-    naming the example; with ``max_length`` it is truncated instead, with one warning (``warn``).
+    naming the example; with ``max_length`` it is truncated instead, with one warning (``warn``),
+    or, given ``truncated``, (id, tokens) appended to it for the caller's one warning over many calls.
     """
     positions = choice(Positions, positions, what="positions")
     chat_template = choice(ChatTemplate, chat_template, what="chat template")
@@ -177,7 +179,7 @@ def encode(
         )
     tok = lm.tokenizer
     out: list[Encoded] = []
-    truncated: list[tuple[str, int]] = []
+    cut: list[tuple[str, int]] = [] if truncated is None else truncated
     for ex in examples:
         text, starts = render(tok, ex, chat_template=chat_template)
         special = ex.messages is None or chat_template == "plain"  # a chat template adds its own
@@ -189,7 +191,7 @@ def encode(
                 f" or pass --max-length {limit} to truncate it"
             )
         if max_length is not None and len(ids) > max_length:
-            truncated.append((ex.id, len(ids)))
+            cut.append((ex.id, len(ids)))
             ids, offsets = ids[:max_length], offsets[:max_length]
         n = len(ids)
         if n == 0:
@@ -198,10 +200,16 @@ def encode(
             ex, positions, n, offsets, starts, span_labels=span_labels, max_length=max_length
         )
         out.append(Encoded(example=ex, input_ids=ids, selections=selections))
-    if truncated and warn:
+    if truncated is None and warn:
+        warn_truncated(cut, len(examples), max_length)
+    return out
+
+
+def warn_truncated(truncated: Sequence[tuple[str, int]], n_examples: int, max_length: int | None) -> None:
+    """The one warning for the examples ``encode`` truncated to ``max_length`` (none: no warning)."""
+    if truncated:
         first, n = truncated[0]
         logging.getLogger("valueprobe").warning(
-            f"truncated {len(truncated)} of {len(examples)} examples to max_length {max_length} tokens"
+            f"truncated {len(truncated)} of {n_examples} examples to max_length {max_length} tokens"
             f" (first: {first!r}, {n} tokens)"
         )
-    return out

@@ -1,7 +1,10 @@
-"""A capture under torchrun: each rank captures its part, they meet, and rank 0 merges.
+"""A job under torchrun: each rank runs its part, they meet, and rank 0 merges.
 
     torchrun --nproc-per-node 8 -m valueprobe capture --model Qwen/Qwen3-8B --data data/icrl.jsonl \
         --positions spans --device cuda --out runs/icrl
+
+The same holds for ``score``, ``steer`` and ``shift`` (:func:`run_ranks` takes the part's job and
+the kind's merge); the capture's words below stand for theirs.
 
 Rank R of N (torchrun's ``RANK``/``WORLD_SIZE``, when WORLD_SIZE > 1) is shard R/N, on GPU
 ``LOCAL_RANK`` when the device is ``cuda``: it captures
@@ -10,13 +13,17 @@ reports how its part went in one ``all_gather`` over gloo (CPU; no GPU collectiv
 If a rank failed, the job ends with one line naming it; otherwise rank 0 merges the parts into
 ``runs/icrl``. Rerunning the same command resumes every rank from its own part. A rank killed
 outright (kill -9, out of memory) never reports: torchrun then stops the others and names it.
+Parts on disk from a run with another world size are refused before any work: a rank's part is
+only its own under the N it was written with.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch.distributed as dist
 
@@ -25,7 +32,9 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import ShardSpec
 
-__all__ = ["capture_ranks", "part_dir", "rank_device"]
+__all__ = ["capture_ranks", "check_world", "part_dir", "rank_device", "run_ranks"]
+
+T = TypeVar("T")
 
 
 def rank_device(device: str, env: Mapping[str, str] = os.environ) -> str:
@@ -54,13 +63,30 @@ def _gather(failure: str | None, shard: ShardSpec) -> list[str | None]:
     return got
 
 
-def capture_ranks(
-    out: str | Path, shard: ShardSpec, capture_part: Callable[[Path], object]
-) -> ActivationStore | None:
-    """Run ``capture_part(part_dir)`` on this rank, meet the other ranks, and on rank 0 merge.
+def check_world(out: str | Path, shard: ShardSpec) -> None:
+    """Refuse parts on disk (``OUT.parts/part-I-of-M``) written by a run of another world size M."""
+    parts = part_dir(out, shard).parent
+    if not parts.is_dir():
+        return
+    for entry in sorted(parts.iterdir()):
+        if (m := re.fullmatch(r"part-\d+-of-(\d+)", entry.name)) and int(m.group(1)) != shard.count:
+            raise ValueprobeError(
+                f"{parts} holds parts of a {m.group(1)}-rank run ({entry.name}) but torchrun started"
+                f" {shard.count} ranks: rerun with --nproc-per-node {m.group(1)} to resume them, or remove"
+                f" {parts} to start over"
+            )
+
+
+def run_ranks(
+    out: str | Path,
+    shard: ShardSpec,
+    run_part: Callable[[Path], object],
+    merge: Callable[[Path, Sequence[Path]], T],
+) -> T | None:
+    """Run ``run_part(part_dir)`` on this rank, meet the other ranks, and on rank 0 ``merge(out, parts)``.
 
     Returns:
-        the merged store on rank 0, None on the others.
+        the merged result on rank 0, None on the others.
 
     Raises:
         ValueprobeError: on rank 0, one line naming the first rank that failed and why;
@@ -68,7 +94,8 @@ def capture_ranks(
     """
     failure = None
     try:
-        capture_part(part_dir(out, shard))
+        check_world(out, shard)
+        run_part(part_dir(out, shard))
     except ValueprobeError as exc:
         failure = str(exc)
     except Exception as exc:  # an internal error still has to reach the other ranks
@@ -84,9 +111,23 @@ def capture_ranks(
         if bad:
             raise SystemExit(2)
         parts = [part_dir(out, ShardSpec(r, shard.count)) for r in range(shard.count)]
-        merged = merge_stores(out, parts) if shard.index == 0 else None
-        dist.barrier()  # no rank leaves before the merged store is in place
+        merged, merge_failure = None, None
+        if shard.index == 0:
+            try:
+                merged = merge(Path(out), parts)
+            except Exception as exc:  # raised after the barrier, so no rank waits on rank 0 forever
+                merge_failure = exc
+        dist.barrier()  # no rank leaves before the merged result is in place
+        if merge_failure is not None:
+            raise merge_failure
         return merged
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def capture_ranks(
+    out: str | Path, shard: ShardSpec, capture_part: Callable[[Path], object]
+) -> ActivationStore | None:
+    """:func:`run_ranks` for a capture: the merged store on rank 0, None on the others."""
+    return run_ranks(out, shard, capture_part, merge_stores)

@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from valueprobe.activations.capture import Rows, run_until
-from valueprobe.activations.encode import encode
+from valueprobe.activations.encode import encode, warn_truncated
 from valueprobe.activations.manifest import FORMAT_VERSION, DatasetInfo, Shard, StoreManifest
 from valueprobe.datasets.io import Example, regroup
 from valueprobe.errors import ValueprobeError
@@ -266,9 +266,13 @@ def capture_to_store(
         part=shard,
         **tokens,
     )
-    # Check every token selection (this part's) before writing anything; the ids are not kept
-    # (each shard encodes its examples again), so memory stays flat.
-    select(examples[wanted.example_range.start : wanted.example_range.stop])
+    # Check every token selection (this part's) before writing anything, one shard's block at a
+    # time: the ids are dropped block by block (each shard encodes its examples again), so memory
+    # stays flat however many examples there are; truncations make one warning for all of them.
+    todo, truncated = wanted.example_range, list[tuple[str, int]]()
+    for lo in range(todo.start, todo.stop, examples_per_shard):
+        select(examples[lo : min(todo.stop, lo + examples_per_shard)], truncated=truncated)
+    warn_truncated(truncated, len(todo), max_length)
     run = functools.partial(
         run_until,
         lm,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from valueprobe.activations.ranks import rank_device, run_ranks
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.vocab import ChatTemplate, ShardSpec
@@ -110,3 +111,27 @@ def write_html(fig: go.Figure, path: Path) -> None:
     """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
+
+
+def run_sharded(
+    out: Path,
+    shard: ShardSpec | None,
+    device: str,
+    work: Callable[[Path, ShardSpec, str], object],
+    merge: Callable[[Path, Sequence[Path]], object],
+) -> bool:
+    """A part of a sharded job, if this is one; True when it was.
+
+    With ``--shard I/N``: ``work(out, shard, device)`` writes the part. Under torchrun (RANK and
+    WORLD_SIZE > 1, no ``--shard``): ``work`` writes this rank's part (OUT.parts/part-R-of-N) on
+    its own GPU, the ranks meet, and rank 0 runs ``merge(out, parts)``
+    (`valueprobe.activations.ranks.run_ranks`). Otherwise False: the caller runs the whole job.
+    """
+    ranked = ShardSpec.from_env() if shard is None else None
+    if ranked is not None:
+        run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merge)
+        return True
+    if shard is not None:
+        work(out, shard, device)
+        return True
+    return False

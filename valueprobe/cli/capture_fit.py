@@ -8,7 +8,7 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +29,7 @@ from valueprobe.cli.app import (
     app,
     console,
     replicate_app,
+    run_sharded,
     table,
     write_html,
 )
@@ -40,7 +41,7 @@ from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.read.score_parts import ScoreSettings, score_part
+from valueprobe.read.score_parts import ScoreSettings, merge_scores, score_part
 from valueprobe.replicate.axis import replicate_axis as run_replicate
 from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
@@ -295,7 +296,6 @@ def score(
     check_device(device)
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
-    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     settings = ScoreSettings(
         layer=layer,
         tokens=tokens,
@@ -307,13 +307,18 @@ def score(
         max_length=max_length,
         chat_template=chat_template,
     )
-    if shard is not None:
+
+    def work(part_out: Path, part: ShardSpec, on: str) -> None:
+        lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=on)
         info = DatasetInfo(str(data), sha256_file(data), len(examples))
-        part = score_part(axis, lm, examples, shard=shard, dataset=info, settings=settings).write(out)
+        score_part(axis, lm, examples, shard=part, dataset=info, settings=settings).write(part_out)
         console.print(
-            f"wrote {part}/scores.csv, part.json (shard {shard}): `valueprobe merge` joins the parts"
+            f"wrote {part_out}/scores.csv, part.json (shard {part}): `valueprobe merge` joins the parts"
         )
+
+    if run_sharded(out, shard, device, work, print_merged_scores):
         return
+    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
     res = settings.score(axis, lm, examples)
     files = res.write(out)
     headers, rows = res.table()
@@ -402,3 +407,10 @@ def replicate_axis(
             ],
         )
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
+
+
+def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:
+    """Merge the parts of a sharded score into ``out`` and print its table."""
+    res = merge_scores(out, parts)
+    headers, rows = res.table()
+    table(f"score (merged): layer {res.layer}", headers, rows)

@@ -35,9 +35,7 @@ from valueprobe.cli import (  # noqa: F401
 )
 from valueprobe.cli.app import (
     DeviceOpt,
-    ForceOpt,
     ModelOpt,
-    TrustOpt,
     app,
     console,
     datasets_app,
@@ -45,16 +43,10 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least, run_app
 from valueprobe.datasets import build
-from valueprobe.datasets.io import read_jsonl
-from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
-from valueprobe.model.load import check_device, check_model_folder, load
-from valueprobe.probe.axis import ValueAxis
+from valueprobe.model.load import check_device, check_model_folder
 from valueprobe.replicate.demo import run_demo
 from valueprobe.report.page import SECTIONS, load_results, write_report
-from valueprobe.report.plots import shift_figure
-from valueprobe.tune.shift import group_by, shift
-from valueprobe.vocab import LayerSelection, Positions
 
 
 @app.command()
@@ -111,82 +103,6 @@ def datasets_build(
         info = entries[path]
         rows.append([path, info["rows"], len(info["groups"]), info["sha256"][:12]])
     table(f"datasets -> {out} (seed {seed})", ["file", "rows", "groups", "sha256"], rows)
-
-
-# --- shift ---
-
-
-@app.command("shift")
-def shift_cmd(
-    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
-    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
-    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
-    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
-    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
-    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
-    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
-    layers: Annotated[
-        LayerSelection | None,
-        typer.Option(
-            parser=LayerSelection.parse,
-            metavar="SPEC",
-            help="layers of the by-layer curves (default: the axis's)",
-        ),
-    ] = None,
-    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
-    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
-    contrast: Annotated[
-        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
-    ] = False,
-    refit: Annotated[
-        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
-    ] = False,
-    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    batch_size: int = 8,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
-    force: ForceOpt = False,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-) -> None:
-    """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
-    if out.exists() and not overwrite:
-        raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
-    check_output_dir(out, holds="shift")
-    check_at_least("--n-random", n_random, 1)
-    check_at_least("--bootstrap", bootstrap, 0)
-    check_at_least("--batch-size", batch_size, 1)
-    check_device(device)
-    examples = group_by(read_jsonl(data), by)
-    axis = ValueAxis.load(probe)
-    base_lm = load(base, trust_remote_code=trust_remote_code, device=device)
-    tuned_lm = load(tuned, trust_remote_code=trust_remote_code, device=device)
-    res = shift(
-        axis,
-        base_lm,
-        tuned_lm,
-        examples,
-        layers=layers,
-        layer=layer,
-        tokens=tokens,
-        targeted=[t.strip() for t in targeted.split(",") if t.strip()],
-        contrast=contrast,
-        n_random=n_random,
-        refit=refit,
-        n_boot=bootstrap,
-        seed=seed,
-        batch_size=batch_size,
-        force=force,
-    )
-    res.write(out, overwrite=overwrite, figure=shift_figure(res))
-    headers, rows = res.table()
-    table(
-        f"shift: {tuned} vs {base} on {probe.name}, layer {res.layer} (σ of the base reference)",
-        headers,
-        rows,
-    )
-    console.print(f"wrote {out}/shift.json, examples.csv, shift.html")
 
 
 # --- report ---

@@ -4,7 +4,8 @@ valueprobe capture --data data/icrl.jsonl --shard 0/2 --out runs/icrl.part0
 valueprobe capture --data data/icrl.jsonl --shard 1/2 --out runs/icrl.part1
 valueprobe merge runs/icrl runs/icrl.part0 runs/icrl.part1
 
-The same for `score --shard` (scores.csv) and `steer --shard` (generations.jsonl) parts.
+The same for `score --shard` (scores.csv), `steer --shard` (generations.jsonl) and `shift --shard`
+(shift-part.json) parts.
 """
 
 from __future__ import annotations
@@ -16,31 +17,26 @@ import typer
 
 from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import MANIFEST
-from valueprobe.cli.app import app, console, table
-from valueprobe.cli.capture_fit import print_store
-from valueprobe.cli.steer import print_sweep
+from valueprobe.cli.app import app, console
+from valueprobe.cli.capture_fit import print_merged_scores, print_store
+from valueprobe.cli.steer import print_merged_sweeps
+from valueprobe.cli.tune import print_merged_shifts
 from valueprobe.errors import ValueprobeError
-from valueprobe.read.score_parts import merge_scores
 from valueprobe.steering.sweep import GENERATIONS
-from valueprobe.steering.sweep_parts import merge_sweeps
+from valueprobe.tune.shift_parts import MARKER as SHIFT_PART
 
 
 def _merge_store(out: Path, parts: list[Path]) -> None:
     print_store(out, merge_stores(out, parts))
 
 
-def _merge_scores(out: Path, parts: list[Path]) -> None:
-    res = merge_scores(out, parts)
-    headers, rows = res.table()
-    table(f"score (merged): layer {res.layer}", headers, rows)
-
-
-def _merge_sweeps(out: Path, parts: list[Path]) -> None:
-    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
-
-
 # What a part is recognised by (its marker file) -> how its kind is merged and summarised.
-MERGERS = {MANIFEST: _merge_store, "scores.csv": _merge_scores, GENERATIONS: _merge_sweeps}
+MERGERS = {
+    MANIFEST: _merge_store,
+    "scores.csv": print_merged_scores,
+    GENERATIONS: print_merged_sweeps,
+    SHIFT_PART: print_merged_shifts,
+}
 
 
 @app.command()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,14 +30,15 @@ from valueprobe.cli.app import (
     console,
     renamed,
     replicate_app,
+    run_sharded,
     table,
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import LoadedModel, load
+from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
@@ -45,10 +46,10 @@ from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.sweep_parts import check_part_out, run_sweep_part
+from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
-__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
+__all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -179,45 +180,35 @@ def steer_command(
         site=None if site is None else site.value,
         engine=engine,
     )
-    check_settings(settings, axis, out, examples, part=shard is not None)
-    if shard is not None:
-        check_part_out(out, shard)
+    part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
+    if run_sharded(
+        out, shard, device, _part_work(settings, axis, examples, model, part), print_merged_sweeps
+    ):
+        return
+    check_settings(settings, axis, out, examples)
     lm = load(model, device=device)
-    if shard is not None:
-        return _write_part(lm, axis, examples, out, settings, shard, other, batch_size, bootstrap, force)
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
     result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
 
 
-def _write_part(
-    lm: LoadedModel,
-    axis: ValueAxis,
-    examples: list[Example],
-    out: Path,
-    settings: SweepSettings,
-    shard: ShardSpec,
-    other: ValueAxis | None,
-    batch_size: int,
-    bootstrap: int,
-    force: bool,
-) -> None:
-    """Run this shard's blocks of the sweep into ``out`` (a part that `valueprobe merge` joins)."""
-    n_rows = run_sweep_part(
-        lm,
-        axis,
-        examples,
-        out,
-        settings,
-        shard=shard,
-        other=other,
-        batch_size=batch_size,
-        n_boot=bootstrap,
-        force=force,
-    )
-    console.print(
-        f"wrote {out}/generations.jsonl ({n_rows} rows), part.json (shard {shard}): `valueprobe merge` joins the parts"
-    )
+def _part_work(
+    settings: SweepSettings, axis: ValueAxis, examples: list, model: str, run: Callable[..., int]
+) -> Callable[[Path, ShardSpec, str], None]:
+    """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder."""
+
+    def work(part_out: Path, part: ShardSpec, on: str) -> None:
+        check_settings(settings, axis, part_out, examples, part=True)
+        check_part_out(part_out, part)
+        n_rows = run(load(model, device=on), axis, examples, part_out, settings, shard=part)
+        console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
+
+    return work
+
+
+def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
+    """Merge the parts of a sharded sweep into ``out``, write its figure and print its table."""
+    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
 
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
@@ -263,6 +254,13 @@ def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, .
     return chosen
 
 
+def _check_tokens(tokens: float) -> None:
+    if not (math.isfinite(tokens) and tokens > 0):
+        raise ValueprobeError(
+            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
+        )
+
+
 @replicate_app.command("steer")
 def replicate_steer_command(
     ctx: typer.Context,
@@ -295,16 +293,14 @@ def replicate_steer_command(
     benchmarks: Annotated[
         str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
     ] = "all",
+    shard: ShardOpt = None,
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     check_at_least("--prompts", prompts, 1)
     check_at_least("--batch-size", batch_size, 1)
-    if not (math.isfinite(tokens) and tokens > 0):
-        raise ValueprobeError(
-            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
-        )
+    _check_tokens(tokens)
     chosen = parse_rows(rows)
     names = parse_benchmarks(benchmarks)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
@@ -327,7 +323,11 @@ def replicate_steer_command(
     for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = load(model, device=device)
-    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, **shared)
+    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, shard=shard, **shared)
+    if shard is not None:
+        return console.print(
+            f"wrote shard {shard} of each sweep under {runs}/: rerun without --shard to merge"
+        )
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")
         table(

@@ -1,4 +1,4 @@
-"""The tuning commands: ``valueprobe tune dpo|sft`` and ``valueprobe replicate dpo-words|safety``.
+"""The tuning commands: ``valueprobe tune dpo|sft``, ``valueprobe shift`` and ``valueprobe replicate dpo-words|safety``.
 
     valueprobe tune dpo --data data/preference_words.jsonl --group preference_words/dolphin --out runs/tune/dolphin
     valueprobe replicate dpo-words --k 6 --avoid 2 --out probes/dpo-words-smollm2-135m
@@ -10,22 +10,41 @@ Options are checked before any model loads; the work is one library call each.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, NamedTuple, TypeVar
 
 import typer
 
-from valueprobe.cli.app import ModelOpt, app, console, replicate_app, table
+from valueprobe.activations.manifest import DatasetInfo
+from valueprobe.cli.app import (
+    DeviceOpt,
+    ForceOpt,
+    ModelOpt,
+    ShardOpt,
+    TrustOpt,
+    app,
+    console,
+    replicate_app,
+    run_sharded,
+    table,
+)
+from valueprobe.cli.boundary import check_at_least
+from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import load
+from valueprobe.files import check_output_dir
+from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.replicate.dpo_words import write_report as write_words
 from valueprobe.replicate.safety import replicate_safety as run_safety
 from valueprobe.replicate.safety import write_report as write_safety
+from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
+from valueprobe.tune.shift import ShiftResult, check_groups, group_by, shift
+from valueprobe.tune.shift_parts import ShiftSettings, merge_shifts, shift_part
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
+from valueprobe.vocab import LayerSelection, Positions, ShardSpec
 
 __all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
 
@@ -206,3 +225,130 @@ def replicate_safety(
     headers, rows = report.table()
     _print("safety DPO: refusal and shift", headers, rows)
     _say("wrote " + ", ".join(str(p) for p in write_safety(report, out)))
+
+
+# --- shift ---
+
+
+@app.command("shift")
+def shift_cmd(
+    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
+    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
+    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
+    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
+    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
+    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
+    layers: Annotated[
+        LayerSelection | None,
+        typer.Option(
+            parser=LayerSelection.parse,
+            metavar="SPEC",
+            help="layers of the by-layer curves (default: the axis's)",
+        ),
+    ] = None,
+    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
+    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
+    contrast: Annotated[
+        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
+    ] = False,
+    refit: Annotated[
+        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
+    ] = False,
+    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    batch_size: int = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    force: ForceOpt = False,
+    trust_remote_code: TrustOpt = False,
+    device: DeviceOpt = "cpu",
+    shard: ShardOpt = None,
+) -> None:
+    """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    if out.exists() and not overwrite:
+        raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
+    check_output_dir(out, holds="shift")
+    check_at_least("--n-random", n_random, 1)
+    check_at_least("--bootstrap", bootstrap, 0)
+    check_at_least("--batch-size", batch_size, 1)
+    check_device(device)
+    examples = group_by(read_jsonl(data), by)
+    axis = ValueAxis.load(probe)
+    settings = ShiftSettings(
+        by=by,
+        layers=layers,
+        layer=layer,
+        tokens=str(tokens),
+        targeted=tuple(t.strip() for t in targeted.split(",") if t.strip()),
+        contrast=contrast,
+        n_random=n_random,
+        refit=refit,
+        n_boot=bootstrap,
+        seed=seed,
+        batch_size=batch_size,
+    )
+    check_groups(examples, targeted=settings.targeted, contrast=contrast, refit=refit)
+
+    work = _shift_work(
+        axis, base, tuned, data, examples, settings, trust_remote_code=trust_remote_code, force=force
+    )
+    if run_sharded(out, shard, device, work, print_merged_shifts):
+        return
+    base_lm = load(base, trust_remote_code=trust_remote_code, device=device)
+    tuned_lm = load(tuned, trust_remote_code=trust_remote_code, device=device)
+    s = settings
+    res = shift(
+        axis, base_lm, tuned_lm, examples, layers=s.layers, layer=s.layer, tokens=tokens, targeted=s.targeted,
+        contrast=s.contrast, n_random=s.n_random, refit=s.refit, n_boot=s.n_boot, seed=s.seed,
+        batch_size=s.batch_size, force=force,
+    )  # fmt: skip
+    print_shift(res, out, overwrite=overwrite, title=f"shift: {tuned} vs {base} on {probe.name}")
+
+
+def _shift_work(
+    axis: ValueAxis,
+    base: str,
+    tuned: str,
+    data: Path,
+    examples: list,
+    settings: ShiftSettings,
+    *,
+    trust_remote_code: bool,
+    force: bool,
+) -> Callable[[Path, ShardSpec, str], None]:
+    """One shard of a shift (both models loaded on ``on``) into its part folder."""
+
+    def work(part_out: Path, part: ShardSpec, on: str) -> None:
+        base_lm, tuned_lm = (load(m, trust_remote_code=trust_remote_code, device=on) for m in (base, tuned))
+        info = DatasetInfo(str(data), sha256_file(data), len(examples))
+        shift_part(
+            axis,
+            base_lm,
+            tuned_lm,
+            examples,
+            part_out,
+            shard=part,
+            dataset=info,
+            settings=settings,
+            force=force,
+        )
+        console.print(f"wrote {part_out}/shift-part.json, reads.safetensors (shard {part})")
+
+    return work
+
+
+def print_merged_shifts(out: Path, parts: Sequence[Path]) -> None:
+    """Merge the parts of a sharded shift into ``out`` (a new folder) and print its table."""
+    check_output_dir(out, holds="shift")
+    if out.exists():
+        raise ValueprobeError(f"merge OUT {out} already exists: write the merged shift to a new folder")
+    print_shift(merge_shifts(parts), out, overwrite=False, title="shift (merged)")
+
+
+def print_shift(res: ShiftResult, out: Path, *, overwrite: bool, title: str) -> None:
+    """Write a shift's files (figure included) and print its table."""
+    res.write(out, overwrite=overwrite, figure=shift_figure(res))
+    headers, rows = res.table()
+    table(f"{title}, layer {res.layer} (σ of the base reference)", headers, rows)
+    console.print(f"wrote {out}/shift.json, examples.csv, shift.html")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
     from valueprobe.probe.axis import ValueAxis
 
-__all__ = ["INSTALL", "VllmGenerator", "VllmRow", "model_path", "open_llm", "take_values"]
+__all__ = ["INSTALL", "VllmGenerator", "VllmRow", "engine_kwargs", "model_path", "open_llm", "take_values"]
 
 INSTALL = (
     "pip install 'valueprobe[vllm]' in its own virtual environment (bash .ci/vllm-env builds .venv-vllm)"
@@ -59,7 +59,7 @@ def model_path(model: str) -> str:
     return model  # a hub id, for machines that reach the hub
 
 
-def open_llm(
+def engine_kwargs(
     model: str,
     *,
     seed: int = 0,
@@ -67,24 +67,31 @@ def open_llm(
     enforce_eager: bool = False,
     prefix_caching: bool = True,
     dtype: str = "float32",
-) -> Any:
-    """A ``vllm.LLM`` on ``model`` with valueprobe's plugin loaded (its entry point does that).
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` / ``AsyncEngineArgs`` valueprobe's engines use.
 
-    One clear line when vLLM is not installed. ``dtype`` float32 by default, as the HF route loads.
+    ``dtype`` float32 by default, as the HF route loads; a 2 GiB CPU KV cache unless
+    ``VLLM_CPU_KVCACHE_SPACE`` says otherwise (vLLM's CPU default is far larger).
     """
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    return {
+        "model": model_path(model),
+        "dtype": dtype,
+        "seed": seed,
+        "max_model_len": max_model_len,
+        "enforce_eager": enforce_eager,
+        "enable_prefix_caching": prefix_caching,
+    }
+
+
+def open_llm(model: str, **kw: Any) -> Any:
+    """A ``vllm.LLM`` on ``model`` with valueprobe's plugin loaded (its entry point does that);
+    ``kw`` as `engine_kwargs`. One clear line when vLLM is not installed."""
     try:
         from vllm import LLM  # optional dependency: the [vllm] extra
     except ImportError:
         raise ValueprobeError(f"the vLLM engine needs vLLM: {INSTALL}") from None
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM's CPU default is far larger
-    return LLM(
-        model=model_path(model),
-        dtype=dtype,
-        seed=seed,
-        max_model_len=max_model_len,
-        enforce_eager=enforce_eager,
-        enable_prefix_caching=prefix_caching,
-    )
+    return LLM(**engine_kwargs(model, **kw))
 
 
 def take_values(llm: Any, keys: Sequence[str]) -> dict[str, list[float]]:

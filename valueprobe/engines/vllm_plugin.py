@@ -18,6 +18,8 @@ vLLM loads general plugins in every process; `register` only patches what each p
   once and every later step calls the op. A step without steering or readout touches nothing.
 - ``Request.from_engine_core_request`` (engine core) folds a steering's `VllmSteer.salt` into the
   request's ``cache_salt``, so the prefix cache never serves steered KV to another strength.
+- the compile cache: the plugin adds itself to the config's ``additional_config`` (part of vLLM's
+  compile-cache key), so a graph compiled without the op is never loaded with the plugin on.
 - the workers gain one method, ``valueprobe_take_values``, that `LLM.collective_rpc` calls by name
   (no insecure serialization) to collect per-token values.
 
@@ -52,6 +54,7 @@ __all__ = ["block_op", "install", "register", "take"]
 
 log = logging.getLogger("valueprobe.vllm")
 
+_GRAPH_ID = "block-op-1"  # in vLLM's compile-cache key: graphs with the op never mix with graphs without
 _MAX_KEPT = 65536  # requests whose values wait to be taken; the oldest go first
 _LOCK = threading.Lock()
 _VALUES: OrderedDict[str, dict[int, float]] = OrderedDict()
@@ -262,6 +265,11 @@ def _wrap_load(cls: Any) -> None:
         return
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM keys its compile cache by the config, not by module hooks: without this, a graph
+        # compiled without the plugin (cached on disk) would load and never call the op.
+        extra = getattr(getattr(self, "vllm_config", None), "additional_config", None)
+        if isinstance(extra, dict):
+            extra[EXTRA_KEY] = _GRAPH_ID
         out = original(self, *args, **kwargs)
         self._valueprobe_hooks = install(self)
         return out

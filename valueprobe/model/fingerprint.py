@@ -121,13 +121,36 @@ def _bf16_bytes(t: torch.Tensor) -> bytes:
     return t.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
 
 
+def _weights(model: Any) -> list[torch.Tensor]:
+    """Every parameter's values in ``named_parameters`` order. A block that accelerate offloaded
+    (``device_map`` with ``"disk"``, or CPU offload) holds meta tensors; its values are in its hook's
+    ``weights_map``, keyed by the name under the hooked module."""
+    maps = {
+        name: hook.weights_map
+        for name, module in model.named_modules()
+        if (hook := getattr(module, "_hf_hook", None)) is not None
+        and getattr(hook, "weights_map", None) is not None
+    }
+    out = []
+    for full, p in model.named_parameters():
+        if p.device.type == "meta":
+            owner = max((m for m in maps if full.startswith(f"{m}.")), key=len, default=None)
+            if owner is None:
+                raise ValueprobeError(
+                    f"cannot fingerprint parameter {full}: it is on no device and no offload map"
+                )
+            p = maps[owner][full[len(owner) + 1 :]]
+        out.append(p)
+    return out
+
+
 def weights_fingerprint(model: Any) -> str:
     """16 hex digits over up to 1024 evenly strided values of every parameter, cast to bf16.
 
     Sampling every tensor (not a few) is what makes a LoRA merge or a short fine-tune show:
     the update touches the attention and MLP matrices, not the embeddings or norms.
     """
-    params = [p for _, p in model.named_parameters()]
+    params = _weights(model)
     if not params:
         raise ValueprobeError("cannot fingerprint a model without parameters")
     h = hashlib.sha256()
@@ -149,7 +172,7 @@ def legacy_fingerprint(model: Any) -> str:
     Kept only to compare records written then (e.g. the shipped probes) with a live model.
     """
     h = hashlib.sha256(json.dumps(_config_shape(model), sort_keys=True, default=str).encode())
-    params = [p for _, p in model.named_parameters()]
+    params = _weights(model)
     if not params:
         raise ValueprobeError("cannot fingerprint a model without parameters")
     picks = [model.get_input_embeddings().weight] if hasattr(model, "get_input_embeddings") else []

@@ -32,7 +32,20 @@ from valueprobe.model.fingerprint import check_records, fingerprint
 from valueprobe.model.fingerprint import legacy_fingerprint as _legacy_fingerprint
 from valueprobe.model.gguf import ALIASES, alias_dir, gguf_dir
 
-__all__ = ["LoadedModel", "check_device", "load", "wrap", "fingerprint", "cache_dir", "DEFAULT_MODEL"]
+__all__ = [
+    "DeviceMap",
+    "LoadedModel",
+    "check_device",
+    "check_dtype",
+    "load",
+    "wrap",
+    "fingerprint",
+    "cache_dir",
+    "DEFAULT_MODEL",
+]
+
+# accelerate's device map: "auto" (GPUs, then CPU, then disk) or module name -> "cuda:0" | "cpu" | "disk"
+DeviceMap = str | dict[str, str | int] | None
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -170,7 +183,13 @@ def wrap(
 
 
 def _from_pretrained(
-    where: str, *, dtype: torch.dtype, device: str, trust_remote_code: bool, device_map: str | None
+    where: str,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    trust_remote_code: bool,
+    device_map: DeviceMap,
+    offload_folder: str | None = None,
 ) -> tuple[Any, Any]:
     from transformers import (  # seconds to import: only when loading
         AutoConfig,
@@ -183,10 +202,34 @@ def _from_pretrained(
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device_map:
         kwargs["device_map"] = device_map
+        if offload_folder is not None:
+            kwargs["offload_folder"] = offload_folder
     model: Any = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+    # A class naming no blocks to keep whole (``_no_split_modules``) may be cut inside a decoder
+    # block, and a model accelerate did not dispatch has no per-layer devices: neither is sharded
+    # by the map, and a residual hook would see a block's input and output on two devices.
+    if device_map and (not getattr(model, "_no_split_modules", None) or not hasattr(model, "hf_device_map")):
+        raise ValueprobeError(
+            f"--device-map {device_map}: model {where} is not sharded by it (its class names no decoder blocks"
+            " for accelerate to keep whole); drop --device-map and pass --device"
+        )
     if not device_map:
         model = model.to(device)
     return model, tok
+
+
+def check_dtype(dtype: torch.dtype, device: str) -> None:
+    """Fail in one line when ``device`` cannot run ``dtype``: a tiny matmul and softmax on it, as a
+    forward pass does (float16 matmuls are missing on some CPUs, bfloat16 on older GPUs)."""
+    try:
+        x = torch.ones(2, 2, dtype=dtype, device=device)
+        torch.softmax(x @ x, dim=-1).sum().item()
+    except (RuntimeError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ValueprobeError(
+            f"--dtype {str(dtype).removeprefix('torch.')}: {device} cannot run it ({first}); use float32,"
+            " or a device that supports it"
+        ) from None
 
 
 def check_decoder_only(config: Any, where: str) -> None:
@@ -245,7 +288,8 @@ def load(
     *,
     dtype: torch.dtype | str = torch.float32,
     device: str = "cpu",
-    device_map: str | None = None,
+    device_map: DeviceMap = None,
+    offload_folder: str | None = None,
     trust_remote_code: bool = False,
     layers_path: str | None = None,
 ) -> LoadedModel:
@@ -255,7 +299,8 @@ def load(
         spec: ``"smollm2-135m"`` (offline default), a folder, a ``.gguf`` path, or a hub id.
         dtype: torch dtype or its name (``"bfloat16"``).
         device: where to put the model (ignored with ``device_map``).
-        device_map: e.g. ``"auto"`` to spread a large model over GPUs (accelerate).
+        device_map: ``"auto"`` (accelerate: GPUs, then CPU, then disk) or module name -> ``"cuda:0"``,
+            ``"cpu"``, ``"disk"``; hooks and vectors follow each layer. offload_folder: for ``"disk"``.
         trust_remote_code: only when you trust the repository's code.
         layers_path: dotted path of the decoder blocks when auto-detection fails.
 
@@ -264,6 +309,7 @@ def load(
     """
     torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     check_device(device if device_map is None else "cpu")
+    check_dtype(torch_dtype, device if device_map is None else "cuda" if torch.cuda.is_available() else "cpu")
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:
@@ -301,6 +347,7 @@ def load(
             device=device,
             trust_remote_code=trust_remote_code,
             device_map=device_map,
+            offload_folder=offload_folder,
         )
     except ValueprobeError:
         raise

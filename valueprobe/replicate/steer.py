@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from valueprobe.activations.ranks import part_dir
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
@@ -34,6 +35,8 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.sweep import SweepSettings, run_sweep
+from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.vocab import ShardSpec
 
 __all__ = [
     "BENCHMARKS",
@@ -377,8 +380,13 @@ def replicate_steer(
     batch_size: int = 32,
     rows: Sequence[str] = ROWS,
     benchmarks: Sequence[str] = BENCHMARK_NAMES,
+    shard: ShardSpec | None = None,
 ) -> ReplicateSteer:
     """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
+
+    With ``shard`` (``--shard I/N``): only that shard's rows of each sweep, into ``RUNS/SWEEP.parts/
+    part-I-of-N``, and no results; the same call without ``shard``, once every part is done, merges
+    each sweep's parts (`valueprobe.steering.sweep_parts.merge_sweeps`) and writes the results.
 
     Args:
         prompts: rows per prompt set (confidence and refusal keep their pairs when even).
@@ -408,6 +416,15 @@ def replicate_steer(
     for run in runs:
         examples = read_jsonl(run.prompts)[:prompts]
         control = other if run.row == "add" else None
+        parts = run.folder.parent / f"{run.folder.name}.parts"
+        if shard is not None:  # this shard's rows of every sweep; the run without --shard merges them
+            part = part_dir(run.folder, shard)
+            run_sweep_part(
+                lm, axis, examples, part, run.settings, shard=shard, other=control, batch_size=batch_size
+            )
+            continue
+        if not run.folder.exists() and parts.is_dir():  # `replicate steer --shard I/N` ran: join the parts
+            merge_sweeps(run.folder, sorted(parts.iterdir()))
         sweep = run_sweep(lm, axis, examples, run.folder, run.settings, other=control, batch_size=batch_size)
         if run.row == "add":
             report = replace(report, sweeps=_in_order({**report.sweeps, run.bench.name: sweep}))

@@ -86,6 +86,7 @@ class SteerRequest:
         temperature: 0 is greedy; top_p in (0, 1]; seed: the row's sampling seed (None: fresh).
         steering: the steering, or None for none (the engine then adds nothing at all).
         value_layer: the layer the per-token value is read at (default: the probe's best layer).
+        ignore_eos: generate ``max_tokens`` even past EOS (vLLM's extension; fixed-length benchmarks).
     """
 
     id: str
@@ -97,6 +98,7 @@ class SteerRequest:
     seed: int | None
     steering: SteerSpec | None
     value_layer: int
+    ignore_eos: bool = False
 
     @property
     def alpha(self) -> float:

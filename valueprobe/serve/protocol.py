@@ -5,7 +5,8 @@
 
 What valueprobe adds to the OpenAI API, and nothing else differs:
 - request: ``steering: {"alpha": 2, "unit": "sigma", "layer": 20, "positions": "all"}`` (all but
-  ``alpha`` optional) and ``value_layer`` (the layer the value is read at; default the probe's best);
+  ``alpha`` optional), ``value_layer`` (the layer the value is read at; default the probe's best),
+  and vLLM's ``ignore_eos``;
 - response: each choice carries ``values`` (one σ per generated token, an EOS included) and
   ``token_ids``; each stream chunk's choice carries the values of its own tokens; the top level
   echoes the resolved ``steering`` and ``value_layer``.
@@ -75,6 +76,13 @@ def _integer(
         raise RequestError(param or key, f"must be an integer, got {value!r}")
     if value < lo:
         raise RequestError(param or key, f"must be >= {lo}, got {value}")
+    return value
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise RequestError(key, f"must be true or false, got {value!r}")
     return value
 
 
@@ -174,6 +182,7 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
         seed=_integer(body, "seed", None, lo=0),
         steering=parse_steering(body.get("steering"), limits),
         value_layer=_layer(body.get("value_layer"), limits.axis, "value_layer"),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from valueprobe.engines.vllm_generate import INSTALL, model_path
+from valueprobe.engines.vllm_generate import INSTALL, engine_kwargs
 from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
@@ -49,9 +49,7 @@ class VllmEngine:
         self.layers: Sequence[int] = list(axis.layers)
         self.best_layer = axis.best_layer
         self.probe = str(Path(probe).resolve())
-        args = AsyncEngineArgs(
-            model=model_path(model), dtype="float32", enforce_eager=enforce_eager, enable_prefix_caching=True
-        )
+        args = AsyncEngineArgs(**engine_kwargs(model, enforce_eager=enforce_eager))
         self.llm = AsyncLLM.from_engine_args(args)
         config = self.llm.model_config
         width, depth = config.get_hidden_size(), config.get_num_layers(self.llm.vllm_config.parallel_config)
@@ -112,6 +110,7 @@ class VllmEngine:
             temperature=request.temperature,
             top_p=request.top_p if request.temperature > 0 else 1.0,
             seed=request.seed,
+            ignore_eos=bool(getattr(request, "ignore_eos", False)),
             output_kind=RequestOutputKind.DELTA,
             extra_args=spec.extra_args(),
         )
@@ -134,6 +133,7 @@ class VllmEngine:
                         token_id=int(token),
                         value=values.get(sent, math.nan),
                         finish_reason=reason if last else None,
+                        prompt_tokens=len(ids),
                     )
                     sent += 1
         finally:

@@ -55,6 +55,7 @@ class RowSpec:
         ids: the prompt, tokenized (`valueprobe.steering.generation.encode_prompts`).
         alpha: strength in ``unit`` (0: the row is untouched); positions: its phase.
         max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
+        ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).
     """
 
     ids: tuple[int, ...]
@@ -65,6 +66,7 @@ class RowSpec:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,9 @@ class _Steps(StoppingCriteria):
                 steps.append(None)
                 continue
             finish: Finish | None = (
-                "stop" if token == self.eos else ("length" if k + 1 >= row.max_new_tokens else None)
+                "stop"
+                if token == self.eos and not row.ignore_eos
+                else ("length" if k + 1 >= row.max_new_tokens else None)
             )
             steps.append(RowStep(int(token), float(value), finish))
             out = self.outputs[i]
@@ -223,6 +227,9 @@ def generate_rows(
     plan = steer_points(lm, axis, layers=[layer], unit=Unit.raw)
     alphas = torch.tensor([_raw_alpha(axis, layer, r) for r in rows], dtype=torch.float32)
     config = _config(lm, max_new_tokens=max(r.max_new_tokens for r in rows), min_new_tokens=0)
+    # EOS ends each row in _Steps, as the row asks: generate gets an empty EOS list, since None
+    # would be filled in from the model's own generation config and stop every row at EOS
+    eos, config.eos_token_id = config.eos_token_id, []
     ids, mask = pad_rows([list(r.ids) for r in rows], pad_id=config.pad_token_id, side="left")
     width = ids.shape[1]
     source = _PerRowAlpha(alphas, [r.positions for r in rows], width)
@@ -240,9 +247,7 @@ def generate_rows(
         )
     )
     recording, read = _value_reader(lm, axis, layer, value_layer)
-    steps = _Steps(
-        rows, width, config.eos_token_id, lambda: _read(hooks.handle, read), on_step or (lambda k, s: ())
-    )
+    steps = _Steps(rows, width, eos, lambda: _read(hooks.handle, read), on_step or (lambda k, s: ()))
     decode = Decode(
         lm,
         ids,

@@ -43,7 +43,18 @@ from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_dir
 from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 from valueprobe.vocab import LayerSpec, PaddingSide, Positions, Site, parse_layers
 
-__all__ = ["GroupShift", "PairSeparation", "ShiftResult", "check_descendant", "group_by", "shift"]
+__all__ = [
+    "GroupShift",
+    "Models",
+    "PairSeparation",
+    "ShiftResult",
+    "check_descendant",
+    "check_groups",
+    "group_by",
+    "read_both",
+    "shift",
+    "shift_of_reads",
+]
 
 
 def group_by(examples: Sequence[Example], by: str) -> list[Example]:
@@ -298,6 +309,28 @@ def _group_shifts(
     return tuple(out), untargeted_range
 
 
+def read_both(
+    axis: ValueAxis,
+    base: LoadedModel,
+    tuned: LoadedModel,
+    examples: Sequence[Example],
+    *,
+    layers: LayerSpec = None,
+    layer: int | None = None,
+    tokens: Positions = Positions.mean,
+    batch_size: int = 8,
+    force: bool = False,
+    progress: bool = True,
+) -> tuple[int, dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """The headline layer and each example's mean residual [n, d_model] at each read layer, in the
+    base model and in the tuned one, fed the same token ids (the base tokenizer's)."""
+    _check_models(axis, base, tuned, force=force)
+    layer, keep = _read_layers(axis, base, layers, layer)
+    encoded = encode(base, examples, positions=tokens)  # one tokenization feeds both models
+    read = partial(_example_acts, encoded=encoded, layers=keep, site=Site(axis.site), batch_size=batch_size)
+    return layer, read(base, progress=progress), read(tuned, progress=progress)
+
+
 def shift(
     axis: ValueAxis,
     base: LoadedModel,
@@ -333,12 +366,55 @@ def shift(
         n_boot: bootstrap resamples for the CIs.
         force: read a probe of another architecture (d_model and layers are still checked).
     """
+    check_groups(examples, targeted=targeted, contrast=contrast, refit=refit)
+    layer, h_base, h_tuned = read_both(
+        axis, base, tuned, examples, layers=layers, layer=layer, tokens=tokens, batch_size=batch_size, force=force,
+        progress=progress,
+    )  # fmt: skip
+    models = Models(base.model_id, tuned.model_id, base.fingerprint, tuned.fingerprint)
+    return shift_of_reads(
+        axis, models, examples, layer, h_base, h_tuned, tokens=tokens, targeted=targeted, contrast=contrast,
+        n_random=n_random, refit=refit, n_boot=n_boot, seed=seed,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Models:
+    """The two models a shift compares, as its record names them."""
+
+    base_id: str
+    tuned_id: str
+    base_fingerprint: str
+    tuned_fingerprint: str
+
+
+def check_groups(
+    examples: Sequence[Example], *, targeted: Sequence[str], contrast: bool, refit: bool
+) -> None:
+    """Refuse, before any model runs, targeted groups the data lacks and a contrast no group can give."""
+    _groups(examples, targeted=targeted, contrast=contrast, refit=refit)
+
+
+def shift_of_reads(
+    axis: ValueAxis,
+    models: Models,
+    examples: Sequence[Example],
+    layer: int,
+    h_base: dict[int, np.ndarray],
+    h_tuned: dict[int, np.ndarray],
+    *,
+    tokens: Positions | str,
+    targeted: Sequence[str],
+    contrast: bool,
+    n_random: int,
+    refit: bool,
+    n_boot: int,
+    seed: int,
+) -> ShiftResult:
+    """The shift from each example's residuals in both models (:func:`read_both`, or the merged
+    parts of a sharded shift): everything after the models ran."""
     groups = _groups(examples, targeted=targeted, contrast=contrast, refit=refit)
-    _check_models(axis, base, tuned, force=force)
-    layer, keep = _read_layers(axis, base, layers, layer)
-    encoded = encode(base, examples, positions=tokens)  # one tokenization feeds both models
-    read = partial(_example_acts, encoded=encoded, layers=keep, site=Site(axis.site), batch_size=batch_size)
-    h_base, h_tuned = read(base, progress=progress), read(tuned, progress=progress)
+    keep = sorted(h_base)
     by_layer_base = {x: np.asarray(axis.score(h_base[x], x), dtype=np.float64) for x in keep}
     by_layer_tuned = {x: np.asarray(axis.score(h_tuned[x], x), dtype=np.float64) for x in keep}
     s_base, s_tuned = by_layer_base[layer], by_layer_tuned[layer]
@@ -348,10 +424,10 @@ def shift(
     )
     members = groups.members
     return ShiftResult(
-        base_id=base.model_id,
-        tuned_id=tuned.model_id,
-        base_fingerprint=base.fingerprint,
-        tuned_fingerprint=tuned.fingerprint,
+        base_id=models.base_id,
+        tuned_id=models.tuned_id,
+        base_fingerprint=models.base_fingerprint,
+        tuned_fingerprint=models.tuned_fingerprint,
         probe=axis.ref(layer),
         layer=layer,
         layers=tuple(keep),
