@@ -13,7 +13,8 @@ Prints:
 - prune (every 8 tokens, quantile 0.5) on the same rows: its tokens spent ÷ best-of-N's.
 - on the checkable arithmetic tasks (data/task_arithmetic.jsonl, ``--tasks`` questions spread over
   the levels, the last-integer rule of `valueprobe.datasets.answers`): accuracy and tokens spent per
-  prompt of one sample, best-of-N by σ, best-of-N by log-probability, prune, and rollback
+  prompt of one sample, best-of-N by σ, by log-probability and by one random direction (the
+  same N samples: common random numbers), prune, and rollback
   (k = 8, τ = 1, at most 2, with α = 0 and α = +2 σ for 8 tokens).
 The machine is shared: the load average is printed with the figures.
 """
@@ -35,6 +36,7 @@ from valueprobe.guided.run import guide
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions
 from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.steering.sampling import RowSampler, row_seed
 
@@ -103,9 +105,11 @@ def accuracy(lm, axis, args) -> dict:
     chats = [list(t.messages) for t in chosen]
     kw = {"max_new_tokens": args.new, "temperature": 0.8, "seed": 0, "progress": False, "batch_size": 48}
 
-    def run(policy: Policy, score: str = "sigma") -> dict:
+    null = torch.from_numpy(random_directions(lm.d_model, 1, seed=0)[0]).float()
+
+    def run(policy: Policy, score: str = "sigma", direction: torch.Tensor | None = None) -> dict:
         start = time.perf_counter()
-        out = guide(lm, axis, chats, policy, score=score, **kw)
+        out = guide(lm, axis, chats, policy, score=score, direction=direction, **kw)
         right = [check(t, g.text).correct for t, g in zip(chosen, out, strict=True)]
         return {
             "accuracy": sum(right) / len(right),
@@ -118,6 +122,7 @@ def accuracy(lm, axis, args) -> dict:
         "one sample": run(BestOfN(n=1)),
         f"best-of-{args.n} by σ": run(BestOfN(n=args.n)),
         f"best-of-{args.n} by log-prob": run(BestOfN(n=args.n), "logprob"),
+        f"best-of-{args.n} by a random direction": run(BestOfN(n=args.n), direction=null),
         f"prune {args.n} (every 8, q 0.5)": run(Prune(n=args.n, every=8, quantile=0.5)),
         "rollback k=8 τ=1 (α=0)": run(Rollback(n=1, k=8, tau=1.0, max_rollbacks=2)),
         "rollback k=8 τ=1 (α=+2σ, 8 tokens)": run(Rollback(n=1, k=8, tau=1.0, max_rollbacks=2, alpha=2.0)),

@@ -452,6 +452,8 @@ def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
         return config
 
     monkeypatch.setattr(rows_module, "_config", eos_is_the_second_token)
+    # generate fills an unset EOS from the model's own generation config: that one must not stop it
+    monkeypatch.setattr(lm.model.generation_config, "eos_token_id", free.token_ids[1])
     stops, runs = rows_module.generate_rows(
         lm, axis, [spec, replace(spec, ignore_eos=True)], layer=STEER_LAYER, value_layer=VALUE_LAYER
     )

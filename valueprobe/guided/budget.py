@@ -119,10 +119,13 @@ class GuideBudget:
             elif c.kind == "policy":
                 p = c.points[0]
                 same, vote = at_budget(logprob, p.tokens), at_budget(self.curve("self-consistency"), p.tokens)
-                where = "" if math.isfinite(same) else " (outside the best-of-n budgets)"
+                if math.isfinite(same):
+                    there = f"at that budget best-of-n by log-prob gives {same:.1%} and self-consistency {vote:.1%}"
+                else:  # outside the best-of-n budgets: the nearest one, said as such
+                    near = min(logprob.points, key=lambda q: abs(q.tokens - p.tokens))
+                    there = f"the nearest best-of-n budget ({near.tokens:.0f} tokens, n = {near.n}) gives {near.accuracy:.1%} by log-prob"
                 lines.append(
-                    f"{self.task}, {c.axis}: {c.method} {p.accuracy:.1%} at {p.tokens:.0f} tokens/prompt; at that"
-                    f" budget best-of-n by log-prob gives {same:.1%} and self-consistency {vote:.1%}{where}."
+                    f"{self.task}, {c.axis}: {c.method} {p.accuracy:.1%} at {p.tokens:.0f} tokens/prompt; {there}."
                 )
         return lines
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -302,6 +302,7 @@ def _run_task(
     run: GuideRun,
     out: Path,
     timeout_s: float,
+    save: Callable[[GuideBudget], None],
 ) -> GuideBudget:
     tasks = pick_prompts(read_tasks(path), run.prompts)
     chats = [list(t.messages) for t in tasks]
@@ -321,15 +322,19 @@ def _run_task(
         _policy_curve("greedy", None, 1, greedy, tasks, run.seed, timeout_s, kind="baseline"),
         *budgets(right, tokens, logprob, reads.sigma, reads.null, answers, seed=run.seed),
     ]
+    _write_samples(out / f"samples-{name}.jsonl", tasks, sampled, verdicts, reads.sigma, answers)
+    settings = {**jsonable(run.__dict__), "reread_max_diff": reads.reread_max_diff, "timeout_s": timeout_s}
+    budget = GuideBudget(name, str(path), len(tasks), run.samples, tuple(curves), reads.separations, settings)
+    save(budget)  # the baselines now, each policy as it ends: a stopped run keeps what it finished
     for axis_name, axis in axes.items():
         policies: list[Policy] = [run.prune, *run.rollbacks]
         for policy in policies:
             label = f"rollback α={policy.alpha:g}" if isinstance(policy, Rollback) else policy.name
             guided = _guide(lm, axis, chats, policy, run)
-            curves.append(_policy_curve(label, axis_name, policy.n, guided, tasks, run.seed, timeout_s))
-    _write_samples(out / f"samples-{name}.jsonl", tasks, sampled, verdicts, reads.sigma, answers)
-    settings = {**jsonable(run.__dict__), "reread_max_diff": reads.reread_max_diff, "timeout_s": timeout_s}
-    return GuideBudget(name, str(path), len(tasks), run.samples, tuple(curves), reads.separations, settings)
+            curve = _policy_curve(label, axis_name, policy.n, guided, tasks, run.seed, timeout_s)
+            budget = replace(budget, curves=(*budget.curves, curve))
+            save(budget)
+    return budget
 
 
 def _write_samples(path: Path, tasks, sampled, verdicts, sigma, answers) -> None:
@@ -364,9 +369,13 @@ def replicate_guide(
         raise ValueprobeError("replicate guide needs at least one axis and one task file")
     results = GuideReplication(tasks={}, probes=tuple(axes), model=lm.model_id)
     for name, path in task_files.items():
-        budget = _run_task(lm, axes, name, path, run, out, timeout_s)
-        results = GuideReplication({**results.tasks, name: budget}, results.probes, results.model)
-        write(results, out)  # after every task, so a stopped run shows what it finished
+
+        def save(budget: GuideBudget, name: str = name) -> None:
+            nonlocal results
+            results = GuideReplication({**results.tasks, name: budget}, results.probes, results.model)
+            write(results, out)
+
+        _run_task(lm, axes, name, path, run, out, timeout_s, save)
     return results
 
 

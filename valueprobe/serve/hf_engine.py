@@ -161,6 +161,9 @@ class HFEngine:
         self.batch_sizes.append(len(batch))
         try:
             self._generate(layer, value_layer, batch)
+            for job in batch:  # never leave a client waiting for a last chunk that will not come
+                if not (job.ended or job.cancelled):
+                    job.put(RuntimeError("generation ended before this request finished"))
         except Exception as exc:  # noqa: BLE001 - the loop must survive anything a batch raises
             if len(batch) > 1 and not any(j.tokens for j in batch):
                 for job in batch:

@@ -227,7 +227,9 @@ def generate_rows(
     plan = steer_points(lm, axis, layers=[layer], unit=Unit.raw)
     alphas = torch.tensor([_raw_alpha(axis, layer, r) for r in rows], dtype=torch.float32)
     config = _config(lm, max_new_tokens=max(r.max_new_tokens for r in rows), min_new_tokens=0)
-    eos, config.eos_token_id = config.eos_token_id, None  # EOS ends each row in _Steps, as the row asks
+    # EOS ends each row in _Steps, as the row asks: generate gets an empty EOS list, since None
+    # would be filled in from the model's own generation config and stop every row at EOS
+    eos, config.eos_token_id = config.eos_token_id, []
     ids, mask = pad_rows([list(r.ids) for r in rows], pad_id=config.pad_token_id, side="left")
     width = ids.shape[1]
     source = _PerRowAlpha(alphas, [r.positions for r in rows], width)
