@@ -25,6 +25,15 @@ def test_bootstrap_ci_covers_the_mean_93_to_97_percent():
     assert 0.93 <= hits / n_sims <= 0.97
 
 
+def test_bootstrap_ci_of_a_hit_rate_stays_within_zero_and_one():
+    hits = np.zeros(24)
+    hits[0] = 1.0  # 1 of 24 right: the widened percentile interval would reach below 0
+    lo, hi = mean_ci(hits, n_boot=1000, seed=0)
+    assert lo == 0.0 and 1 / 24 < hi < 1.0
+    lo, hi = mean_ci(1.0 - hits, n_boot=1000, seed=0)
+    assert hi == 1.0 and 0.0 < lo < 23 / 24
+
+
 def test_null_helpers():
     R = random_directions(16, 40, seed=3)
     assert R.shape == (40, 16) and np.allclose(np.linalg.norm(R, axis=1), 1.0)
