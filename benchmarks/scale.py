@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
 
@@ -54,7 +55,7 @@ def _wall(jobs: list[list[str]], threads: int) -> float:
     procs = [_cli(*job, threads=threads) for job in jobs]
     for p in procs:
         if p.wait() != 0:
-            raise SystemExit(f"a worker failed: {p.args}")
+            raise SystemExit(f"a worker failed: {p.args!r}")
     return time.perf_counter() - start
 
 
@@ -78,13 +79,14 @@ def rss_child(args) -> None:
     from valueprobe.activations.store import capture_to_store
     from valueprobe.datasets.io import read_jsonl
     from valueprobe.model.load import load
+    from valueprobe.vocab import Dtype, Positions
 
     lm = load(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         data = _examples(args.n, args.data, Path(tmp) / "d.jsonl")
         capture_to_store(
-            lm, read_jsonl(data), Path(tmp) / "s", layers="all", positions="spans", batch_size=8,
-            examples_per_shard=args.examples_per_shard, dtype="float16", progress=False,
+            lm, read_jsonl(data), Path(tmp) / "s", layers="all", positions=Positions.spans, batch_size=8,
+            examples_per_shard=args.examples_per_shard, dtype=Dtype.float16, progress=False,
         )  # fmt: skip
     print_peak()
 
@@ -131,7 +133,7 @@ def main() -> None:
             "1",
         ]
         steer += ["--chunk-prompts", "2", "--bootstrap", "50"]
-        result = {
+        result: dict[str, Any] = {
             "cores": threads,
             "load_before": os.getloadavg(),
             "capture": _ratio(tmp, "capture", capture, threads),

@@ -428,7 +428,7 @@ def test_text_over_context_is_named_or_truncated_with_warning(tiny_dir, tmp_path
 
 def test_demo_out_checked_before_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli.main.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.replicate.demo.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     out = tmp_path / "demo"
     out.write_text("not a folder")

@@ -5,6 +5,7 @@ HF_HUB_OFFLINE=1 python -m pytest -q tests/test_device_map.py
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -73,3 +74,27 @@ def test_a_dtype_the_device_cannot_run_is_one_line(monkeypatch):
         ValueprobeError, match=r"--dtype float16: cpu cannot run it \(.*Half.*\); use float32"
     ):
         check_dtype(torch.float16, "cpu")
+
+
+def test_cli_capture_device_map(tiny_dir, tmp_path, capsys, monkeypatch):
+    """capture --device-map auto (accelerate places the tiny model; here all on the CPU) writes the
+    store the plain capture writes; on a class accelerate cannot split it is one line, before any work."""
+    from conftest import run_cli
+
+    from valueprobe.activations.store import ActivationStore
+    from valueprobe.datasets.io import write_jsonl
+
+    write_jsonl(tmp_path / "d.jsonl", EXAMPLES)
+    argv = ["capture", "--model", tiny_dir, "--data", str(tmp_path / "d.jsonl"), "--positions", "mean"]
+    argv += ["--dtype", "float32"]
+    assert run_cli([*argv, "--out", str(tmp_path / "plain")], capsys)[0] == 0
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "mapped"), "--device-map", "auto"], capsys)
+    assert code == 0, err
+    a, b = ActivationStore.open(tmp_path / "plain"), ActivationStore.open(tmp_path / "mapped")
+    for layer in a.manifest.layers:
+        np.testing.assert_allclose(b.acts(layer), a.acts(layer), rtol=0, atol=1e-6)
+    monkeypatch.setattr(transformers.LlamaPreTrainedModel, "_no_split_modules", None)
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "refused"), "--device-map", "auto"], capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "is not sharded by it" in lines[0], err
+    assert not (tmp_path / "refused").exists()

@@ -266,13 +266,7 @@ def capture_to_store(
         part=shard,
         **tokens,
     )
-    # Check every token selection (this part's) before writing anything, one shard's block at a
-    # time: the ids are dropped block by block (each shard encodes its examples again), so memory
-    # stays flat however many examples there are; truncations make one warning for all of them.
-    todo, truncated = wanted.example_range, list[tuple[str, int]]()
-    for lo in range(todo.start, todo.stop, examples_per_shard):
-        select(examples[lo : min(todo.stop, lo + examples_per_shard)], truncated=truncated)
-    warn_truncated(truncated, len(todo), max_length)
+    _check_selections(select, examples, wanted.example_range, examples_per_shard, max_length)
     run = functools.partial(
         run_until,
         lm,
@@ -288,6 +282,18 @@ def capture_to_store(
         examples, out, wanted, select, run, checkpoint_seconds=checkpoint_seconds, progress=progress
     )
     return ActivationStore.open(out)
+
+
+def _check_selections(
+    select: Callable[..., list], examples: Sequence[Example], todo: range, block: int, max_length: int | None
+) -> None:
+    """Check every token selection (this part's) before writing anything, one shard's block at a
+    time: the ids are dropped block by block (each shard encodes its examples again), so memory
+    stays flat however many examples there are; truncations make one warning for all of them."""
+    truncated: list[tuple[str, int]] = []
+    for lo in range(todo.start, todo.stop, block):
+        select(examples[lo : min(todo.stop, lo + block)], truncated=truncated)
+    warn_truncated(truncated, len(todo), max_length)
 
 
 def _check_sizes(

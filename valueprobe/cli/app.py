@@ -39,6 +39,10 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 LayersPathOpt = Annotated[str | None, typer.Option(help="dotted path of the decoder blocks, if not detected")]
 TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own code: only if you trust it")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
+DeviceMapOpt = Annotated[
+    str | None,
+    typer.Option(help="auto: spread the model over the GPUs, then CPU (accelerate); replaces --device"),
+]
 ForceOpt = Annotated[
     bool,
     typer.Option(help="read a probe of another architecture (d_model still checked); other weights warn"),

@@ -20,6 +20,7 @@ from valueprobe.activations.store import ActivationStore, capture_to_store, chec
 from valueprobe.cli.app import (
     AllowPartialOpt,
     ChatTemplateOpt,
+    DeviceMapOpt,
     DeviceOpt,
     ForceOpt,
     LayersPathOpt,
@@ -169,6 +170,7 @@ def capture(
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
 
@@ -176,9 +178,10 @@ def capture(
         check_store_out(store_out)
         sizes = (batch_size, examples_per_shard, max_length, checkpoint_seconds)
         _check_capture_options(sizes, device, backend, remote=remote)
-        examples = read_jsonl(data)
-        regroup(examples, group_by)  # a --group-by that links nothing fails here, before the model loads
-        lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+        regroup(examples := read_jsonl(data), group_by)  # a --group-by linking nothing fails before the load
+        lm = load(
+            model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device, device_map=device_map
+        )  # fmt: skip
         return capture_to_store(
             lm,
             examples,

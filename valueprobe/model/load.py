@@ -206,9 +206,9 @@ def _from_pretrained(
             kwargs["offload_folder"] = offload_folder
     model: Any = AutoModelForCausalLM.from_pretrained(where, **kwargs)
     # A class naming no blocks to keep whole (``_no_split_modules``) may be cut inside a decoder
-    # block, and a model accelerate did not dispatch has no per-layer devices: neither is sharded
-    # by the map, and a residual hook would see a block's input and output on two devices.
-    if device_map and (not getattr(model, "_no_split_modules", None) or not hasattr(model, "hf_device_map")):
+    # block: it is not sharded by the map, and a residual hook would see one block on two devices.
+    # (A map that fits one device leaves no ``hf_device_map``: that model is whole, and fine.)
+    if device_map and not getattr(model, "_no_split_modules", None):
         raise ValueprobeError(
             f"--device-map {device_map}: model {where} is not sharded by it (its class names no decoder blocks"
             " for accelerate to keep whole); drop --device-map and pass --device"
