@@ -124,7 +124,7 @@ def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
 # --- sweeps -----------------------------------------------------------------------------------------
 
 
-def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
+def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
     examples = chats(5, yes_no=True)
@@ -153,9 +153,18 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kw)
 
-    monkeypatch.setattr("valueprobe.steering.sweep.generate", counting)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(lm, axis, examples, tmp_path / "resumed", settings, other=other, n_boot=50, progress=False)
+        run_sweep(
+            lm,
+            axis,
+            examples,
+            tmp_path / "resumed",
+            settings,
+            other=other,
+            n_boot=50,
+            progress=False,
+            generator=counting,
+        )
     path = tmp_path / "resumed" / GENERATIONS
     assert len(path.read_text().splitlines()) == 2 * 2 * 3  # two chunks of 2 prompts × 3 α
     with path.open("a") as f:
@@ -163,7 +172,15 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path, monkeypatch):
     calls.clear()
     stop_at[0] = -1
     again = run_sweep(
-        lm, axis, examples, tmp_path / "resumed", settings, other=other, n_boot=50, progress=False
+        lm,
+        axis,
+        examples,
+        tmp_path / "resumed",
+        settings,
+        other=other,
+        n_boot=50,
+        progress=False,
+        generator=counting,
     )
     assert len(calls) == 4 * 3 - 2  # 3 blocks per direction, 4 directions, 2 blocks already done
     resumed = [json.loads(x) for x in path.read_text().splitlines()]
