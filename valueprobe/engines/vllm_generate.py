@@ -25,22 +25,19 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
 
 from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.gguf import ALIASES, alias_dir
-from valueprobe.model.load import cache_dir
+from valueprobe.model.load import LoadedModel, cache_dir
+from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import Generation, Prompt, encode_prompts
 from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.steering.sampling import row_seed
 from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, parse_layers
-
-if TYPE_CHECKING:
-    from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["INSTALL", "VllmGenerator", "VllmRow", "engine_kwargs", "model_path", "open_llm", "take_values"]
 

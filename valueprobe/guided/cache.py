@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -29,9 +28,7 @@ from transformers import DynamicCache
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
-
-if TYPE_CHECKING:
-    from valueprobe.model.load import LoadedModel
+from valueprobe.model.load import LoadedModel
 
 __all__ = ["CachedDecoder"]
 

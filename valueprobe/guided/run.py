@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -36,14 +36,12 @@ from valueprobe.guided.records import Guided, tail_mean
 from valueprobe.guided.rows import Row, prune_rows, rollback_due
 from valueprobe.hooks.padding import pad_id_for
 from valueprobe.hooks.route import Handle, Point, Recording, record
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import Prompt, encode_prompts
 from valueprobe.steering.handle import Steering, SteerPoint, steer_points
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Unit
-
-if TYPE_CHECKING:
-    from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["SCORES", "Score", "guide", "pick"]
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.handle import Where
-
-if TYPE_CHECKING:
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = [
     "Chunk",

@@ -17,16 +17,13 @@ import threading
 from collections.abc import AsyncIterator, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import Chunk, RequestError, SteerRequest
 from valueprobe.steering.generation import encode_prompts
 from valueprobe.steering.rows import RowSpec, RowStep, generate_rows
-
-if TYPE_CHECKING:
-    from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["HFEngine"]
 

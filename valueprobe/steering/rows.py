@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from jaxtyping import Float
@@ -33,14 +33,12 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
 from valueprobe.hooks.route import Decode, Point, Recording, Step, record, route
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import _config
 from valueprobe.steering.handle import Attach, Steering, SteerPoint, Where, check_unit, steer_points
 from valueprobe.steering.sampling import RowSampler
 from valueprobe.vocab import Backend, Unit
-
-if TYPE_CHECKING:
-    from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
 
