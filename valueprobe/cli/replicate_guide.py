@@ -92,7 +92,7 @@ def replicate_guide_command(
     check_output_dir(out, holds="guided-decoding results")
     run = GuideRun(
         prompts, samples, temperature, max_new_tokens, random_directions, seed, batch_size, prune, rollbacks
-    )  # type: ignore[arg-type]
+    )
     lm = load(model, device=device)
     axes = {name: ValueAxis.load(p, lm=lm) for name, p in zip(axes, paths, strict=True)}
     results = replicate_guide(lm, axes=axes, task_files=files, out=out, run=run, timeout_s=timeout)

@@ -102,7 +102,7 @@ def _handler(engine: Engine, limits: Limits, *, chat: bool) -> Callable[[Request
                 log.exception("stream %s failed", req.id)
                 yield _sse(error_body(f"generation failed: {exc}", kind="server_error"))
             finally:
-                await chunks.aclose()  # type: ignore[attr-defined]
+                await chunks.aclose()
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}

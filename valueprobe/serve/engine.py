@@ -17,7 +17,7 @@ addition, as `valueprobe.steering.generation.Trace` reads the steered point.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
@@ -140,7 +140,7 @@ class Engine(Protocol):
         """Stop background work; pending requests end."""
         ...
 
-    def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
+    def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
         """Run ``request``; yield one `Chunk` per generated token, the last with its finish_reason.
 
         Raises `RequestError` (before the first chunk) for a request this engine cannot run,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncGenerator, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -110,7 +110,7 @@ class HFEngine:
             ignore_eos=request.ignore_eos,
         )
 
-    async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
+    async def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
         if self.pending is None:
             raise RuntimeError("the engine is not started")
         job = _Job(request, self._row(request), asyncio.get_running_loop())

@@ -13,7 +13,7 @@ and yields one `Chunk` per token. A client that leaves aborts only its own reque
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -97,7 +97,7 @@ class VllmEngine:
             )
         return ids
 
-    async def submit(self, request: SteerRequest) -> AsyncIterator[Chunk]:
+    async def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
         """One `Chunk` per generated token, its value taken from the workers as the token arrives."""
         from vllm import SamplingParams  # optional dependency: the [vllm] extra
         from vllm.inputs import TokensPrompt
