@@ -119,6 +119,86 @@ def test_alpha_zero_is_bit_identical_to_no_steering(engine):
         ]
 
 
+_NO_PLUGIN_SCRIPT = """
+import json, sys
+if __name__ == "__main__":  # vLLM starts worker processes
+    import vllm
+    from vllm.inputs import TokensPrompt
+    from valueprobe.engines.vllm_generate import engine_kwargs
+    from valueprobe.engines.vllm_spec import VllmSteer
+    ids, probe = json.loads(sys.argv[1]), sys.argv[2]
+    llm = vllm.LLM(**engine_kwargs("smollm2-135m", max_model_len=512))  # torch.compile on: vLLM's default
+    extra = VllmSteer(probe=probe, alpha=0.0, key=None).extra_args() if probe else None
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, extra_args=extra)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params, use_tqdm=False)
+    got = [[o.outputs[0].token_ids, [{str(k): v.logprob for k, v in s.items()} for s in o.outputs[0].logprobs]]
+           for o in outs]
+    print("RESULT " + json.dumps(got), flush=True)
+"""
+
+
+def _subprocess_env(**extra: str) -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[1])
+    return os.environ | {"PYTHONPATH": root, "HF_HUB_OFFLINE": "1"} | extra
+
+
+def test_alpha_zero_is_bit_identical_to_vllm_without_the_plugin(engine, tmp_path):
+    """A fresh vLLM with no plugin at all (``VLLM_PLUGINS=""``) and one with the plugin and α = 0, both
+    under vLLM's torch.compile (the default), give the same tokens and bit-identical logprobs: the
+    op in the compiled graph changes nothing where there is no work."""
+    import json
+    import subprocess
+    import sys
+
+    lm, _, _ = engine
+    ids = json.dumps(encode_prompts(lm, PROMPTS[:3]))
+    script = tmp_path / "tokens.py"
+    script.write_text(_NO_PLUGIN_SCRIPT)
+
+    def run(probe: str, env: dict[str, str]) -> list:
+        done = subprocess.run(
+            [sys.executable, str(script), ids, probe], env=env, capture_output=True, text=True, timeout=600
+        )
+        lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+        assert done.returncode == 0 and lines, done.stderr[-2000:]
+        return json.loads(lines[-1].removeprefix("RESULT "))
+
+    without = run("", _subprocess_env(VLLM_PLUGINS=""))
+    with_plugin = run(str(PROBE), _subprocess_env())
+    assert len(without) == 3 and all(len(tokens) == 12 for tokens, _ in without)
+    for (tokens, logprobs), (plain_tokens, plain_logprobs) in zip(with_plugin, without, strict=True):
+        first = next((i for i, (a, b) in enumerate(zip(logprobs, plain_logprobs)) if a != b), None)
+        assert tokens == plain_tokens and first is None, (
+            first,
+            logprobs[first or 0],
+            plain_logprobs[first or 0],
+        )
+
+
+def test_an_engine_without_the_plugin_is_refused_before_it_starts(tmp_path):
+    """``VLLM_PLUGINS`` naming only another plugin: ``serve --engine vllm`` and ``steer --engine
+    vllm`` each stop with one line that says why and how to fix it, before any engine starts."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = _subprocess_env(VLLM_PLUGINS="lora_filesystem_resolver")
+    serve = ["serve", "--engine", "vllm", "--probe", str(PROBE), "--port", "0"]
+    steer = ["steer", "--engine", "vllm", "--probe", str(PROBE), "--out", str(tmp_path / "sweep")]
+    steer += ["--prompts", str(root / "data" / "steer_open.jsonl"), "--limit", "1"]
+    for argv in (serve, steer):
+        done = subprocess.run(
+            [sys.executable, "-m", "valueprobe", *argv], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 2, (argv[0], done.stderr[-2000:])
+        errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+        assert len(errors) == 1 and "VLLM_PLUGINS='lora_filesystem_resolver'" in errors[0], done.stderr[
+            -2000:
+        ]
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "sweep" / "generations.jsonl").exists()
+
+
 def test_vllm_greedy_matches_hf_route(engine):
     """Greedy tokens through vLLM equal the HF route's at α ∈ {−4σ, 0, +4σ} on >= 90% of 12
     prompts each, and the per-token values equal the HF trace at the steered point."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 
 from torch import Tensor
 
+from valueprobe.engines import vllm_plugin
 from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.gguf import ALIASES, alias_dir
@@ -39,7 +41,17 @@ from valueprobe.steering.operators import Operator, as_operator
 from valueprobe.steering.sampling import row_seed
 from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, parse_layers
 
-__all__ = ["INSTALL", "VllmGenerator", "VllmRow", "engine_kwargs", "model_path", "open_llm", "take_values"]
+__all__ = [
+    "INSTALL",
+    "VllmGenerator",
+    "VllmRow",
+    "check_plugin",
+    "check_workers",
+    "engine_kwargs",
+    "model_path",
+    "open_llm",
+    "take_values",
+]
 
 INSTALL = (
     "pip install 'valueprobe[vllm]' in its own virtual environment (bash .ci/vllm-env builds .venv-vllm)"
@@ -81,14 +93,51 @@ def engine_kwargs(
     }
 
 
+def _refuse(why: str) -> ValueprobeError:
+    return ValueprobeError(
+        f"vLLM would run without valueprobe's plugin ({why}); it loads through the entry point"
+        f" vllm.general_plugins, so VLLM_PLUGINS, if set, must name 'valueprobe', and valueprobe must be"
+        f" installed in vLLM's environment: {INSTALL}"
+    )
+
+
+def check_plugin() -> None:
+    """Refuse, before an engine starts, where its workers would load no plugin or another copy of it.
+
+    Workers load general plugins the way this process does (same environment, same ``sys.path``),
+    so what vLLM's own loader resolves here is what they run. Without this check such an engine
+    generates unsteered text and fails its first request for values.
+    """
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group  # the [vllm] extra
+
+    found = load_plugins_by_group(DEFAULT_PLUGINS_GROUP).get("valueprobe")
+    if found is None:
+        raise _refuse(f"VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')!r}" if "VLLM_PLUGINS" in os.environ
+                      else "no entry point named 'valueprobe'")  # fmt: skip
+    if found is not vllm_plugin.register:
+        where = getattr(sys.modules.get(getattr(found, "__module__", "")), "__file__", "?")
+        raise _refuse(f"its entry point loads {where}, not {vllm_plugin.__file__}")
+
+
+def check_workers(replies: Sequence[Any]) -> None:
+    """Refuse a started engine whose workers hooked no decoder blocks; ``replies`` is what
+    ``collective_rpc("valueprobe_status")`` returned, one per worker."""
+    if not replies or any(not isinstance(r, dict) or not r.get("hooks") for r in replies):
+        raise _refuse(f"the workers hooked no decoder blocks: {list(replies)}")
+
+
 def open_llm(model: str, **kw: Any) -> Any:
-    """A ``vllm.LLM`` on ``model`` with valueprobe's plugin loaded (its entry point does that);
-    ``kw`` as `engine_kwargs`. One clear line when vLLM is not installed."""
+    """A ``vllm.LLM`` on ``model`` with valueprobe's plugin loaded (its entry point does that) and
+    checked in every worker; ``kw`` as `engine_kwargs`. One clear line when vLLM is not installed
+    or the plugin would not load."""
     try:
         from vllm import LLM  # optional dependency: the [vllm] extra
     except ImportError:
         raise ValueprobeError(f"the vLLM engine needs vLLM: {INSTALL}") from None
-    return LLM(**engine_kwargs(model, **kw))
+    check_plugin()
+    llm = LLM(**engine_kwargs(model, **kw))
+    check_workers(llm.collective_rpc("valueprobe_status"))
+    return llm
 
 
 def take_values(llm: Any, keys: Sequence[str]) -> dict[str, list[float]]:

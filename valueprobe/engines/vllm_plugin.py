@@ -20,8 +20,11 @@ vLLM loads general plugins in every process; `register` only patches what each p
   request's ``cache_salt``, so the prefix cache never serves steered KV to another strength.
 - the compile cache: the plugin adds itself to the config's ``additional_config`` (part of vLLM's
   compile-cache key), so a graph compiled without the op is never loaded with the plugin on.
-- the workers gain one method, ``valueprobe_take_values``, that `LLM.collective_rpc` calls by name
-  (no insecure serialization) to collect per-token values.
+- the workers gain two methods that `LLM.collective_rpc` calls by name (no insecure
+  serialization): ``valueprobe_take_values`` collects per-token values, and ``valueprobe_status``
+  says that the plugin is loaded and how many blocks it hooked, so an engine started where the
+  plugin did not load (``VLLM_PLUGINS`` without it, another environment's install) is refused at
+  start instead of failing its first request.
 
 Why per-token values come back through ``collective_rpc``: vLLM's outputs carry no per-request
 extra field from worker to client (``EngineCoreOutput`` has fixed fields; logprobs have a
@@ -242,6 +245,12 @@ def _take_values(worker: Any, keys: list[str]) -> dict[str, tuple[int, list[floa
     return take(keys)
 
 
+def _status(worker: Any) -> dict[str, Any]:
+    """What `valueprobe.engines.vllm_generate.check_plugin` reads: the op's graph id and the hooks."""
+    runner = getattr(worker, "model_runner", None)
+    return {"graph": _GRAPH_ID, "hooks": len(getattr(runner, "_valueprobe_hooks", None) or [])}
+
+
 def _salted(original: Any) -> Any:
     def from_engine_core_request(cls: Any, request: Any, block_hasher: Any) -> Any:
         params = getattr(request, "sampling_params", None)
@@ -296,3 +305,4 @@ def register() -> None:
         _wrap_load(CPUModelRunner)
     if not hasattr(WorkerBase, "valueprobe_take_values"):
         WorkerBase.valueprobe_take_values = _take_values  # type: ignore[attr-defined]
+        WorkerBase.valueprobe_status = _status  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from valueprobe.engines.vllm_generate import INSTALL, engine_kwargs
+from valueprobe.engines.vllm_generate import INSTALL, check_plugin, engine_kwargs
 from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
@@ -45,6 +45,7 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError:
             raise ValueprobeError(f"--engine vllm needs vLLM: {INSTALL}") from None
+        check_plugin()  # before the engine starts: its workers load plugins as this process does
         self.model = model
         self.layers: Sequence[int] = list(axis.layers)
         self.best_layer = axis.best_layer
