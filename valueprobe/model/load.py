@@ -265,7 +265,7 @@ def check_dtype(dtype: torch.dtype, device: str) -> None:
     except (RuntimeError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise ValueprobeError(
-            f"--dtype {str(dtype).removeprefix('torch.')}: {device} cannot run it ({first}); use float32,"
+            f"--model-dtype {str(dtype).removeprefix('torch.')}: {device} cannot run it ({first}); use float32,"
             " or a device that supports it"
         ) from None
 
