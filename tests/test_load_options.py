@@ -128,7 +128,22 @@ def test_capture_bfloat16_model_into_a_bfloat16_store_fits_in_float32(tiny_dir, 
         assert code == 0, err
         stores[model_dtype, dtype] = ActivationStore.open(store)
         assert stores[model_dtype, dtype].manifest.dtype == dtype
+        assert stores[model_dtype, dtype].manifest.model_dtype == model_dtype  # the store records both
         assert stores[model_dtype, dtype].acts(1).dtype == np.float32
+    # a store of the float32 model does not resume with the bfloat16 one (its rows would mix both)
+    store = str(stores["float32", "bfloat16"].path)
+    line = one_line(
+        *run_cli([*argv, "--out", store, "--dtype", "bfloat16", "--model-dtype", "bfloat16"], capsys)[::2]
+    )
+    assert "captured with model_dtype='float32', not 'bfloat16'" in line
+    manifest = Path(store) / "manifest.json"  # a store from before the record resumes with any
+    manifest.write_text(
+        json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "model_dtype"})
+    )
+    code, _, err = run_cli(
+        [*argv, "--out", store, "--dtype", "bfloat16", "--model-dtype", "bfloat16"], capsys
+    )
+    assert code == 0, err
     # the same stored dtype from a float32 and a bfloat16 model: the model really ran in bf16
     assert not np.array_equal(stores["bfloat16", "bfloat16"].acts(1), stores["float32", "bfloat16"].acts(1))
     axes = {}

@@ -143,6 +143,11 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights are in (an offloaded block's meta tensors keep theirs)."""
+        return next(self.model.parameters()).dtype
+
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
     """Dotted path of the decoder-block ``ModuleList``; ``override`` wins if given."""
