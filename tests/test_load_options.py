@@ -32,6 +32,8 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import as_dtype, load
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.rows import RowSpec, generate_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -156,6 +158,54 @@ def test_capture_bfloat16_model_into_a_bfloat16_store_fits_in_float32(tiny_dir, 
     assert half.directions.dtype == torch.float32
     cos = (full.directions * half.directions).sum(-1)  # unit directions, one per layer
     assert cos.min() > 1 - CAPTURE_TOL, cos  # measured: 1 − cos below 1e-4 at every layer
+
+
+def _relative(full: np.ndarray, half: np.ndarray) -> float:
+    assert full.shape == half.shape and half.size > 0
+    return float(np.linalg.norm(half - full) / np.linalg.norm(full))
+
+
+def test_trace_guide_and_serve_read_a_bfloat16_model_within_tolerance(
+    tiny_dir, probe_and_prompts, tmp_path, capsys
+):
+    """The live reads of a bf16 model: trace's per-token σ, guide's in-forward σ of each fed token,
+    and the per-token value serve's hf engine streams (`generate_rows`)."""
+    probe, prompts = probe_and_prompts
+    trace = [
+        "trace",
+        "--probe",
+        str(probe),
+        "--model",
+        tiny_dir,
+        "--prompt",
+        "Is 91 prime? Think it through.",
+    ]
+    guide = ["guide", "--probe", str(probe), "--model", tiny_dir, "--prompts", str(prompts), "--greedy"]
+    guide += ["--n", "1", "--max-new-tokens", "4"]
+    values: dict[str, dict[str, np.ndarray]] = {"trace": {}, "guide": {}}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"trace-{dtype}"
+        code, _, err = run_cli([*trace, "--out", str(out), "--model-dtype", dtype], capsys)
+        assert code == 0, err
+        with open(out / "trace.csv", newline="", encoding="utf-8") as f:
+            values["trace"][dtype] = np.array([float(r[-1]) for r in list(csv.reader(f))[1:]])
+        out = tmp_path / f"guide-{dtype}"
+        code, _, err = run_cli([*guide, "--out", str(out), "--model-dtype", dtype], capsys)
+        assert code == 0, err
+        rows = [json.loads(line) for line in (out / "guide.jsonl").read_text().splitlines()]
+        values["guide"][dtype] = np.array([v for r in rows for v in r["candidates"][0]["sigma"]])
+    # serve's hf engine: its rows, one steered, through the same generate_rows
+    axis = ValueAxis.load(probe)
+    values["serve"] = {}
+    for dtype in ("float32", "bfloat16"):
+        lm = load(tiny_dir, dtype=dtype)
+        (ids,) = encode_prompts(lm, ["The capital of France is"])
+        specs = [RowSpec(tuple(ids), max_new_tokens=4), RowSpec(tuple(ids), alpha=2.0, max_new_tokens=4)]
+        runs = generate_rows(lm, axis, specs, layer=axis.best_layer, value_layer=axis.best_layer)
+        values["serve"][dtype] = np.array([v for r in runs for v in r.values])
+    for command, got in values.items():
+        relative = _relative(got["float32"], got["bfloat16"])
+        assert 0 < relative <= CAPTURE_TOL, (command, relative)
 
 
 # ---- bad input: one line, exit 2, nothing written -------------------------------------------------
