@@ -35,8 +35,8 @@ from valueprobe.model.gguf import ALIASES, alias_dir, gguf_dir
 __all__ = [
     "DeviceMap",
     "LoadedModel",
-    "check_device",
     "as_dtype",
+    "check_device",
     "check_dtype",
     "checkpoint_dtype",
     "load",
@@ -251,8 +251,10 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype | None:
     >>> as_dtype("bfloat16"), as_dtype("auto")
     (torch.bfloat16, None)
     """
-    if isinstance(dtype, torch.dtype) or dtype == "auto":
-        return dtype if isinstance(dtype, torch.dtype) else None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
     found = getattr(torch, str(dtype), None)
     if not isinstance(found, torch.dtype) or not found.is_floating_point:
         raise ValueprobeError(
