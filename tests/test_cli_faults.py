@@ -217,7 +217,7 @@ def test_output_path_checked_before_work(
 ):
     # Any model load or store read would fail loudly here: the checks must come first.
     monkeypatch.setattr(
-        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     monkeypatch.setattr(
         "valueprobe.cli.capture_fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
@@ -360,7 +360,7 @@ def test_splits_below_one(splits, store_dir, tmp_path, capsys):
 
 def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     base = ["capture", "--data", str(icrl_small), "--out", str(tmp_path / "s")]
     assert "--batch-size 0" in fails([*base, "--batch-size", "0"], capsys)
@@ -373,7 +373,7 @@ def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, caps
 
 def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli.capture_fit.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     out = tmp_path / "s"
     line = fails(

@@ -71,7 +71,7 @@ def test_a_dtype_the_device_cannot_run_is_one_line(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "__matmul__", no_half)
     with pytest.raises(
-        ValueprobeError, match=r"--dtype float16: cpu cannot run it \(.*Half.*\); use float32"
+        ValueprobeError, match=r"--model-dtype float16: cpu cannot run it \(.*Half.*\); use float32"
     ):
         check_dtype(torch.float16, "cpu")
 

@@ -371,7 +371,6 @@ class _NoCache(torch.nn.Module):
 def test_rollback_on_a_model_without_a_kv_cache_is_one_line(cli_files, capsys, tmp_path, monkeypatch):
     from test_cli_faults import one_line
 
-    import valueprobe.cli.guide as cli_guide
     from valueprobe.model.load import load, wrap
 
     def no_cache_load(model, **kw):
@@ -380,7 +379,7 @@ def test_rollback_on_a_model_without_a_kv_cache_is_one_line(cli_files, capsys, t
             _NoCache(lm.model), lm.tokenizer, model_id=lm.model_id, layers_path="inner." + lm.layers_path
         )
 
-    monkeypatch.setattr(cli_guide, "load", no_cache_load)
+    monkeypatch.setattr("valueprobe.cli.app.load", no_cache_load)
     code, _, err = run_cli(guide_argv(cli_files, tmp_path / "out", "--policy", "rollback"), capsys)
     assert "returns no KV cache" in one_line(code, err)
 

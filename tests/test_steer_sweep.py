@@ -345,7 +345,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli.steer.load", no_load)
+    monkeypatch.setattr("valueprobe.cli.app.load", no_load)
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
@@ -398,7 +398,7 @@ def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_
         return real_check(settings, *a, **k)
 
     monkeypatch.setattr(cli_steer, "check_settings", spy)
-    monkeypatch.setattr(cli_steer, "load", _stop_at_load)
+    monkeypatch.setattr("valueprobe.cli.app.load", _stop_at_load)
     r = tiny_files
     base = (
         ["--probe", str(r / "probe"), "--model", str(r / "model"), "--prompts", str(r / "p.jsonl")]
@@ -526,6 +526,6 @@ def test_p_yes_on_the_default_model(default_lm):
 def test_replicate_steer_refuses_impossible_numbers_before_loading(
     option, value, capsys, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("valueprobe.cli.steer.load", _stop_at_load)
+    monkeypatch.setattr("valueprobe.cli.app.load", _stop_at_load)
     code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err

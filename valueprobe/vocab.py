@@ -34,6 +34,7 @@ __all__ = [
     "LayerKey",
     "LayerSelection",
     "LayerSpec",
+    "ModelDtype",
     "Op",
     "PaddingSide",
     "Positions",
@@ -151,6 +152,15 @@ class Dtype(StrEnum):
     float16 = "float16"
     float32 = "float32"
     bfloat16 = "bfloat16"  # float32's range in 2 bytes; read back as float32 (probes fit in float32)
+
+
+class ModelDtype(StrEnum):
+    """The dtype a model's weights load and run in (not :class:`Dtype`, what a store keeps)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    auto = "auto"  # the checkpoint's own, as its config.json names it
 
 
 def choice(kind: type[E], value: str, *, what: str) -> E:

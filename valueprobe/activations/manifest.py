@@ -63,6 +63,7 @@ class StoreManifest:
     dataset: DatasetInfo
     valueprobe_version: str
     part: ShardSpec | None = None  # a sharded capture's part (``--shard I/N``); None for a whole store
+    model_dtype: str | None = None  # what the model ran in (--model-dtype); None: recorded before it was
     shards: tuple[Shard, ...] = ()
     complete: bool = False
 
@@ -107,8 +108,10 @@ class StoreManifest:
         spells them (lists, strings), or None. ``ignore`` names settings not to compare."""
         ours, theirs = self.to_dict(), other.to_dict()
         for name in _SETTINGS:
-            if name not in ignore and ours.get(name) != theirs.get(name):
-                return name, ours.get(name), theirs.get(name)
+            a, b = ours.get(name), theirs.get(name)
+            if name in ignore or a == b or (name in _RECORDED_LATER and None in (a, b)):
+                continue
+            return name, a, b
         return None
 
     def to_dict(self) -> dict:
@@ -121,6 +124,8 @@ class StoreManifest:
             body[name] = str(body[name])
         if self.part is None:  # a whole store's manifest is the one valueprobe always wrote
             del body["part"]
+        if self.model_dtype is None:
+            del body["model_dtype"]
         return {"format": FORMAT, "version": FORMAT_VERSION, **body}
 
     @classmethod
@@ -152,6 +157,7 @@ class StoreManifest:
                 dataset=DatasetInfo(dataset.get("path"), dataset.get("sha256"), dataset.get("n_examples")),
                 valueprobe_version=str(raw.get("valueprobe_version", "unknown")),
                 part=None if raw.get("part") is None else ShardSpec.parse(_part_text(raw["part"])),
+                model_dtype=None if raw.get("model_dtype") is None else str(raw["model_dtype"]),
                 shards=tuple(
                     Shard(str(s["file"]), (int(s["examples"][0]), int(s["examples"][1])), int(s["rows"]))
                     for s in raw.get("shards", [])
@@ -173,3 +179,5 @@ _SETTINGS: tuple[str, ...] = tuple(
     for f in fields(StoreManifest)
     if f.name not in ("d_model", "n_layers", "dataset", "valueprobe_version", "shards", "complete")
 )
+# Settings a store written before they were recorded lacks: such a store matches any value of them.
+_RECORDED_LATER = ("model_dtype",)

@@ -317,6 +317,7 @@ def _wanted(
         d_model=lm.d_model,
         n_layers=lm.n_layers,
         valueprobe_version=__version__,
+        model_dtype=str(lm.dtype).removeprefix("torch."),
         **settings,
     )
 

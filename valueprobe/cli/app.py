@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,8 @@ from rich.table import Table
 from valueprobe.activations.ranks import rank_device, run_ranks
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
-from valueprobe.vocab import ChatTemplate, ShardSpec
+from valueprobe.model.load import LoadedModel, check_device, load
+from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -41,7 +43,21 @@ TrustOpt = Annotated[bool, typer.Option(help="run the model repository's own cod
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:1, ...")]
 DeviceMapOpt = Annotated[
     str | None,
-    typer.Option(help="auto: spread the model over the GPUs, then CPU (accelerate); replaces --device"),
+    typer.Option(
+        help="auto: spread the model over the GPUs, then CPU, then disk (accelerate); replaces --device"
+    ),
+]
+ModelDtypeOpt = Annotated[
+    ModelDtype,
+    typer.Option(
+        "--model-dtype",
+        help="dtype the model's weights load and run in; auto: the checkpoint's own (config.json)."
+        " Reads (cos, σ) and steering vectors stay float32",
+    ),
+]
+OffloadFolderOpt = Annotated[
+    Path | None,
+    typer.Option(help="with --device-map: folder for the blocks that fit neither GPU nor CPU memory"),
 ]
 ForceOpt = Annotated[
     bool,
@@ -77,6 +93,52 @@ RandomDirectionsOpt = Annotated[
 # `--random-directions` was `--controls` (a word the probe baselines also use): the old spelling
 # still works, and stays out of --help.
 ControlsOpt = Annotated[int | None, typer.Option("--controls", hidden=True)]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a command loads its model: ``--device``, ``--device-map``, ``--model-dtype``,
+    ``--offload-folder`` (and ``--layers-path``, ``--trust-remote-code`` where a command has them).
+
+    >>> how = LoadOptions(device_map="auto", dtype=ModelDtype.bfloat16)
+    >>> how.check()                      # before any work
+    >>> lm = how.load("Qwen/Qwen3-8B")   # valueprobe.model.load.load with these options
+    """
+
+    device: str = "cpu"
+    device_map: str | None = None
+    dtype: ModelDtype = ModelDtype.float32
+    offload_folder: Path | None = None
+    layers_path: str | None = None
+    trust_remote_code: bool = False
+
+    def check(self) -> None:
+        """Refuse, in one line and before anything loads, options that cannot go together. (That the
+        device runs the dtype, and that accelerate can split the model, `load` checks itself.)"""
+        check_device(self.device)
+        if self.offload_folder is not None and self.device_map is None:
+            raise ValueprobeError(
+                "--offload-folder holds the blocks --device-map puts on disk: add --device-map auto, or drop it"
+            )
+        ranked = ShardSpec.from_env()
+        if self.device_map is not None and ranked is not None:
+            raise ValueprobeError(
+                f"--device-map under torchrun ({ranked.count} ranks): each rank would spread the whole model"
+                " over every GPU; run one process with --device-map, or torchrun with --device cuda"
+            )
+
+    def load(self, spec: str, *, device: str | None = None) -> LoadedModel:
+        """The model ``spec`` loaded as these options say; ``device`` (a torchrun rank's GPU, see
+        :func:`run_sharded`) replaces ``--device``."""
+        return load(
+            spec,
+            dtype=self.dtype.value,
+            device=self.device if device is None else device,
+            device_map=self.device_map,
+            offload_folder=None if self.offload_folder is None else str(self.offload_folder),
+            trust_remote_code=self.trust_remote_code,
+            layers_path=self.layers_path,
+        )
 
 
 def renamed(ctx: typer.Context, name: str, value: int, *, old: str, old_value: int | None) -> int:

@@ -24,7 +24,10 @@ from valueprobe.cli.app import (
     DeviceOpt,
     ForceOpt,
     LayersPathOpt,
+    LoadOptions,
+    ModelDtypeOpt,
     ModelOpt,
+    OffloadFolderOpt,
     ShardOpt,
     TrustOpt,
     app,
@@ -38,7 +41,7 @@ from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import check_device, load
+from valueprobe.model.load import check_device
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
@@ -51,6 +54,7 @@ from valueprobe.vocab import (
     ChatTemplate,
     Dtype,
     LayerSelection,
+    ModelDtype,
     PaddingSide,
     Positions,
     ShardSpec,
@@ -147,7 +151,9 @@ def capture(
         float,
         typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
     ] = 60.0,
-    dtype: Annotated[Dtype, typer.Option(help="stored dtype")] = Dtype.float16,
+    dtype: Annotated[
+        Dtype, typer.Option(help="dtype the activations are stored in (the model's is --model-dtype)")
+    ] = Dtype.float16,
     padding_side: Annotated[
         PaddingSide, typer.Option(help="side of the batch that is padded")
     ] = PaddingSide.right,
@@ -171,17 +177,19 @@ def capture(
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
     device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
+    how.check()  # before the ranks meet: every rank refuses the same options alike
 
     def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
         check_store_out(store_out)
         sizes = (batch_size, examples_per_shard, max_length, checkpoint_seconds)
         _check_capture_options(sizes, device, backend, remote=remote)
         regroup(examples := read_jsonl(data), group_by)  # a --group-by linking nothing fails before the load
-        lm = load(
-            model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device, device_map=device_map
-        )  # fmt: skip
+        lm = how.load(model, device=device)
         return capture_to_store(
             lm,
             examples,
@@ -285,8 +293,12 @@ def score(
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
 
     check_output_dir(out, holds="scores")
     for option, value, least in (
@@ -296,7 +308,7 @@ def score(
         ("--max-length", max_length, 1),
     ):
         check_at_least(option, value, least)
-    check_device(device)
+    how.check()
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
     settings = ScoreSettings(
@@ -312,7 +324,7 @@ def score(
     )
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
-        lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=on)
+        lm = how.load(model, device=on)
         info = DatasetInfo(str(data), sha256_file(data), len(examples))
         score_part(axis, lm, examples, shard=part, dataset=info, settings=settings).write(part_out)
         console.print(
@@ -321,7 +333,7 @@ def score(
 
     if run_sharded(out, shard, device, work, print_merged_scores):
         return
-    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    lm = how.load(model)
     res = settings.score(axis, lm, examples)
     files = res.write(out)
     headers, rows = res.table()
@@ -347,8 +359,12 @@ def replicate_axis(
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
 
     check_output_dir(out, holds="probe")
     check_output_dir(runs, holds="runs", option="--runs")
@@ -357,8 +373,8 @@ def replicate_axis(
     check_at_least("--splits", splits, 1)
     check_at_least("--train-groups", train_groups, 1)
     check_at_least("--batch-size", batch_size, 1)
-    check_device(device)
-    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    how.check()
+    lm = how.load(model)
     report = run_replicate(
         lm,
         data_dir=data,

@@ -20,7 +20,18 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, table
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    ForceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    app,
+    console,
+    table,
+)
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
@@ -28,10 +39,10 @@ from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import POLICIES, Policy, as_policy
 from valueprobe.guided.records import Guided, write_guided
 from valueprobe.guided.run import SCORES, guide
-from valueprobe.model.load import LoadedModel, check_device, load
+from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.vocab import Unit
+from valueprobe.vocab import ModelDtype, Unit
 
 __all__ = ["guide_command", "parse_number"]
 
@@ -104,7 +115,10 @@ def guide_command(
     seed: int = 0,
     batch_size: int = 32,
     force: ForceOpt = False,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Best-of-N, prune or rollback by the value read while generating; tokens spent per prompt."""
     chosen = _policy(
@@ -126,8 +140,9 @@ def guide_command(
     axis = _axis(probe, read_layer, steer_layer)
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
-    check_device(device)
-    lm = load(model, device=device)
+    how = LoadOptions(device, device_map, model_dtype, offload_folder)
+    how.check()
+    lm = how.load(model)
     axis.check(lm, force=force)
     shared: dict[str, Any] = {
         "score": score,

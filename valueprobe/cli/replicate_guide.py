@@ -14,15 +14,25 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import ModelOpt, console, replicate_app, table
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    console,
+    replicate_app,
+    table,
+)
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
-from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.guide import TASK_FILES, GuideRun, replicate_guide
+from valueprobe.vocab import ModelDtype
 
 __all__ = ["replicate_guide_command"]
 
@@ -66,7 +76,10 @@ def replicate_guide_command(
     timeout: Annotated[float, typer.Option(help="code tasks: seconds before an answer is killed")] = 5.0,
     seed: int = 0,
     batch_size: int = 32,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Accuracy against tokens spent: greedy, one sample, best-of-N by the axis, by log-prob, by random
     directions, self-consistency, the oracle, and the prune and rollback policies, for each axis."""
@@ -90,10 +103,12 @@ def replicate_guide_command(
     axes = {p.name: ValueAxis.load(p) for p in paths}
     files = _task_files(data, tasks)
     check_output_dir(out, holds="guided-decoding results")
+    how = LoadOptions(device, device_map, model_dtype, offload_folder)
+    how.check()
     run = GuideRun(
         prompts, samples, temperature, max_new_tokens, random_directions, seed, batch_size, prune, rollbacks
     )
-    lm = load(model, device=device)
+    lm = how.load(model)
     axes = {name: ValueAxis.load(p, lm=lm) for name, p in zip(axes, paths, strict=True)}
     results = replicate_guide(lm, axes=axes, task_files=files, out=out, run=run, timeout_s=timeout)
     for budget in results.tasks.values():

@@ -21,11 +21,23 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from valueprobe.cli.app import DeviceOpt, LayersPathOpt, ModelOpt, TrustOpt, app, console, table
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    LayersPathOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    TrustOpt,
+    app,
+    console,
+    table,
+)
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import ServeOptions
+from valueprobe.vocab import ModelDtype
 
 if TYPE_CHECKING:
     from valueprobe.serve.engine import Engine
@@ -41,9 +53,7 @@ def _need(module: str, install: str, what: str) -> None:
 def _hf(opts: ServeOptions) -> Engine:
     from valueprobe.serve.hf_engine import HFEngine  # the serve extra: imported once it is checked
 
-    lm = load(
-        opts.model, layers_path=opts.layers_path, trust_remote_code=opts.trust_remote_code, device=opts.device
-    )
+    lm = opts.load(opts.model)
     opts.axis.check(lm)  # a probe of another model: one line, as score does
     return HFEngine(lm, opts.axis, model=opts.model)
 
@@ -86,6 +96,9 @@ def serve_cmd(
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with steering and values."""
     if engine not in ENGINES:
@@ -102,10 +115,16 @@ def serve_cmd(
     if max_tokens < 1:
         raise ValueprobeError(f"--max-tokens {max_tokens}: give at least 1")
     check_host(host, api_key)
-    check_device(device)
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
+    how.check()
+    if engine == "vllm" and (how.device_map or how.offload_folder or how.dtype != ModelDtype.float32):
+        raise ValueprobeError(
+            "--engine vllm loads the model itself (the checkpoint's dtype, its own GPUs): leave out"
+            " --model-dtype, --device-map and --offload-folder"
+        )
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads
     with bind(host, port) as sock:  # a port in use fails before the model loads
-        served = factory(ServeOptions(probe, axis, model, device, layers_path, trust_remote_code))
+        served = factory(ServeOptions(probe, axis, model, how.load))
         limits = Limits(model=served.model, axis=axis, max_alpha=max_alpha, max_tokens=max_tokens)
         cap = "none" if max_alpha is None else f"{max_alpha:g}"
         layers = f"{min(axis.layers)}..{max(axis.layers)}"

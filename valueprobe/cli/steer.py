@@ -22,8 +22,13 @@ import typer
 
 from valueprobe.cli.app import (
     ControlsOpt,
+    DeviceMapOpt,
+    DeviceOpt,
     ForceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
     ModelOpt,
+    OffloadFolderOpt,
     RandomDirectionsOpt,
     ShardOpt,
     app,
@@ -38,7 +43,6 @@ from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
-from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
@@ -47,7 +51,7 @@ from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.generation import Generation, generate
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
-from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
+from valueprobe.vocab import HookSite, ModelDtype, Op, ShardSpec, Unit
 
 __all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
@@ -134,7 +138,10 @@ def steer_command(
     batch_size: int = 32,
     bootstrap: int = 1000,
     force: ForceOpt = False,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
     op: OpOpt = Op.add,
     lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
     hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
@@ -147,6 +154,8 @@ def steer_command(
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
     _check_engine(engine, op=op, site=site, shard=shard)
+    how = LoadOptions(device, device_map, model_dtype, offload_folder)
+    how.check()
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
@@ -182,25 +191,30 @@ def steer_command(
     )
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
     if run_sharded(
-        out, shard, device, _part_work(settings, axis, examples, model, part), print_merged_sweeps
+        out, shard, device, _part_work(settings, axis, examples, model, how, part), print_merged_sweeps
     ):
         return
     check_settings(settings, axis, out, examples)
-    lm = load(model, device=device)
+    lm = how.load(model)
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
     result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
 
 
 def _part_work(
-    settings: SweepSettings, axis: ValueAxis, examples: list, model: str, run: Callable[..., int]
+    settings: SweepSettings,
+    axis: ValueAxis,
+    examples: list,
+    model: str,
+    how: LoadOptions,
+    run: Callable[..., int],
 ) -> Callable[[Path, ShardSpec, str], None]:
     """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder."""
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
         check_settings(settings, axis, part_out, examples, part=True)
         check_part_out(part_out, part)
-        n_rows = run(load(model, device=on), axis, examples, part_out, settings, shard=part)
+        n_rows = run(how.load(model, device=on), axis, examples, part_out, settings, shard=part)
         console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
 
     return work
@@ -283,7 +297,10 @@ def replicate_steer_command(
     tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0,
     seed: int = 0,
     batch_size: int = 32,
-    device: Annotated[str, typer.Option(help="cpu, cuda, ...")] = "cpu",
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
     rows: Annotated[
         str,
         typer.Option(
@@ -298,6 +315,8 @@ def replicate_steer_command(
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
+    how = LoadOptions(device, device_map, model_dtype, offload_folder)
+    how.check()
     check_at_least("--prompts", prompts, 1)
     check_at_least("--batch-size", batch_size, 1)
     _check_tokens(tokens)
@@ -322,7 +341,7 @@ def replicate_steer_command(
     }
     for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
-    lm = load(model, device=device)
+    lm = how.load(model)
     report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, shard=shard, **shared)
     if shard is not None:
         return console.print(

@@ -13,14 +13,25 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import DeviceOpt, LayersPathOpt, ModelOpt, TrustOpt, app, console, table
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    LayersPathOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    TrustOpt,
+    app,
+    console,
+    table,
+)
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import check_device, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.handle import check_unit
 from valueprobe.steering.trace import value_trace, write_trace
-from valueprobe.vocab import Unit, parse_layers
+from valueprobe.vocab import ModelDtype, Unit, parse_layers
 
 __all__ = ["trace_cmd"]
 
@@ -42,18 +53,22 @@ def trace_cmd(
     layers_path: LayersPathOpt = None,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Per-token value trace of a prompt (and a steered continuation): coloured tokens + line plot."""
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
     if not prompt.strip():
         raise ValueprobeError("--prompt is empty: give the text to trace")
     if generate is not None and generate < 1:
         raise ValueprobeError(f"--generate {generate}: give a number of new tokens >= 1, or leave it out")
     check_output_dir(out, holds="trace")
-    check_device(device)
+    how.check()
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads
     chosen = axis.best_layer if layer is None else layer
     check_unit(axis, chosen, unit)
-    lm = load(model, layers_path=layers_path, trust_remote_code=trust_remote_code, device=device)
+    lm = how.load(model)
     axis.check(lm)
     reads = parse_layers(read_layers, n_layers=lm.n_layers) if read_layers.strip() else []
     text = (

@@ -18,9 +18,13 @@ import typer
 
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.cli.app import (
+    DeviceMapOpt,
     DeviceOpt,
     ForceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
     ModelOpt,
+    OffloadFolderOpt,
     ShardOpt,
     TrustOpt,
     app,
@@ -33,7 +37,7 @@ from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import check_device, load
+from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.replicate.dpo_words import write_report as write_words
@@ -44,7 +48,7 @@ from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import ShiftResult, check_groups, group_by, shift
 from valueprobe.tune.shift_parts import ShiftSettings, merge_shifts, shift_part
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
-from valueprobe.vocab import LayerSelection, Positions, ShardSpec
+from valueprobe.vocab import LayerSelection, ModelDtype, Positions, ShardSpec
 
 __all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
 
@@ -263,16 +267,20 @@ def shift_cmd(
     force: ForceOpt = False,
     trust_remote_code: TrustOpt = False,
     device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
     shard: ShardOpt = None,
 ) -> None:
     """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, trust_remote_code=trust_remote_code)
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
     check_output_dir(out, holds="shift")
     check_at_least("--n-random", n_random, 1)
     check_at_least("--bootstrap", bootstrap, 0)
     check_at_least("--batch-size", batch_size, 1)
-    check_device(device)
+    how.check()
     examples = group_by(read_jsonl(data), by)
     axis = ValueAxis.load(probe)
     settings = ShiftSettings(
@@ -290,13 +298,10 @@ def shift_cmd(
     )
     check_groups(examples, targeted=settings.targeted, contrast=contrast, refit=refit)
 
-    work = _shift_work(
-        axis, base, tuned, data, examples, settings, trust_remote_code=trust_remote_code, force=force
-    )
+    work = _shift_work(axis, base, tuned, data, examples, settings, how=how, force=force)
     if run_sharded(out, shard, device, work, print_merged_shifts):
         return
-    base_lm = load(base, trust_remote_code=trust_remote_code, device=device)
-    tuned_lm = load(tuned, trust_remote_code=trust_remote_code, device=device)
+    base_lm, tuned_lm = how.load(base), how.load(tuned)
     s = settings
     res = shift(
         axis, base_lm, tuned_lm, examples, layers=s.layers, layer=s.layer, tokens=tokens, targeted=s.targeted,
@@ -314,13 +319,13 @@ def _shift_work(
     examples: list,
     settings: ShiftSettings,
     *,
-    trust_remote_code: bool,
+    how: LoadOptions,
     force: bool,
 ) -> Callable[[Path, ShardSpec, str], None]:
     """One shard of a shift (both models loaded on ``on``) into its part folder."""
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
-        base_lm, tuned_lm = (load(m, trust_remote_code=trust_remote_code, device=on) for m in (base, tuned))
+        base_lm, tuned_lm = (how.load(m, device=on) for m in (base, tuned))
         info = DatasetInfo(str(data), sha256_file(data), len(examples))
         shift_part(
             axis,

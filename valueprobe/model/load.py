@@ -35,8 +35,10 @@ from valueprobe.model.gguf import ALIASES, alias_dir, gguf_dir
 __all__ = [
     "DeviceMap",
     "LoadedModel",
+    "as_dtype",
     "check_device",
     "check_dtype",
+    "checkpoint_dtype",
     "load",
     "wrap",
     "fingerprint",
@@ -141,6 +143,11 @@ class LoadedModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights are in (an offloaded block's meta tensors keep theirs)."""
+        return next(self.model.parameters()).dtype
+
 
 def find_layers_path(model: nn.Module, override: str | None = None) -> str:
     """Dotted path of the decoder-block ``ModuleList``; ``override`` wins if given."""
@@ -185,19 +192,24 @@ def wrap(
 def _from_pretrained(
     where: str,
     *,
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
     device: str,
     trust_remote_code: bool,
     device_map: DeviceMap,
     offload_folder: str | None = None,
 ) -> tuple[Any, Any]:
+    """The model and tokenizer at ``where``; ``dtype`` None: the checkpoint's own (``"auto"``)."""
     from transformers import (  # seconds to import: only when loading
         AutoConfig,
         AutoModelForCausalLM,
         AutoTokenizer,
     )
 
-    check_decoder_only(AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code), where)
+    config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+    check_decoder_only(config, where)
+    if dtype is None:  # known only now, still before any weights load
+        dtype = checkpoint_dtype(config)
+        check_dtype(dtype, _compute_device(device, device_map))
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if device_map:
@@ -218,6 +230,39 @@ def _from_pretrained(
     return model, tok
 
 
+def _compute_device(device: str, device_map: DeviceMap) -> str:
+    """Where the model's matmuls run: ``device``, or with a device map its first GPU (else the CPU)."""
+    if device_map is None:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def checkpoint_dtype(config: Any) -> torch.dtype:
+    """The dtype a checkpoint's ``config.json`` says its weights are in (float32 when it says none)."""
+    own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(own, str):
+        own = getattr(torch, own, None)
+    return own if isinstance(own, torch.dtype) else torch.float32
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype | None:
+    """A torch dtype from itself or its name; None for ``"auto"`` (the checkpoint's own).
+
+    >>> as_dtype("bfloat16"), as_dtype("auto")
+    (torch.bfloat16, None)
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return None
+    found = getattr(torch, str(dtype), None)
+    if not isinstance(found, torch.dtype) or not found.is_floating_point:
+        raise ValueprobeError(
+            f"model dtype {dtype!r} is not a floating-point torch dtype: use float32, bfloat16, float16 or auto"
+        )
+    return found
+
+
 def check_dtype(dtype: torch.dtype, device: str) -> None:
     """Fail in one line when ``device`` cannot run ``dtype``: a tiny matmul and softmax on it, as a
     forward pass does (float16 matmuls are missing on some CPUs, bfloat16 on older GPUs)."""
@@ -227,7 +272,7 @@ def check_dtype(dtype: torch.dtype, device: str) -> None:
     except (RuntimeError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise ValueprobeError(
-            f"--dtype {str(dtype).removeprefix('torch.')}: {device} cannot run it ({first}); use float32,"
+            f"--model-dtype {str(dtype).removeprefix('torch.')}: {device} cannot run it ({first}); use float32,"
             " or a device that supports it"
         ) from None
 
@@ -297,7 +342,8 @@ def load(
 
     Args:
         spec: ``"smollm2-135m"`` (offline default), a folder, a ``.gguf`` path, or a hub id.
-        dtype: torch dtype or its name (``"bfloat16"``).
+        dtype: torch dtype or its name (``"bfloat16"``), or ``"auto"``: the dtype the checkpoint's
+            config names (float32 when it names none). Reads and vectors stay float32 whatever it is.
         device: where to put the model (ignored with ``device_map``).
         device_map: ``"auto"`` (accelerate: GPUs, then CPU, then disk) or module name -> ``"cuda:0"``,
             ``"cpu"``, ``"disk"``; hooks and vectors follow each layer. offload_folder: for ``"disk"``.
@@ -307,9 +353,10 @@ def load(
     Raises:
         ValueprobeError: listing the routes tried when none works.
     """
-    torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    torch_dtype = as_dtype(dtype)
     check_device(device if device_map is None else "cpu")
-    check_dtype(torch_dtype, device if device_map is None else "cuda" if torch.cuda.is_available() else "cpu")
+    if torch_dtype is not None:  # "auto": checked once the checkpoint's config says which
+        check_dtype(torch_dtype, _compute_device(device, device_map))
     tried: list[str] = []
     where: str | None = None
     if spec in ALIASES:
@@ -323,9 +370,10 @@ def load(
             if is_adapter_dir(path):
                 return _load_adapter(
                     path,
-                    dtype=torch_dtype,
+                    dtype=dtype,  # "auto" stays the base checkpoint's own
                     device=device,
                     device_map=device_map,
+                    offload_folder=offload_folder,
                     trust_remote_code=trust_remote_code,
                     layers_path=layers_path,
                 )

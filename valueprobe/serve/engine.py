@@ -17,12 +17,13 @@ addition, as `valueprobe.steering.generation.Trace` reads the steered point.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.handle import Where
 
@@ -153,13 +154,12 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class ServeOptions:
     """What ``valueprobe serve`` hands an engine's factory (``make_engine(opts) -> Engine``):
-    the probe (folder and axis, already read and checked for units) and the model to load, where.
+    the probe (folder and axis, already read and checked for units), the model, and how the
+    transformers path loads it (``load(model)``: the command's --device, --device-map, --model-dtype).
     The factory loads the model and refuses, in one `ValueprobeError` line, a probe of another
     model (``axis.check``, the fingerprint check ``score`` does)."""
 
     probe: Path
     axis: ValueAxis
     model: str
-    device: str
-    layers_path: str | None
-    trust_remote_code: bool
+    load: Callable[[str], LoadedModel]
