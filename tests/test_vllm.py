@@ -167,7 +167,9 @@ def test_alpha_zero_is_bit_identical_to_vllm_without_the_plugin(engine, tmp_path
     with_plugin = run(str(PROBE), _subprocess_env())
     assert len(without) == 3 and all(len(tokens) == 12 for tokens, _ in without)
     for (tokens, logprobs), (plain_tokens, plain_logprobs) in zip(with_plugin, without, strict=True):
-        first = next((i for i, (a, b) in enumerate(zip(logprobs, plain_logprobs)) if a != b), None)
+        first = next(
+            (i for i, (a, b) in enumerate(zip(logprobs, plain_logprobs, strict=False)) if a != b), None
+        )
         assert tokens == plain_tokens and first is None, (
             first,
             logprobs[first or 0],
