@@ -8,9 +8,12 @@ Prints:
   one process over the same examples) and for a steering sweep. Each worker is a whole process with
   its own model, as a SLURM array task or a torchrun rank is.
 - the merge's time as a share of the 2-worker job;
-- peak RSS of one capture worker at 1× and 4× the examples (each in a fresh process, the store's
-  shards of ``--examples-per-shard`` examples): memory held per example shows as growth.
-Targets: RSS growth from 1× to 4× <= 10%. On 2 shared cores the throughput ratio is about 1×: both
+- memory of one capture worker at 1× and 4× the examples, each in a fresh process (the store's
+  shards of ``--examples-per-shard`` examples; 4× cycles the 1× examples, so both have the same
+  longest batch and only what is kept per example can differ): the RSS still held after the work
+  (see benchmarks/rss.py), and the peak RSS, ``--rss-repeats`` runs of each, with glibc's default
+  allocator settings and with a fixed mmap threshold (``MALLOC_MMAP_THRESHOLD_=131072``).
+Targets: held and peak RSS from 1× to 4× within 10%. On 2 shared cores the throughput ratio is about 1×: both
 workers compete for the same cores, which one process's BLAS threads already use.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this script
+from rss import child_rss, print_peak  # benchmarks/rss.py, next to this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +79,8 @@ def _ratio(tmp: Path, kind: str, job: list[str], threads_one: int) -> dict:
 
 
 def rss_child(args) -> None:
-    """Child process: one capture worker over ``args.n`` examples to disk; prints peak RSS in MB."""
+    """Child process: one capture worker over ``args.n`` examples (the first ``args.rss_n`` of the
+    data, cycled) to disk; prints peak and held RSS in MB."""
     from valueprobe.activations.store import capture_to_store
     from valueprobe.datasets.io import read_jsonl
     from valueprobe.model.load import load
@@ -83,7 +88,8 @@ def rss_child(args) -> None:
 
     lm = load(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        data = _examples(args.n, args.data, Path(tmp) / "d.jsonl")
+        data = _examples(args.rss_n, args.data, Path(tmp) / "base.jsonl")
+        data = _examples(args.n, str(data), Path(tmp) / "d.jsonl")
         capture_to_store(
             lm, read_jsonl(data), Path(tmp) / "s", layers="all", positions=Positions.spans, batch_size=8,
             examples_per_shard=args.examples_per_shard, dtype=Dtype.float16, progress=False,
@@ -99,6 +105,7 @@ def main() -> None:
     ap.add_argument("--probe", default=str(ROOT / "probes" / "smollm2-135m-value"))
     ap.add_argument("--n", type=int, default=64, help="examples of the throughput capture")
     ap.add_argument("--rss-n", type=int, default=128, help="examples at 1× for the memory check")
+    ap.add_argument("--rss-repeats", type=int, default=2, help="fresh processes per size and setting")
     ap.add_argument("--examples-per-shard", type=int, default=32)
     ap.add_argument("--out", default=str(ROOT / "runs" / "bench-scale.json"))
     ap.add_argument("--rss-child", action="store_true")
@@ -142,9 +149,15 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     sizes = ["--model", args.model, "--data", args.data, "--examples-per-shard", str(args.examples_per_shard)]
-    one = child_peak_mb(__file__, [*sizes, "--n", str(args.rss_n)])
-    four = child_peak_mb(__file__, [*sizes, "--n", str(4 * args.rss_n)])
-    result["rss_mb"] = {"1x": one, "4x": four, "growth": four / one - 1}
+    sizes += ["--rss-n", str(args.rss_n)]
+    result["rss_mb"] = {}
+    for setting, env in (("default", {}), ("fixed_mmap", {"MALLOC_MMAP_THRESHOLD_": "131072"})):
+        for times in (1, 4):
+            runs = [
+                child_rss(__file__, [*sizes, "--n", str(times * args.rss_n)], env=env)
+                for _ in range(args.rss_repeats)
+            ]
+            result["rss_mb"][f"{setting}_{times}x"] = runs
     result["load_after"] = os.getloadavg()
     for kind in ("capture", "steer"):
         r = result[kind]
@@ -152,9 +165,15 @@ def main() -> None:
             f"{kind}: 1 worker {r['one_worker_s']:.1f} s, 2 workers {r['two_workers_s']:.1f} s + merge"
             f" {r['merge_s']:.1f} s -> throughput 2/1 = {r['throughput_2_over_1']:.2f}x, merge share {r['merge_share']:.1%}"
         )
-    g = result["rss_mb"]
-    print(f"peak RSS per worker: {g['1x']:.0f} MB at {args.rss_n} examples, {g['4x']:.0f} MB at {4 * args.rss_n}"
-          f" ({g['growth']:+.1%}; target within 10%)")  # fmt: skip
+    for setting in ("default", "fixed_mmap"):
+        one, four = result["rss_mb"][f"{setting}_1x"], result["rss_mb"][f"{setting}_4x"]
+        for what in ("held_mb", "peak_rss_mb"):
+            a, b = [r[what] for r in one], [r[what] for r in four]
+            print(
+                f"{setting:10} {what.removesuffix('_mb').replace('_rss', ''):4}: {args.rss_n} examples"
+                f" {min(a):.0f}-{max(a):.0f} MB, {4 * args.rss_n} examples {min(b):.0f}-{max(b):.0f} MB"
+                f" (median {statistics.median(b) / statistics.median(a) - 1:+.1%}; target within 10%)"
+            )
     print(
         f"on {threads} cores two workers share the cores one worker's BLAS threads already fill, so about 1x;"
         " with one GPU a worker nothing is shared but the disk, so 8 GPUs predict about 8x less the merge share"
