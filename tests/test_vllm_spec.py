@@ -95,3 +95,5 @@ def test_steer_engine_choices_are_checked_before_loading(tmp_path, capsys):
         assert "pip install 'valueprobe[vllm]'" in err
     else:
         assert "--op add only" in err
+    code, _, err = run_cli([*args, "--engine", "vllm", "--device-map", "auto"], capsys)
+    assert code == 2 and "--engine vllm places the model itself" in err

@@ -153,7 +153,7 @@ def steer_command(
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
-    _check_engine(engine, op=op, site=site, shard=shard)
+    _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map)
     how = LoadOptions(device, device_map, model_dtype, offload_folder)
     how.check()
     _check_numbers(
@@ -197,7 +197,7 @@ def steer_command(
     check_settings(settings, axis, out, examples)
     lm = how.load(model)
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
-    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe))
+    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe, how))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
 
 
@@ -233,13 +233,17 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
 
 
-def _check_engine(engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None) -> None:
+def _check_engine(
+    engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None, device_map: str | None
+) -> None:
     """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
     if engine not in ("hf", "vllm"):
         raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
     if engine == "vllm":
         if shard is not None:
             raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
+        if device_map is not None:
+            raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
         if importlib.util.find_spec("vllm") is None:
             raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
         if op != Op.add:
@@ -248,9 +252,14 @@ def _check_engine(engine: str, *, op: Op, site: HookSite | None, shard: ShardSpe
             raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
 
 
-def _generator(engine: str, model: str, seed: int, probe: Path) -> Callable[..., list[Generation]]:
-    """What generates the sweep's rows: the HF route, or one vLLM request per row."""
-    return generate if engine == "hf" else VllmGenerator(open_llm(model, seed=seed), probe)
+def _generator(
+    engine: str, model: str, seed: int, probe: Path, how: LoadOptions
+) -> Callable[..., list[Generation]]:
+    """What generates the sweep's rows: the HF route, or one vLLM request per row, in the dtype the
+    HF side loads (it scores the rows)."""
+    if engine == "hf":
+        return generate
+    return VllmGenerator(open_llm(model, seed=seed, dtype=how.dtype.value), probe)
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:
