@@ -57,6 +57,7 @@ __all__ = ["block_op", "install", "register", "take"]
 
 log = logging.getLogger("valueprobe.vllm")
 
+_MARK = "__valueprobe__"  # set on what the plugin wrapped, so registering twice wraps nothing twice
 _GRAPH_ID = "block-op-1"  # in vLLM's compile-cache key: graphs with the op never mix with graphs without
 _MAX_KEPT = 65536  # requests whose values wait to be taken; the oldest go first
 _LOCK = threading.Lock()
@@ -251,6 +252,9 @@ def _status(worker: Any) -> dict[str, Any]:
     return {"graph": _GRAPH_ID, "hooks": len(getattr(runner, "_valueprobe_hooks", None) or [])}
 
 
+_WORKER_METHODS = {"valueprobe_take_values": _take_values, "valueprobe_status": _status}
+
+
 def _salted(original: Any) -> Any:
     def from_engine_core_request(cls: Any, request: Any, block_hasher: Any) -> Any:
         params = getattr(request, "sampling_params", None)
@@ -264,13 +268,13 @@ def _salted(original: Any) -> Any:
                 request.cache_salt = salt if not request.cache_salt else f"{request.cache_salt}|{salt}"
         return original.__func__(cls, request, block_hasher)
 
-    from_engine_core_request.__valueprobe__ = True  # type: ignore[attr-defined]
+    setattr(from_engine_core_request, _MARK, True)
     return classmethod(from_engine_core_request)
 
 
 def _wrap_load(cls: Any) -> None:
     original = cls.__dict__.get("load_model")
-    if original is None or getattr(original, "__valueprobe__", False):
+    if original is None or getattr(original, _MARK, False):
         return
 
     def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -283,7 +287,7 @@ def _wrap_load(cls: Any) -> None:
         self._valueprobe_hooks = install(self)
         return out
 
-    load_model.__valueprobe__ = True  # type: ignore[attr-defined]
+    setattr(load_model, _MARK, True)
     cls.load_model = load_model
 
 
@@ -294,7 +298,7 @@ def register() -> None:
     from vllm.v1.worker.worker_base import WorkerBase
 
     current = Request.__dict__["from_engine_core_request"]
-    if not getattr(current.__func__, "__valueprobe__", False):
+    if not getattr(current.__func__, _MARK, False):
         Request.from_engine_core_request = _salted(current)
     _wrap_load(GPUModelRunner)
     try:
@@ -303,6 +307,6 @@ def register() -> None:
         pass
     else:
         _wrap_load(CPUModelRunner)
-    if not hasattr(WorkerBase, "valueprobe_take_values"):
-        WorkerBase.valueprobe_take_values = _take_values  # type: ignore[attr-defined]
-        WorkerBase.valueprobe_status = _status  # type: ignore[attr-defined]
+    for name, method in _WORKER_METHODS.items():  # the names collective_rpc calls
+        if not hasattr(WorkerBase, name):
+            setattr(WorkerBase, name, method)
