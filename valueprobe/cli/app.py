@@ -100,8 +100,7 @@ class LoadOptions:
     """How a command loads its model: ``--device``, ``--device-map``, ``--model-dtype``,
     ``--offload-folder`` (and ``--layers-path``, ``--trust-remote-code`` where a command has them).
 
-    >>> how = LoadOptions(device_map="auto", dtype=ModelDtype.bfloat16)
-    >>> how.check()                      # before any work
+    >>> how = LoadOptions(device_map="auto", dtype=ModelDtype.bfloat16).check()  # before any work
     >>> lm = how.load("Qwen/Qwen3-8B")   # valueprobe.model.load.load with these options
     """
 
@@ -112,9 +111,10 @@ class LoadOptions:
     layers_path: str | None = None
     trust_remote_code: bool = False
 
-    def check(self) -> None:
-        """Refuse, in one line and before anything loads, options that cannot go together. (That the
-        device runs the dtype, and that accelerate can split the model, `load` checks itself.)"""
+    def check(self) -> LoadOptions:
+        """Refuse, in one line and before anything loads, options that cannot go together; returns
+        these options. (That the device runs the dtype, and that accelerate can split the model,
+        `load` checks itself.)"""
         check_device(self.device)
         if self.offload_folder is not None and self.device_map is None:
             raise ValueprobeError(
@@ -126,6 +126,7 @@ class LoadOptions:
                 f"--device-map under torchrun ({ranked.count} ranks): each rank would spread the whole model"
                 " over every GPU; run one process with --device-map, or torchrun with --device cuda"
             )
+        return self
 
     def load(self, spec: str, *, device: str | None = None) -> LoadedModel:
         """The model ``spec`` loaded as these options say; ``device`` (a torchrun rank's GPU, see

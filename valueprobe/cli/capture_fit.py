@@ -64,6 +64,14 @@ from valueprobe.vocab import (
     layer_ranges,
 )
 
+CheckpointSecondsOpt = Annotated[
+    float, typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much")
+]
+GroupByOpt = Annotated[
+    str | None,
+    typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
+]
+
 
 def print_store(out: Path, store: ActivationStore) -> None:
     """The one-row summary of a captured store."""
@@ -147,10 +155,7 @@ def capture(
     ] = Site.resid_post,
     batch_size: int = 8,
     examples_per_shard: int = 256,
-    checkpoint_seconds: Annotated[
-        float,
-        typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much"),
-    ] = 60.0,
+    checkpoint_seconds: CheckpointSecondsOpt = 60.0,
     dtype: Annotated[
         Dtype, typer.Option(help="dtype the activations are stored in (the model's is --model-dtype)")
     ] = Dtype.float16,
@@ -164,10 +169,7 @@ def capture(
     span_labels: Annotated[
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None,
-    group_by: Annotated[
-        str | None,
-        typer.Option(help="take row groups from meta, e.g. meta.pair (held-out splits keep pairs whole)"),
-    ] = None,
+    group_by: GroupByOpt = None,
     backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
     remote: Annotated[
         bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
@@ -181,8 +183,8 @@ def capture(
     offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
-    how.check()  # before the ranks meet: every rank refuses the same options alike
+    # checked before the ranks meet: every rank refuses the same options alike
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code).check()
 
     def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
         check_store_out(store_out)
@@ -408,24 +410,28 @@ def replicate_axis(
     write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
     if history_out is not None:
-        history = ValueAxis.load(history_out)
-        sweep = history.metrics["sweep"]
-        table(
-            f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
-            f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
-            ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
-            [
-                [
-                    k,
-                    v["auroc"],
-                    f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]",
-                    v["cohens_d"],
-                    v.get("embed_auroc"),
-                ]
-                for k, v in history.metrics["evaluated_on"].items()
-            ],
-        )
+        _print_history(ValueAxis.load(history_out))
     console.print(f"wrote {out}/ (axis.safetensors, probe.json) and {runs}/sweep.html, transfer.html")
+
+
+def _print_history(history: ValueAxis) -> None:
+    """The reward-history axis's table: its held-out AUROC and each family it was scored on."""
+    sweep = history.metrics["sweep"]
+    table(
+        f"reward-history axis (main vs control, identical text) at layer {history.best_layer}: held-out-rule"
+        f" AUROC {sweep['heldout_auroc']['mean']:.3f}, margin {sweep['margin']:+.3f}; scored without refitting on",
+        ["family", "AUROC", "95% CI", "Cohen's d", "embed AUROC"],
+        [
+            [
+                k,
+                v["auroc"],
+                f"[{v['auroc_ci'][0]:.3f}, {v['auroc_ci'][1]:.3f}]",
+                v["cohens_d"],
+                v.get("embed_auroc"),
+            ]
+            for k, v in history.metrics["evaluated_on"].items()
+        ],
+    )
 
 
 def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:

@@ -140,8 +140,7 @@ def guide_command(
     axis = _axis(probe, read_layer, steer_layer)
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
-    how = LoadOptions(device, device_map, model_dtype, offload_folder)
-    how.check()
+    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     lm = how.load(model)
     axis.check(lm, force=force)
     shared: dict[str, Any] = {
@@ -153,12 +152,8 @@ def guide_command(
     shared |= {"seed": seed, "max_new_tokens": max_new_tokens, "greedy": greedy, "temperature": temperature}
     shared |= {"top_p": top_p, "batch_size": batch_size}
     records = _run(lm, axis, rows, chosen, random_directions_, shared)
-    settings: dict[str, Any] = {
-        "probe": str(probe),
-        "prompts": str(prompts),
-        "model": model,
-        "policy": chosen.name,
-    }
+    settings: dict[str, Any] = {"probe": str(probe), "prompts": str(prompts), "model": model}
+    settings["policy"] = chosen.name
     settings |= {key: v for key, v in asdict(chosen).items() if key != "name"} | shared
     settings |= {"unit": unit.value, "random_directions": random_directions_, "limit": limit}
     summary = write_guided(out, records, settings)

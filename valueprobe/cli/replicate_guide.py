@@ -103,8 +103,7 @@ def replicate_guide_command(
     axes = {p.name: ValueAxis.load(p) for p in paths}
     files = _task_files(data, tasks)
     check_output_dir(out, holds="guided-decoding results")
-    how = LoadOptions(device, device_map, model_dtype, offload_folder)
-    how.check()
+    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     run = GuideRun(
         prompts, samples, temperature, max_new_tokens, random_directions, seed, batch_size, prune, rollbacks
     )

@@ -115,8 +115,7 @@ def serve_cmd(
     if max_tokens < 1:
         raise ValueprobeError(f"--max-tokens {max_tokens}: give at least 1")
     check_host(host, api_key)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
-    how.check()
+    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code).check()
     if engine == "vllm" and (how.device_map or how.offload_folder or how.dtype != ModelDtype.float32):
         raise ValueprobeError(
             "--engine vllm loads the model itself (the checkpoint's dtype, its own GPUs): leave out"

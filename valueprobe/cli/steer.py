@@ -152,24 +152,21 @@ def steer_command(
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
-    values = parse_alphas(alphas)
     _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder)
-    how.check()
+    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
-    chosen = _metrics(metrics, prompts, examples)
     settings = SweepSettings(
         probe=str(probe),
         probe_fingerprint=axis.fingerprint,
         model=model,
         prompts=str(prompts),
         prompts_sha256=sha256_file(prompts),
-        alphas=values,
+        alphas=parse_alphas(alphas),
         unit=unit.value,
         samples=samples,
         max_new_tokens=max_new_tokens,
@@ -180,7 +177,7 @@ def steer_command(
         other_probe=None if other_probe is None else str(other_probe),
         layer=layer,
         chunk_prompts=chunk_prompts,
-        metrics=chosen,
+        metrics=_metrics(metrics, prompts, examples),
         limit=limit,
         op=op.value,
         lo=lo,
@@ -190,9 +187,8 @@ def steer_command(
         engine=engine,
     )
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
-    if run_sharded(
-        out, shard, device, _part_work(settings, axis, examples, model, how, part), print_merged_sweeps
-    ):
+    work = _part_work(settings, axis, examples, model, how, part)
+    if run_sharded(out, shard, device, work, print_merged_sweeps):
         return
     check_settings(settings, axis, out, examples)
     lm = how.load(model)
@@ -284,6 +280,14 @@ def _check_tokens(tokens: float) -> None:
         )
 
 
+RowsOpt = Annotated[
+    str,
+    typer.Option(
+        help="add (steer along each direction) and/or ablate (remove it): a row left out keeps its results"
+    ),
+]
+
+
 @replicate_app.command("steer")
 def replicate_steer_command(
     ctx: typer.Context,
@@ -310,12 +314,7 @@ def replicate_steer_command(
     device_map: DeviceMapOpt = None,
     model_dtype: ModelDtypeOpt = ModelDtype.float32,
     offload_folder: OffloadFolderOpt = None,
-    rows: Annotated[
-        str,
-        typer.Option(
-            help="add (steer along each direction) and/or ablate (remove it): a row left out keeps its results"
-        ),
-    ] = "add,ablate",
+    rows: RowsOpt = "add,ablate",
     benchmarks: Annotated[
         str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
     ] = "all",
@@ -324,8 +323,7 @@ def replicate_steer_command(
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
     values = parse_alphas(alphas)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder)
-    how.check()
+    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     check_at_least("--prompts", prompts, 1)
     check_at_least("--batch-size", batch_size, 1)
     _check_tokens(tokens)

@@ -328,6 +328,14 @@ def check_device(device: str) -> None:
         raise ValueprobeError(f"--device {device}: no MPS device on this machine; use --device cpu")
 
 
+def _cannot_load(spec: str, tried: list[str], where: str, exc: Exception) -> ValueprobeError:
+    """One line for a model no route loads: each route tried, and the first line of the hub's error."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    offline = " (HF_HUB_OFFLINE=1)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+    routes = "; ".join([*tried, f"hub id {where}{offline}: {first[:200]}"])
+    return ValueprobeError(f"cannot load model {spec!r}: {routes}; use '{DEFAULT_MODEL}' offline")
+
+
 def load(
     spec: str = DEFAULT_MODEL,
     *,
@@ -400,12 +408,7 @@ def load(
     except ValueprobeError:
         raise
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors with long texts
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        offline = " (HF_HUB_OFFLINE=1)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
-        routes = "; ".join([*tried, f"hub id {where}{offline}: {first[:200]}"])
-        raise ValueprobeError(
-            f"cannot load model {spec!r}: {routes}; use '{DEFAULT_MODEL}' offline"
-        ) from None
+        raise _cannot_load(spec, tried, where, exc) from None
     lm = wrap(model, tok, model_id=spec, layers_path=layers_path)
     if getattr(tok, "pad_token_id", None) is None:
         tok.pad_token = tok.eos_token
