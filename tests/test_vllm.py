@@ -205,6 +205,17 @@ def test_an_engine_without_the_plugin_is_refused_before_it_starts(tmp_path):
         ]
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "sweep" / "generations.jsonl").exists()
+    # vLLM places the model itself: --device-map is refused before it starts, for serve as for steer
+    done = subprocess.run(
+        [sys.executable, "-m", "valueprobe", *serve, "--device-map", "auto"],
+        env=_subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "--engine vllm places the model itself" in done.stderr, done.stderr[
+        -2000:
+    ]
 
 
 def test_vllm_greedy_matches_hf_route(engine):

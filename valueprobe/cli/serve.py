@@ -116,14 +116,11 @@ def serve_cmd(
         raise ValueprobeError(f"--max-tokens {max_tokens}: give at least 1")
     check_host(host, api_key)
     how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code).check()
-    if engine == "vllm" and (how.device_map or how.offload_folder or how.dtype != ModelDtype.float32):
-        raise ValueprobeError(
-            "--engine vllm loads the model itself (the checkpoint's dtype, its own GPUs): leave out"
-            " --model-dtype, --device-map and --offload-folder"
-        )
+    if engine == "vllm" and how.device_map is not None:
+        raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads
     with bind(host, port) as sock:  # a port in use fails before the model loads
-        served = factory(ServeOptions(probe, axis, model, how.load))
+        served = factory(ServeOptions(probe, axis, model, how.load, how.dtype.value))
         limits = Limits(model=served.model, axis=axis, max_alpha=max_alpha, max_tokens=max_tokens)
         cap = "none" if max_alpha is None else f"{max_alpha:g}"
         layers = f"{min(axis.layers)}..{max(axis.layers)}"

@@ -163,3 +163,4 @@ class ServeOptions:
     axis: ValueAxis
     model: str
     load: Callable[[str], LoadedModel]
+    model_dtype: str = "float32"  # what an engine that loads the model itself (vLLM) runs it in

@@ -35,10 +35,17 @@ class VllmEngine:
         probe: the probe folder (the workers read the axis from there); axis: that probe, read.
         model: the model spec (an alias, a folder or a hub id); its id is what ``/v1/models`` lists.
         enforce_eager: skip vLLM's torch.compile (faster start, slower steps).
+        dtype: what vLLM runs the model in (``--model-dtype``; float32 as the HF route loads).
     """
 
     def __init__(
-        self, probe: str | Path, axis: ValueAxis, model: str, *, enforce_eager: bool = False
+        self,
+        probe: str | Path,
+        axis: ValueAxis,
+        model: str,
+        *,
+        enforce_eager: bool = False,
+        dtype: str = "float32",
     ) -> None:
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs  # optional dependency: the [vllm] extra
@@ -50,7 +57,7 @@ class VllmEngine:
         self.layers: Sequence[int] = list(axis.layers)
         self.best_layer = axis.best_layer
         self.probe = str(Path(probe).resolve())
-        args = AsyncEngineArgs(**engine_kwargs(model, enforce_eager=enforce_eager))
+        args = AsyncEngineArgs(**engine_kwargs(model, enforce_eager=enforce_eager, dtype=dtype))
         self.llm = AsyncLLM.from_engine_args(args)
         config = self.llm.model_config
         width, depth = config.get_hidden_size(), config.get_num_layers(self.llm.vllm_config.parallel_config)
@@ -152,4 +159,4 @@ class VllmEngine:
 
 def make_engine(opts: Any) -> VllmEngine:
     """The factory `valueprobe.cli.serve` calls with its ServeOptions (probe, axis, model)."""
-    return VllmEngine(opts.probe, opts.axis, opts.model)
+    return VllmEngine(opts.probe, opts.axis, opts.model, dtype=opts.model_dtype)
