@@ -195,9 +195,10 @@ def saved(tmp_path_factory, tiny_lm_factory):
     root = tmp_path_factory.mktemp("shift")
     base = tiny_lm_factory("llama")
     tuned = copy.deepcopy(base.model)
+    noise = torch.Generator().manual_seed(0)  # its own generator: the same descendant whatever ran before
     with torch.no_grad():
         for p in tuned.parameters():
-            p.add_(0.02 * torch.randn_like(p))
+            p.add_(0.02 * torch.randn(p.shape, generator=noise, dtype=p.dtype))
     for name, model in (("base", base.model), ("tuned", tuned), ("other", tiny_lm_factory("qwen2").model)):
         model.save_pretrained(root / name)
         base.tokenizer.save_pretrained(root / name)
