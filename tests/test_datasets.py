@@ -36,6 +36,8 @@ FILES = (
     "steer_code",
     "steer_refusal",
     "steer_open",
+    "steer_conditions",
+    "neutral_text",
     "task_arithmetic",
     "task_code",
 )

@@ -40,15 +40,28 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.steer_options import (
+    AUTO,
+    ConditionsFileOpt,
+    ConditionsOpt,
+    PositionsOpt,
+    SpecOpt,
+    SteerOptions,
+    apply_spec,
+    check_prompt_set,
+    resolve_conditions,
+)
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
+from valueprobe.replicate.steer import ReplicateSteer, parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.behaviour import METRICS
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.generation import Generation, generate
+from valueprobe.steering.handle import check_phase
+from valueprobe.steering.prompting import parse_conditions
 from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.vocab import HookSite, ModelDtype, Op, ShardSpec, Unit
@@ -117,9 +130,9 @@ SiteOpt = Annotated[
 @app.command("steer")
 def steer_command(
     ctx: typer.Context,
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
     prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_code.jsonl")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
+    probe: Annotated[Path | None, typer.Option(help="probe folder (probes/NAME); or --spec")] = None,
     model: ModelOpt = "smollm2-135m",
     alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-2,-1,0,1,2",
     unit: Annotated[Unit, typer.Option(help="sigma | norm (% of mean residual norm) | raw")] = Unit.sigma,
@@ -149,10 +162,20 @@ def steer_command(
     site: SiteOpt = None,
     shard: ShardOpt = None,
     engine: EngineOpt = "hf",
+    conditions: ConditionsOpt = AUTO,
+    conditions_file: ConditionsFileOpt = None,
+    positions: PositionsOpt = "all",
+    spec: SpecOpt = None,
 ) -> None:
-    """Steer generations along an axis at several strengths, with random directions as the null."""
+    """Steer generations along an axis at several strengths, with random directions as the null and
+    prompting (a system prompt asking for the behaviour, or its opposite) as the baseline."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
-    _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map)
+    if spec is not None:
+        given = SteerOptions(probe, layer, site, unit, op, lo, hi, target, positions, alphas)
+        probe, layer, site, unit, op, lo, hi, target, positions, alphas = apply_spec(ctx, spec, given)
+    if probe is None:
+        raise ValueprobeError("give --probe (a probe folder) or --spec (a steering spec file)")
+    _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map, positions=positions)
     how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     _check_numbers(
         batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
@@ -160,32 +183,17 @@ def steer_command(
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
+    prompting = resolve_conditions(conditions, conditions_file, prompts)
+    check_prompt_set(examples, prompting)
     settings = SweepSettings(
-        probe=str(probe),
-        probe_fingerprint=axis.fingerprint,
-        model=model,
-        prompts=str(prompts),
-        prompts_sha256=sha256_file(prompts),
-        alphas=parse_alphas(alphas),
-        unit=unit.value,
-        samples=samples,
-        max_new_tokens=max_new_tokens,
-        controls=n_random,
-        seed=seed,
-        greedy=greedy,
-        temperature=temperature,
-        other_probe=None if other_probe is None else str(other_probe),
-        layer=layer,
-        chunk_prompts=chunk_prompts,
-        metrics=_metrics(metrics, prompts, examples),
-        limit=limit,
-        op=op.value,
-        lo=lo,
-        hi=hi,
-        target=target,
-        site=None if site is None else site.value,
-        engine=engine,
-    )
+        probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts), alphas=parse_alphas(alphas), unit=unit.value, samples=samples,
+        max_new_tokens=max_new_tokens, controls=n_random, seed=seed, greedy=greedy, temperature=temperature,
+        other_probe=None if other_probe is None else str(other_probe), layer=layer, chunk_prompts=chunk_prompts,
+        metrics=_metrics(metrics, prompts, examples), limit=limit, op=op.value, lo=lo, hi=hi, target=target,
+        site=None if site is None else site.value, engine=engine, conditions=prompting.names,
+        conditions_file=prompting.file, conditions_sha256=prompting.sha256, positions=positions,
+    )  # fmt: skip
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
     work = _part_work(settings, axis, examples, model, how, part)
     if run_sharded(out, shard, device, work, print_merged_sweeps):
@@ -230,11 +238,22 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
 
 
 def _check_engine(
-    engine: str, *, op: Op, site: HookSite | None, shard: ShardSpec | None, device_map: str | None
+    engine: str,
+    *,
+    op: Op,
+    site: HookSite | None,
+    shard: ShardSpec | None,
+    device_map: str | None,
+    positions: str = "all",
 ) -> None:
     """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
     if engine not in ("hf", "vllm"):
         raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
+    check_phase(positions, None, 0)
+    if engine == "vllm" and positions != "all":
+        raise ValueprobeError(
+            f"--engine vllm steers every position in a sweep: leave out --positions {positions}"
+        )
     if engine == "vllm":
         if shard is not None:
             raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
@@ -319,6 +338,7 @@ def replicate_steer_command(
         str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
     ] = "all",
     shard: ShardOpt = None,
+    conditions: ConditionsOpt = "toward,away,reworded",
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -345,6 +365,7 @@ def replicate_steer_command(
         "prompts": prompts,
         "tokens": tokens,
         "benchmarks": names,
+        "conditions": parse_conditions(conditions),
     }
     for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
@@ -354,15 +375,17 @@ def replicate_steer_command(
         return console.print(
             f"wrote shard {shard} of each sweep under {runs}/: rerun without --shard to merge"
         )
+    print_replicate_steer(report, out, runs, f"{probe.name} vs {other_probe.name}", n_random)
+
+
+def print_replicate_steer(report: ReplicateSteer, out: Path, runs: Path, what: str, n_random: int) -> None:
+    """Write ``replicate steer``'s figure and print its tables."""
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")
-        table(
-            f"replicate steer: {probe.name} vs {other_probe.name} and {n_random} random directions",
-            *report.table(),
-        )
+        table(f"replicate steer: {what} and {n_random} random directions", *report.table())
     if report.ablations:
         table(
-            f"replicate steer, ablated: {probe.name} vs {n_random} random directions",
+            f"replicate steer, ablated: {what.split(' vs ')[0]} vs {n_random} random directions",
             *report.ablation_table(),
         )
     console.print(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 
-from valueprobe.datasets import backtracking, refusal
+from valueprobe.datasets import backtracking, conditions, refusal
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 
@@ -265,11 +265,12 @@ def _open(n: int, rng: random.Random) -> list[Example]:
 
 
 def generate(*, seed: int = 0, n: int | None = None) -> dict[str, list[Example]]:
-    """The five steering prompt sets, ``n`` prompts each (default 64).
+    """The five steering prompt sets, ``n`` prompts each (default 64), with their prompt conditions
+    and the neutral corpus for side effects (`valueprobe.datasets.conditions`; neither depends on ``n``).
 
     >>> out = generate(seed=0, n=2)
     >>> [len(out[k]) for k in sorted(out)]
-    [2, 2, 4, 2, 2]
+    [48, 2, 2, 15, 4, 2, 2]
     """
     n = DEFAULT_N if n is None else n
     if n > MAX_N:
@@ -280,4 +281,6 @@ def generate(*, seed: int = 0, n: int | None = None) -> dict[str, list[Example]]
         "steer_code": _code(n, random.Random(f"steer_code:{seed}")),
         "steer_refusal": _refusal(n, random.Random(f"steer_refusal:{seed}")),
         "steer_open": _open(n, random.Random(f"steer_open:{seed}")),
+        "steer_conditions": conditions.conditions(),
+        "neutral_text": conditions.neutral_text(random.Random(f"neutral_text:{seed}")),
     }

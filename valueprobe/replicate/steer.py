@@ -34,6 +34,7 @@ from valueprobe.files import atomic_write_text, jsonable, markdown_table, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.prompting import conditions_path
 from valueprobe.steering.sweep import SweepSettings, run_sweep
 from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
 from valueprobe.vocab import ShardSpec
@@ -75,7 +76,9 @@ class Benchmark:
         prompts: int,
         tokens: float,
         op: str = "add",
+        conditions: Sequence[str] = (),
     ) -> SweepSettings:
+        stated = conditions_path(path)  # the prompt conditions, stated beside the prompts
         return SweepSettings(
             probe=str(probe),
             probe_fingerprint=axis.fingerprint,
@@ -92,6 +95,9 @@ class Benchmark:
             metrics=self.metrics,
             limit=prompts,
             op=op,
+            conditions=tuple(conditions),
+            conditions_file=str(stated) if conditions else None,
+            conditions_sha256=sha256_file(stated) if conditions else None,
         )
 
 
@@ -164,11 +170,13 @@ def plan(
     prompts: int,
     tokens: float,
     benchmarks: Sequence[str] = BENCHMARK_NAMES,
+    conditions: Sequence[str] = (),
 ) -> list[Run]:
     """Every sweep the rows ask for, in order: the CLI checks them all before the model loads.
 
     The ablate row removes the direction (α = 0 off, 1 on; its unit is ``raw``, as removal has no
-    size) and leaves the other axis out: its question is the axis against random directions.
+    size) and leaves the other axis out: its question is the axis against random directions. The
+    add row runs the prompt ``conditions`` (`valueprobe.steering.prompting`) beside the plain prompt.
     """
     runs = []
     for row in rows:
@@ -189,6 +197,7 @@ def plan(
                 prompts,
                 tokens,
                 op=row,
+                conditions=conditions if add else (),
             )
             folder = runs_dir / (bench.name if add else f"{bench.name}-{row}")
             runs.append(Run(bench, row, path, folder, settings))
@@ -381,6 +390,7 @@ def replicate_steer(
     rows: Sequence[str] = ROWS,
     benchmarks: Sequence[str] = BENCHMARK_NAMES,
     shard: ShardSpec | None = None,
+    conditions: Sequence[str] = (),
 ) -> ReplicateSteer:
     """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
 
@@ -393,6 +403,8 @@ def replicate_steer(
         tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
         rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
             A sweep not run keeps what ``out/results.json`` already holds for it.
+        conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
+            ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
         Others: as in `valueprobe.steering.sweep.SweepSettings`.
     """
     runs = plan(
@@ -411,6 +423,7 @@ def replicate_steer(
         prompts=prompts,
         tokens=tokens,
         benchmarks=benchmarks,
+        conditions=conditions,
     )
     report = _previous(out, probe=probe, other_probe=other_probe, runs=runs)
     for run in runs:

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from valueprobe.report.sections import TracedText
 from valueprobe.report.style import LAYOUT, PALETTE, band
-from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.dose import AXIS, Curve, Effect, SteerSweep
 from valueprobe.steering.generation import Trace
 from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
@@ -157,9 +157,63 @@ def trace_tokens_html(traced: TracedText) -> str:
     return '<div class="tokens">' + "".join(spans) + "</div>"
 
 
+# prompt condition -> its colour in the dose-response figure (the plain prompt is PALETTE[0])
+CONDITION_COLORS = {"toward": "#2ca02c", "away": "#d62728", "reworded": "#9467bd"}
+
+
+def _null_band(fig: go.Figure, n: Curve, *, r: int, c: int, name: str, color: str, show: bool) -> None:
+    fig.add_trace(
+        go.Scatter(
+            x=[*n.alphas, *n.alphas[::-1]],
+            y=[*n.hi, *n.lo[::-1]],
+            fill="toself",
+            fillcolor=color,
+            line={"width": 0},
+            legendgroup=name,
+            name=name,
+            showlegend=show,
+        ),
+        row=r,
+        col=c,
+    )
+
+
+def _axis_curve(fig: go.Figure, a: Curve, *, r: int, c: int, name: str, color: str, show: bool) -> None:
+    band(fig, a.alphas, a.lo, a.hi, color, row=r, col=c)
+    fig.add_trace(
+        go.Scatter(
+            x=list(a.alphas),
+            y=list(a.means),
+            mode="lines+markers",
+            line={"color": color},
+            name=name,
+            legendgroup=name,
+            showlegend=show,
+        ),
+        row=r,
+        col=c,
+    )
+
+
+def _prompted_curves(fig: go.Figure, sweep: SteerSweep, e: Effect, *, r: int, c: int, first: bool) -> None:
+    """The same effect under each prompt condition: the axis (95% CI) and that condition's random
+    null, in the condition's colour; at α = 0 the curve is prompting alone."""
+    for k, (name, effects) in enumerate(sweep.prompted.items()):
+        match = next((p for p in effects if (p.metric, p.subset) == (e.metric, e.subset)), None)
+        if match is None:
+            continue
+        color = CONDITION_COLORS.get(name, PALETTE[(k + 3) % len(PALETTE)])
+        if "null" in match.curves:
+            faint = "rgba(150,150,150,0.12)"
+            _null_band(fig, match.curves["null"], r=r, c=c, name=f"random, {name}", color=faint, show=first)
+        _axis_curve(fig, match.curves[AXIS], r=r, c=c, name=f"axis, {name}", color=color, show=first)
+
+
 def dose_response_figure(sweep: SteerSweep) -> go.Figure:
     """One panel per (metric, prompt subset) of a sweep: the axis with its 95% CI over prompts, the
-    other axis, and the central 95% of random directions as a grey band (the null)."""
+    other axis, and the central 95% of random directions as a grey band (the null). With prompt
+    conditions (`SteerSweep.prompted`), the same under each: steering, prompting (a condition's
+    curve at α = 0) and prompting with steering, side by side."""
     effects = sweep.effects
     cols = min(3, max(len(effects), 1))
     rows = (len(effects) + cols - 1) // cols
@@ -168,21 +222,8 @@ def dose_response_figure(sweep: SteerSweep) -> go.Figure:
         r, c, first = i // cols + 1, i % cols + 1, i == 0
         curves = e.curves
         if "null" in curves:
-            n = curves["null"]
-            fig.add_trace(
-                go.Scatter(
-                    x=[*n.alphas, *n.alphas[::-1]],
-                    y=[*n.hi, *n.lo[::-1]],
-                    fill="toself",
-                    fillcolor="rgba(150,150,150,0.3)",
-                    line={"width": 0},
-                    legendgroup="null",
-                    name="random directions (95%)",
-                    showlegend=first,
-                ),
-                row=r,
-                col=c,
-            )
+            grey = "rgba(150,150,150,0.3)"
+            _null_band(fig, curves["null"], r=r, c=c, name="random directions (95%)", color=grey, show=first)
         if "other" in curves:
             o = curves["other"]
             fig.add_trace(
@@ -198,23 +239,13 @@ def dose_response_figure(sweep: SteerSweep) -> go.Figure:
                 row=r,
                 col=c,
             )
-        a = curves["axis"]
-        band(fig, a.alphas, a.lo, a.hi, PALETTE[0], row=r, col=c)
-        fig.add_trace(
-            go.Scatter(
-                x=list(a.alphas),
-                y=list(a.means),
-                mode="lines+markers",
-                line={"color": PALETTE[0]},
-                name="axis (95% CI)",
-                legendgroup="axis",
-                showlegend=first,
-            ),
-            row=r,
-            col=c,
-        )
+        _axis_curve(fig, curves[AXIS], r=r, c=c, name="axis (95% CI)", color=PALETTE[0], show=first)
+        _prompted_curves(fig, sweep, e, r=r, c=c, first=first)
     fig.update_xaxes(title_text=f"α ({sweep.unit})")
-    fig.update_layout(title="steering dose-response: axis vs random directions", height=330 * rows, **LAYOUT)
+    title = "steering dose-response: axis vs random directions"
+    if sweep.prompted:
+        title += f"; prompt conditions {', '.join(sweep.prompted)} (at α = 0: prompting alone)"
+    fig.update_layout(title=title, height=330 * rows, **LAYOUT)
     return fig
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
 from valueprobe.steering.behaviour import dropped
+from valueprobe.steering.prompting import NONE
 from valueprobe.steering.settings import SweepSettings
 
 __all__ = ["Effect", "SteerSweep", "SweepRow", "summarise", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
@@ -46,12 +47,13 @@ class SweepRow:
     seed: int | None
     text: str
     metrics: dict[str, float | None] = field(compare=False)
+    condition: str = NONE  # the prompt condition (`valueprobe.steering.prompting`); none: the plain prompt
 
-    def key(self) -> tuple[str, float, str, int]:
-        return (self.prompt_id, self.alpha, self.direction, self.sample)
+    def key(self) -> tuple[str, float, str, int, str]:
+        return (self.prompt_id, self.alpha, self.direction, self.sample, self.condition)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "prompt_id": self.prompt_id,
             "group": self.group,
             "alpha": self.alpha,
@@ -61,6 +63,8 @@ class SweepRow:
             "text": self.text,
             "metrics": self.metrics,
         }
+        # a plain-prompt row is written as rows were before conditions existed
+        return out if self.condition == NONE else {**out, "condition": self.condition}
 
     @classmethod
     def from_dict(cls, d: dict) -> SweepRow:
@@ -73,6 +77,7 @@ class SweepRow:
             seed=d.get("seed"),
             text=str(d["text"]),
             metrics=dict(d["metrics"]),
+            condition=str(d.get("condition", NONE)),
         )
 
 
@@ -149,12 +154,18 @@ class Effect:
 
 @dataclass(frozen=True)
 class SteerSweep:
-    """Every effect of one sweep. ``step`` is the α step the table reports slopes per (25 for norm)."""
+    """Every effect of one sweep. ``step`` is the α step the table reports slopes per (25 for norm).
+
+    ``effects`` are the plain prompt's; ``prompted`` holds the same effects under each prompt
+    condition (`valueprobe.steering.prompting`): at α = 0 they are prompting alone, along α
+    prompting and steering together.
+    """
 
     unit: str
     effects: tuple[Effect, ...]
     n_rows: int
     settings: SweepSettings | None = field(default=None, compare=False)  # None: a combined or ad-hoc summary
+    prompted: dict[str, tuple[Effect, ...]] = field(default_factory=dict)
 
     @property
     def step(self) -> float:
@@ -190,13 +201,16 @@ class SteerSweep:
         return headers, rows
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "unit": self.unit,
             "slope_step": self.step,
             "n_rows": self.n_rows,
             "settings": {} if self.settings is None else self.settings.to_dict(),
             "effects": [e.to_dict() for e in self.effects],
         }
+        if self.prompted:  # a sweep without prompt conditions writes what it always wrote
+            out["prompted"] = {c: [e.to_dict() for e in es] for c, es in self.prompted.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SteerSweep:
@@ -272,8 +286,10 @@ def summarise(
     n_boot: int = 1000,
     seed: int = 0,
     settings: SweepSettings | None = None,
+    condition: str = NONE,
 ) -> SteerSweep:
-    """Slopes, CIs, null ranges and curves of ``metrics`` for every subset of ``rows``.
+    """Slopes, CIs, null ranges and curves of ``metrics`` for every subset of ``rows`` under one
+    prompt ``condition`` (the plain prompt by default; rows of other conditions are left out).
 
     Args:
         rows: the sweep's outputs (directions ``axis``, ``other:NAME``, ``random-K``).
@@ -283,6 +299,7 @@ def summarise(
             question and its inverted control), instead of one over all rows.
         n_boot, seed: the prompt bootstrap.
     """
+    rows = [r for r in rows if r.condition == condition]
     by_dir: dict[str, list[SweepRow]] = {}
     for r in rows:
         by_dir.setdefault(r.direction, []).append(r)

@@ -49,12 +49,20 @@ class SweepSettings:
     target: float | None = None
     site: str | None = None  # resid_pre, resid_post, attn_out or mlp_out; None: the axis's own site
     engine: str = "hf"  # what generated the rows: hf (the hooks route) or vllm
+    # Prompt conditions run beside the plain prompt (`valueprobe.steering.prompting`), as stated in
+    # ``conditions_file`` (its sha256 too: a changed prompt is another sweep); positions steered.
+    conditions: tuple[str, ...] = ()
+    conditions_file: str | None = None
+    conditions_sha256: str | None = None
+    positions: str = "all"
 
     def to_dict(self) -> dict:
-        """The JSON of ``settings.json``: operator, site and engine keys at their defaults are left
-        out, so a sweep written before they existed (no ``op``: add, at the axis's site, on the HF
-        route) is the same sweep as such a sweep now."""
+        """The JSON of ``settings.json``: operator, site, engine, condition and position keys at
+        their defaults are left out, so a sweep written before they existed (no ``op``: add, at the
+        axis's site, on the HF route, the plain prompt only, every position) is the same sweep as
+        such a sweep now."""
         out = {**asdict(self), "alphas": list(self.alphas), "metrics": list(self.metrics)}
+        out["conditions"] = list(self.conditions)
         for key in _OP_KEYS:
             if out[key] == _OP_DEFAULTS[key]:
                 del out[key]
@@ -72,5 +80,9 @@ class SweepSettings:
         return record_from_dict(cls, d)
 
 
-_OP_KEYS = ("op", "lo", "hi", "target", "site", "engine")
-_OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS}
+_OP_KEYS = (
+    *("op", "lo", "hi", "target", "site", "engine"),
+    *("conditions", "conditions_file", "conditions_sha256", "positions"),
+)
+# as they read in the JSON (a tuple is written as a list)
+_OP_DEFAULTS = {f.name: f.default for f in fields(SweepSettings) if f.name in _OP_KEYS} | {"conditions": []}

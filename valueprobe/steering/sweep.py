@@ -24,13 +24,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from valueprobe.datasets.io import Example
+from valueprobe.datasets.io import Example, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel, cache_dir
@@ -39,7 +41,8 @@ from valueprobe.stats.null import random_directions
 from valueprobe.steering.behaviour import text_metrics
 from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.handle import check_unit
+from valueprobe.steering.handle import check_phase, check_unit
+from valueprobe.steering.prompting import NONE, PromptCondition, read_conditions
 from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.yes_no import p_yes
 from valueprobe.vocab import HookSite, choice
@@ -91,6 +94,8 @@ def check_settings(
         choice(HookSite, settings.site, what="site (--site)")
     if settings.operator().needs_sigma:
         axis.sigma_at(layer)
+    check_phase(settings.positions, None, 0)
+    sweep_conditions(settings)
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -124,6 +129,23 @@ def check_settings(
             )
     elif out.is_dir() and any(out.iterdir()):
         raise ValueprobeError(f"--out {out} is not empty and holds no {SETTINGS}: give a new or empty folder")
+
+
+def sweep_conditions(settings: SweepSettings) -> tuple[PromptCondition | None, ...]:
+    """The sweep's prompt conditions in run order: None (the plain prompt), then each named one, as
+    its conditions file states them (checked against the sha256 the sweep recorded)."""
+    if not settings.conditions:
+        return (None,)
+    path = Path(settings.conditions_file or "")
+    if settings.conditions_file is None:
+        raise ValueprobeError("--conditions needs the conditions file that states them (--conditions-file)")
+    conds = read_conditions(path, Path(settings.prompts).stem, settings.conditions)
+    if settings.conditions_sha256 is not None and sha256_file(path) != settings.conditions_sha256:
+        raise ValueprobeError(
+            f"the conditions file {path} has changed since this sweep began (sha256 differs): restore it,"
+            " or start a new sweep in a new --out folder"
+        )
+    return (None, *conds)
 
 
 def _asks_yes_no(examples: Sequence[Example]) -> bool:
@@ -250,14 +272,15 @@ def sweep_rows(
     generator: Callable[..., list[Generation]] = generate,
 ) -> None:
     """Generate every row of ``blocks`` along each of ``directions`` not yet in ``generations.jsonl``,
-    appending chunk by chunk (direction-major, then block: the file's order), with ``generator``."""
+    appending chunk by chunk (prompt condition, then direction, then block: the file's order), with
+    ``generator``."""
     layer = sweep_layer(axis, settings)
     path = out / GENERATIONS
     done = {r.key() for r in read_rows(path)}
-    chunks = [(d, b, block) for d in directions for b, block in blocks]
-    for (name, v), b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
+    chunks = [(c, d, b, block) for c in sweep_conditions(settings) for d in directions for b, block in blocks]
+    for c, (name, v), b, block in tqdm(chunks, desc="steer sweep", unit="chunk", disable=not progress):
         keys = [
-            (examples[p].id, float(a), name, s)
+            (examples[p].id, float(a), name, s, NONE if c is None else c.name)
             for p in block
             for s in range(settings.samples)
             for a in settings.alphas
@@ -265,7 +288,7 @@ def sweep_rows(
         if all(k in done for k in keys):
             continue
         got = _run_block(
-            lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size, generator
+            lm, axis, [examples[p] for p in block], b, (name, v), c, settings, layer, batch_size, generator
         )
         rows = [r for r in got if r.key() not in done]
         _append(path, rows)
@@ -291,19 +314,22 @@ def _run_block(
     axis: ValueAxis,
     block: Sequence[Example],
     b: int,
-    name: str,
-    v: torch.Tensor | None,
+    direction: tuple[str, torch.Tensor | None],
+    condition: PromptCondition | None,
     settings: SweepSettings,
     layer: int,
     batch_size: int,
     generator: Callable[..., list[Generation]] = generate,
 ) -> list[SweepRow]:
-    """Every row of one block of prompts (the ``b``-th) along one direction, with its metrics.
+    """Every row of one block of prompts (the ``b``-th) along one direction, under one prompt
+    condition (None: the plain prompt), with its metrics.
 
-    The block's seed depends only on (seed, b), so every direction draws the same samples.
+    The block's seed depends only on (seed, b), so every direction and condition draws the same samples.
     """
-    prompts = [_prompt(ex) for ex in block]
+    name, v = direction
+    prompts = [_prompt(ex) if condition is None else condition.apply(_prompt(ex)) for ex in block]
     block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
+    where = {} if settings.positions == "all" else {"positions": settings.positions}
     gens = generator(
         lm,
         axis,
@@ -322,15 +348,19 @@ def _run_block(
         batch_size=batch_size,
         progress=False,
         op=settings.operator(),
+        **where,
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:
         pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
+        # the first answer token is read at the last prompt position: steering generated tokens
+        # only has not touched it yet
+        reach = 0.0 if settings.positions == "generated" else 1.0
         got = p_yes(
             lm,
             axis,
             [prompts[p] for p, _ in pairs],
-            [a for _, a in pairs],
+            [a * reach for _, a in pairs],
             unit=settings.unit,
             layer=layer,
             direction=v,
@@ -339,10 +369,13 @@ def _run_block(
             site=settings.site,
         )
         pyes = dict(zip(pairs, got.tolist(), strict=True))
-    return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
+    label = NONE if condition is None else condition.name
+    return [_sweep_row(block[g.prompt], g, name, pyes, label) for g in gens]
 
 
-def _sweep_row(ex: Example, g: Generation, name: str, pyes: dict[tuple[int, float], float]) -> SweepRow:
+def _sweep_row(
+    ex: Example, g: Generation, name: str, pyes: dict[tuple[int, float], float], condition: str
+) -> SweepRow:
     metrics = text_metrics(g.text)
     if pyes:
         metrics["p_yes"] = pyes[(g.prompt, g.alpha)]
@@ -355,6 +388,7 @@ def _sweep_row(ex: Example, g: Generation, name: str, pyes: dict[tuple[int, floa
         seed=g.seed,
         text=g.text,
         metrics=metrics,
+        condition=condition,
     )
 
 
@@ -364,15 +398,13 @@ def summarise_sweep(
     """The dose-response summary of every finished row, written to ``metrics.json`` and ``metrics.csv``."""
     yes_no = "p_yes" in settings.metrics
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
-    result = summarise(
-        read_rows(out / GENERATIONS),
-        unit=settings.unit,
-        metrics=settings.metrics,
-        by_group=by_group,
-        n_boot=n_boot,
-        seed=settings.seed,
-        settings=settings,
+    rows = read_rows(out / GENERATIONS)
+    how = partial(
+        summarise, rows, unit=settings.unit, metrics=settings.metrics, by_group=by_group, n_boot=n_boot
     )
+    result = how(seed=settings.seed, settings=settings)
+    prompted = {c: how(seed=settings.seed, condition=c).effects for c in settings.conditions}
+    result = replace(result, prompted=prompted, n_rows=len(rows))
     atomic_write_text(
         out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
     )

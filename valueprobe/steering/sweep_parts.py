@@ -11,7 +11,7 @@ the bootstrap size for the summary). Shard I takes a contiguous run of whole blo
 block's sampling seed depends only on (seed, block index) and each row's on (block seed, prompt,
 sample) (`valueprobe.steering.sampling.row_seed`): a row draws the same random numbers, so gives
 the same tokens, whichever shard and batch run it. The merge puts the rows in the order one
-process writes them (direction, then prompt, sample and α) and writes the summary one process
+process writes them (prompt condition, direction, then prompt, sample and α) and writes the summary one process
 writes; a part has no summary, since the dose slopes need every prompt.
 """
 
@@ -29,6 +29,7 @@ from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.dose import SteerSweep, SweepRow
+from valueprobe.steering.prompting import NONE
 from valueprobe.steering.sweep import (
     GENERATIONS,
     PART,
@@ -208,15 +209,17 @@ def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[st
     prompt = {ex.id: i for i, ex in enumerate(examples)}
     alpha = {float(a): i for i, a in enumerate(s.alphas)}
     direction = {name: i for i, name in enumerate(names)}
-    keyed: list[tuple[tuple[int, int, int, int], str]] = []
+    condition = {c: i for i, c in enumerate((NONE, *s.conditions))}
+    keyed: list[tuple[tuple[int, int, int, int, int], str]] = []
     for p in loaded:
         todo = p.part.shard.examples(len(examples), block=s.chunk_prompts)
         want = {
-            (examples[i].id, float(a), d, k)
+            (examples[i].id, float(a), d, k, c)
             for i in todo
             for a in s.alphas
             for d in names
             for k in range(s.samples)
+            for c in condition
         }
         have = {row.key() for row, _ in p.lines}
         if have != want or len(p.lines) != len(want):
@@ -225,7 +228,16 @@ def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[st
                 f" {len(want)} rows; rerun its `valueprobe steer --shard {p.part.shard}` to finish it"
             )
         keyed += [
-            ((direction[r.direction], prompt[r.prompt_id], r.sample, alpha[r.alpha]), line)
+            (
+                (
+                    condition[r.condition],
+                    direction[r.direction],
+                    prompt[r.prompt_id],
+                    r.sample,
+                    alpha[r.alpha],
+                ),
+                line,
+            )
             for r, line in p.lines
         ]
     return [line for _, line in sorted(keyed, key=lambda kl: kl[0])]
