@@ -40,6 +40,7 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.steer_eval import print_evaluation
 from valueprobe.cli.steer_options import (
     AUTO,
     ConditionsFileOpt,
@@ -339,6 +340,9 @@ def replicate_steer_command(
     ] = "all",
     shard: ShardOpt = None,
     conditions: ConditionsOpt = "toward,away,reworded",
+    evaluate: Annotated[
+        bool, typer.Option(help="side effects, effect-vs-KL front, per-item reliability")
+    ] = True,
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
     n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
@@ -370,7 +374,9 @@ def replicate_steer_command(
     for run in plan(model=model, **shared):  # every check before the model loads
         check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
     lm = how.load(model)
-    report = replicate_steer(lm, other=other, out=out, batch_size=batch_size, shard=shard, **shared)
+    report = replicate_steer(
+        lm, other=other, out=out, batch_size=batch_size, shard=shard, evaluate=evaluate, **shared
+    )
     if shard is not None:
         return console.print(
             f"wrote shard {shard} of each sweep under {runs}/: rerun without --shard to merge"
@@ -388,6 +394,7 @@ def print_replicate_steer(report: ReplicateSteer, out: Path, runs: Path, what: s
             f"replicate steer, ablated: {what.split(' vs ')[0]} vs {n_random} random directions",
             *report.ablation_table(),
         )
+    judged = print_evaluation(out / "evaluation.json", out) if report.sweeps else ""
     console.print(
-        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''} (sweeps in {runs}/)"
+        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''}{judged} (sweeps in {runs}/)"
     )

@@ -33,6 +33,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.steer_eval import evaluate_steering
 from valueprobe.steering.dose import SteerSweep
 from valueprobe.steering.prompting import conditions_path
 from valueprobe.steering.sweep import SweepSettings, run_sweep
@@ -391,6 +392,7 @@ def replicate_steer(
     benchmarks: Sequence[str] = BENCHMARK_NAMES,
     shard: ShardSpec | None = None,
     conditions: Sequence[str] = (),
+    evaluate: bool = False,
 ) -> ReplicateSteer:
     """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
 
@@ -405,26 +407,16 @@ def replicate_steer(
             A sweep not run keeps what ``out/results.json`` already holds for it.
         conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
             ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
+        evaluate: judge the add row's sweeps run now (`valueprobe.replicate.steer_eval`): side
+            effects with a null, the effect-vs-KL front, per-item reliability; into ``evaluation.json``
+            and the summary.
         Others: as in `valueprobe.steering.sweep.SweepSettings`.
     """
     runs = plan(
-        rows=rows,
-        probe=probe,
-        other_probe=other_probe,
-        axis=axis,
-        model=lm.model_id,
-        data_dir=data_dir,
-        runs_dir=runs_dir,
-        alphas=alphas,
-        unit=unit,
-        samples=samples,
-        controls=controls,
-        seed=seed,
-        prompts=prompts,
-        tokens=tokens,
-        benchmarks=benchmarks,
-        conditions=conditions,
-    )
+        rows=rows, probe=probe, other_probe=other_probe, axis=axis, model=lm.model_id, data_dir=data_dir,
+        runs_dir=runs_dir, alphas=alphas, unit=unit, samples=samples, controls=controls, seed=seed,
+        prompts=prompts, tokens=tokens, benchmarks=benchmarks, conditions=conditions,
+    )  # fmt: skip
     report = _previous(out, probe=probe, other_probe=other_probe, runs=runs)
     for run in runs:
         examples = read_jsonl(run.prompts)[:prompts]
@@ -447,6 +439,13 @@ def replicate_steer(
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
         atomic_write_text(out / "summary.md", report.markdown())
+    folders = {run.bench.name: run.folder for run in runs if run.row == "add"}
+    if evaluate and shard is None and folders:  # the add row run now, judged
+        sweeps = {k: v for k, v in report.sweeps.items() if k in folders}
+        judged = evaluate_steering(
+            lm, axis, sweeps, folders, data_dir=data_dir, out=out, batch_size=batch_size
+        )
+        atomic_write_text(out / "summary.md", report.markdown() + "\n".join(judged.markdown()) + "\n")
     return report
 
 
