@@ -9,26 +9,28 @@
 - `reliability_figure`: the per-item slopes of the axis beside the random directions'
   (`valueprobe.steering.reliability`);
 - `side_effects_figure`: each side effect against α, the axis with its CI and the random band
-  (`valueprobe.steering.side_effects`).
+  (`valueprobe.steering.side_effects`);
+- `caa_figure`: the CAA behaviours' p(match) against the multiplier beside CAA's 7B figures.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from valueprobe.report.effects import CONDITION_COLORS
 from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.steering.baseline import Mean, PromptBaseline
-from valueprobe.steering.dose import AXIS
+from valueprobe.steering.dose import AXIS, SteerSweep
 from valueprobe.steering.front import Front
 from valueprobe.steering.reliability import Reliability
 from valueprobe.steering.side_effects import SideEffects
 
-__all__ = ["baseline_figure", "front_figure", "reliability_figure", "side_effects_figure"]
+__all__ = ["baseline_figure", "caa_figure", "front_figure", "reliability_figure", "side_effects_figure"]
 
 GREY = "rgba(150,150,150,0.45)"
 
@@ -178,5 +180,41 @@ def side_effects_figure(side: SideEffects) -> go.Figure:
                                  showlegend=show), row=r, col=c)  # fmt: skip
     fig.update_xaxes(title_text=f"α ({side.unit})")
     fig.update_layout(title=f"side effects of steering at layer {side.layer}: axis vs random directions",
+                      height=330 * n_rows, **LAYOUT)  # fmt: skip
+    return fig
+
+
+def caa_figure(
+    sweeps: Mapping[str, SteerSweep], published: Mapping[str, Sequence[float]], *, layer: int
+) -> go.Figure:
+    """One panel per CAA behaviour: p(match) against the multiplier (CAA units) for the vector (95% CI)
+    and the random directions (grey band), under each prompt condition, beside CAA's 7B figures."""
+    names = list(sweeps)
+    cols = min(4, max(len(names), 1))
+    n_rows = (len(names) + cols - 1) // cols
+    fig = make_subplots(rows=n_rows, cols=cols, subplot_titles=names)
+    for i, b in enumerate(names):
+        r, c, show = i // cols + 1, i % cols + 1, i == 0
+        sweep = sweeps[b]
+        e = sweep.effects[0]
+        if "null" in e.curves:
+            n = e.curves["null"]
+            band(fig, n.alphas, n.lo, n.hi, "#999999", "random directions (95%)", legend=show, row=r, col=c)
+        for condition, color in (("none", PALETTE[0]), *CONDITION_COLORS.items()):
+            effects = sweep.effects if condition == "none" else sweep.prompted.get(condition, ())
+            if not effects:
+                continue
+            a = effects[0].curves[AXIS]
+            name = "CAA vector (95% CI)" if condition == "none" else f"vector, {condition} prompt"
+            band(fig, a.alphas, a.lo, a.hi, color, row=r, col=c)
+            fig.add_trace(go.Scatter(x=list(a.alphas), y=list(a.means), mode="lines+markers", line={"color": color},
+                                     name=name, legendgroup=name, showlegend=show), row=r, col=c)  # fmt: skip
+        if b in published:
+            fig.add_trace(go.Scatter(x=[-1, 0, 1], y=list(published[b]), mode="markers", name="CAA, Llama-2-7b-chat",
+                                     marker={"symbol": "diamond", "color": "#000", "size": 9}, legendgroup="pub",
+                                     showlegend=show), row=r, col=c)  # fmt: skip
+    fig.update_xaxes(title_text="multiplier (CAA units)")
+    fig.update_yaxes(range=[0, 1])
+    fig.update_layout(title=f"CAA behaviours at layer {layer}: p(matching answer) against the multiplier",
                       height=330 * n_rows, **LAYOUT)  # fmt: skip
     return fig

