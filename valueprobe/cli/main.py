@@ -33,6 +33,7 @@ from valueprobe.cli import (  # noqa: F401
     steer,
     trace,
     tune,
+    tune_steer,
 )
 from valueprobe.cli.app import (
     DeviceOpt,

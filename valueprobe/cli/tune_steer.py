@@ -1,0 +1,177 @@
+"""``valueprobe tune-steer``: the largest move toward a target at a KL bound, beside random directions.
+
+    valueprobe tune-steer --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl \\
+        --layers 18,20 --alphas 15,30 --unit norm --positions all,generated --ops add,add-norm --max-kl 0.5 \\
+        --out runs/tune-open
+    valueprobe steer --spec runs/tune-open/spec.json --prompts data/steer_open.jsonl --out runs/steer-chosen
+
+Chooses on the validation half of the prompts, reports on the test half (`valueprobe.steering.search`),
+prints the random directions' front next to the chosen setting, and writes ``spec.json`` (the chosen
+setting, keyed as ``steer``'s options: `valueprobe.steering.spec_file`), ``results.json`` and
+``front.html``. An empty search space or a KL bound that is not positive is one line, before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from valueprobe.cli.app import (
+    DeviceMapOpt,
+    DeviceOpt,
+    LoadOptions,
+    ModelDtypeOpt,
+    ModelOpt,
+    RandomDirectionsOpt,
+    app,
+    console,
+    table,
+    write_html,
+)
+from valueprobe.cli.boundary import check_at_least
+from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text, check_output_dir, jsonable
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.report.steering_eval import front_figure
+from valueprobe.steering.front import envelope
+from valueprobe.steering.prompting import Target, conditions_path, read_target
+from valueprobe.steering.search import SearchSpace, SteerSearch, check_space, tune_steer
+from valueprobe.steering.spec_file import SpecFile
+from valueprobe.steering.sweep import SweepSettings, metrics_for
+from valueprobe.vocab import ModelDtype, Unit
+
+__all__ = ["tune_steer_command"]
+
+
+def _floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueprobeError(f"{name} {text!r} does not parse: give numbers separated by commas") from None
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _target(text: str | None, prompts: Path) -> Target:
+    """``--target metric[:subset[:sign]]``, or the target the conditions file states for the set."""
+    if text is None:
+        stated = read_target(conditions_path(prompts), prompts.stem)
+        if stated is None:
+            raise ValueprobeError(
+                f"no target is stated for {prompts.stem} in {conditions_path(prompts)}: give --target METRIC[:SUBSET[:SIGN]]"
+            )
+        return stated
+    parts = text.split(":")
+    sign = parts[2] if len(parts) > 2 else "1"
+    if len(parts) > 3 or sign not in ("1", "-1", "+1"):
+        raise ValueprobeError(f"--target {text!r}: give METRIC[:SUBSET[:SIGN]], SIGN 1 or -1")
+    return Target(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
+
+
+@app.command("tune-steer")
+def tune_steer_command(
+    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_open.jsonl")],
+    out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
+    max_kl: Annotated[float, typer.Option(help="the KL bound: nats per token on neutral text")] = 0.5,
+    layers: Annotated[str | None, typer.Option(help="comma list; default the probe's best layer")] = None,
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated; each is tried as ±α")] = "1,2,4",
+    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.sigma,
+    positions: Annotated[str, typer.Option(help="comma list of all, prompt, generated")] = "all,generated",
+    ops: Annotated[str, typer.Option(help="comma list of add, add-norm")] = "add,add-norm",
+    target: Annotated[
+        str | None, typer.Option(help="METRIC[:SUBSET[:SIGN]]; default: stated in steer_conditions.jsonl")
+    ] = None,
+    model: ModelOpt = "smollm2-135m",
+    random_directions: RandomDirectionsOpt = 4,
+    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = 16,
+    max_new_tokens: int = 32,
+    samples: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+    neutral: Annotated[Path, typer.Option(help="the neutral corpus the KL is read on")] = Path(
+        "data/neutral_text.jsonl"
+    ),
+    batch_size: int = 32,
+    device: DeviceOpt = "cpu",
+    device_map: DeviceMapOpt = None,
+    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+) -> None:
+    """Search layer × α × positions × operator for the largest move toward the target at KL ≤ --max-kl."""  # fmt: skip
+    space = SearchSpace(tuple(int(x) for x in _floats(layers or "", "--layers")), _floats(alphas, "--alphas"),
+                        _words(positions), _words(ops), max_kl)  # fmt: skip
+    axis = ValueAxis.load(probe)
+    space = space if layers is not None else SearchSpace((axis.best_layer,), *list(vars(space).values())[1:])
+    check_space(space)
+    check_at_least("--random-directions", random_directions, 1)
+    if bad := [x for x in space.layers if x not in axis.layers]:
+        raise ValueprobeError(f"--layers: the probe has no layer {bad[0]}; it has {list(axis.layers)}")
+    if not neutral.is_file():
+        raise ValueprobeError(
+            f"--neutral {neutral} does not exist: build it with `valueprobe datasets build --family steering`"
+        )
+    if not prompts.is_file():
+        raise ValueprobeError(
+            f"--prompts {prompts} does not exist: give a dataset JSONL (e.g. data/steer_open.jsonl)"
+        )
+    check_at_least("--limit", limit, 2)
+    examples = read_jsonl(prompts)[:limit]
+    goal = _target(target, prompts)
+    metrics = metrics_for(prompts, examples)
+    if goal.metric not in (*metrics, "length", "degenerate"):
+        raise ValueprobeError(
+            f"--target {goal.metric!r} is not read on {prompts.name}: choose from {', '.join(metrics)}"
+        )
+    check_output_dir(out, holds="steering search")
+    base = SweepSettings(probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
+                         prompts_sha256=sha256_file(prompts), alphas=(0.0, 1.0), unit=unit.value, samples=samples,
+                         max_new_tokens=max_new_tokens, controls=random_directions, seed=seed,
+                         greedy=not math.isfinite(temperature) or temperature <= 0, temperature=temperature,
+                         metrics=metrics, limit=limit)  # fmt: skip
+    lm = LoadOptions(device, device_map, model_dtype, None).check().load(model)
+    found = tune_steer(lm, ValueAxis.load(probe, lm=lm), examples, base, space, goal, out=out, neutral=neutral,
+                       batch_size=batch_size)  # fmt: skip
+    _print(found, out, probe)
+
+
+def _print(found: SteerSearch, out: Path, probe: Path) -> None:
+    """The candidates, the random front beside the chosen setting, and the files."""
+    goal = found.target
+    table(f"tune-steer: {goal.metric} on {goal.subset} (sign {goal.sign:+d}), KL ≤ {found.space.max_kl:g}; "
+          f"{found.n_val} validation / {found.n_test} test prompts", *found.table())  # fmt: skip
+    atomic_write_text(
+        out / "results.json", json.dumps(jsonable(found.to_dict()), indent=2, allow_nan=False) + "\n"
+    )
+    c, front = found.chosen, found.test_front
+    if c is None or front is None:
+        console.print(
+            f"no setting moves the target within KL ≤ {found.space.max_kl:g}: no spec written (results.json)"
+        )
+        return
+    null = envelope(front.random, c.kl)
+    useful = (
+        "useful"
+        if c.alpha in front.useful
+        else "not useful (inside the random front, or at a KL they do not reach)"
+    )
+    table("chosen (validation) and reported on test, beside the random directions' front at the same setting",
+          ["setting", "KL", "move (test)", "95% CI", "random front at that KL (test)", "random directions reach"],
+          [[c.name, c.kl, c.test_effect, f"[{c.test_ci[0]:+.3f}, {c.test_ci[1]:+.3f}]", null, f"KL ≤ {front.max_random_kl:.3g}"]])  # fmt: skip
+    console.print(f"on test the chosen α is {useful}")
+    spec = SpecFile(str(probe), c.layer, c.alpha, unit=found.unit, op=c.op, positions=c.positions,
+                    chosen_by={"command": "tune-steer", "target": vars(goal), "max_kl": found.space.max_kl,
+                               "kl": c.kl, "val_effect": c.val_effect, "test_effect": c.test_effect,
+                               "test_ci": list(c.test_ci), "useful_on_test": c.alpha in front.useful})  # fmt: skip
+    spec.write(out / "spec.json")
+    write_html(
+        front_figure([front], titles=[f"{goal.metric} ({goal.subset}), test prompts: {c.name}"]),
+        out / "front.html",
+    )
+    console.print(f"wrote {out}/spec.json, results.json, front.html (sweeps in {out}/configs/)")
