@@ -19,7 +19,15 @@ from test_steer_sweep import chats, tiny_axis
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.steering.prompting import Target
-from valueprobe.steering.search import SearchSpace, SteerSearch, check_space, split_prompts, tune_steer
+from valueprobe.steering.search import (
+    Candidate,
+    SearchSpace,
+    SteerSearch,
+    check_space,
+    choose,
+    split_prompts,
+    tune_steer,
+)
 from valueprobe.steering.side_effects import SteerPlan, text_side_effects
 from valueprobe.steering.spec_file import SpecFile
 from valueprobe.steering.sweep import SweepSettings, sweep_directions
@@ -52,6 +60,16 @@ def test_cli_refuses_an_empty_space_or_kl_bound_before_loading(tmp_path, capsys)
         code, _, err = run([*base, *extra], capsys)
         assert code == 2 and err.count("\n") == 1 and words in err
     assert not (tmp_path / "o").exists()
+
+
+def test_choice_is_the_best_validation_move_within_the_bound():
+    def cand(alpha: float, kl: float, move: float) -> Candidate:
+        return Candidate(1, "add", "all", alpha, kl, move, 0.0, 0.0, (0.0, 0.0))
+
+    best_overall, best_within = cand(4.0, 0.9, 3.0), cand(2.0, 0.3, 1.0)
+    pool = [cand(1.0, 0.1, 0.2), best_within, best_overall, cand(-2.0, 0.3, float("nan"))]
+    assert choose(pool, 0.5) == best_within and choose(pool, 1.0) == best_overall
+    assert choose(pool, 0.05) is None
 
 
 def test_split_keeps_pairs_together():

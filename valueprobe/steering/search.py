@@ -171,6 +171,12 @@ class SteerSearch:
         return record_from_dict(cls, d)
 
 
+def choose(candidates: Sequence[Candidate], max_kl: float) -> Candidate | None:
+    """The candidate with the largest validation move among those at KL ≤ ``max_kl`` (None: none is)."""
+    within = [c for c in candidates if c.kl <= max_kl and math.isfinite(c.val_effect)]
+    return max(within, key=lambda c: c.val_effect) if within else None
+
+
 def _moves(rows: Sequence[SweepRow], ids: set[str], kl: SideMetric, target: Target) -> Front:
     return effect_front([r for r in rows if r.prompt_id in ids], kl, target)
 
@@ -247,7 +253,6 @@ def tune_steer(
             moves = _item_moves(rows, test, target, p.alpha)
             candidates.append(Candidate(*config, p.alpha, p.kl, p.effect, envelope(on_val.random, p.kl),
                                         test_by.get(p.alpha, math.nan), mean_ci(moves)))  # fmt: skip
-    within = [c for c in candidates if c.kl <= space.max_kl and math.isfinite(c.val_effect)]
-    chosen = max(within, key=lambda c: c.val_effect) if within else None
+    chosen = choose(candidates, space.max_kl)
     front = None if chosen is None else fronts[(chosen.layer, chosen.op, chosen.positions)]
     return SteerSearch(target, space, base.unit, len(val), len(test), tuple(candidates), chosen, front)
