@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from test_replicate_steer import DATA
 from test_steer_sweep import tiny_axis
 
+from valueprobe.cli import steer_eval as cli_eval
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.replicate import steer_eval
@@ -229,3 +231,43 @@ def test_replicate_steer_judges_its_sweeps(tiny_lm_factory, tmp_path, monkeypatc
         assert fig.data
     first = read_jsonl(DATA / "neutral_text.jsonl")[0]
     assert first.group == "neutral_text/kl" and len(lm.tokenizer(first.text)["input_ids"]) > PREFIX + 1
+
+
+def test_steer_cli_judges_its_sweep(tiny_lm_factory, tiny_dir, tmp_path, capsys, monkeypatch):
+    small = {
+        "arithmetic": ("task_arithmetic.jsonl", "task_arithmetic/level1", 1, 4),
+        "code": ("task_code.jsonl", None, 1, 4),
+    }
+    monkeypatch.setattr(cli_eval, "TASKS", small)
+    lm = tiny_lm_factory("llama")
+    tiny_axis(lm).save(tmp_path / "probe")
+    base = ["steer", "--probe", str(tmp_path / "probe"), "--model", tiny_dir, "--force", "--limit", "2",
+            "--alphas=-1,0,1", "--max-new-tokens", "2", "--random-directions", "1", "--greedy", "--side-effects"]  # fmt: skip
+    code, out, err = run_cli([*base, "--prompts", str(DATA / "steer_open.jsonl"), "--conditions", "toward,away,reworded",
+                              "--out", str(tmp_path / "s")], capsys)  # fmt: skip
+    assert code == 0, err
+    for heading in (
+        "steering, prompting and both",
+        "per-item reliability",
+        "side effects",
+        "effect against KL",
+    ):
+        assert heading in out
+    side = json.loads((tmp_path / "s" / "side_effects.json").read_text())
+    assert [m["name"] for m in side["metrics"]] == [
+        "kl",
+        "perplexity",
+        "accuracy_arithmetic",
+        "accuracy_code",
+    ]
+    assert (tmp_path / "s" / "front.html").is_file()
+    assert set(json.loads((tmp_path / "s" / "metrics.json").read_text())["prompted"]) == {
+        "toward",
+        "away",
+        "reworded",
+    }
+    (tmp_path / "p.jsonl").write_text((DATA / "steer_open.jsonl").read_text())
+    code, _, err = run_cli(
+        [*base, "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "t")], capsys
+    )
+    assert code == 2 and err.count("\n") == 1 and "neutral_text.jsonl, which does not exist" in err

@@ -40,7 +40,7 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
-from valueprobe.cli.steer_eval import print_evaluation
+from valueprobe.cli.steer_eval import judge_sweep, print_evaluation, side_effect_folder
 from valueprobe.cli.steer_options import (
     AUTO,
     ConditionsFileOpt,
@@ -49,7 +49,6 @@ from valueprobe.cli.steer_options import (
     SpecOpt,
     SteerOptions,
     apply_spec,
-    check_prompt_set,
     resolve_conditions,
 )
 from valueprobe.datasets.io import read_jsonl, sha256_file
@@ -167,6 +166,9 @@ def steer_command(
     conditions_file: ConditionsFileOpt = None,
     positions: PositionsOpt = "all",
     spec: SpecOpt = None,
+    side_effects: Annotated[
+        bool, typer.Option(help="KL, perplexity, task accuracy; the effect-vs-KL front")
+    ] = False,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null and
     prompting (a system prompt asking for the behaviour, or its opposite) as the baseline."""
@@ -184,8 +186,9 @@ def steer_command(
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
     examples = _read_prompts(prompts, limit)
-    prompting = resolve_conditions(conditions, conditions_file, prompts)
-    check_prompt_set(examples, prompting)
+    prompting = resolve_conditions(conditions, conditions_file, prompts, examples)
+    if side_effects:
+        side_effect_folder(prompts)  # the files side effects read, checked before the model loads
     settings = SweepSettings(
         probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
         prompts_sha256=sha256_file(prompts), alphas=parse_alphas(alphas), unit=unit.value, samples=samples,
@@ -204,6 +207,7 @@ def steer_command(
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
     result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe, how))
     print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
+    judge_sweep(lm, axis, result, out, side_effects=side_effects)
 
 
 def _part_work(

@@ -1,6 +1,7 @@
 """Printing and drawing what `valueprobe replicate steer` and `valueprobe steer` judge their sweeps by.
 
     valueprobe replicate steer --out probes/steering-eval-smollm2-135m    # evaluation.json -> tables, figures
+    valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl --side-effects --out runs/s
 
 The records come from `valueprobe.replicate.steer_eval` (replicate) and `valueprobe.steering`
 (one sweep); the figures from `valueprobe.report.steering_eval`.
@@ -10,18 +11,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from valueprobe.cli.app import table, write_html
-from valueprobe.replicate.steer_eval import SteerEvaluation, reliability_table
+from valueprobe.datasets.answers import read_tasks
+from valueprobe.datasets.io import read_jsonl
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.replicate.steer_eval import TASKS, BenchEval, SteerEvaluation, reliability_table
 from valueprobe.report.steering_eval import (
     baseline_figure,
     front_figure,
     reliability_figure,
     side_effects_figure,
 )
-from valueprobe.steering.baseline import baseline_table
+from valueprobe.steering.baseline import baseline_table, prompt_baseline
+from valueprobe.steering.dose import SteerSweep
+from valueprobe.steering.front import effect_front
+from valueprobe.steering.handle import Where
+from valueprobe.steering.prompting import conditions_path, read_target
+from valueprobe.steering.reliability import item_reliability
+from valueprobe.steering.side_effects import SteerPlan, measure_side_effects
+from valueprobe.steering.sweep import GENERATIONS, read_rows, sweep_directions, sweep_layer
 
-__all__ = ["print_evaluation"]
+__all__ = ["judge_sweep", "print_evaluation", "side_effect_folder"]
 
 
 def print_evaluation(path: Path, out: Path) -> str:
@@ -50,3 +65,62 @@ def print_evaluation(path: Path, out: Path) -> str:
     )
     write_html(side_effects_figure(ev.side), out / "side_effects.html")
     return ", evaluation.json, baseline.html, front.html, reliability.html, side_effects.html"
+
+
+NEUTRAL = "neutral_text.jsonl"
+
+
+def side_effect_folder(prompts: Path) -> Path:
+    """The folder holding the neutral corpus and the task files side effects read: the prompts'
+    own (``data/``); one line, before any model loads, when one of them is not there."""
+    folder = prompts.parent
+    for name in (NEUTRAL, *(f for f, _, _, _ in TASKS.values())):
+        if not (folder / name).is_file():
+            raise ValueprobeError(
+                f"--side-effects reads {folder / name}, which does not exist: keep the prompts beside data/'s"
+                " neutral_text.jsonl and task files, or build them with `valueprobe datasets build`"
+            )
+    return folder
+
+
+def judge_sweep(
+    lm: LoadedModel, axis: ValueAxis, result: SteerSweep, out: Path, *, side_effects: bool
+) -> None:
+    """What ``steer`` prints beside its dose table: steering against asking and per-item reliability
+    for the set's stated target, and with ``side_effects`` the side effects and the effect-vs-KL front
+    (``side_effects.json``, ``side_effects.html``, ``front.html``)."""
+    settings = result.settings
+    if settings is None:
+        return
+    prompts = Path(settings.prompts)
+    target = read_target(Path(settings.conditions_file or conditions_path(prompts)), prompts.stem)
+    if result.prompted:
+        table(
+            "steering, prompting and both", *baseline_table(prompt_baseline(result, target), unit=result.unit)
+        )
+    if target is None:
+        return
+    rows = read_rows(out / GENERATIONS)
+    rel = item_reliability(rows, target)
+    table("per-item reliability", *reliability_table({prompts.stem: BenchEval(target, (), rel, None)}))
+    if not side_effects:
+        return
+    plan = SteerPlan(sweep_layer(axis, settings), tuple(sorted({0.0, *settings.alphas})), settings.unit, settings.site,
+                     settings.operator(), cast(Where, settings.positions),
+                     tuple(sweep_directions(axis, settings, None, sweep_layer(axis, settings))))  # fmt: skip
+    tasks = {
+        k: [t for t in read_tasks(prompts.parent / f) if g is None or t.group == g][:n]
+        for k, (f, g, n, _) in TASKS.items()
+    }
+    side = measure_side_effects(lm, axis, plan, texts=read_jsonl(prompts.parent / "neutral_text.jsonl"), tasks=tasks,
+                                max_new_tokens={k: v[3] for k, v in TASKS.items()})  # fmt: skip
+    atomic_write_text(
+        out / "side_effects.json", json.dumps(jsonable(side.to_dict()), indent=2, allow_nan=False) + "\n"
+    )
+    table("side effects: axis vs random directions", *side.table())
+    front = effect_front(rows, side.metric("kl"), target)
+    table(
+        f"effect against KL (useful α: {', '.join(f'{a:g}' for a in front.useful) or 'none'})", *front.table()
+    )
+    write_html(side_effects_figure(side), out / "side_effects.html")
+    write_html(front_figure([front], titles=[f"{target.metric} ({target.subset})"]), out / "front.html")

@@ -63,8 +63,9 @@ class Conditions:
     sha256: str | None = None
 
 
-def resolve_conditions(text: str, file: Path | None, prompts: Path) -> Conditions:
-    """``--conditions`` checked against the file that states them (one line when one is not stated).
+def resolve_conditions(text: str, file: Path | None, prompts: Path, examples: list[Example]) -> Conditions:
+    """``--conditions`` checked against the file that states them (one line when one is not stated)
+    and against the prompts (chats only).
 
     ``auto`` takes ``toward`` and ``away`` where the file states them for this prompt set, and
     nothing (with a note) where it does not.
@@ -87,7 +88,9 @@ def resolve_conditions(text: str, file: Path | None, prompts: Path) -> Condition
         if not names:
             return Conditions()
     read_conditions(path, prompts.stem, names)  # each names a prompt: one line otherwise
-    return Conditions(names, str(path), sha256_file(path))
+    chosen = Conditions(names, str(path), sha256_file(path))
+    check_prompt_set(examples, chosen)
+    return chosen
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
