@@ -358,7 +358,7 @@ FAULTS: tuple[Fault, ...] = (
         "valueprobe/steering/ab.py",
         "position = (mask.cumsum(-1) - 1).clamp(min=0)",
         "position = torch.arange(mask.shape[1]).expand_as(mask)",
-        ("tests/test_caa.py::test_ab_match_equals_a_full_forward_and_batches_equal_singles",),
+        ("tests/test_caa.py::test_ab_match_equals_a_full_forward_and_batches_equal_singles[gpt2]",),
     ),
     Fault(
         "CAA vector labels the letter A, not the matching answer",

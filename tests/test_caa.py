@@ -77,8 +77,11 @@ def _hand_p(lm, chat, matching: str, *, layer: int, add: torch.Tensor) -> float:
     return float((p[a] if matching == "A" else p[b]) / (p[a] + p[b]))
 
 
-def test_ab_match_equals_a_full_forward_and_batches_equal_singles(tiny_lm_factory):
-    lm = tiny_lm_factory("llama")
+@pytest.mark.parametrize(
+    "arch", ["llama", "gpt2"]
+)  # gpt2's positions are absolute: left padding must not shift them
+def test_ab_match_equals_a_full_forward_and_batches_equal_singles(tiny_lm_factory, arch):
+    lm = tiny_lm_factory(arch)
     axis = tiny_axis(lm)
     items = read_caa(DATA, "refusal")[:3]
     chats = [[{"role": "user", "content": i.question}] for i in items]
