@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +27,10 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.replicate import steer_eval
 from valueprobe.replicate.steer import replicate_steer
 from valueprobe.replicate.steer_eval import SteerEvaluation
+from valueprobe.report.browser import open_report
 from valueprobe.report.steering_eval import (
     baseline_figure,
+    caa_figure,
     front_figure,
     reliability_figure,
     side_effects_figure,
@@ -38,6 +42,10 @@ from valueprobe.steering.front import Front, FrontPoint, effect_front
 from valueprobe.steering.prompting import Target
 from valueprobe.steering.reliability import item_reliability, item_slopes
 from valueprobe.steering.side_effects import PREFIX, SideMetric, SteerPlan, text_side_effects
+
+HAVE_CHROMIUM = bool(
+    shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("VALUEPROBE_CHROMIUM")
+)
 
 
 def _texts(n: int = 3) -> list[Example]:
@@ -222,13 +230,22 @@ def test_replicate_steer_judges_its_sweeps(tiny_lm_factory, tmp_path, monkeypatc
         "Per-item reliability",
     ):
         assert heading in summary
-    for fig in (
+    figures = [
         baseline_figure([b for x in ev.benches.values() for b in x.baseline], unit=ev.unit),
         front_figure([length.front]),
         reliability_figure([length.reliability]),
         side_effects_figure(ev.side),
-    ):
-        assert fig.data
+        caa_figure({"confidence": report.sweeps["confidence"]}, {"confidence": (0.2, 0.5, 0.8)}, layer=1),
+    ]
+    assert all(fig.data for fig in figures)
+    if (
+        HAVE_CHROMIUM or os.environ.get("VALUEPROBE_REQUIRE_BROWSER") == "1"
+    ):  # every figure draws in a real browser
+        page = tmp_path / "figures.html"
+        parts = [f.to_html(full_html=False, include_plotlyjs=i == 0) for i, f in enumerate(figures)]
+        page.write_text("<!DOCTYPE html><html><body>" + "".join(parts) + "</body></html>")
+        check = open_report(page, height=900)
+        assert check.n_figures == len(figures) and check.ok, check.problems()
     first = read_jsonl(DATA / "neutral_text.jsonl")[0]
     assert first.group == "neutral_text/kl" and len(lm.tokenizer(first.text)["input_ids"]) > PREFIX + 1
 
