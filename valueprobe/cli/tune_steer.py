@@ -29,6 +29,8 @@ from valueprobe.cli.app import (
     RandomDirectionsOpt,
     app,
     console,
+    data_option,
+    probe_option,
     table,
     write_html,
 )
@@ -77,8 +79,8 @@ def _target(text: str | None, prompts: Path) -> Target:
 
 @app.command("tune-steer")
 def tune_steer_command(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_open.jsonl")],
+    probe: Annotated[Path, probe_option("the axis steered")],
+    prompts: Annotated[Path, data_option("prompts, e.g. steer_open")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
     max_kl: Annotated[float, typer.Option(help="the KL bound: nats per token on neutral text")] = 0.5,
     layers: Annotated[str | None, typer.Option(help="comma list; default the probe's best layer")] = None,
@@ -96,9 +98,10 @@ def tune_steer_command(
     samples: int = 1,
     temperature: float = 1.0,
     seed: int = 0,
-    neutral: Annotated[Path, typer.Option(help="the neutral corpus the KL is read on")] = Path(
-        "data/neutral_text.jsonl"
-    ),
+    neutral: Annotated[
+        Path | None,
+        data_option("the neutral corpus the KL is read on (default: neutral_text beside --prompts)"),
+    ] = None,
     batch_size: int = 32,
     device: DeviceOpt = "cpu",
     device_map: DeviceMapOpt = None,
@@ -113,6 +116,7 @@ def tune_steer_command(
     check_at_least("--random-directions", random_directions, 1)
     if bad := [x for x in space.layers if x not in axis.layers]:
         raise ValueprobeError(f"--layers: the probe has no layer {bad[0]}; it has {list(axis.layers)}")
+    neutral = neutral or prompts.parent / "neutral_text.jsonl"
     if not neutral.is_file():
         raise ValueprobeError(
             f"--neutral {neutral} does not exist: build it with `valueprobe datasets build --family steering`"
