@@ -100,6 +100,38 @@ def test_planted_shift_is_recovered_in_sigma_and_beats_the_null(tiny_lm_factory)
     )  # before the plant
 
 
+def test_shift_by_layer_has_the_tuned_models_sign_and_size_at_every_layer(tiny_lm_factory):
+    """Block 0 planted −2σ₀ along v̂₀ and block 1 +3σ₁ along v̂₁ (σ differs per layer): layer 0 moves
+    by exactly −2; every layer's mean shift equals (tuned − base) of the axis scores of captures of
+    both models, the trusted reference, so a shift read the other way round (or another layer's σ)
+    fails wherever the move is not zero, not only on an untuned model."""
+    base = tiny_lm_factory("gpt2")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    sigma = [float(s) for s in axis.sigma]
+    assert len(set(sigma)) == len(sigma), "the test needs a σ of its own at each layer"
+    tuned = copy.deepcopy(base.model)
+    with torch.no_grad():
+        tuned.transformer.h[0].mlp.c_proj.bias.add_(-2.0 * sigma[0] * axis.direction(0))
+        tuned.transformer.h[1].mlp.c_proj.bias.add_(3.0 * sigma[1] * axis.direction(1))
+    tuned_lm = wrap(tuned, base.tokenizer, model_id="planted")
+    res = shift(axis, base, tuned_lm, exs, n_random=8, n_boot=0, progress=False)
+    assert res.layers == (0, 1, 2)
+    read = {
+        name: capture(lm, exs, layers="all", positions="mean", progress=False).acts
+        for name, lm in (("base", base), ("tuned", tuned_lm))
+    }
+    for g in ("alpha", "beta", "gamma"):
+        rows = [i for i, ex in enumerate(exs) if ex.group == g]
+        want = [
+            float((axis.score(read["tuned"][x][rows], x) - axis.score(read["base"][x][rows], x)).mean())
+            for x in res.layers
+        ]
+        assert res.shift_by_layer[g] == pytest.approx(want, abs=1e-4)
+        assert res.shift_by_layer[g][0] == pytest.approx(-2.0, abs=1e-4)  # the plant, exactly, with its sign
+        assert all(abs(v) > 0.1 for v in res.shift_by_layer[g])  # every layer moved: the sign is tested
+
+
 def test_data_sigma_shift_and_random_null_match_closed_forms(tiny_lm_factory):
     """An axis whose σ is twice the data's: the plant c·v̂ with c = 3 data σ reads 1.5 axis σ and 3
     data σ; along random direction r the same plant moves c·(r·v̂), which in r's own data σ is

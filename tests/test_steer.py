@@ -19,6 +19,7 @@ from valueprobe.hooks.route import BACKENDS, Point, position_ids_from_mask, reco
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.generation import encode_prompts, generate
 from valueprobe.steering.handle import steer
+from valueprobe.steering.operators import Operator
 from valueprobe.steering.pid import PID, control
 from valueprobe.steering.sampling import RowSampler, row_seed
 from valueprobe.vocab import Site
@@ -96,6 +97,52 @@ def test_units_and_scaled_axis_add_their_closed_form(tiny_lm_factory, unit, k):
     assert torch.equal(got[~real], base[~real])
     # the axis's own steering vector says the same
     torch.testing.assert_close(axis.vector(1, alpha=2.0, units=unit), 2.0 * k * size * v, atol=1e-6, rtol=0)
+
+
+def uneven_axis(lm) -> ValueAxis:
+    """`planted_axis` with μ, σ and the mean norm different at every layer (4 layers)."""
+    axis = planted_axis(lm)
+    return ValueAxis(
+        **{
+            **axis.__dict__,
+            "mu": torch.tensor([0.1, -0.3, 0.7, 0.2]),
+            "sigma": torch.tensor([0.5, 1.25, 3.0, 2.0]),
+            "mean_norm": torch.tensor([4.0, 9.0, 20.0, 12.0]),
+        }
+    )
+
+
+@pytest.mark.parametrize("unit", ["sigma", "norm", "raw"])
+def test_several_layers_each_take_their_own_unit_and_statistics(tiny_lm_factory, unit):
+    """Steering layers 0 and 2 at once with an axis whose σ, mean norm and μ differ per layer: each
+    layer adds α·(its own unit)·(its own v̂); the axis's steering vector says the same per layer;
+    and ``set`` moves each layer's score to the target in that layer's own μ and σ."""
+    lm = tiny_lm_factory("llama", n_layers=4)  # resid_post[2] is not the last (normed) hidden state
+    axis = uneven_axis(lm)
+    size = {"sigma": axis.sigma, "norm": axis.mean_norm / 100, "raw": torch.ones(4)}[unit]
+    ids, mask = _batch(lm)
+    real = mask.bool()
+    alpha = torch.tensor([2.0, -1.5, 0.0, 3.0])[:, None, None]
+    base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    with steer(lm, axis, alpha.flatten(), layers=[0], unit=unit):
+        only_0 = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    with steer(lm, axis, alpha.flatten(), layers=[0, 2], unit=unit):
+        both = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    # hidden_states[L + 1] is resid_post[L]; layer 2 adds to what reaches it under layer 0's steering
+    for layer, before in ((0, base[1]), (2, only_0[3])):
+        want = before + alpha * size[layer] * axis.direction(layer)
+        torch.testing.assert_close(both[layer + 1][real], want[real], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            axis.vector(layer, alpha=2.0, units=unit),
+            2.0 * size[layer] * axis.direction(layer),
+            atol=1e-6,
+            rtol=0,
+        )
+    with steer(lm, axis, 1.0, layers=[0, 2], op=Operator("set", target=1.5)):
+        moved = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    for layer in (0, 2):
+        score = axis.score(moved[layer + 1], layer)
+        torch.testing.assert_close(score[real], torch.full_like(score[real], 1.5), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -149,6 +149,61 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
     assert resumed.rows().example_id == fresh.rows().example_id
 
 
+class _Clock:
+    """``time`` for the capture modules: every reading is one second after the last, so a shard
+    closes after ``checkpoint_seconds`` of batches whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_time_checkpoints_then_resume_give_the_one_pass_store(tiny_lm_factory, tmp_path, monkeypatch):
+    """Shards closed by ``checkpoint_seconds`` (mid-block), a stop after the second shard, then a
+    resume: the same rows and activations, bit for bit, as one pass without checkpoints, and the
+    shards of both runs tile the dataset, none crossing an ``examples_per_shard`` boundary (so both
+    runs feed the same batches)."""
+    from valueprobe.activations import capture as capture_module
+    from valueprobe.activations import store as store_module
+
+    lm = tiny_lm_factory("llama")
+    exs = _examples(11)
+    kw = dict(layers="all", positions="spans", dtype="float32", examples_per_shard=5, batch_size=2)
+    out = tmp_path / "checkpointed"
+    clock = _Clock()  # one clock: the store sets each deadline, the capture reads it after each batch
+    for module in (capture_module, store_module):
+        monkeypatch.setattr(module, "time", clock)
+    written = []
+    real = store_module._write_shard
+
+    def stop_after_two(path, tensors, meta):  # a Ctrl-C between the second and third checkpoint
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(path.name)
+        real(path, tensors, meta)
+
+    monkeypatch.setattr(store_module, "_write_shard", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        capture_to_store(lm, exs, out, checkpoint_seconds=1.5, progress=False, **kw)
+    partial = ActivationStore.open(out, allow_partial=True)
+    assert [s.examples for s in partial.manifest.shards] == [
+        (0, 4),
+        (4, 5),
+    ]  # a time checkpoint, then a block end
+    monkeypatch.setattr(store_module, "_write_shard", real)
+    resumed = capture_to_store(lm, exs, out, checkpoint_seconds=1.5, progress=False, **kw)
+    ranges = [s.examples for s in resumed.manifest.shards]
+    assert ranges == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 11)]
+    fresh = capture_to_store(lm, exs, tmp_path / "one-pass", progress=False, **kw)
+    assert [s.examples for s in fresh.manifest.shards] == [(0, 5), (5, 10), (10, 11)]
+    assert resumed.manifest.complete and resumed.rows().example_id == fresh.rows().example_id
+    for key in fresh.manifest.keys:
+        np.testing.assert_array_equal(resumed.acts(key), fresh.acts(key))
+
+
 def test_resume_with_other_settings_fails(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     capture_to_store(lm, _examples(4), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
