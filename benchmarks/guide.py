@@ -6,7 +6,7 @@
 Prints:
 - guided best-of-N (`valueprobe.guided.run.guide`, N = 8, the value read at the axis's best layer
   inside the generating forward, the pick by mean σ) ÷ plain sampling of the same N
-  (`valueprobe.steering.generation.generate` with ``samples=8``: transformers' ``generate`` with the
+  (`valueprobe.steering.decode.generation.generate` with ``samples=8``: transformers' ``generate`` with the
   same per-row sampler), and ÷ transformers' ``generate`` with that sampler and no hook at all: 6 prompts × 8 rows, 48 new tokens, temperature 0.8, the same seeds, so the
   same tokens (checked). Min of interleaved repeats. Target <= 1.05. Both stop a row at EOS;
   ``generate`` keeps stepping a finished row until the batch ends, guide drops it.
@@ -37,8 +37,8 @@ from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import RowSampler, row_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee"]

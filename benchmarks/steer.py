@@ -7,7 +7,7 @@ Prints:
 - steered batched ``generate`` ÷ plain batched ``generate`` (24 prompts, one α per row, 48 tokens,
   greedy, fixed length; min of interleaved repeats). Target <= 1.05.
 - a full sweep (5 strengths × 24 prompts × 2 samples = 240 rows, 48 new tokens, sampled with
-  common random numbers) run batched (`valueprobe.steering.generation.generate`, ``--batch-size`` rows a call) against
+  common random numbers) run batched (`valueprobe.steering.decode.generation.generate`, ``--batch-size`` rows a call) against
   the same rows run one per ``generate`` call, as the paper's code does. Target >= 8×.
   ``--seq-rows k`` times only the first k one-per-call rows and scales to 240 (then says so).
 - peak RSS of the sweep at 1× and 4× its rows (separate processes, same chunk size). Target:
@@ -29,8 +29,8 @@ from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this scr
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.hook.handle import steer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee", "the moon", "old books",

@@ -20,7 +20,7 @@ from pathlib import Path
 from valueprobe.datasets.answers import check, read_tasks
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import generate
+from valueprobe.steering.decode.generation import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 

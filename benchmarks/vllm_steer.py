@@ -53,7 +53,7 @@ def _plugin_cost(llm, lm, args) -> dict:
 
     from valueprobe.engines.vllm_generate import take_values
     from valueprobe.engines.vllm_spec import VllmSteer
-    from valueprobe.steering.generation import encode_prompts
+    from valueprobe.steering.decode.generation import encode_prompts
 
     ids = encode_prompts(lm, _prompts(args.prompts))
     requests = [TokensPrompt(prompt_token_ids=i) for i in ids]

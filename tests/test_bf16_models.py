@@ -21,7 +21,7 @@ from valueprobe.activations.capture import capture
 from valueprobe.datasets.io import Example
 from valueprobe.hooks.route import steered_logits
 from valueprobe.model.load import wrap
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
 
 CAPTURE_TOL, STEER_TOL = 0.03, 0.05
 EXAMPLES = [

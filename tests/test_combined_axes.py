@@ -16,7 +16,7 @@ from test_steer import _batch, _forward, planted_axis
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import steer
+from valueprobe.steering.hook.handle import steer
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 

@@ -15,9 +15,14 @@ from test_operators import SIGMA, cached_and_full, op_axis  # tests/ is on sys.p
 from test_steer import PROMPTS, _batch, _forward
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.condition import Condition, evaluate_condition, find_condition_point, find_threshold
-from valueprobe.steering.generation import generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.hook.condition import (
+    Condition,
+    evaluate_condition,
+    find_condition_point,
+    find_threshold,
+)
+from valueprobe.steering.hook.handle import steer
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 THRESHOLD = 0.5  # σ: the tiny models' scores on the planted axis spread over about ±4

@@ -15,7 +15,7 @@ from valueprobe.activations.capture import capture
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import check_dtype, load
-from valueprobe.steering.generation import generate
+from valueprobe.steering.decode.generation import generate
 
 # the tiny llama of conftest (3 blocks): block 1 lives on disk and is paged in for each forward
 SPLIT = {

@@ -19,7 +19,7 @@ from valueprobe.guided.policy import BestOfN, Prune, Rollback, as_policy
 from valueprobe.guided.records import Guided
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.readout import token_cos, val
-from valueprobe.steering.generation import encode_prompts, generate
+from valueprobe.steering.decode.generation import encode_prompts, generate
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Wait, that's not right. Let me"]
 LAYER = 1

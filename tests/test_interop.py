@@ -26,8 +26,8 @@ from test_cli_faults import one_line
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import wrap
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import steer
-from valueprobe.steering.interop import (
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.interop import (
     ControlVector,
     control_vector,
     import_axis,

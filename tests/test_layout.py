@@ -31,12 +31,25 @@ def test_no_function_over_80_lines_outside_datasets():
     assert not long, long
 
 
-def test_the_layer_contract_names_every_subpackage():
+def _layers(container: str) -> set[str]:
+    """The names the layers contract of ``container`` (pyproject) puts in its layers."""
     import tomllib
 
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    (layers,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
-    named = {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == [container]]
+    return {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+
+
+def test_the_layer_contract_names_every_subpackage():
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
-    assert subpackages | modules == named
+    assert subpackages | modules == _layers("valueprobe")
+
+
+def test_steering_is_split_by_role_and_its_contract_names_every_folder():
+    """steering/ holds only its three role folders, and their layers contract names each."""
+    steering = PACKAGE / "steering"
+    folders = {p.parent.name for p in steering.glob("*/__init__.py")}
+    assert {p.name for p in steering.glob("*.py")} == {"__init__.py"}
+    assert folders == _layers("valueprobe.steering") == {"hook", "decode", "experiment"}

@@ -32,8 +32,8 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import as_dtype, load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.rows import RowSpec, generate_rows
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.rows import RowSpec, generate_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

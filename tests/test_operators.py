@@ -2,7 +2,7 @@
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_operators.py``
 References: the unsteered ``output_hidden_states`` with each operator's formula applied by hand
-(written out here, apart from `valueprobe.steering.operators`), left padded; and, under the KV
+(written out here, apart from `valueprobe.steering.hook.operators`), left padded; and, under the KV
 cache, a no-cache forward of the final sequence with the operator on.
 """
 
@@ -19,10 +19,10 @@ from test_steer_sweep import settings_for, tiny_files  # noqa: F401 (a fixture)
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Point, intervene
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import generate
-from valueprobe.steering.handle import steer
-from valueprobe.steering.operators import Operator
-from valueprobe.steering.sweep import SweepSettings
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.experiment.sweep import SweepSettings
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.operators import Operator
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 # The tiny models' projections on a random direction at layer 1 run about ±0.08: with these

@@ -33,9 +33,9 @@ from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
-from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
-from valueprobe.steering.generation import Generation, Trace
-from valueprobe.steering.settings import SweepSettings
+from valueprobe.steering.decode.generation import Generation, Trace
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
+from valueprobe.steering.experiment.settings import SweepSettings
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
 from valueprobe.vocab import ShardSpec

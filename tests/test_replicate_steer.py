@@ -25,9 +25,9 @@ from valueprobe.replicate.steer import (
     parse_rows,
     replicate_steer,
 )
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS
-from valueprobe.steering.yes_no import answer_tokens
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.experiment.sweep import GENERATIONS
+from valueprobe.steering.experiment.yes_no import answer_tokens
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -27,7 +27,7 @@ from valueprobe.report.effects import (
 )
 from valueprobe.report.page import SECTIONS, Results, render_report
 from valueprobe.report.sections import ShiftSection, TracedText
-from valueprobe.steering.generation import Trace
+from valueprobe.steering.decode.generation import Trace
 from valueprobe.tune.shift import shift
 from valueprobe.tune.shift_records import GroupShift, ShiftResult
 

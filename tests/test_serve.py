@@ -1,7 +1,7 @@
 """``valueprobe serve``: the OpenAI API with steering and per-token values, through the official client.
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_serve.py``
-References: the steered ``generate`` path (`valueprobe.steering.generation.generate`, greedy
+References: the steered ``generate`` path (`valueprobe.steering.decode.generation.generate`, greedy
 tokens), ``output_hidden_states`` under the `steer` handle (each token's σ-score at the value
 layer), each request run alone (batched = alone), and α's order (readouts order by strength).
 """
@@ -33,8 +33,8 @@ from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
 from valueprobe.serve.protocol import Limits
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.hook.handle import steer
 
 MODEL = "tiny-serve"
 STEER_LAYER, VALUE_LAYER = 1, 2  # 4 blocks: resid_post[2] is hidden_states[3], before the final norm
@@ -439,7 +439,7 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
 
 
 def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
-    from valueprobe.steering import rows as rows_module
+    from valueprobe.steering.decode import rows as rows_module
 
     (ids,) = encode_prompts(lm, [PROMPT])
     spec = rows_module.RowSpec(tuple(ids), max_new_tokens=4)

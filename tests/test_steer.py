@@ -17,11 +17,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
 from valueprobe.hooks.route import BACKENDS, Point, position_ids_from_mask, record
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
-from valueprobe.steering.operators import Operator
-from valueprobe.steering.pid import PID, control
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.pid import PID, control
+from valueprobe.steering.decode.sampling import RowSampler, row_seed
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.operators import Operator
 from valueprobe.vocab import Site
 
 ARCHS = ("llama", "gpt2", "gpt_neox")

@@ -21,11 +21,11 @@ from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
-from valueprobe.steering import generation
-from valueprobe.steering.dose import SweepRow, summarise
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
-from valueprobe.steering.yes_no import answer_tokens, p_yes
+from valueprobe.steering.decode import generation
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.experiment.dose import SweepRow, summarise
+from valueprobe.steering.experiment.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
+from valueprobe.steering.experiment.yes_no import answer_tokens, p_yes
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -428,7 +428,7 @@ def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_
 
 
 def test_shipped_steering_sets_parse_and_pick_metrics():
-    from valueprobe.steering.sweep import metrics_for
+    from valueprobe.steering.experiment.sweep import metrics_for
 
     conf = read_jsonl(DATA / "steer_confidence.jsonl")
     assert metrics_for(DATA / "steer_confidence.jsonl", conf) == ("yes", "p_yes")

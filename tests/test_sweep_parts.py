@@ -15,8 +15,8 @@ from test_steer_sweep import chats, settings_for, steer_argv, tiny_axis, tiny_fi
 
 from valueprobe.datasets.io import sha256_file, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.sweep import GENERATIONS, run_sweep
-from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep import GENERATIONS, run_sweep
+from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
 from valueprobe.vocab import ShardSpec
 
 

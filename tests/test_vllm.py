@@ -4,7 +4,7 @@
 
 Skipped where vLLM does not import (the main venv). Trusted references: the residual stream read
 inside the worker by a plain forward hook (h + α·v̂), the HF route's greedy tokens and traced
-σ-scores (`valueprobe.steering.generation.generate`), and the same requests run alone.
+σ-scores (`valueprobe.steering.decode.generation.generate`), and the same requests run alone.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import valueprobe as vp  # noqa: E402
 from valueprobe.engines.vllm_generate import VllmGenerator, open_llm, take_values  # noqa: E402
 from valueprobe.engines.vllm_spec import VllmSteer  # noqa: E402
 from valueprobe.probe.axis import ValueAxis  # noqa: E402
-from valueprobe.steering.generation import encode_prompts  # noqa: E402
+from valueprobe.steering.decode.generation import encode_prompts  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -26,8 +26,8 @@ from valueprobe.read.readout import logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
 from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
-from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.handle import Steering, steer
+from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.hook.handle import Steering, steer
 from valueprobe.tune.pairs import read_pairs
 from valueprobe.tune.shift import shift
 from valueprobe.tune.shift_records import ShiftResult

@@ -74,7 +74,7 @@ class HookSite(StrEnum):
 
 class Op(StrEnum):
     """What steering does to the hidden state h at a cell, with p = h·v̂ (see
-    `valueprobe.steering.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
+    `valueprobe.steering.hook.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
     σ-score to a target; ``clamp`` holds it in [lo, hi]; ``add-norm`` adds, then rescales to ‖h‖."""
 
     add = "add"

@@ -4,7 +4,7 @@
     valueprobe export --probe probes/smollm2-135m-value --to steering-vectors --out value.safetensors
     valueprobe import value.gguf --model smollm2-135m --out probes/imported-value
 
-The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.interop`. Both
+The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`. Both
 commands check their arguments and output path before the model loads.
 """
 
@@ -21,7 +21,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
 from valueprobe.model.load import check_model_folder, load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.interop import (
+from valueprobe.steering.hook.interop import (
     FORMATS,
     check_format,
     control_vector,

@@ -46,11 +46,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
-from valueprobe.steering.behaviour import METRICS
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
+from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.experiment.behaviour import METRICS
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
+from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.vocab import HookSite, ModelDtype, Op, ShardSpec, Unit
 
 __all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]

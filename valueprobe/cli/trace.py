@@ -29,8 +29,8 @@ from valueprobe.cli.app import (
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import check_unit
-from valueprobe.steering.trace import value_trace, write_trace
+from valueprobe.steering.experiment.trace import value_trace, write_trace
+from valueprobe.steering.hook.handle import check_unit
 from valueprobe.vocab import ModelDtype, Unit, parse_layers
 
 __all__ = ["trace_cmd"]

@@ -7,8 +7,8 @@
     >>> rows = run.with_values(lm, axis, ["Is 7 prime?"], alphas=[-2, 0, 2], greedy=True)
     >>> rows[0].generation.text, rows[0].values        # the text, and one σ-score per generated token
 
-Rows are the same records, in the same order, as `valueprobe.steering.generation.generate` gives,
-so `valueprobe.steering.sweep.run_sweep` takes `VllmGenerator` in its place (``generator=``). Each
+Rows are the same records, in the same order, as `valueprobe.steering.decode.generation.generate` gives,
+so `valueprobe.steering.experiment.sweep.run_sweep` takes `VllmGenerator` in its place (``generator=``). Each
 request carries its own steering (`valueprobe.engines.vllm_spec.VllmSteer` in ``extra_args``), so
 the whole sweep is one ``LLM.generate`` call that vLLM batches as it likes. Prompts are the same
 token ids as the HF route (`encode_prompts`); sampling uses each row's common-random-numbers seed
@@ -36,9 +36,9 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.gguf import ALIASES, alias_dir
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import Generation, Prompt, encode_prompts
-from valueprobe.steering.operators import Operator, as_operator
-from valueprobe.steering.sampling import row_seed
+from valueprobe.steering.decode.generation import Generation, Prompt, encode_prompts
+from valueprobe.steering.decode.sampling import row_seed
+from valueprobe.steering.hook.operators import Operator, as_operator
 from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, parse_layers
 
 __all__ = [
@@ -166,7 +166,7 @@ def _check_supported(site: HookSite | Site | str | None, op: Operator | str | No
 
 
 class VllmGenerator:
-    """`generate` through vLLM: call it as `valueprobe.steering.generation.generate` is called.
+    """`generate` through vLLM: call it as `valueprobe.steering.decode.generation.generate` is called.
 
     Args:
         llm: a ``vllm.LLM`` (`open_llm`) on the same model as ``lm``.

@@ -7,7 +7,7 @@
 Every field is checked here (`VllmSteer.parse`), in the process that takes the request, so a bad
 one is refused in one line naming the field and never reaches a worker. The worker resolves the
 probe folder once per (probe, layer, unit, site) (`resolve`): the vector it adds is α times one
-unit of the axis at that layer (`valueprobe.steering.handle.check_unit`) along v̂, or along
+unit of the axis at that layer (`valueprobe.steering.hook.handle.check_unit`) along v̂, or along
 ``direction`` (a control) with the axis's statistics, exactly as the hooks route sizes it.
 
 A steered request changes the KV of every position it steers, so it must not share prefix-cache
@@ -33,7 +33,7 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import WHERE, check_unit
+from valueprobe.steering.hook.handle import WHERE, check_unit
 from valueprobe.vocab import Site, Unit
 
 __all__ = ["EXTRA_KEY", "Resolved", "VllmSteer", "resolve"]

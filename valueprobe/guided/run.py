@@ -11,9 +11,9 @@
 runs it from the command line. The value of a token is read by a recorder on the read layer
 (`valueprobe.hooks.route.record`) while the token is fed to the model, inside the forward that
 gives the next token's logits: no second pass. Rollback's push is the steering handle
-(`valueprobe.steering.handle.Steering`) at the steer layer, with one α per row, zero but in the
+(`valueprobe.steering.hook.handle.Steering`) at the steer layer, with one α per row, zero but in the
 ``steer_tokens`` after a rollback. Rows sample with common random numbers
-(`valueprobe.steering.sampling`): row (prompt p, sample s) draws from its own generator seeded by
+(`valueprobe.steering.decode.sampling`): row (prompt p, sample s) draws from its own generator seeded by
 ``row_seed(seed, p, s)``, so its tokens do not depend on which rows share its batch, and the same
 seed gives the axis, a null direction and the log-probability baseline the same candidates.
 """
@@ -38,9 +38,9 @@ from valueprobe.hooks.padding import pad_id_for
 from valueprobe.hooks.route import Handle, Point, Recording, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import Prompt, encode_prompts
-from valueprobe.steering.handle import Steering, SteerPoint, steer_points
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.decode.generation import Prompt, encode_prompts
+from valueprobe.steering.decode.sampling import RowSampler, row_seed
+from valueprobe.steering.hook.handle import Steering, SteerPoint, steer_points
 from valueprobe.vocab import Unit
 
 __all__ = ["SCORES", "Score", "guide", "pick"]

@@ -1,6 +1,6 @@
 """Steered generation as every route receives it: one `Decode` record per batched ``generate``.
 
-`valueprobe.steering.generation` builds one per chunk of rows and hands it to
+`valueprobe.steering.decode.generation` builds one per chunk of rows and hands it to
 ``route(backend).generate``; it never asks which route it has:
 
     >>> from valueprobe.hooks.route import route
@@ -41,7 +41,7 @@ __all__ = ["Addition", "Decode"]
 
 
 class Addition(Protocol):
-    """One point open-loop steering writes to (`valueprobe.steering.handle.SteerPoint` is one)."""
+    """One point open-loop steering writes to (`valueprobe.steering.hook.handle.SteerPoint` is one)."""
 
     @property
     def point(self) -> Point: ...  # the block and site, blocks already resolved to 0-based
@@ -61,7 +61,7 @@ class Decode:
         lm: the loaded model.
         input_ids, attention_mask: the prompts, left padded (`valueprobe.hooks.padding.pad_rows`).
         config: the ``GenerationConfig`` (lengths, pad and EOS ids; greedy unless ``processors`` sample).
-        processors: logits processors, e.g. the per-row sampler of `valueprobe.steering.sampling`.
+        processors: logits processors, e.g. the per-row sampler of `valueprobe.steering.decode.sampling`.
         additions, alpha, where: the steering as data; ``alpha`` holds one strength per row.
         hooks: the steering as Python: attaches it and returns its handle.
         live: the hooks read values or set α while the run goes (data cannot say that).
@@ -70,7 +70,7 @@ class Decode:
         remote: NDIF execution, for the nnsight route (`valueprobe.hooks.route.route` checks it).
         stopping: stopping criteria, called after every step with the tokens so far; they may stop
             rows one by one (a per-request length) and report each step as it ends (serving
-            streams tokens this way, `valueprobe.steering.rows`). Python at every step: ``live``.
+            streams tokens this way, `valueprobe.steering.decode.rows`). Python at every step: ``live``.
     """
 
     lm: LoadedModel

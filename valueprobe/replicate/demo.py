@@ -56,8 +56,8 @@ from valueprobe.replicate.stages import StageCache
 from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, Results, write_report
 from valueprobe.report.sections import ShiftSection, SteerSection, read_sections
-from valueprobe.steering.generation import generate
-from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for, run_sweep
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import shift
 from valueprobe.tune.shift_records import ShiftResult
@@ -122,7 +122,7 @@ class _Model:
 
 
 def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
-    """The steering sweep (valueprobe.steering.sweep) on the yes/no confidence prompts, random-direction null."""
+    """The steering sweep (valueprobe.steering.experiment.sweep) on the yes/no confidence prompts, random-direction null."""
     prompts = out / "data" / "steer_confidence.jsonl"
     examples = read_jsonl(prompts)[: 4 if quick else 16]
     axis = ValueAxis.load(probe_dir)

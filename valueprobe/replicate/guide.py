@@ -49,7 +49,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.budget import budget_figure
 from valueprobe.stats.metrics import auroc
 from valueprobe.stats.null import mean_ci, null_range, random_directions
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
 
 __all__ = ["TASK_FILES", "GuideRun", "budgets", "pick_prompts", "replicate_guide"]
 

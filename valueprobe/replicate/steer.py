@@ -33,9 +33,9 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.sweep import SweepSettings, run_sweep
-from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.sweep import SweepSettings, run_sweep
+from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
 from valueprobe.vocab import ShardSpec
 
 __all__ = [
@@ -386,14 +386,14 @@ def replicate_steer(
 
     With ``shard`` (``--shard I/N``): only that shard's rows of each sweep, into ``RUNS/SWEEP.parts/
     part-I-of-N``, and no results; the same call without ``shard``, once every part is done, merges
-    each sweep's parts (`valueprobe.steering.sweep_parts.merge_sweeps`) and writes the results.
+    each sweep's parts (`valueprobe.steering.experiment.sweep_parts.merge_sweeps`) and writes the results.
 
     Args:
         prompts: rows per prompt set (confidence and refusal keep their pairs when even).
         tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
         rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
             A sweep not run keeps what ``out/results.json`` already holds for it.
-        Others: as in `valueprobe.steering.sweep.SweepSettings`.
+        Others: as in `valueprobe.steering.experiment.sweep.SweepSettings`.
     """
     runs = plan(
         rows=rows,

@@ -12,7 +12,7 @@ The value of a token (``Chunk.value``) is the σ-score ``(h·v̂ − μ)/σ`` of
 ``SteerRequest.value_layer`` (the probe's site) in the forward that *produced* the token, like its
 logprob: for the first generated token that is the last prompt position. It is read in that same
 forward (no second pass), after any steering upstream and, at the steered layer itself, before the
-addition, as `valueprobe.steering.generation.Trace` reads the steered point.
+addition, as `valueprobe.steering.decode.generation.Trace` reads the steered point.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Literal, Protocol, runtime_checkable
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import Where
+from valueprobe.steering.hook.handle import Where
 
 __all__ = [
     "Chunk",

@@ -1,5 +1,5 @@
 """The ``hf`` engine: concurrent requests gathered for a short window, then run as one batch with
-one α per row on the transformers path (`valueprobe.steering.rows`), streamed token by token.
+one α per row on the transformers path (`valueprobe.steering.decode.rows`), streamed token by token.
 
     valueprobe serve --probe probes/smollm2-135m-value --engine hf
 
@@ -22,8 +22,8 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import Chunk, RequestError, SteerRequest
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.rows import RowSpec, RowStep, generate_rows
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
 
 __all__ = ["HFEngine"]
 

@@ -27,8 +27,8 @@ from uuid import uuid4
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import Chunk, RequestError, SteerRequest, SteerSpec
-from valueprobe.steering.handle import WHERE as POSITIONS
-from valueprobe.steering.handle import check_unit
+from valueprobe.steering.hook.handle import WHERE as POSITIONS
+from valueprobe.steering.hook.handle import check_unit
 
 __all__ = ["Limits", "completion", "error_body", "parse_request", "stream_chunk"]
 

@@ -23,7 +23,7 @@ from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import Chunk, FinishReason, RequestError, SteerRequest
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
 
 __all__ = ["VllmEngine", "make_engine"]
 

@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
-from valueprobe.steering.generation import Prompt, Trace, generate
+from valueprobe.steering.decode.generation import Prompt, Trace, generate
 from valueprobe.vocab import Unit
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def value_trace(
         lm, axis: the model and its axis (checked against each other).
         prompt: text, or a chat list rendered with the chat template.
         generate_tokens: new tokens to generate (0: the prompt alone).
-        alpha, unit: the steering strength and its unit (`valueprobe.steering.handle`).
+        alpha, unit: the steering strength and its unit (`valueprobe.steering.hook.handle`).
         layer: the steered and read layer; read_layers: more layers to read.
     """
     if generate_tokens < 0:

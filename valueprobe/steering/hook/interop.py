@@ -23,7 +23,7 @@ Conventions, each checked against the other project's own code in ``tests/test_i
 - **Sign.** Positive means value up in all four tools: a positive strength there is a positive α here.
 - **Scale.** The file holds the vector for ``alpha`` (default 1) in ``unit``: σ·scale·v̂ per layer
   for ``sigma``, mean_norm/100·scale·v̂ for ``norm``, scale·v̂ for ``raw`` (the same sizes as
-  `valueprobe.steering.handle.check_unit`). The other tool's strength multiplies it: repeng's
+  `valueprobe.steering.hook.handle.check_unit`). The other tool's strength multiplies it: repeng's
   ``set_control(vector, coeff)``, llama.cpp's ``--control-vector-scaled FILE s`` and
   steering-vectors' ``apply(model, multiplier=s)`` equal ``vp.steer`` with α = s·alpha.
 - **Positions.** All three add at every position, prompt included: valueprobe's
@@ -65,7 +65,7 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import steer_points
+from valueprobe.steering.hook.handle import steer_points
 from valueprobe.vocab import LayerSpec, Site, Unit, layer_ranges
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def control_vector(
         lm: the model (width, depth and ``config.model_type``).
         axis: the value axis; ``layers`` default to its best layer, ``site`` to its own site.
         alpha: the strength baked into the file, in ``unit``.
-        unit: ``sigma``, ``norm`` or ``raw`` (the sizes of `valueprobe.steering.handle.check_unit`).
+        unit: ``sigma``, ``norm`` or ``raw`` (the sizes of `valueprobe.steering.hook.handle.check_unit`).
 
     >>> control_vector(lm, axis, layers="10:20").layers
     [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]

@@ -12,7 +12,7 @@ real cell of every forward: prompt cells included, pads never. ``above`` fires w
 > threshold, ``below`` where it is < threshold. Per token (``latch=False``) a cell fires when it
 crosses; latched, a row fires at its first crossing cell and every later cell (the latch starts over
 when a forward starts a new sequence, KV-cache offset 0). The operator still only touches the cells
-its phase allows (`valueprobe.steering.handle.Steering.cells`). Exact under the KV cache: the score
+its phase allows (`valueprobe.steering.hook.handle.Steering.cells`). Exact under the KV cache: the score
 at a point depends only on the blocks before it, which the operator does not change.
 
 The threshold search follows CAST (Lee et al. 2024, "Programming Refusal with Conditional

@@ -2,13 +2,13 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_code.jsonl --out runs/steer-code
 
->>> from valueprobe.steering.dose import summarise
+>>> from valueprobe.steering.experiment.dose import summarise
 >>> result = summarise(rows, unit="sigma", metrics=["code_lines"])
 >>> headers, table = result.table()
 >>> dose_response_figure(result).write_html("dose.html")   # valueprobe.report.effects
 
 Rules, as in the paper: a metric is read over valid outputs only (rows where it applies, see
-`valueprobe.steering.behaviour`); for each direction, a strength is dropped when more than half of its
+`valueprobe.steering.experiment.behaviour`); for each direction, a strength is dropped when more than half of its
 outputs are degenerate; the slope is the OLS slope of the metric on α over the kept rows, with a
 bootstrap CI that resamples prompts. The null is the slopes of the random directions; the axis is
 "outside" when its slope lies outside the null's central 95% range.
@@ -24,8 +24,8 @@ import numpy as np
 
 from valueprobe.files import record_from_dict
 from valueprobe.stats.metrics import Slope, dose_slope, null_range
-from valueprobe.steering.behaviour import dropped
-from valueprobe.steering.settings import SweepSettings
+from valueprobe.steering.experiment.behaviour import dropped
+from valueprobe.steering.experiment.settings import SweepSettings
 
 __all__ = ["Effect", "SteerSweep", "SweepRow", "summarise", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
 

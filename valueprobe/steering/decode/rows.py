@@ -5,7 +5,7 @@ sampling and length, and every step is reported as it ends (``valueprobe serve -
     >>> outs = generate_rows(lm, axis, rows, layer=axis.best_layer, value_layer=axis.best_layer)
     >>> outs[2].token_ids, outs[2].values          # the +2σ row's tokens and per-token σ-scores
 
-Where `valueprobe.steering.generation.generate` runs a sweep (prompts × strengths, one unit, one
+Where `valueprobe.steering.decode.generation.generate` runs a sweep (prompts × strengths, one unit, one
 phase, one sampler), this runs whatever rows arrived together. The steering is one `Steering`
 handle on the route's own ``generate``; its α comes from an `AlphaSource` that lays each row's
 strength on that row's phase, so rows with α = 0 are passed through bit for bit and rows never
@@ -35,9 +35,9 @@ from valueprobe.hooks.padding import pad_rows
 from valueprobe.hooks.route import Decode, Point, Recording, Step, record, route
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import _config
-from valueprobe.steering.handle import Attach, Steering, SteerPoint, Where, check_unit, steer_points
-from valueprobe.steering.sampling import RowSampler
+from valueprobe.steering.decode.generation import _config
+from valueprobe.steering.decode.sampling import RowSampler
+from valueprobe.steering.hook.handle import Attach, Steering, SteerPoint, Where, check_unit, steer_points
 from valueprobe.vocab import Backend, Unit
 
 __all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
@@ -50,7 +50,7 @@ class RowSpec:
     """One row: its prompt's token ids and everything that may differ from its neighbours.
 
     Attributes:
-        ids: the prompt, tokenized (`valueprobe.steering.generation.encode_prompts`).
+        ids: the prompt, tokenized (`valueprobe.steering.decode.generation.encode_prompts`).
         alpha: strength in ``unit`` (0: the row is untouched); positions: its phase.
         max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
         ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).

@@ -4,9 +4,9 @@
     ...                 max_new_tokens=48, temperature=0.7, seed=0)
     >>> gens[0].to_dict()      # {"prompt": 0, "sample": 0, "alpha": -2.0, "seed": ..., "text": ...}
 
-Every row carries its own α (`valueprobe.steering.handle.Steering`), rows are left padded and run in chunks
+Every row carries its own α (`valueprobe.steering.hook.handle.Steering`), rows are left padded and run in chunks
 of ``batch_size``, each chunk one `valueprobe.hooks.decode.Decode` handed to the route's ``generate``
-(plain hooks, or nnsight for NDIF): this module never asks which route it has. Sampling uses common random numbers (`valueprobe.steering.sampling`): the seed of a row
+(plain hooks, or nnsight for NDIF): this module never asks which route it has. Sampling uses common random numbers (`valueprobe.steering.decode.sampling`): the seed of a row
 depends only on (seed, prompt, sample), so every strength and direction of one (prompt, sample)
 draws the same uniforms, and a row draws the same numbers whatever chunk it lands in.
 """
@@ -27,8 +27,9 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route
-from valueprobe.steering.condition import Condition
-from valueprobe.steering.handle import (
+from valueprobe.steering.decode.sampling import RowSampler, row_seed
+from valueprobe.steering.hook.condition import Condition
+from valueprobe.steering.hook.handle import (
     AlphaSource,
     Attach,
     Steering,
@@ -37,8 +38,7 @@ from valueprobe.steering.handle import (
     check_phase,
     steer_plan,
 )
-from valueprobe.steering.operators import Operator, as_operator
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.hook.operators import Operator, as_operator
 from valueprobe.vocab import Backend, HookSite, LayerSpec, Site, Unit
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class Generation:
         text: the generated text (no prompt, no EOS); token_ids: its token ids.
         finished: whether the row stopped on EOS before ``max_new_tokens``.
         trace: the per-token readout, when asked for.
-        op: the steering operator (`valueprobe.steering.operators.Operator.describe`), e.g. ``ablate``.
+        op: the steering operator (`valueprobe.steering.hook.operators.Operator.describe`), e.g. ``ablate``.
     """
 
     prompt: int
@@ -230,15 +230,15 @@ def generate(
 
     Args:
         lm: the loaded model; axis: the axis to steer along (``-axis`` flips it), or several, each
-            with its own strength (``[2 * a, -b]``; `valueprobe.steering.handle.steer_plan`).
+            with its own strength (``[2 * a, -b]``; `valueprobe.steering.hook.handle.steer_plan`).
         prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
         alphas: strengths in ``unit``; samples: samples per (prompt, α).
-        seed: base seed; row seeds are `valueprobe.steering.sampling.row_seed(seed, prompt, sample)`.
+        seed: base seed; row seeds are `valueprobe.steering.decode.sampling.row_seed(seed, prompt, sample)`.
         max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (benchmarks: fixed length).
         greedy: argmax decoding (then samples are identical).
         temperature, top_p: sampling settings.
         unit, layers, site, positions, direction, op, window, condition: as in
-            `valueprobe.steering.handle.steer`; an ``op`` but ``add``, a site off the residual
+            `valueprobe.steering.hook.handle.steer`; an ``op`` but ``add``, a site off the residual
             stream, a window or a condition run on the hooks route only.
         direction_name: recorded in each `Generation` (e.g. ``"random-3"``).
         read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
@@ -246,7 +246,7 @@ def generate(
         batch_size: rows per ``generate`` call (memory grows with it, time falls).
         backend: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
             ``nnsight`` (open loop only, no trace: the NDIF route).
-        source: closed-loop α (`valueprobe.steering.pid`); given the chunk's row count, returns the
+        source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count, returns the
             hook's α source. Hooks route only.
 
     >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)

@@ -36,19 +36,26 @@ from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.steering.behaviour import text_metrics
-from valueprobe.steering.dose import AXIS, OTHER_PREFIX, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
-from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.handle import check_unit
-from valueprobe.steering.settings import DEFAULT_METRICS, SweepSettings
-from valueprobe.steering.yes_no import p_yes
+from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.experiment.behaviour import text_metrics
+from valueprobe.steering.experiment.dose import (
+    AXIS,
+    OTHER_PREFIX,
+    RANDOM_PREFIX,
+    SteerSweep,
+    SweepRow,
+    summarise,
+)
+from valueprobe.steering.experiment.settings import DEFAULT_METRICS, SweepSettings
+from valueprobe.steering.experiment.yes_no import p_yes
+from valueprobe.steering.hook.handle import check_unit
 from valueprobe.vocab import HookSite, choice
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep", "start_sweep", "sweep_blocks", "sweep_rows"]
 
 SETTINGS = "settings.json"
 GENERATIONS = "generations.jsonl"
-PART = "part.json"  # in the folder of one shard of a sharded sweep (`valueprobe.steering.sweep_parts`)
+PART = "part.json"  # in the folder of one shard of a sharded sweep (`valueprobe.steering.experiment.sweep_parts`)
 # Metrics tabled for each steering prompt set (data/steer_*.jsonl); other files get DEFAULT_METRICS.
 SET_METRICS: dict[str, tuple[str, ...]] = {
     "steer_confidence": ("yes", "p_yes"),
@@ -80,7 +87,7 @@ def check_settings(
     settings: SweepSettings, axis: ValueAxis, out: Path, examples: Sequence[Example], *, part: bool = False
 ) -> None:
     """Every check that needs no model: run it before loading one (``part``: ``out`` is to hold one
-    shard's part, `valueprobe.steering.sweep_parts`). Raises `ValueprobeError`."""
+    shard's part, `valueprobe.steering.experiment.sweep_parts`). Raises `ValueprobeError`."""
     if settings.max_new_tokens < 1:
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:

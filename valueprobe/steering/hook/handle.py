@@ -32,8 +32,8 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
 from valueprobe.probe.axis import ValueAxis, check_combinable
-from valueprobe.steering.condition import Condition, Gate
-from valueprobe.steering.operators import Operator, as_operator
+from valueprobe.steering.hook.condition import Condition, Gate
+from valueprobe.steering.hook.operators import Operator, as_operator
 from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, choice, parse_layers
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class Steering(Handle):
             upstream) at these layers at every forward; `traced` returns them with ``reads``.
         window: ``(a, b)``: steer only generated tokens a <= i < b (i = 0 is the first generated
             token, at column ``prompt_length``); see `cells`.
-        condition: fire only where a probe reads past a threshold (`valueprobe.steering.condition`).
+        condition: fire only where a probe reads past a threshold (`valueprobe.steering.hook.condition`).
     """
 
     def __init__(
@@ -357,11 +357,11 @@ def steer(
         positions: ``all`` (the paper's choice), ``prompt`` or ``generated`` (columns at or past
             ``prompt_length``, the padded prompt width of the batch).
         window: ``(a, b)``: only generated tokens a <= i < b (i = 0 at column ``prompt_length``).
-        condition: fire only where a probe reads past a threshold (`valueprobe.steering.condition`).
+        condition: fire only where a probe reads past a threshold (`valueprobe.steering.hook.condition`).
         unit: ``sigma`` (default), ``norm`` (% of mean residual norm) or ``raw``.
         direction: steer along another vector with the axis's statistics (random controls).
         trace: keep the σ-score of the residual before the addition at each forward.
-        op: the operator (`valueprobe.steering.operators`): ``add`` (default), ``ablate``, ``set``,
+        op: the operator (`valueprobe.steering.hook.operators`): ``add`` (default), ``ablate``, ``set``,
             ``clamp``, ``add-norm``, or an `Operator` with its bounds or target.
 
     >>> with steer(lm, axis, torch.tensor([-2.0, 0.0, 2.0]), positions="generated", prompt_length=ids.shape[1]):

@@ -2,7 +2,7 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_code.jsonl --out runs/steer-code
 
->>> from valueprobe.steering.behaviour import text_metrics
+>>> from valueprobe.steering.experiment.behaviour import text_metrics
 >>> text_metrics("Yes, it will be correct.")["yes"]
 1.0
 >>> text_metrics("def f(x: int) -> int:\\n    return x  # same")["code_hints"]

@@ -7,7 +7,7 @@
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
 
 Per cell, with v̂ the steered unit direction, p = h·v̂, u the size of one unit of α (σ, 1 % of
-the mean residual norm, or 1, times the axis's ``scale``: `valueprobe.steering.handle.check_unit`),
+the mean residual norm, or 1, times the axis's ``scale``: `valueprobe.steering.hook.handle.check_unit`),
 and μ, σ the axis's mean and standard deviation of p at the steered layer (its reference set, so
 the σ-score is (p − μ)/σ, as `valueprobe.probe.axis.ValueAxis.score` reads it):
 
@@ -45,7 +45,7 @@ OPS: tuple[str, ...] = tuple(o.value for o in Op)
 
 
 class Target(Protocol):
-    """What an operator needs of a steered point (`valueprobe.steering.handle.SteerPoint` is one)."""
+    """What an operator needs of a steered point (`valueprobe.steering.hook.handle.SteerPoint` is one)."""
 
     @property
     def direction(self) -> Float[Tensor, " d_model"]: ...  # unit vector, float32

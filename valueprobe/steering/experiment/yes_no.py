@@ -1,7 +1,7 @@
 """P(yes) under steering: how a steered model answers a yes/no question, read from one forward
-pass at the first answer token (no sampling). `valueprobe.steering.sweep` tables it as ``p_yes``.
+pass at the first answer token (no sampling). `valueprobe.steering.experiment.sweep` tables it as ``p_yes``.
 
-    >>> from valueprobe.steering.yes_no import p_yes
+    >>> from valueprobe.steering.experiment.yes_no import p_yes
     >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])   # one (prompt, α) per row
     array([0.31, 0.46])
 """
@@ -18,9 +18,9 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.handle import steer
-from valueprobe.steering.operators import Operator
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.operators import Operator
 from valueprobe.vocab import HookSite, Unit
 
 __all__ = ["answer_tokens", "p_yes"]
@@ -64,7 +64,7 @@ def p_yes(
     Args:
         prompts: one prompt per row (chats get the assistant turn opened).
         alphas: one strength per row, in ``unit``.
-        layer, direction, op, site: as in `valueprobe.steering.handle.steer` (default: ``add`` along the
+        layer, direction, op, site: as in `valueprobe.steering.hook.handle.steer` (default: ``add`` along the
             axis at its best layer).
 
     >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])

@@ -35,8 +35,8 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Step
-from valueprobe.steering.generation import Generation, Prompt, generate
-from valueprobe.steering.handle import AlphaSource, SteerPoint
+from valueprobe.steering.decode.generation import Generation, Prompt, generate
+from valueprobe.steering.hook.handle import AlphaSource, SteerPoint
 from valueprobe.vocab import LayerSpec, Unit, parse_layers
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def control(
     """Generate with α set per token by ``pid``; each `Generation` carries the α and value traces.
 
     Args:
-        lm, axis, prompts: as in `valueprobe.steering.generation.generate`.
+        lm, axis, prompts: as in `valueprobe.steering.decode.generation.generate`.
         pid: target in σ, gains and the cap on |α| (σ units).
         layer: the steered (and read) layer; default the axis's best layer.
         read_layers: other layers to trace.

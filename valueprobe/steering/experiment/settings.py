@@ -1,5 +1,5 @@
 """What defines a steering sweep: ``settings.json`` of ``valueprobe steer --out``, and the
-``settings`` of its summary (`valueprobe.steering.dose.SteerSweep`).
+``settings`` of its summary (`valueprobe.steering.experiment.dose.SteerSweep`).
 
     valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_confidence.jsonl --out runs/steer
 
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from valueprobe.files import record_from_dict
-from valueprobe.steering.operators import Operator
+from valueprobe.steering.hook.operators import Operator
 from valueprobe.vocab import Op, choice
 
 __all__ = ["DEFAULT_METRICS", "SweepSettings"]
@@ -43,7 +43,7 @@ class SweepSettings:
     chunk_prompts: int = 8
     metrics: tuple[str, ...] = DEFAULT_METRICS
     limit: int | None = None  # only the first ``limit`` prompts of the file
-    op: str = "add"  # the operator (`valueprobe.steering.operators`) and its settings in σ
+    op: str = "add"  # the operator (`valueprobe.steering.hook.operators`) and its settings in σ
     lo: float | None = None
     hi: float | None = None
     target: float | None = None

@@ -9,7 +9,7 @@ way) plus ``part.json`` (shard, the steered model's fingerprint, the steered dir
 the bootstrap size for the summary). Shard I takes a contiguous run of whole blocks of
 ``chunk_prompts`` prompts (:meth:`ShardSpec.examples`), keeping each block's global index, and a
 block's sampling seed depends only on (seed, block index) and each row's on (block seed, prompt,
-sample) (`valueprobe.steering.sampling.row_seed`): a row draws the same random numbers, so gives
+sample) (`valueprobe.steering.decode.sampling.row_seed`): a row draws the same random numbers, so gives
 the same tokens, whichever shard and batch run it. The merge puts the rows in the order one
 process writes them (direction, then prompt, sample and α) and writes the summary one process
 writes; a part has no summary, since the dose slopes need every prompt.
@@ -28,8 +28,8 @@ from valueprobe.files import atomic_write_dir, atomic_write_text
 from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.dose import SteerSweep, SweepRow
-from valueprobe.steering.sweep import (
+from valueprobe.steering.experiment.dose import SteerSweep, SweepRow
+from valueprobe.steering.experiment.sweep import (
     GENERATIONS,
     PART,
     SETTINGS,
@@ -116,7 +116,7 @@ def run_sweep_part(
 ) -> int:
     """Run (or resume) shard ``shard`` of the sweep into ``out``; the rows it holds when done.
 
-    Arguments as `valueprobe.steering.sweep.run_sweep`; :func:`merge_sweeps` joins the N parts.
+    Arguments as `valueprobe.steering.experiment.sweep.run_sweep`; :func:`merge_sweeps` joins the N parts.
     """
     out = Path(out)
     check_settings(settings, axis, out, examples, part=True)
