@@ -1,21 +1,23 @@
 """A whole steering sweep as batched generation: prompts × samples × strengths, one row each.
 
-    >>> gens = generate(lm, axis, ["Is 7 prime?", "Write a haiku."], alphas=[-2, 0, 2], samples=2,
-    ...                 max_new_tokens=48, temperature=0.7, seed=0)
+    >>> gens = generate(lm, axis, ["Is 7 prime?", "Write a haiku."], alphas=[-2, 0, 2],
+    ...                 decoding=Decoding(samples=2, max_new_tokens=48, temperature=0.7))
     >>> gens[0].to_dict()      # {"prompt": 0, "sample": 0, "alpha": -2.0, "seed": ..., "text": ...}
 
-Every row carries its own α (`valueprobe.steering.hook.handle.Steering`), rows are left padded and run in chunks
-of ``batch_size``, each chunk one `valueprobe.hooks.decode.Decode` handed to the route's ``generate``
-(plain hooks, or nnsight for NDIF): this module never asks which route it has. Sampling uses common random numbers (`valueprobe.steering.decode.sampling`): the seed of a row
-depends only on (seed, prompt, sample), so every strength and direction of one (prompt, sample)
-draws the same uniforms, and a row draws the same numbers whatever chunk it lands in.
+What is steered is one `valueprobe.steering.hook.spec.SteeringSpec` (an axis means every default);
+α is the per-row part. Rows are left padded and run in chunks of ``batch_size``, each chunk one
+`valueprobe.hooks.decode.Decode` carrying one `valueprobe.steering.hook.handle.Steering` (the
+spec and the chunk's α), handed to the route's ``generate`` (plain hooks, or nnsight for NDIF):
+this module never asks which route it has. Sampling uses common random numbers
+(`valueprobe.steering.decode.sampling`): the seed of a row depends only on (seed, prompt,
+sample), so every strength and direction of one (prompt, sample) draws the same uniforms, and a
+row draws the same numbers whatever chunk it lands in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,24 +28,14 @@ from transformers import GenerationConfig, LogitsProcessorList
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
-from valueprobe.hooks.route import Decode, Point, Route, route
-from valueprobe.steering.decode.sampling import RowSampler, row_seed
-from valueprobe.steering.hook.condition import Condition
-from valueprobe.steering.hook.handle import (
-    AlphaSource,
-    Attach,
-    Steering,
-    SteerPoint,
-    Where,
-    check_phase,
-    steer_plan,
-)
-from valueprobe.steering.hook.operators import Operator, as_operator
-from valueprobe.vocab import Backend, HookSite, LayerSpec, Site, Unit
+from valueprobe.hooks.route import Decode, Point, Route, route_for
+from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
+from valueprobe.steering.hook.handle import AlphaSource, Specified, Steering
+from valueprobe.steering.hook.spec import SteeringSpec, as_spec
+from valueprobe.vocab import HookSite, RouteName
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["Generation", "Trace", "encode_prompts", "generate"]
 
@@ -137,29 +129,23 @@ class _Row:
 
 
 @dataclass(frozen=True)
-class _Settings:
+class _Run:
     """What every chunk of one `generate` call shares."""
 
     config: GenerationConfig
-    temperature: float
-    top_p: float
-    unit: Unit
-    where: Where
-    direction_name: str
+    decoding: Decoding
+    spec: SteeringSpec
     read_layers: Sequence[int]
     trace: bool
-    op: Operator
-    window: tuple[int, int] | None
-    condition: Condition | None
 
 
 def _check_sizes(
-    prompts: Sequence[Prompt], alphas: Sequence[float], *, max_new_tokens: int, samples: int, batch_size: int
+    prompts: Sequence[Prompt], alphas: Sequence[float], decoding: Decoding, batch_size: int
 ) -> None:
-    if max_new_tokens < 1:
-        raise ValueprobeError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if samples < 1 or batch_size < 1:
-        raise ValueprobeError(f"samples and batch_size must be >= 1, got {samples} and {batch_size}")
+    if decoding.max_new_tokens < 1:
+        raise ValueprobeError(f"max_new_tokens must be >= 1, got {decoding.max_new_tokens}")
+    if decoding.samples < 1 or batch_size < 1:
+        raise ValueprobeError(f"samples and batch_size must be >= 1, got {decoding.samples} and {batch_size}")
     if not prompts:
         raise ValueprobeError("no prompts to generate from")
     if not alphas:
@@ -199,90 +185,61 @@ def _point_name(p: Point) -> str:
 
 def generate(
     lm: LoadedModel,
-    axis: ValueAxis | Sequence[ValueAxis],
+    spec: Specified,
     prompts: Sequence[Prompt],
     *,
     alphas: Sequence[float] = (0.0,),
-    samples: int = 1,
-    seed: int = 0,
-    max_new_tokens: int = 48,
-    min_new_tokens: int = 0,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    unit: Unit | str = Unit.sigma,
-    layers: LayerSpec = None,
-    site: HookSite | Site | str | None = None,
-    positions: Where = "all",
-    direction: Tensor | None = None,
-    direction_name: str = "axis",
-    read_layers: Sequence[int] = (),
+    decoding: Decoding = Decoding(),
     trace: bool = False,
+    read_layers: Sequence[int] = (),
     batch_size: int = 32,
-    backend: Backend | str = Backend.hooks,
+    route: RouteName | str = RouteName.hooks,
     source: Callable[[int], AlphaSource] | None = None,
     progress: bool = True,
-    op: Operator | str | None = None,
-    window: tuple[int, int] | None = None,
-    condition: Condition | None = None,
 ) -> list[Generation]:
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
     Args:
-        lm: the loaded model; axis: the axis to steer along (``-axis`` flips it), or several, each
-            with its own strength (``[2 * a, -b]``; `valueprobe.steering.hook.handle.steer_plan`).
+        lm: the loaded model.
+        spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`); an axis (``-axis``
+            flips it) or a list of axes means every default. An operator but ``add``, a site off
+            the residual stream, a window or a condition run on the hooks route only.
         prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
-        alphas: strengths in ``unit``; samples: samples per (prompt, α).
-        seed: base seed; row seeds are `valueprobe.steering.decode.sampling.row_seed(seed, prompt, sample)`.
-        max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (benchmarks: fixed length).
-        greedy: argmax decoding (then samples are identical).
-        temperature, top_p: sampling settings.
-        unit, layers, site, positions, direction, op, window, condition: as in
-            `valueprobe.steering.hook.handle.steer`; an ``op`` but ``add``, a site off the residual
-            stream, a window or a condition run on the hooks route only.
-        direction_name: recorded in each `Generation` (e.g. ``"random-3"``).
-        read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
+        alphas: strengths in the spec's unit, one row each per (prompt, sample).
+        decoding: samples, seed, lengths, greedy or temperature and top-p
+            (`valueprobe.steering.decode.sampling.Decoding`); row seeds are ``row_seed(seed, prompt, sample)``.
         trace: return a per-token `Trace` with each row.
+        read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
         batch_size: rows per ``generate`` call (memory grows with it, time falls).
-        backend: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
+        route: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
             ``nnsight`` (open loop only, no trace: the NDIF route).
-        source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count, returns the
-            hook's α source. Hooks route only.
+        source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count,
+            returns the hook's α source. Hooks route only.
 
-    >>> gens = generate(lm, axis, prompts, alphas=[-50, 0, 50], unit="norm", greedy=True)
+    Each `Generation` records the spec's unit, operator and ``direction_name`` (default ``axis``).
+
+    >>> gens = generate(lm, SteeringSpec(axis, unit="norm"), prompts, alphas=[-50, 0, 50],
+    ...                 decoding=Decoding(greedy=True))
     """
-    _check_sizes(prompts, alphas, max_new_tokens=max_new_tokens, samples=samples, batch_size=batch_size)
-    impl = route(backend)
-    check_phase(positions, window, 0)
-    first, points = steer_plan(lm, axis, layers=layers, site=site, unit=unit, direction=direction, op=op)
+    spec = as_spec(spec)
+    _check_sizes(prompts, alphas, decoding, batch_size)
+    impl = route_for(route)
+    spec.points(lm)  # every check of the spec against the model, before any work
     encoded = encode_prompts(lm, prompts)
-    rows = _rows(len(prompts), samples, alphas, seed=seed, greedy=greedy)
-    run = _Settings(
-        config=_config(lm, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens),
-        temperature=temperature,
-        top_p=top_p,
-        unit=Unit(unit),
-        where=positions,
-        direction_name=direction_name,
-        read_layers=read_layers,
-        trace=trace,
-        op=as_operator(op),
-        window=window,
-        condition=condition,
-    )
+    rows = _rows(len(prompts), decoding.samples, alphas, seed=decoding.seed, greedy=decoding.greedy)
+    config = _config(lm, max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens)
+    run = _Run(config=config, decoding=decoding, spec=spec, read_layers=read_layers, trace=trace)
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
             alpha_source = None if source is None else source(len(chunk))
-            out.extend(_run_chunk(impl, lm, first, points, chunk, encoded, run, alpha_source))
+            out.extend(_run_chunk(impl, lm, chunk, encoded, run, alpha_source))
             bar.update(len(chunk))
     return out
 
 
-def _reads(steering: Steering | None) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
-    """A chunk's traces by point name, and the α applied; none when the route ran the steering as data."""
-    if steering is None:
-        return {}, []
+def _reads(steering: Steering) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+    """A chunk's traces by point name, and the α applied."""
     values, applied = steering.traced()
     return {_point_name(p): v for p, v in values.items()}, applied
 
@@ -290,11 +247,9 @@ def _reads(steering: Steering | None) -> tuple[dict[str, list[Tensor]], list[Ten
 def _run_chunk(
     impl: Route,
     lm: LoadedModel,
-    axis: ValueAxis,
-    plan: Sequence[SteerPoint],
     chunk: list[_Row],
     encoded: list[list[int]],
-    run: _Settings,
+    run: _Run,
     source: AlphaSource | None,
 ) -> list[Generation]:
     """Left pad the chunk, hand it to the route as one `Decode`, and read each row back."""
@@ -302,69 +257,23 @@ def _run_chunk(
     processors = LogitsProcessorList()
     if chunk[0].seed is not None:
         seeds = [int(r.seed or 0) for r in chunk]
-        processors.append(RowSampler(seeds, temperature=run.temperature, top_p=run.top_p))
-    alpha = torch.tensor([r.alpha for r in chunk])
-    hooks = Attach(
-        partial(
-            Steering,
-            lm,
-            axis,
-            plan,
-            alpha=alpha,
-            where=run.where,
-            prompt_length=ids.shape[1],
-            trace=run.trace,
-            source=source,
-            read_layers=run.read_layers,
-            op=run.op,
-            window=run.window,
-            condition=run.condition,
-        )
-    )
-    live = run.trace or bool(run.read_layers) or source is not None
-    decode = Decode(
+        processors.append(RowSampler(seeds, temperature=run.decoding.temperature, top_p=run.decoding.top_p))
+    steering = Steering(
         lm,
-        ids,
-        mask,
-        config=run.config,
-        processors=processors,
-        additions=plan,
-        alpha=alpha,
-        where=run.where,
-        hooks=hooks,
-        live=live,
-        beyond=_beyond(run, plan),
+        run.spec,
+        torch.tensor([r.alpha for r in chunk]),
+        prompt_length=ids.shape[1],
+        trace=run.trace,
+        source=source,
+        read_layers=run.read_layers,
     )
-    seqs = impl.generate(decode)
-    reads, applied = _reads(hooks.handle) if run.trace else (None, [])
-    steered = _point_name(plan[0].point)
+    seqs = impl.generate(Decode(lm, ids, mask, config=run.config, processors=processors, steering=steering))
+    reads, applied = _reads(steering) if run.trace else (None, [])
+    steered = _point_name(steering.points[0].point)
     return [
-        _row_result(
-            lm,
-            i,
-            r,
-            seqs[i].cpu(),
-            ids.shape[1],
-            mask[i],
-            run,
-            reads,
-            applied,
-            steered,
-        )
+        _row_result(lm, i, r, seqs[i].cpu(), ids.shape[1], mask[i], run, reads, applied, steered)
         for i, r in enumerate(chunk)
     ]
-
-
-def _beyond(run: _Settings, plan: Sequence[SteerPoint]) -> str:
-    """What the chunk's hooks steer beyond the additions a data-only route takes (empty: nothing)."""
-    sites = {str(t.point.site) for t in plan} - {Site.resid_pre.value, Site.resid_post.value}
-    why = [
-        *([f"--op {run.op.op.value}"] if run.op.op != "add" else []),
-        *[f"site {s}" for s in sorted(sites)],
-        *(["a window of generated tokens"] if run.window is not None else []),
-        *(["a condition"] if run.condition is not None else []),
-    ]
-    return " with ".join(why)
 
 
 def _row_result(
@@ -374,7 +283,7 @@ def _row_result(
     seq: Tensor,
     width: int,
     prompt_mask: Tensor,
-    run: _Settings,
+    run: _Run,
     reads: dict[str, list[Tensor]] | None,
     applied: list[Tensor],
     steered: str,
@@ -405,12 +314,12 @@ def _row_result(
         prompt=row.prompt,
         sample=row.sample,
         alpha=row.alpha,
-        unit=run.unit.value,
-        direction=run.direction_name,
+        unit=run.spec.unit.value,
+        direction=run.spec.name(),
         seed=row.seed,
         text=text,
         token_ids=tuple(kept),
         finished=finished,
         trace=trace,
-        op=run.op.describe(),
+        op=run.spec.op.describe(),
     )

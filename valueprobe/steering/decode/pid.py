@@ -1,6 +1,7 @@
 """Closed-loop steering: a PID sets α at every generated token so the value tracks a target in σ.
 
-    >>> gens = control(lm, axis, ["Tell me about your day."], PID(target=2.0, cap=4.0), max_new_tokens=40)
+    >>> gens = control(lm, axis, ["Tell me about your day."], PID(target=2.0, cap=4.0),
+    ...                decoding=Decoding(max_new_tokens=40))
     >>> gens[0].trace.alpha[-5:], gens[0].trace.values["resid_post[18] after"][-5:]
 
 At each generated token the hook on the steered block reads y, the token's σ-score *before* the
@@ -36,8 +37,10 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Step
 from valueprobe.steering.decode.generation import Generation, Prompt, generate
-from valueprobe.steering.hook.handle import AlphaSource, SteerPoint
-from valueprobe.vocab import LayerSpec, Unit, parse_layers
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.handle import AlphaSource, Specified
+from valueprobe.steering.hook.spec import SteerPoint, as_spec
+from valueprobe.vocab import LayerSpec, Op, Unit, parse_layers
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -94,17 +97,11 @@ class _Loop:
 
 def control(
     lm: LoadedModel,
-    axis: ValueAxis,
+    spec: Specified,
     prompts: Sequence[Prompt],
     pid: PID,
     *,
-    layer: int | None = None,
-    samples: int = 1,
-    seed: int = 0,
-    max_new_tokens: int = 48,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
+    decoding: Decoding = Decoding(),
     read_layers: LayerSpec = (),
     batch_size: int = 32,
     progress: bool = True,
@@ -112,36 +109,32 @@ def control(
     """Generate with α set per token by ``pid``; each `Generation` carries the α and value traces.
 
     Args:
-        lm, axis, prompts: as in `valueprobe.steering.decode.generation.generate`.
+        lm, prompts, decoding, batch_size: as in `valueprobe.steering.decode.generation.generate`.
+        spec: the steered (and read) layer, one, default the axis's best (an axis means that);
+            the PID adds along it, in σ, on generated tokens.
         pid: target in σ, gains and the cap on |α| (σ units).
-        layer: the steered (and read) layer; default the axis's best layer.
         read_layers: other layers to trace.
-        samples, seed, max_new_tokens, greedy, temperature, top_p, batch_size: as in ``generate``.
 
     Returns:
         one `Generation` per (prompt, sample), ``alpha`` = the target; ``trace.values`` holds the
         score before (``"resid_post[L]"``) and after (``"resid_post[L] after"``) the addition.
     """
+    spec = replace(as_spec(spec), unit=Unit.sigma, positions="generated", direction_name="axis (pid)")
+    if spec.op.op != Op.add or len(spec.steered_layers(lm.n_layers)) != 1:
+        raise ValueprobeError(
+            "the PID adds along the axis at one layer: give a spec with op add and one layer"
+        )
+    axis = spec.first_axis()
     reads = [] if not read_layers else parse_layers(read_layers, n_layers=lm.n_layers)
-    layers = [axis.best_layer if layer is None else layer]
     gens = generate(
         lm,
-        axis,
+        spec,
         prompts,
         alphas=[pid.target],
-        samples=samples,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        greedy=greedy,
-        temperature=temperature,
-        top_p=top_p,
-        unit=Unit.sigma,
-        layers=layers,
-        positions="generated",
+        decoding=decoding,
         read_layers=reads,
         trace=True,
         batch_size=batch_size,
-        direction_name="axis (pid)",
         source=lambda rows: _source(pid, axis, rows),
         progress=progress,
     )

@@ -1,20 +1,19 @@
-"""One request per row: each row of a batched, steered ``generate`` has its own α, unit, positions,
-sampling and length, and every step is reported as it ends (``valueprobe serve --engine hf``).
+"""One request per row: each row of a batched, steered ``generate`` has its own α, sampling and
+length, and every step is reported as it ends (``valueprobe serve --engine hf``).
 
-    >>> rows = [RowSpec(ids, alpha=a, max_new_tokens=20) for a in (-2.0, 0.0, 2.0)]
-    >>> outs = generate_rows(lm, axis, rows, layer=axis.best_layer, value_layer=axis.best_layer)
+    >>> rows = [RowSpec(ids, max_new_tokens=20) for _ in range(3)]
+    >>> outs = generate_rows(lm, SteeringSpec(axis, read_layer=14), rows, alphas=[-2.0, 0.0, 2.0])
     >>> outs[2].token_ids, outs[2].values          # the +2σ row's tokens and per-token σ-scores
 
-Where `valueprobe.steering.decode.generation.generate` runs a sweep (prompts × strengths, one unit, one
-phase, one sampler), this runs whatever rows arrived together. The steering is one `Steering`
-handle on the route's own ``generate``; its α comes from an `AlphaSource` that lays each row's
-strength on that row's phase, so rows with α = 0 are passed through bit for bit and rows never
-see each other's steering. Units are folded into α (σ and % norm are both multiples of the
-axis's raw unit), so rows of different units share one batch.
+Where `valueprobe.steering.decode.generation.generate` runs a sweep (prompts × strengths, one
+sampler), this runs whatever rows arrived together. The rows share one `SteeringSpec` (serving
+batches requests by their spec) and each has its own α, the spec's only per-row part: one
+`Steering` handle on the route's own ``generate``, so rows with α = 0 are passed through bit for
+bit and rows never see each other's steering.
 
-A token's value is the σ-score at ``value_layer`` (the axis's site) in the forward that produced
-the token, read in that forward: at the steered point before the addition (the handle's trace),
-elsewhere after any steering upstream (a recording at that point).
+A token's value is the σ-score at the spec's read layer (the first axis's site) in the forward
+that produced the token, read in that forward: at the first steered point before the addition
+(the handle's trace), elsewhere after any steering upstream (a recording at that point).
 """
 
 from __future__ import annotations
@@ -22,23 +21,21 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Literal
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
-from valueprobe.hooks.route import Decode, Point, Recording, Step, record, route
+from valueprobe.hooks.route import Decode, Point, Recording, record, route_for
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import _config
 from valueprobe.steering.decode.sampling import RowSampler
-from valueprobe.steering.hook.handle import Attach, Steering, SteerPoint, Where, check_unit, steer_points
-from valueprobe.vocab import Backend, Unit
+from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.spec import as_spec
+from valueprobe.vocab import RouteName
 
 __all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
 
@@ -47,19 +44,16 @@ Finish = Literal["stop", "length"]
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One row: its prompt's token ids and everything that may differ from its neighbours.
+    """How one row is decoded: its prompt's token ids and its sampling and length (its α is given
+    beside it, `generate_rows`).
 
     Attributes:
         ids: the prompt, tokenized (`valueprobe.steering.decode.generation.encode_prompts`).
-        alpha: strength in ``unit`` (0: the row is untouched); positions: its phase.
         max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
         ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).
     """
 
     ids: tuple[int, ...]
-    alpha: float = 0.0
-    unit: Unit | str = Unit.sigma
-    positions: Where = "all"
     max_new_tokens: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
@@ -88,28 +82,6 @@ class RowOutput:
 # Called after every step with the step index and one RowStep per row (None for a row already
 # done); returns the rows to cancel (a client that left): they stop at once, the others go on.
 OnStep = Callable[[int, list[RowStep | None]], Collection[int]]
-
-
-def _raw_alpha(axis: ValueAxis, layer: int, row: RowSpec) -> float:
-    """The row's α in the axis's raw unit, so rows of any unit share one hook."""
-    return float(row.alpha) * check_unit(axis, layer, row.unit) / check_unit(axis, layer, Unit.raw)
-
-
-class _PerRowAlpha:
-    """An `AlphaSource`: each row's strength on its own phase (prompt, generated or all columns)."""
-
-    def __init__(self, alphas: Tensor, positions: Sequence[Where], prompt_length: int) -> None:
-        self.alphas = alphas
-        self.prompt = torch.tensor([p in ("prompt", "all") for p in positions])
-        self.generated = torch.tensor([p in ("generated", "all") for p in positions])
-        self.prompt_length = prompt_length
-
-    def __call__(
-        self, target: SteerPoint, h: Tensor, step: Step, cells: Tensor
-    ) -> Float[Tensor, "batch new"]:
-        generated = (step.columns() - self.prompt_length >= 0).cpu()[None, :]  # [1, new]
-        phase = torch.where(generated, self.generated[:, None], self.prompt[:, None])
-        return self.alphas[:, None] * phase
 
 
 class _RowSampling:
@@ -180,87 +152,72 @@ class _Steps(StoppingCriteria):
         return torch.tensor(self.done, device=input_ids.device)  # type: ignore[return-value]
 
 
-def _read(handle: Steering | None, read: Callable[[Steering], Tensor]) -> Tensor:
-    assert handle is not None, "the route attaches the steering before the first step"
-    return read(handle)
-
-
 def _value_reader(
-    lm: LoadedModel, axis: ValueAxis, layer: int, value_layer: int
-) -> tuple[Recording | None, Callable[[Steering], Tensor]]:
-    """Where the per-token value comes from: the steering handle's own trace at the steered point
-    (before its addition), or a recording of the σ-score at another layer."""
-    if value_layer == layer:
-        return None, lambda handle: handle.reads[handle.points[0].point][-1][:, -1]
+    lm: LoadedModel, steering: Steering, value_layer: int
+) -> tuple[Recording | None, Callable[[], Tensor]]:
+    """Where the per-token value comes from: the steering handle's own trace at the first steered
+    point (before its addition), or a recording of the σ-score at another layer."""
+    first = steering.points[0]
+    if value_layer == first.layer:
+        return None, lambda: steering.reads[first.point][-1][:, -1]
+    axis = steering.axis
     point = Point(value_layer, axis.site)
     rec = record(lm, [point], reduce=lambda h: torch.as_tensor(axis.score(h.float(), value_layer)).cpu())
-    return rec, lambda handle: rec[point][:, -1]
+    return rec, lambda: rec[point][:, -1]
 
 
 def generate_rows(
     lm: LoadedModel,
-    axis: ValueAxis,
+    spec: Specified,
     rows: Sequence[RowSpec],
+    alphas: Sequence[float],
     *,
-    layer: int,
-    value_layer: int,
     on_step: OnStep | None = None,
-    backend: Backend | str = Backend.hooks,
+    route: RouteName | str = RouteName.hooks,
 ) -> list[RowOutput]:
     """Run every row in one batch; report each step through ``on_step``; return each row's run.
 
     Args:
-        lm: the loaded model; axis: the probe's axis (steered along, and read).
-        rows: one `RowSpec` per request, in any mix of α, unit, positions, sampling and length.
-        layer: the steered block (one the axis has); value_layer: the block the value is read at.
+        lm: the loaded model.
+        spec: what the batch steers, and where values are read (``read_layer``: default the
+            first steered layer, a layer the axis has).
+        rows: one `RowSpec` per request, in any mix of sampling and length.
+        alphas: one strength per row, in the spec's unit (0: the row is untouched).
         on_step: called after every step (see `OnStep`); it may cancel rows.
-        backend: the route; only ``hooks`` runs Python at every step.
+        route: the route; only ``hooks`` runs Python at every step.
     """
+    spec = as_spec(spec)
     if not rows:
         raise ValueprobeError("no rows to generate")
-    if value_layer not in axis.layers:
+    if len(alphas) != len(rows):
+        raise ValueprobeError(f"{len(rows)} rows but {len(alphas)} strengths: give one α per row")
+    value_layer = spec.read_at(lm.n_layers)
+    if value_layer not in spec.first_axis().layers:
         raise ValueprobeError(
-            f"the axis has no layer {value_layer}: pick one of its layers {list(axis.layers)}"
+            f"the axis has no layer {value_layer}: pick one of its layers {list(spec.first_axis().layers)}"
         )
-    plan = steer_points(lm, axis, layers=[layer], unit=Unit.raw)
-    alphas = torch.tensor([_raw_alpha(axis, layer, r) for r in rows], dtype=torch.float32)
     config = _config(lm, max_new_tokens=max(r.max_new_tokens for r in rows), min_new_tokens=0)
     # EOS ends each row in _Steps, as the row asks: generate gets an empty EOS list, since None
     # would be filled in from the model's own generation config and stop every row at EOS
     eos, config.eos_token_id = config.eos_token_id, []
     ids, mask = pad_rows([list(r.ids) for r in rows], pad_id=config.pad_token_id, side="left")
     width = ids.shape[1]
-    source = _PerRowAlpha(alphas, [r.positions for r in rows], width)
-    hooks = Attach(
-        partial(
-            Steering,
-            lm,
-            axis,
-            plan,
-            alpha=torch.zeros(len(rows)),
-            where="all",
-            prompt_length=width,
-            trace=value_layer == layer,
-            source=source,
-        )
-    )
-    recording, read = _value_reader(lm, axis, layer, value_layer)
-    steps = _Steps(rows, width, eos, lambda: _read(hooks.handle, read), on_step or (lambda k, s: ()))
+    alpha = torch.tensor([float(a) for a in alphas], dtype=torch.float32)
+    first_layer = spec.steered_layers(lm.n_layers)[0]
+    steering = Steering(lm, spec, alpha, prompt_length=width, trace=value_layer == first_layer)
+    recording, read = _value_reader(lm, steering, value_layer)
+    steps = _Steps(rows, width, eos, read, on_step or (lambda k, s: ()))
     decode = Decode(
         lm,
         ids,
         mask,
         config=config,
         processors=LogitsProcessorList([_RowSampling(rows)]),
-        additions=plan,
-        alpha=alphas,
-        where="all",
-        hooks=hooks,
-        live=True,
+        steering=steering,
         stopping=StoppingCriteriaList([steps]),
     )
     try:
-        route(backend).generate(decode)
+        route_for(route).generate(decode)
     finally:
         if recording is not None:
             recording.remove()

@@ -9,12 +9,16 @@ depend on which rows share its batch or chunk. It hands ``generate`` a one-hot s
 
     >>> sampler = RowSampler([row_seed(0, p, s) for p, s in rows], temperature=0.8, top_p=0.95)
     >>> lm.model.generate(ids, attention_mask=mask, do_sample=False, logits_processor=[sampler])
+
+`Decoding` is how a call draws its tokens (samples, seed, lengths, greedy or temperature and
+top-p): ``vp.generate``, ``vp.guide`` and the sweep take one.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,7 +27,30 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 
-__all__ = ["RowSampler", "row_seed"]
+__all__ = ["Decoding", "RowSampler", "row_seed"]
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How tokens are drawn.
+
+    Attributes:
+        max_new_tokens: > 0. min_new_tokens: EOS is blocked before this many (fixed-length benchmarks).
+        samples: samples per (prompt, α); seed: the base seed of every row's generator
+            (`row_seed(seed, prompt, sample)`: common random numbers across strengths).
+        greedy: argmax decoding (then samples are identical); temperature > 0 and top_p in (0, 1]
+            shape sampling otherwise.
+
+    >>> vp.generate(lm, axis, prompts, alphas=[-2, 0, 2], decoding=Decoding(greedy=True, max_new_tokens=12))
+    """
+
+    max_new_tokens: int = 48
+    min_new_tokens: int = 0
+    samples: int = 1
+    seed: int = 0
+    greedy: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 def row_seed(seed: int, prompt: int, sample: int) -> int:

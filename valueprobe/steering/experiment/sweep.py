@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +49,7 @@ from valueprobe.steering.experiment.dose import (
 )
 from valueprobe.steering.experiment.settings import DEFAULT_METRICS, SweepSettings
 from valueprobe.steering.experiment.yes_no import p_yes
-from valueprobe.steering.hook.handle import check_unit
-from valueprobe.vocab import HookSite, choice
+from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["SweepSettings", "check_settings", "run_sweep", "start_sweep", "sweep_blocks", "sweep_rows"]
 
@@ -84,7 +84,7 @@ def _model_shape(model: str) -> tuple[int, int] | None:
 
 
 def check_settings(
-    settings: SweepSettings, axis: ValueAxis, out: Path, examples: Sequence[Example], *, part: bool = False
+    settings: SweepSettings, out: Path, examples: Sequence[Example], *, part: bool = False
 ) -> None:
     """Every check that needs no model: run it before loading one (``part``: ``out`` is to hold one
     shard's part, `valueprobe.steering.experiment.sweep_parts`). Raises `ValueprobeError`."""
@@ -92,12 +92,7 @@ def check_settings(
         raise ValueprobeError(f"--max-new-tokens {settings.max_new_tokens} must be at least 1")
     if settings.samples < 1 or settings.controls < 0 or settings.chunk_prompts < 1:
         raise ValueprobeError("--samples and --chunk-prompts must be >= 1 and --random-directions >= 0")
-    layer = axis.best_layer if settings.layer is None else settings.layer
-    check_unit(axis, layer, settings.unit)
-    if settings.site is not None:
-        choice(HookSite, settings.site, what="site (--site)")
-    if settings.operator().needs_sigma:
-        axis.sigma_at(layer)
+    axis = settings.spec.check().first_axis()
     shape = _model_shape(settings.model)
     if shape is not None and (shape[0] != axis.d_model or max(axis.layers) >= shape[1]):
         raise ValueprobeError(
@@ -112,6 +107,11 @@ def check_settings(
                 f"--prompts {settings.prompts}: row {ex.id!r} ends on an assistant message; steering prompts end"
                 " on the user's turn (see data/steer_*.jsonl)"
             )
+    _check_out(settings, out, part=part)
+
+
+def _check_out(settings: SweepSettings, out: Path, *, part: bool) -> None:
+    """``out`` is new, empty, or this very sweep (to resume)."""
     recorded = out / SETTINGS
     if out.exists() and not out.is_dir():
         raise ValueprobeError(f"--out {out} is a file: give a folder")
@@ -174,7 +174,6 @@ def _prompt(ex: Example) -> Sequence[dict[str, str]] | str:
 
 def run_sweep(
     lm: LoadedModel,
-    axis: ValueAxis,
     examples: Sequence[Example],
     out: str | Path,
     settings: SweepSettings,
@@ -189,23 +188,23 @@ def run_sweep(
     """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
 
     Args:
-        lm, axis: the model and the axis (checked against each other).
+        lm: the model (checked against the spec's axis).
         examples: the prompts, in file order (``settings.prompts`` is their path).
-        settings: the sweep's definition (check it with `check_settings` before loading the model).
-        other: the other axis, steered as a control along its direction at the same layer.
+        settings: the sweep's definition, its spec included (check it with `check_settings`
+            before loading the model).
+        other: the other axis, steered as a control along its direction at the first steered layer.
         batch_size: rows per ``generate`` call; n_boot: bootstrap resamples of each slope.
         force: steer a model of another architecture than the probe's (width and layers still checked).
         generator: what generates each block's rows, called as `generate` is (the HF route by
-            default; `valueprobe.engines.vllm_generate.VllmGenerator` for ``--engine vllm``).
+            default; `valueprobe.vllm.generate.VllmGenerator` for ``--engine vllm``).
     """
     out = Path(out)
-    check_settings(settings, axis, out, examples)
-    start_sweep(lm, axis, out, settings, force=force)
+    check_settings(settings, out, examples)
+    start_sweep(lm, out, settings, force=force)
     blocks = sweep_blocks(len(examples), settings.chunk_prompts)
-    directions = sweep_directions(axis, settings, other, sweep_layer(axis, settings))
+    directions = sweep_directions(settings, other, lm.n_layers)
     sweep_rows(
         lm,
-        axis,
         examples,
         out,
         settings,
@@ -218,13 +217,9 @@ def run_sweep(
     return summarise_sweep(out, settings, examples, n_boot=n_boot)
 
 
-def sweep_layer(axis: ValueAxis, settings: SweepSettings) -> int:
-    return axis.best_layer if settings.layer is None else settings.layer
-
-
-def start_sweep(lm: LoadedModel, axis: ValueAxis, out: Path, settings: SweepSettings, *, force: bool) -> None:
+def start_sweep(lm: LoadedModel, out: Path, settings: SweepSettings, *, force: bool) -> None:
     """Check the model against the axis and write ``settings.json`` (the sweep's identity) once."""
-    axis.check(lm, force=force)
+    settings.spec.first_axis().check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
         atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
@@ -245,7 +240,6 @@ def sweep_blocks(n_prompts: int, size: int, prompts: range | None = None) -> lis
 
 def sweep_rows(
     lm: LoadedModel,
-    axis: ValueAxis,
     examples: Sequence[Example],
     out: Path,
     settings: SweepSettings,
@@ -258,7 +252,6 @@ def sweep_rows(
 ) -> None:
     """Generate every row of ``blocks`` along each of ``directions`` not yet in ``generations.jsonl``,
     appending chunk by chunk (direction-major, then block: the file's order), with ``generator``."""
-    layer = sweep_layer(axis, settings)
     path = out / GENERATIONS
     done = {r.key() for r in read_rows(path)}
     chunks = [(d, b, block) for d in directions for b, block in blocks]
@@ -271,20 +264,22 @@ def sweep_rows(
         ]
         if all(k in done for k in keys):
             continue
-        got = _run_block(
-            lm, axis, [examples[p] for p in block], b, name, v, settings, layer, batch_size, generator
-        )
+        spec = replace(settings.spec, direction=v, direction_name=name)
+        got = _run_block(lm, [examples[p] for p in block], b, spec, settings, batch_size, generator)
         rows = [r for r in got if r.key() not in done]
         _append(path, rows)
         done.update(r.key() for r in rows)
 
 
 def sweep_directions(
-    axis: ValueAxis, settings: SweepSettings, other: ValueAxis | None, layer: int
+    settings: SweepSettings, other: ValueAxis | None, n_layers: int
 ) -> list[tuple[str, torch.Tensor | None]]:
-    """The steered directions by name: the axis (None: its own), the other axis, the random controls."""
+    """The steered directions by name: the axis (None: its own), the other axis (its direction at
+    the first steered layer), the random controls."""
+    axis = settings.spec.first_axis()
     directions: list[tuple[str, torch.Tensor | None]] = [(AXIS, None)]
     if other is not None:
+        layer = settings.spec.steered_layers(n_layers)[0]
         directions.append(
             (f"{OTHER_PREFIX}{Path(settings.other_probe or 'other').name}", other.direction(layer))
         )
@@ -295,57 +290,29 @@ def sweep_directions(
 
 def _run_block(
     lm: LoadedModel,
-    axis: ValueAxis,
     block: Sequence[Example],
     b: int,
-    name: str,
-    v: torch.Tensor | None,
+    spec: SteeringSpec,
     settings: SweepSettings,
-    layer: int,
     batch_size: int,
     generator: Callable[..., list[Generation]] = generate,
 ) -> list[SweepRow]:
-    """Every row of one block of prompts (the ``b``-th) along one direction, with its metrics.
+    """Every row of one block of prompts (the ``b``-th) along one direction (``spec``), with its metrics.
 
     The block's seed depends only on (seed, b), so every direction draws the same samples.
     """
     prompts = [_prompt(ex) for ex in block]
     block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
+    decoding = settings.decoding(block_seed)
     gens = generator(
-        lm,
-        axis,
-        prompts,
-        alphas=settings.alphas,
-        samples=settings.samples,
-        seed=block_seed,
-        max_new_tokens=settings.max_new_tokens,
-        greedy=settings.greedy,
-        temperature=settings.temperature,
-        unit=settings.unit,
-        layers=[layer],
-        site=settings.site,
-        direction=v,
-        direction_name=name,
-        batch_size=batch_size,
-        progress=False,
-        op=settings.operator(),
+        lm, spec, prompts, alphas=settings.alphas, decoding=decoding, batch_size=batch_size, progress=False
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:
         pairs = [(p, float(a)) for p in range(len(block)) for a in settings.alphas]
-        got = p_yes(
-            lm,
-            axis,
-            [prompts[p] for p, _ in pairs],
-            [a for _, a in pairs],
-            unit=settings.unit,
-            layer=layer,
-            direction=v,
-            batch_size=batch_size,
-            op=settings.operator(),
-            site=settings.site,
-        )
+        got = p_yes(lm, spec, [prompts[p] for p, _ in pairs], [a for _, a in pairs], batch_size=batch_size)
         pyes = dict(zip(pairs, got.tolist(), strict=True))
+    name = spec.name()
     return [_sweep_row(block[g.prompt], g, name, pyes) for g in gens]
 
 
@@ -373,7 +340,7 @@ def summarise_sweep(
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
     result = summarise(
         read_rows(out / GENERATIONS),
-        unit=settings.unit,
+        unit=settings.spec.unit.value,
         metrics=settings.metrics,
         by_group=by_group,
         n_boot=n_boot,

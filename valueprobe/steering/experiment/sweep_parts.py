@@ -40,7 +40,6 @@ from valueprobe.steering.experiment.sweep import (
     summarise_sweep,
     sweep_blocks,
     sweep_directions,
-    sweep_layer,
     sweep_rows,
 )
 from valueprobe.vocab import ShardSpec, check_split
@@ -102,7 +101,6 @@ def check_part_out(out: Path, shard: ShardSpec) -> None:
 
 def run_sweep_part(
     lm: LoadedModel,
-    axis: ValueAxis,
     examples: Sequence[Example],
     out: str | Path,
     settings: SweepSettings,
@@ -119,24 +117,22 @@ def run_sweep_part(
     Arguments as `valueprobe.steering.experiment.sweep.run_sweep`; :func:`merge_sweeps` joins the N parts.
     """
     out = Path(out)
-    check_settings(settings, axis, out, examples, part=True)
+    check_settings(settings, out, examples, part=True)
     check_part_out(out, shard)
     if (out / PART).is_file() and (had := SweepPart.read(out).fingerprint) != lm.fingerprint:
         raise ValueprobeError(
             f"--out {out} holds rows steered on another model (fingerprint {had}, not {lm.fingerprint}):"
             " give this model a new folder"
         )
-    start_sweep(lm, axis, out, settings, force=force)
-    directions = sweep_directions(axis, settings, other, sweep_layer(axis, settings))
+    start_sweep(lm, out, settings, force=force)
+    directions = sweep_directions(settings, other, lm.n_layers)
     names = tuple(name for name, _ in directions)
     atomic_write_text(
         out / PART, json.dumps(SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1) + "\n"
     )
     size = settings.chunk_prompts
     blocks = sweep_blocks(len(examples), size, shard.examples(len(examples), block=size))
-    sweep_rows(
-        lm, axis, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress
-    )
+    sweep_rows(lm, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress)
     return len(read_rows(out / GENERATIONS))
 
 

@@ -5,7 +5,7 @@
 writes ``trace.html`` (tokens coloured by value, then a line plot; plotly.js inlined) and
 ``trace.csv`` (one row per token). From Python:
 
-    >>> tr = value_trace(lm, axis, "Is 91 prime?", generate_tokens=40, alpha=2.0)
+    >>> tr = value_trace(lm, axis, "Is 91 prime?", generate_tokens=40, alpha=2.0)   # or a SteeringSpec
     >>> write_trace(tr, "runs/trace")
 
 At the steered layer the value is read *before* the addition, so the plot shows what the model
@@ -27,48 +27,43 @@ import plotly.graph_objects as go
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text
 from valueprobe.steering.decode.generation import Prompt, Trace, generate
-from valueprobe.vocab import Unit
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.handle import Specified
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["trace_csv", "trace_figure", "trace_html", "value_trace", "write_trace"]
 
 
 def value_trace(
     lm: LoadedModel,
-    axis: ValueAxis,
+    spec: Specified,
     prompt: Prompt,
     *,
     generate_tokens: int = 0,
     alpha: float = 0.0,
-    unit: Unit | str = Unit.sigma,
-    layer: int | None = None,
     read_layers: Sequence[int] = (),
 ) -> Trace:
     """Per-token σ-scores of ``prompt`` and, with ``generate_tokens > 0``, of a greedy continuation
-    steered by ``alpha`` (0: unsteered) at ``layer`` (default the axis's best layer).
+    steered by ``alpha`` (0: unsteered) as ``spec`` says (default the axis's best layer, in σ).
 
     Args:
-        lm, axis: the model and its axis (checked against each other).
+        lm: the model; spec: what to steer and where the value is read (its first steered
+            layer), `valueprobe.steering.hook.spec.SteeringSpec` or an axis.
         prompt: text, or a chat list rendered with the chat template.
         generate_tokens: new tokens to generate (0: the prompt alone).
-        alpha, unit: the steering strength and its unit (`valueprobe.steering.hook.handle`).
-        layer: the steered and read layer; read_layers: more layers to read.
+        alpha: the steering strength, in the spec's unit.
+        read_layers: more layers to read.
     """
     if generate_tokens < 0:
         raise ValueprobeError(f"generate must be >= 1 new tokens (or omitted), got {generate_tokens}")
-    layers = None if layer is None else [layer]
     (g,) = generate(
         lm,
-        axis,
+        spec,
         [prompt],
         alphas=[alpha],
-        unit=unit,
-        layers=layers,
-        greedy=True,
-        max_new_tokens=max(1, generate_tokens),
+        decoding=Decoding(greedy=True, max_new_tokens=max(1, generate_tokens)),
         trace=True,
         read_layers=read_layers,
         progress=False,

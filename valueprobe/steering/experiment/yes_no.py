@@ -2,7 +2,7 @@
 pass at the first answer token (no sampling). `valueprobe.steering.experiment.sweep` tables it as ``p_yes``.
 
     >>> from valueprobe.steering.experiment.yes_no import p_yes
-    >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])   # one (prompt, α) per row
+    >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])   # one (prompt, α) per row; or a SteeringSpec
     array([0.31, 0.46])
 """
 
@@ -17,11 +17,9 @@ import torch
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import encode_prompts
-from valueprobe.steering.hook.handle import steer
-from valueprobe.steering.hook.operators import Operator
-from valueprobe.vocab import HookSite, Unit
+from valueprobe.steering.hook.handle import Specified, steer
+from valueprobe.steering.hook.spec import as_spec
 
 __all__ = ["answer_tokens", "p_yes"]
 
@@ -45,16 +43,11 @@ def answer_tokens(tokenizer: Any) -> tuple[list[int], list[int]]:
 
 def p_yes(
     lm: LoadedModel,
-    axis: ValueAxis,
+    spec: Specified,
     prompts: Sequence[Sequence[dict[str, str]] | str],
     alphas: Sequence[float],
     *,
-    unit: Unit | str = Unit.sigma,
-    layer: int | None = None,
-    direction: torch.Tensor | None = None,
     batch_size: int = 16,
-    op: Operator | str | None = None,
-    site: HookSite | str | None = None,
 ) -> np.ndarray:
     """P(yes) / (P(yes) + P(no)) at the first answer token, one per (prompt, α) row, steered.
 
@@ -62,30 +55,28 @@ def p_yes(
     " yes", " Yes"; "YES" is two tokens and is left out), see `answer_tokens`.
 
     Args:
+        spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`; an axis: ``add`` along
+            it at its best layer). The forward holds the prompt only, so positions ``generated``
+            or a window steer nothing here.
         prompts: one prompt per row (chats get the assistant turn opened).
-        alphas: one strength per row, in ``unit``.
-        layer, direction, op, site: as in `valueprobe.steering.hook.handle.steer` (default: ``add`` along the
-            axis at its best layer).
+        alphas: one strength per row, in the spec's unit.
 
     >>> p_yes(lm, axis, [chat, chat], [-2.0, 2.0])
     array([0.31, 0.46])
     """
+    spec = as_spec(spec)
     if len(prompts) != len(alphas):
         raise ValueprobeError(f"p_yes: {len(prompts)} prompts but {len(alphas)} strengths")
     yes, no = answer_tokens(lm.tokenizer)
     encoded = encode_prompts(lm, prompts)
     pad = pad_id_for(lm.tokenizer)
     out = np.empty(len(encoded))
-    layers = None if layer is None else [layer]
     for start in range(0, len(encoded), batch_size):
         rows = encoded[start : start + batch_size]
         # right padding: real tokens keep positions 0..n-1 and never see pads
         ids, mask = pad_rows(rows, pad_id=pad, side="right")
         alpha = torch.tensor([float(a) for a in alphas[start : start + batch_size]])
-        with (
-            torch.no_grad(),
-            steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op, site=site),
-        ):
+        with torch.no_grad(), steer(lm, spec, alpha, prompt_length=ids.shape[1]):
             logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
         last = torch.tensor([len(r) - 1 for r in rows])
         probs = torch.softmax(logits[torch.arange(len(rows)), last.to(logits.device)].float(), dim=-1).cpu()

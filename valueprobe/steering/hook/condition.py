@@ -3,7 +3,7 @@
     >>> import valueprobe as vp
     >>> fit = find_threshold(scores, labels)                 # on labelled data: threshold and side by F1
     >>> cond = Condition(fit.threshold, when=fit.when, latch=True)
-    >>> with vp.steer(lm, axis, 2.0, condition=cond):        # from the first token that crosses it on
+    >>> with vp.steer(lm, vp.SteeringSpec(axis, condition=cond), 2.0):   # from the first crossing on
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
 
 The reading is the σ-score (h·v̂ − μ)/σ of the condition's axis (default: the steered axis) at the
@@ -34,10 +34,10 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.probe.axis import ValueAxis
 
 if TYPE_CHECKING:
     from valueprobe.hooks.route import Step
-    from valueprobe.probe.axis import ValueAxis
 
 __all__ = [
     "Condition",
@@ -61,12 +61,14 @@ class Condition:
         when: ``above`` (score > threshold) or ``below`` (score < threshold).
         latch: fire from a row's first crossing on, not only at crossing cells.
         axis: the probe read; default the steered axis (it needs the steered layer and σ there).
+        probe: the folder of ``axis``; with no ``axis``, the axis is read from it when the gate is made.
     """
 
     threshold: float
     when: When = "above"
     latch: bool = False
     axis: ValueAxis | None = None
+    probe: str | None = None  # the folder ``axis`` is read from (the spec's JSON names it)
 
     def __post_init__(self) -> None:
         if self.when not in WHEN:
@@ -76,7 +78,13 @@ class Condition:
 
     def gate(self, steered: ValueAxis, layer: int) -> Gate:
         """The per-run gate at one steered layer (checks the axis has that layer and its σ)."""
-        axis = steered if self.axis is None else self.axis
+        axis = (
+            self.axis
+            if self.axis is not None
+            else steered
+            if self.probe is None
+            else ValueAxis.load(self.probe)
+        )
         if axis.d_model != steered.d_model:
             raise ValueprobeError(
                 f"the condition's axis has d_model {axis.d_model} but the steered axis {steered.d_model}"

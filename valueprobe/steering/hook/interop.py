@@ -4,7 +4,7 @@
     llama-cli -m SmolLM2-135M-Instruct.gguf --control-vector-scaled value.gguf 2   # as steer --alphas 2
     valueprobe import value.gguf --model smollm2-135m --out probes/imported-value
 
-    >>> cv = control_vector(lm, axis, alpha=1.0)           # {block: α·σ·v̂}, keyed as the others key it
+    >>> cv = control_vector(lm, axis, alpha=1.0)           # {block: α·σ·v̂}, keyed as the others key it (or a SteeringSpec)
     >>> write_control_vector(cv, "value.gguf", to="gguf-control-vector")
     >>> axis = import_axis(lm, read_control_vector("value.gguf"))
 
@@ -23,7 +23,7 @@ Conventions, each checked against the other project's own code in ``tests/test_i
 - **Sign.** Positive means value up in all four tools: a positive strength there is a positive α here.
 - **Scale.** The file holds the vector for ``alpha`` (default 1) in ``unit``: σ·scale·v̂ per layer
   for ``sigma``, mean_norm/100·scale·v̂ for ``norm``, scale·v̂ for ``raw`` (the same sizes as
-  `valueprobe.steering.hook.handle.check_unit`). The other tool's strength multiplies it: repeng's
+  `valueprobe.probe.axis.ValueAxis.unit_size`). The other tool's strength multiplies it: repeng's
   ``set_control(vector, coeff)``, llama.cpp's ``--control-vector-scaled FILE s`` and
   steering-vectors' ``apply(model, multiplier=s)`` equal ``vp.steer`` with α = s·alpha.
 - **Positions.** All three add at every position, prompt included: valueprobe's
@@ -65,8 +65,9 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.hook.handle import steer_points
-from valueprobe.vocab import LayerSpec, Site, Unit, layer_ranges
+from valueprobe.steering.hook.handle import Specified
+from valueprobe.steering.hook.spec import as_spec
+from valueprobe.vocab import HookSite, Op, Site, layer_ranges
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -112,32 +113,40 @@ def model_type(lm: LoadedModel) -> str:
     return str(getattr(lm.model.config, "model_type", "") or "unknown")
 
 
-def control_vector(
-    lm: LoadedModel,
-    axis: ValueAxis,
-    *,
-    alpha: float = 1.0,
-    layers: LayerSpec = None,
-    site: Site | str | None = None,
-    unit: Unit | str = Unit.sigma,
-) -> ControlVector:
-    """The vectors ``vp.steer(lm, axis, alpha, layers=..., site=..., unit=...)`` adds, keyed by the
-    block whose output receives each one (see the module doc for ``resid_pre``).
+def control_vector(lm: LoadedModel, spec: Specified, *, alpha: float = 1.0) -> ControlVector:
+    """The vectors ``vp.steer(lm, spec, alpha)`` adds, keyed by the block whose output receives
+    each one (see the module doc for ``resid_pre``).
 
     Args:
         lm: the model (width, depth and ``config.model_type``).
-        axis: the value axis; ``layers`` default to its best layer, ``site`` to its own site.
-        alpha: the strength baked into the file, in ``unit``.
-        unit: ``sigma``, ``norm`` or ``raw`` (the sizes of `valueprobe.steering.hook.handle.check_unit`).
+        spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`; an axis: its best layer
+            and own site): the ``add`` operator, on every position, as the other tools add.
+        alpha: the strength baked into the file, in the spec's unit
+            (`valueprobe.probe.axis.ValueAxis.unit_size`).
 
-    >>> control_vector(lm, axis, layers="10:20").layers
+    >>> control_vector(lm, SteeringSpec(axis, layers="10:20")).layers
     [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     """
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
+    spec = as_spec(spec)
+    if (
+        spec.op.op != Op.add
+        or spec.positions != "all"
+        or spec.window is not None
+        or spec.condition is not None
+    ):
+        raise ValueprobeError(
+            "control vectors add α·v̂ at every position: export a spec with op add, positions all,"
+            " no window and no condition"
+        )
+    if spec.site is not None and spec.site not in (HookSite.resid_post, HookSite.resid_pre):
+        raise ValueprobeError(
+            f"control vectors add to the residual stream: export resid_post or resid_pre, not {spec.site.value}"
+        )
     # The same resolution steering uses, so the file holds exactly what vp.steer adds.
     vectors: dict[int, Tensor] = {}
-    for target in steer_points(lm, axis, layers=layers, site=site, unit=unit):
+    for target in spec.points(lm):
         block = target.point.layer - (1 if target.point.site == Site.resid_pre else 0)
         if block < 0:
             raise ValueprobeError(

@@ -1,13 +1,14 @@
 """Steering operators: what a steering hook does to the hidden state h at each cell it touches.
 
     >>> import valueprobe as vp
-    >>> with vp.steer(lm, axis, 1.0, op="ablate"):                        # necessity: remove h·v̂
+    >>> with vp.steer(lm, vp.SteeringSpec(axis, op="ablate"), 1.0):          # necessity: remove h·v̂
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
-    >>> with vp.steer(lm, axis, 1.0, op=Operator("clamp", lo=-1.0, hi=1.0)):   # keep the score in [-1, 1] σ
+    >>> clamp = vp.SteeringSpec(axis, op=Operator("clamp", lo=-1.0, hi=1.0))  # keep the score in [-1, 1] σ
+    >>> with vp.steer(lm, clamp, 1.0):
     ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
 
 Per cell, with v̂ the steered unit direction, p = h·v̂, u the size of one unit of α (σ, 1 % of
-the mean residual norm, or 1, times the axis's ``scale``: `valueprobe.steering.hook.handle.check_unit`),
+the mean residual norm, or 1, times the axis's ``scale``: `valueprobe.probe.axis.ValueAxis.unit_size`),
 and μ, σ the axis's mean and standard deviation of p at the steered layer (its reference set, so
 the σ-score is (p − μ)/σ, as `valueprobe.probe.axis.ValueAxis.score` reads it):
 
@@ -45,7 +46,7 @@ OPS: tuple[str, ...] = tuple(o.value for o in Op)
 
 
 class Target(Protocol):
-    """What an operator needs of a steered point (`valueprobe.steering.hook.handle.SteerPoint` is one)."""
+    """What an operator needs of a steered point (`valueprobe.steering.hook.spec.SteerPoint` is one)."""
 
     @property
     def direction(self) -> Float[Tensor, " d_model"]: ...  # unit vector, float32
