@@ -3,18 +3,19 @@
     valueprobe steer --engine vllm --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl --out runs/steer-vllm
 
     >>> llm = open_llm("smollm2-135m")
-    >>> run = VllmGenerator(llm, "probes/smollm2-135m-value")
-    >>> rows = run.with_values(lm, axis, ["Is 7 prime?"], alphas=[-2, 0, 2], greedy=True)
+    >>> run = VllmGenerator(llm)
+    >>> spec = SteeringSpec(probe="probes/smollm2-135m-value")
+    >>> rows = run.with_values(lm, spec, ["Is 7 prime?"], alphas=[-2, 0, 2], decoding=Decoding(greedy=True))
     >>> rows[0].generation.text, rows[0].values        # the text, and one σ-score per generated token
 
-Rows are the same records, in the same order, as `valueprobe.steering.decode.generation.generate` gives,
-so `valueprobe.steering.experiment.sweep.run_sweep` takes `VllmGenerator` in its place (``generator=``). Each
-request carries its own steering (`valueprobe.engines.vllm_spec.VllmSteer` in ``extra_args``), so
-the whole sweep is one ``LLM.generate`` call that vLLM batches as it likes. Prompts are the same
-token ids as the HF route (`encode_prompts`); sampling uses each row's common-random-numbers seed
-as vLLM's per-request seed, so every strength of one (prompt, sample) draws the same numbers
-(vLLM's own generator, so sampled texts differ from the HF route's; greedy texts agree up to
-kernel numerics).
+Rows are the same records, in the same order, as `valueprobe.steering.decode.generation.generate`
+gives, so `valueprobe.steering.experiment.sweep.run_sweep` takes `VllmGenerator` in its place
+(``generator=``). Each request carries the spec and its own α (`valueprobe.vllm.request.VllmArgs`
+in ``extra_args``), so the whole sweep is one ``LLM.generate`` call that vLLM batches as it likes.
+Prompts are the same token ids as the HF route (`encode_prompts`); sampling uses each row's
+common-random-numbers seed as vLLM's per-request seed, so every strength of one (prompt, sample)
+draws the same numbers (vLLM's own generator, so sampled texts differ from the HF route's; greedy
+texts agree up to kernel numerics).
 """
 
 from __future__ import annotations
@@ -24,27 +25,25 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
-from valueprobe.engines import vllm_plugin
-from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.gguf import ALIASES, alias_dir
 from valueprobe.model.load import LoadedModel, cache_dir
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import Generation, Prompt, encode_prompts
-from valueprobe.steering.decode.sampling import row_seed
-from valueprobe.steering.hook.operators import Operator, as_operator
-from valueprobe.vocab import HookSite, LayerSpec, Site, Unit, parse_layers
+from valueprobe.steering.decode.sampling import Decoding, row_seed
+from valueprobe.steering.hook.handle import Specified
+from valueprobe.steering.hook.spec import SteeringSpec, as_spec
+from valueprobe.vllm import plugin
+from valueprobe.vllm.request import VllmArgs, check
 
 __all__ = [
     "INSTALL",
     "VllmGenerator",
     "VllmRow",
+    "absolute",
     "check_plugin",
     "check_workers",
     "engine_kwargs",
@@ -114,9 +113,9 @@ def check_plugin() -> None:
     if found is None:
         raise _refuse(f"VLLM_PLUGINS={os.environ.get('VLLM_PLUGINS')!r}" if "VLLM_PLUGINS" in os.environ
                       else "no entry point named 'valueprobe'")  # fmt: skip
-    if found is not vllm_plugin.register:
+    if found is not plugin.register:
         where = getattr(sys.modules.get(getattr(found, "__module__", "")), "__file__", "?")
-        raise _refuse(f"its entry point loads {where}, not {vllm_plugin.__file__}")
+        raise _refuse(f"its entry point loads {where}, not {plugin.__file__}")
 
 
 def check_workers(replies: Sequence[Any]) -> None:
@@ -158,11 +157,11 @@ class VllmRow:
     values: tuple[float, ...]
 
 
-def _check_supported(site: HookSite | Site | str | None, op: Operator | str | None) -> None:
-    if as_operator(op).op != "add":
-        raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {as_operator(op).op.value}")
-    if site is not None and str(site) not in (Site.resid_post.value, Site.resid_pre.value):
-        raise ValueprobeError(f"--engine vllm steers the residual stream only, not site {site}")
+def absolute(spec: SteeringSpec) -> SteeringSpec:
+    """The spec with its probe an absolute folder (every worker reads it from there)."""
+    if not isinstance(spec.probe, str):
+        raise ValueprobeError("the vllm engine needs the spec's probe folder: build the spec with probe=")
+    return replace(spec, probe=str(Path(spec.probe).resolve()))
 
 
 class VllmGenerator:
@@ -170,39 +169,24 @@ class VllmGenerator:
 
     Args:
         llm: a ``vllm.LLM`` (`open_llm`) on the same model as ``lm``.
-        probe: the probe folder of the axis steered (the workers load it from there).
-        positions: ``all``, ``prompt`` or ``generated``.
     """
 
-    def __init__(self, llm: Any, probe: str | Path, *, positions: str = "all") -> None:
+    def __init__(self, llm: Any) -> None:
         self.llm = llm
-        self.probe = str(Path(probe).resolve())
-        self.positions = positions
 
     def __call__(
-        self, lm: LoadedModel, axis: ValueAxis, prompts: Sequence[Prompt], **kw: Any
+        self, lm: LoadedModel, spec: Specified, prompts: Sequence[Prompt], **kw: Any
     ) -> list[Generation]:
-        return [r.generation for r in self.with_values(lm, axis, prompts, **kw)]
+        return [r.generation for r in self.with_values(lm, spec, prompts, **kw)]
 
     def with_values(
         self,
         lm: LoadedModel,
-        axis: ValueAxis,
+        spec: Specified,
         prompts: Sequence[Prompt],
         *,
         alphas: Sequence[float] = (0.0,),
-        samples: int = 1,
-        seed: int = 0,
-        max_new_tokens: int = 48,
-        greedy: bool = False,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        unit: Unit | str = Unit.sigma,
-        layers: LayerSpec = None,
-        site: HookSite | Site | str | None = None,
-        direction: Tensor | None = None,
-        direction_name: str = "axis",
-        op: Operator | str | None = None,
+        decoding: Decoding = Decoding(),
         batch_size: int = 0,  # noqa: ARG002 - vLLM batches by itself
         progress: bool = True,
     ) -> list[VllmRow]:
@@ -210,52 +194,35 @@ class VllmGenerator:
         from vllm import SamplingParams  # optional dependency: the [vllm] extra
         from vllm.inputs import TokensPrompt
 
-        _check_supported(site, op)
-        chosen = [axis.best_layer] if layers is None else parse_layers(layers, n_layers=lm.n_layers)
-        if len(chosen) != 1:
-            raise ValueprobeError(f"--engine vllm steers one layer per request, not {chosen}")
+        spec = absolute(as_spec(spec))
+        check(spec)
         encoded = encode_prompts(lm, prompts)
-        vec = None if direction is None else tuple(float(x) for x in direction.detach().float().cpu())
         eos = getattr(lm.tokenizer, "eos_token_id", None)
         rows, requests, params = [], [], []
         for p, ids in enumerate(encoded):
-            for s in range(samples):
-                row_s = None if greedy else row_seed(seed, p, s)
+            for s in range(decoding.samples):
+                row_s = None if decoding.greedy else row_seed(decoding.seed, p, s)
                 for a in alphas:
                     key = uuid.uuid4().hex
-                    spec = VllmSteer(
-                        probe=self.probe,
-                        alpha=float(a),
-                        unit=Unit(unit).value,
-                        layer=chosen[0],
-                        site=str(site or axis.site),
-                        positions=self.positions,
-                        direction=vec,
-                        key=key,
-                    )
+                    args = VllmArgs(spec, alpha=float(a), key=key)
                     rows.append((p, s, float(a), row_s, key))
                     requests.append(TokensPrompt(prompt_token_ids=ids))
                     params.append(
                         SamplingParams(
-                            max_tokens=max_new_tokens,
-                            temperature=0.0 if greedy else temperature,
-                            top_p=1.0 if greedy else top_p,
+                            max_tokens=decoding.max_new_tokens,
+                            temperature=0.0 if decoding.greedy else decoding.temperature,
+                            top_p=1.0 if decoding.greedy else decoding.top_p,
                             seed=row_s,
                             stop_token_ids=None if eos is None else [int(eos)],
-                            extra_args=spec.extra_args(),
+                            extra_args=args.extra_args(),
                         )
                     )
         outs = self.llm.generate(requests, params, use_tqdm=progress)
         values = take_values(self.llm, [r[4] for r in rows])
-        return [
-            _row(lm, r, out, values.get(r[4], []), unit=Unit(unit), name=direction_name, op=as_operator(op))
-            for r, out in zip(rows, outs, strict=True)
-        ]
+        return [_row(lm, r, out, values.get(r[4], []), spec) for r, out in zip(rows, outs, strict=True)]
 
 
-def _row(
-    lm: LoadedModel, r: tuple, out: Any, values: list[float], *, unit: Unit, name: str, op: Operator
-) -> VllmRow:
+def _row(lm: LoadedModel, r: tuple, out: Any, values: list[float], spec: SteeringSpec) -> VllmRow:
     p, s, a, row_s, _ = r
     done = out.outputs[0]
     ids = [int(t) for t in done.token_ids]
@@ -266,12 +233,12 @@ def _row(
         prompt=p,
         sample=s,
         alpha=a,
-        unit=unit.value,
-        direction=name,
+        unit=spec.unit.value,
+        direction=spec.name(),
         seed=row_s,
         text=lm.tokenizer.decode(kept, skip_special_tokens=True),
         token_ids=tuple(kept),
         finished=finished,
-        op=op.describe(),
+        op=spec.op.describe(),
     )
     return VllmRow(gen, tuple(values[: len(ids)]))

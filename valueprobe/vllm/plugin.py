@@ -2,21 +2,24 @@
 
     pip install 'valueprobe[vllm]'        # registers the entry point vllm.general_plugins: valueprobe
     llm = LLM(model=path, enable_prefix_caching=True)
-    llm.generate(prompts, [SamplingParams(extra_args=VllmSteer(probe=p, alpha=a).extra_args()) for a in alphas])
-    values = take_values(llm, keys)       # per-token σ-scores, see `valueprobe.engines.vllm_generate`
+    llm.generate(prompts, [SamplingParams(extra_args=VllmArgs(spec, alpha=a, key=k).extra_args()) for a, k in rows])
+    values = take_values(llm, keys)       # per-token σ-scores, see `valueprobe.vllm.generate`
 
 vLLM loads general plugins in every process; `register` only patches what each process needs:
 - the model runner's ``load_model`` (workers) installs, on the freshly loaded model, one forward
-  pre-hook on the whole model and one forward hook on each decoder block. The pre-hook lays out
+  pre-hook on the whole model and one forward hook on each decoder block (found by
+  `valueprobe.model.load.find_layers_path`, the table of decoder-block paths every route uses;
+  registered through `valueprobe.hooks.patch.hook_module`, like every hook). The pre-hook lays out
   this step's work from the batch: the request in each row (``input_batch.req_ids``), each
   request's token range in the flattened batch (``query_start_loc`` of the forward context's
   attention metadata), each token's position (the model's ``positions`` argument, so chunked
   prefill and prefix-cache hits need nothing special), and each request's steering
-  (``sampling_params.extra_args``). The block hook calls one custom op, ``valueprobe::block``,
-  which reads the values asked for and adds α·v̂ to the rows of the steered positions. An op
+  (``sampling_params.extra_args``: `valueprobe.vllm.request.VllmArgs`, a steering spec and α). The
+  block hook calls one custom op, ``valueprobe::block``, which reads the values asked for and adds
+  α·v̂ to the rows of the steered positions, at every block the spec steers. An op
   (not Python in the hook) keeps this right under vLLM's torch.compile: Dynamo traces the hook
   once and every later step calls the op. A step without steering or readout touches nothing.
-- ``Request.from_engine_core_request`` (engine core) folds a steering's `VllmSteer.salt` into the
+- ``Request.from_engine_core_request`` (engine core) folds a steering's `VllmArgs.salt` into the
   request's ``cache_salt``, so the prefix cache never serves steered KV to another strength.
 - the compile cache: the plugin adds itself to the config's ``additional_config`` (part of vLLM's
   compile-cache key), so a graph compiled without the op is never loaded with the plugin on.
@@ -35,7 +38,7 @@ one per streamed delta in the server. It works with every executor vLLM has (in-
 multiprocess, Ray), since it is vLLM's own RPC.
 
 A worker never raises on a request: a steering that does not resolve (checked already where the
-request was taken, `VllmSteer.parse`) is logged once and runs unsteered with NaN values.
+request was taken, `VllmArgs.parse`) is logged once and runs unsteered with NaN values.
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from valueprobe.engines.vllm_spec import EXTRA_KEY, Resolved, VllmSteer, resolve
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.patch import Handle, hook_module
+from valueprobe.model.load import find_layers_path
+from valueprobe.vllm.request import EXTRA_KEY, Resolved, VllmArgs, resolve
 
 __all__ = ["block_op", "install", "register", "take"]
 
@@ -83,15 +89,15 @@ class _Step:
     work: dict[int, _BlockWork] = {}
 
 
-def _spec(extra: Any, req_id: str, cache: dict[str, tuple[VllmSteer, Resolved] | None]) -> Any:
+def _spec(extra: Any, req_id: str, cache: dict[str, tuple[VllmArgs, Resolved] | None], n_layers: int) -> Any:
     if req_id in cache:
         return cache[req_id]
     got = None
     raw = extra.get(EXTRA_KEY) if isinstance(extra, dict) else None
     if raw is not None:
         try:
-            spec = VllmSteer.parse(raw)
-            got = (spec, resolve(spec))
+            args = VllmArgs.parse(raw)
+            got = (args, resolve(args, n_layers))
         except Exception as e:  # a worker must never take the engine down for one request
             log.error("valueprobe: request %s runs unsteered: %s", req_id, e)
     if len(cache) > 4 * _MAX_KEPT // 16:
@@ -100,7 +106,7 @@ def _spec(extra: Any, req_id: str, cache: dict[str, tuple[VllmSteer, Resolved] |
     return got
 
 
-def _plan(runner: Any, positions: Tensor, cache: dict) -> dict[int, _BlockWork]:
+def _plan(runner: Any, positions: Tensor, cache: dict, n_layers: int) -> dict[int, _BlockWork]:
     """This step's work by block, from the batch the runner laid out (see the module doc)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available  # optional dep
 
@@ -115,31 +121,38 @@ def _plan(runner: Any, positions: Tensor, cache: dict) -> dict[int, _BlockWork]:
     for i, req_id in enumerate(batch.req_ids[: batch.num_reqs]):
         state = runner.requests.get(req_id)
         params = getattr(state, "sampling_params", None)
-        got = _spec(getattr(params, "extra_args", None), req_id, cache) if params is not None else None
-        if got is None:
-            continue
-        spec, res = got
-        lo, hi = starts[i], starts[i + 1]
-        pos = positions[lo:hi].cpu()
-        rows = torch.arange(lo, hi)
-        first_out = state.num_prompt_tokens - 1  # the position whose forward makes generated token 0
-        if spec.key is not None:
-            keep = pos >= first_out
-            w = work.setdefault(res.read_block, _BlockWork())
-            for r, p in zip(rows[keep].tolist(), pos[keep].tolist(), strict=True):
-                w.read_rows.append(r)
-                w.read_v.append(res.read_v)
-                w.read_mu.append(res.mu)
-                w.read_sigma.append(res.sigma)
-                w.read_to.append((spec.key, p - first_out))
-        if spec.steers:
-            n_prompt = state.num_prompt_tokens
-            mask = {"all": pos >= 0, "prompt": pos < n_prompt, "generated": pos >= n_prompt}[spec.positions]
-            if bool(mask.any()):
-                w = work.setdefault(res.block, _BlockWork())
-                w.add_rows.append(rows[mask])
-                w.add_delta.append(res.delta)
+        extra = getattr(params, "extra_args", None)
+        got = _spec(extra, req_id, cache, n_layers) if params is not None else None
+        if got is not None:
+            _request_work(work, got, state, positions[starts[i] : starts[i + 1]].cpu(), starts[i])
     return work
+
+
+def _request_work(
+    work: dict[int, _BlockWork], got: tuple[VllmArgs, Resolved], state: Any, pos: Tensor, lo: int
+) -> None:
+    """One request's reads and additions in this step: ``pos`` are its tokens' positions, from row ``lo``."""
+    args, res = got
+    rows = torch.arange(lo, lo + len(pos))
+    first_out = state.num_prompt_tokens - 1  # the position whose forward makes generated token 0
+    if args.key is not None:
+        keep = pos >= first_out
+        w = work.setdefault(res.read_block, _BlockWork())
+        for r, p in zip(rows[keep].tolist(), pos[keep].tolist(), strict=True):
+            w.read_rows.append(r)
+            w.read_v.append(res.read_v)
+            w.read_mu.append(res.mu)
+            w.read_sigma.append(res.sigma)
+            w.read_to.append((args.key, p - first_out))
+    if args.steers:
+        n_prompt = state.num_prompt_tokens
+        where = args.spec.positions
+        mask = {"all": pos >= 0, "prompt": pos < n_prompt, "generated": pos >= n_prompt}[where]
+        if bool(mask.any()):
+            for block, delta in res.adds:
+                w = work.setdefault(block, _BlockWork())
+                w.add_rows.append(rows[mask])
+                w.add_delta.append(delta)
 
 
 def block_op(residual: Tensor, hidden: Tensor, block: int) -> None:
@@ -201,32 +214,29 @@ def _define_op() -> Any:
     return torch.ops.valueprobe.block
 
 
-_BLOCK_PATHS = ("model.layers", "model.language_model.layers", "language_model.model.layers")
-
-
 def _blocks(model: nn.Module) -> nn.ModuleList | None:
-    for path in _BLOCK_PATHS:
-        obj: Any = model
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, nn.ModuleList):
-            return obj
-    return None
+    """vLLM's decoder blocks, by the table of block paths every route uses (model.load)."""
+    try:
+        path = find_layers_path(model)
+    except ValueprobeError:
+        return None
+    return model.get_submodule(path)  # type: ignore[return-value]
 
 
-def install(runner: Any) -> list[torch.utils.hooks.RemovableHandle]:
+def install(runner: Any) -> Handle:
     """Hook the runner's model: the step planner and one op call per decoder block."""
     model = runner.model
     blocks = _blocks(model)
     if blocks is None:
         log.warning("valueprobe: no decoder blocks found in %s; steering is off", type(model).__name__)
-        return []
+        return Handle()
     op = _define_op()
     cache: dict[str, Any] = {}
+    n_layers = len(blocks)
 
     def plan(module: nn.Module, args: tuple, kwargs: dict) -> None:
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        _Step.work = {} if positions is None else _plan(runner, positions, cache)
+        _Step.work = {} if positions is None else _plan(runner, positions, cache, n_layers)
 
     def hook_for(index: int):
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
@@ -235,11 +245,11 @@ def install(runner: Any) -> list[torch.utils.hooks.RemovableHandle]:
 
         return hook
 
-    handles = [model.register_forward_pre_hook(plan, with_kwargs=True)]
+    handle = hook_module(model, plan, pre=True, with_kwargs=True)
     for i, block in enumerate(blocks):
         if type(block).__name__ != "PPMissingLayer":
-            handles.append(block.register_forward_hook(hook_for(i)))
-    return handles
+            hook_module(block, hook_for(i), into=handle)
+    return handle
 
 
 def _take_values(worker: Any, keys: list[str]) -> dict[str, tuple[int, list[float]]]:
@@ -247,9 +257,10 @@ def _take_values(worker: Any, keys: list[str]) -> dict[str, tuple[int, list[floa
 
 
 def _status(worker: Any) -> dict[str, Any]:
-    """What `valueprobe.engines.vllm_generate.check_plugin` reads: the op's graph id and the hooks."""
+    """What `valueprobe.vllm.generate.check_plugin` reads: the op's graph id and the hooks."""
     runner = getattr(worker, "model_runner", None)
-    return {"graph": _GRAPH_ID, "hooks": len(getattr(runner, "_valueprobe_hooks", None) or [])}
+    hooks = getattr(runner, "_valueprobe_hooks", None)
+    return {"graph": _GRAPH_ID, "hooks": 0 if hooks is None else hooks.n_hooks}
 
 
 _WORKER_METHODS = {"valueprobe_take_values": _take_values, "valueprobe_status": _status}
@@ -261,7 +272,7 @@ def _salted(original: Any) -> Any:
         extra = getattr(params, "extra_args", None)
         if isinstance(extra, dict) and EXTRA_KEY in extra:
             try:
-                salt = VllmSteer.parse(extra[EXTRA_KEY]).salt()
+                salt = VllmArgs.parse(extra[EXTRA_KEY]).salt()
             except Exception:
                 salt = "valueprobe:unresolved"  # runs unsteered, but never shares either way
             if salt is not None:

@@ -1,17 +1,24 @@
 """One request's steering as it travels to vLLM's workers: ``SamplingParams.extra_args["valueprobe"]``.
 
-    >>> spec = VllmSteer(probe="/abs/probes/smollm2-135m-value", alpha=2.0, layer=20)
-    >>> SamplingParams(max_tokens=32, extra_args=spec.extra_args())     # the offline LLM
-    >>> {"model": ..., "prompt": ..., "vllm_xargs": {"valueprobe": json.dumps(spec.to_dict())}}   # over HTTP
+    >>> args = VllmArgs(SteeringSpec(probe="/abs/probes/smollm2-135m-value", layers=20), alpha=2.0)
+    >>> SamplingParams(max_tokens=32, extra_args=args.extra_args())     # the offline LLM
+    >>> {"model": ..., "prompt": ..., "vllm_xargs": {"valueprobe": json.dumps(args.to_dict())}}   # over HTTP
 
-Every field is checked here (`VllmSteer.parse`), in the process that takes the request, so a bad
-one is refused in one line naming the field and never reaches a worker. The worker resolves the
-probe folder once per (probe, layer, unit, site) (`resolve`): the vector it adds is α times one
-unit of the axis at that layer (`valueprobe.steering.hook.handle.check_unit`) along v̂, or along
-``direction`` (a control) with the axis's statistics, exactly as the hooks route sizes it.
+The payload is the steering spec's JSON form (`valueprobe.steering.hook.spec.SteeringSpec`), the
+request's α (its only per-row part) and the key its per-token values are kept under::
+
+    {"spec": {"probe": "/abs/probes/...", "layers": [20], "unit": "sigma", ...}, "alpha": 2.0, "key": "..."}
+
+Every field is checked here (`VllmArgs.parse`), in the process that takes the request, so a bad
+one is refused in one line naming the field and never reaches a worker. The vLLM engine steers
+with the ``add`` operator on the residual stream (``resid_post`` or ``resid_pre``), at any
+positions (``all``, ``prompt``, ``generated``), at one layer or several. The worker resolves each
+spec once (`resolve`): the vector added at each steered block is α times one unit of the axis
+there (`valueprobe.probe.axis.ValueAxis.unit_size`) along v̂, or along the spec's ``direction``
+(a control) with the axis's statistics, exactly as the hooks route sizes it.
 
 A steered request changes the KV of every position it steers, so it must not share prefix-cache
-blocks with an unsteered request or another strength: `VllmSteer.salt` is the cache salt that the
+blocks with an unsteered request or another strength: `VllmArgs.salt` is the cache salt that the
 plugin folds into the request's first block hash (vLLM's ``cache_salt`` extra key). α = 0 has no
 salt: it is bit-identical to no steering, so sharing is exact.
 """
@@ -22,56 +29,43 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.hook.handle import WHERE, check_unit
-from valueprobe.vocab import Site, Unit
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import Op, Site
 
-__all__ = ["EXTRA_KEY", "Resolved", "VllmSteer", "resolve"]
+__all__ = ["EXTRA_KEY", "Resolved", "VllmArgs", "resolve"]
 
 EXTRA_KEY = "valueprobe"  # the key of SamplingParams.extra_args / vllm_xargs the plugin reads
+_FIELDS = ("spec", "alpha", "key")
 
 
 @dataclass(frozen=True)
-class VllmSteer:
-    """One request's steering and readout, as plain JSON values.
+class VllmArgs:
+    """One request's steering and readout, as vLLM carries it.
 
     Attributes:
-        probe: the probe folder (an absolute path every worker can read).
-        alpha: strength in ``unit``; 0 adds nothing (bit-identical to no steering).
-        unit: ``sigma``, ``norm`` or ``raw`` (`valueprobe.vocab.Unit`).
-        layer: the axis layer steered (and read, unless ``read_layer``); None: the probe's best.
-        site: ``resid_post`` (the block's output) or ``resid_pre`` (its input, = resid_post[layer − 1]).
-        positions: ``all``, ``prompt`` or ``generated`` tokens.
-        direction: steer along this vector instead of v̂ (a control), sized by the axis's statistics.
+        spec: what to steer and where values are read (its probe an absolute folder every worker
+            can read; ``read_layer`` default the first steered layer).
+        alpha: strength in the spec's unit; 0 adds nothing (bit-identical to no steering).
         key: where the worker keeps this request's per-token values (None: no readout).
-        read_layer: the layer the value is read at (default ``layer``); read before the addition
-            at the steered layer, after it downstream.
     """
 
-    probe: str
+    spec: SteeringSpec
     alpha: float = 0.0
-    unit: str = "sigma"
-    layer: int | None = None
-    site: str = "resid_post"
-    positions: str = "all"
-    direction: tuple[float, ...] | None = None
     key: str | None = None
-    read_layer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["direction"] = None if self.direction is None else list(self.direction)
-        return {k: v for k, v in out.items() if v is not None}
+        out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha}
+        return out | ({} if self.key is None else {"key": self.key})
 
     def extra_args(self) -> dict[str, Any]:
         """``SamplingParams(extra_args=...)`` for this steering."""
@@ -85,47 +79,34 @@ class VllmSteer:
         """The prefix-cache salt of this steering: None when it adds nothing."""
         if not self.steers:
             return None
-        fields = {k: v for k, v in self.to_dict().items() if k not in ("key", "read_layer")}
-        return "valueprobe:" + hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+        spec = {k: v for k, v in self.spec.to_dict().items() if k not in ("read_layer", "direction_name")}
+        text = json.dumps({"spec": spec, "alpha": self.alpha}, sort_keys=True)
+        return "valueprobe:" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
     @classmethod
-    def parse(cls, raw: Any) -> VllmSteer:
-        """The steering from ``extra_args["valueprobe"]`` (a mapping, or its JSON text as ``vllm_xargs``
+    def parse(cls, raw: Any) -> VllmArgs:
+        """The payload from ``extra_args["valueprobe"]`` (a mapping, or its JSON text as ``vllm_xargs``
         carries it), every field checked against the probe; one `ValueprobeError` naming the field."""
         if isinstance(raw, str):
             try:
                 raw = json.loads(raw)
             except ValueError:
                 raise ValueprobeError(
-                    f"{EXTRA_KEY}: not JSON: give an object with probe, alpha, ..."
+                    f"{EXTRA_KEY}: not JSON: give an object with spec, alpha, key"
                 ) from None
         if not isinstance(raw, Mapping):
             raise ValueprobeError(f"{EXTRA_KEY}: expected an object, got {type(raw).__name__}")
-        unknown = set(raw) - set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - set(_FIELDS))
         if unknown:
-            raise ValueprobeError(f"{EXTRA_KEY}.{sorted(unknown)[0]}: unknown field")
-        spec = cls(
-            probe=_text(raw, "probe", None),
-            alpha=_number(raw, "alpha"),
-            unit=_choice(raw, "unit", [u.value for u in Unit], "sigma"),
-            layer=_layer(raw, "layer"),
-            site=_choice(raw, "site", [Site.resid_post.value, Site.resid_pre.value], "resid_post"),
-            positions=_choice(raw, "positions", list(WHERE), "all"),
-            direction=_direction(raw),
-            key=_text(raw, "key", ""),
-            read_layer=_layer(raw, "read_layer"),
-        )
-        resolve(spec)  # the probe, its layers, its unit statistics, the direction's width
-        return spec
-
-
-def _text(raw: Mapping[str, Any], name: str, default: str | None) -> Any:
-    value = raw.get(name, default)
-    if value is None or not isinstance(value, str) or not value:
-        if default == "" and name not in raw:
-            return None
-        raise ValueprobeError(f"{EXTRA_KEY}.{name}: expected a non-empty string, got {value!r}")
-    return value
+            raise ValueprobeError(f"{EXTRA_KEY}.{unknown[0]}: unknown field: use {', '.join(_FIELDS)}")
+        if "spec" not in raw:
+            raise ValueprobeError(f"{EXTRA_KEY}.spec: missing: give the steering spec's JSON form")
+        spec = SteeringSpec.from_dict(raw["spec"], where=f"{EXTRA_KEY}.spec")
+        if isinstance(spec.probe, str):  # one axis read once per worker, not once per request
+            spec = replace(spec, axis=_axis(spec.probe))
+        args = cls(spec=spec, alpha=_number(raw, "alpha"), key=_key(raw))
+        check(args.spec)
+        return args
 
 
 def _number(raw: Mapping[str, Any], name: str) -> float:
@@ -135,97 +116,88 @@ def _number(raw: Mapping[str, Any], name: str) -> float:
     return float(value)
 
 
-def _layer(raw: Mapping[str, Any], name: str) -> int | None:
-    value = raw.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueprobeError(f"{EXTRA_KEY}.{name}: expected a whole layer index, got {value!r}")
+def _key(raw: Mapping[str, Any]) -> str | None:
+    value = raw.get("key")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueprobeError(f"{EXTRA_KEY}.key: expected a non-empty string, got {value!r}")
     return value
 
 
-def _choice(raw: Mapping[str, Any], name: str, allowed: list[str], default: str) -> str:
-    value = raw.get(name, default)
-    if value not in allowed:
-        raise ValueprobeError(f"{EXTRA_KEY}.{name}: {value!r} is not one of {', '.join(allowed)}")
-    return str(value)
+@lru_cache(maxsize=64)
+def _axis(probe: str) -> ValueAxis:
+    if not Path(probe).is_dir():
+        raise ValueprobeError(f"{EXTRA_KEY}.spec.probe: {probe} is not a probe folder")
+    return ValueAxis.load(probe)
 
 
-def _direction(raw: Mapping[str, Any]) -> tuple[float, ...] | None:
-    value = raw.get("direction")
-    if value is None:
-        return None
-    if not isinstance(value, list | tuple) or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value
-    ):
-        raise ValueprobeError(f"{EXTRA_KEY}.direction: expected a list of finite numbers")
-    return tuple(float(x) for x in value)
+def check(spec: SteeringSpec) -> None:
+    """Refuse, in one line, a spec the vLLM engine cannot run, and one that does not fit its probe
+    (model-free: layers, unit statistics, the read layer, the direction's width)."""
+    where = f"{EXTRA_KEY}.spec"
+    if spec.op.op != Op.add:
+        raise ValueprobeError(f"{where}: op: the vllm engine steers with add only, not {spec.op.op.value}")
+    if spec.site is not None and spec.site not in (Site.resid_post, Site.resid_pre):
+        raise ValueprobeError(
+            f"{where}: site: the vllm engine steers the residual stream only, not {spec.site.value}"
+        )
+    if spec.window is not None or spec.condition is not None:
+        raise ValueprobeError(f"{where}: the vllm engine steers whole phases: leave window and condition out")
+    if len(spec.axes()) != 1:
+        raise ValueprobeError(f"{where}: probe: the vllm engine steers one axis per request")
+    try:
+        spec.check()
+    except ValueprobeError as exc:
+        raise ValueprobeError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """What a worker needs of one steering: the block whose output it changes and the vectors.
+    """What a worker needs of one request: the blocks whose outputs it changes and the vectors.
 
     Attributes:
-        block: the decoder block whose output is the steered point (resid_pre[L] is block L − 1's).
-        delta: α·unit·v̂ (float32) added at every steered position.
+        adds: (block, α·unit·v̂ float32) per steered point; the block whose output is the point
+            (resid_pre[L] is block L − 1's).
         read_block: the block whose output the value is read at; read_v, mu, sigma: its statistics.
     """
 
-    block: int
-    delta: Float[Tensor, " d_model"]
+    adds: tuple[tuple[int, Float[Tensor, " d_model"]], ...]
     read_block: int
     read_v: Float[Tensor, " d_model"]
     mu: float
     sigma: float
 
 
-@lru_cache(maxsize=64)
-def _axis(probe: str) -> ValueAxis:
-    if not Path(probe).is_dir():
-        raise ValueprobeError(f"{EXTRA_KEY}.probe: {probe} is not a probe folder")
-    return ValueAxis.load(probe)
-
-
-def _block(axis: ValueAxis, layer: int, site: str, field: str) -> int:
-    if layer not in axis.layers:
-        raise ValueprobeError(
-            f"{EXTRA_KEY}.{field}: the probe has no layer {layer}; it has {list(axis.layers)}"
-        )
+def _block(layer: int, site: str, what: str) -> int:
     block = layer - 1 if site == Site.resid_pre.value else layer
     if block < 0:
-        raise ValueprobeError(f"{EXTRA_KEY}.{field}: resid_pre[0] is the embedding, not a block output")
+        raise ValueprobeError(f"{EXTRA_KEY}.spec: {what}: resid_pre[0] is the embedding, not a block output")
     return block
 
 
-def resolve(spec: VllmSteer) -> Resolved:
-    """The worker's view of ``spec``: blocks and float32 vectors (`ValueprobeError` on a bad field)."""
-    return _resolve(spec)
+def resolve(args: VllmArgs, n_layers: int) -> Resolved:
+    """The worker's view of ``args`` on a model of ``n_layers`` blocks (`ValueprobeError` on a bad field)."""
+    return _resolve(args.spec, args.alpha, n_layers)
 
 
 @lru_cache(maxsize=4096)
-def _resolve(spec: VllmSteer) -> Resolved:
-    axis = _axis(spec.probe)
-    layer = axis.best_layer if spec.layer is None else spec.layer
-    read = layer if spec.read_layer is None else spec.read_layer
-    block = _block(axis, layer, spec.site, "layer")
-    read_block = _block(axis, read, spec.site, "read_layer")
-    size = check_unit(axis, layer, spec.unit) if spec.steers else 0.0
-    v = axis.direction(layer).float()
-    if spec.direction is not None:
-        d = torch.tensor(spec.direction, dtype=torch.float32)
-        if d.shape != v.shape or not float(d.norm()) > 0:
-            raise ValueprobeError(
-                f"{EXTRA_KEY}.direction: expected {v.shape[0]} numbers, not all zero; got {d.shape[0]}"
-            )
-        v = d / d.norm()
+def _resolve(spec: SteeringSpec, alpha: float, n_layers: int) -> Resolved:
+    axis = spec.first_axis()
+    points = spec.points_for(n_layers=n_layers, d_model=axis.d_model) if alpha != 0.0 else []
+    adds = tuple(
+        (_block(p.point.layer, str(p.point.site), "layers"), (alpha * p.unit_size) * p.direction)
+        for p in points
+    )
+    read = spec.read_at(n_layers)
+    if read not in axis.layers:
+        raise ValueprobeError(
+            f"{EXTRA_KEY}.spec: read_layer: the probe has no layer {read}; it has {list(axis.layers)}"
+        )
     i = axis.layers.index(read)
     sigma = float(axis.sigma[i])
     return Resolved(
-        block=block,
-        delta=(spec.alpha * size) * v,
-        read_block=read_block,
-        read_v=axis.direction(read).float(),
+        adds=adds,
+        read_block=_block(read, str(spec.site or axis.site), "read_layer"),
+        read_v=axis.direction(read).float(),  # values read along the axis, as the hooks route reads them
         mu=float(axis.mu[i]),
         sigma=sigma if math.isfinite(sigma) and sigma > 0 else math.nan,
     )
