@@ -75,15 +75,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "generate drops top_p",
         "valueprobe/steering/decode/generation.py",
-        "RowSampler(seeds, temperature=run.temperature, top_p=run.top_p)",
-        "RowSampler(seeds, temperature=run.temperature)",
+        "RowSampler(seeds, temperature=run.decoding.temperature, top_p=run.decoding.top_p)",
+        "RowSampler(seeds, temperature=run.decoding.temperature)",
         (S + "test_generate_passes_temperature_and_top_p_to_the_sampler",),
     ),
     Fault(
         "generate drops temperature",
         "valueprobe/steering/decode/generation.py",
-        "RowSampler(seeds, temperature=run.temperature, top_p=run.top_p)",
-        "RowSampler(seeds, top_p=run.top_p)",
+        "RowSampler(seeds, temperature=run.decoding.temperature, top_p=run.decoding.top_p)",
+        "RowSampler(seeds, top_p=run.decoding.top_p)",
         (S + "test_generate_passes_temperature_and_top_p_to_the_sampler",),
     ),
     Fault(
@@ -132,15 +132,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "generate ignores positions",
         "valueprobe/steering/decode/generation.py",
-        "        where=positions,\n",
-        '        where="all",\n',
+        "        run.spec,\n",
+        "        __import__('dataclasses').replace(run.spec, positions='all'),\n",
         (S + "test_generate_steers_its_positions_and_unit_like_the_handle[prompt-norm]",),
     ),
     Fault(
         "generate records the wrong unit",
         "valueprobe/steering/decode/generation.py",
-        "unit=Unit(unit),",
-        'unit=Unit("sigma"),',
+        "unit=run.spec.unit.value,",
+        'unit="sigma",',
         (S + "test_generate_steers_its_positions_and_unit_like_the_handle[prompt-norm]",),
     ),
     Fault(
@@ -153,8 +153,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "prompt and generated swapped in Steering.cells",
         "valueprobe/steering/hook/handle.py",
-        'keep = generated < 0 if self.where == "prompt" else generated >= 0',
-        'keep = generated >= 0 if self.where == "prompt" else generated < 0',
+        'keep = generated < 0 if where == "prompt" else generated >= 0',
+        'keep = generated >= 0 if where == "prompt" else generated < 0',
         (S + "test_kv_cache_logits_equal_full_forward_every_token[prompt-llama]",),
     ),
     Fault(
@@ -173,22 +173,22 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "norm unit a factor of 100 off",
-        "valueprobe/steering/hook/handle.py",
+        "valueprobe/probe/axis.py",
         "        0.01,\n",
         "        1.0,\n",
         (S + "test_units_and_scaled_axis_add_their_closed_form[1.0-norm]",),
     ),
     Fault(
         "raw unit ignores the axis scale",
-        "valueprobe/steering/hook/handle.py",
-        "return float(axis.scale)",
+        "valueprobe/probe/axis.py",
+        "return float(self.scale)",
         "return 1.0",
         (S + "test_units_and_scaled_axis_add_their_closed_form[2.0-raw]",),
     ),
     Fault(
         "sigma and norm units ignore the axis scale",
-        "valueprobe/steering/hook/handle.py",
-        "return value * fraction * float(axis.scale)",
+        "valueprobe/probe/axis.py",
+        "return value * fraction * float(self.scale)",
         "return value * fraction",
         (S + "test_units_and_scaled_axis_add_their_closed_form[2.0-sigma]",),
     ),
@@ -202,15 +202,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "P(yes) ignores the unit",
         "valueprobe/steering/experiment/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op, site=site)",
-        "steer(lm, axis, alpha, layers=layers, direction=direction, op=op, site=site)",
+        "    spec = as_spec(spec)\n",
+        "    spec = __import__('dataclasses').replace(as_spec(spec), unit='sigma')\n",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     Fault(
         "P(yes) ignores the direction",
         "valueprobe/steering/experiment/yes_no.py",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, direction=direction, op=op, site=site)",
-        "steer(lm, axis, alpha, layers=layers, unit=unit, op=op, site=site)",
+        "    spec = as_spec(spec)\n",
+        "    spec = __import__('dataclasses').replace(as_spec(spec), direction=None)\n",
         ("tests/test_steer_sweep.py::test_p_yes_matches_steered_logits_by_hand",),
     ),
     # --- steering sweeps: resume and the metric set ------------------------------------------------

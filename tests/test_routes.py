@@ -1,8 +1,8 @@
-"""The three backends (plain hooks, nnsight, TransformerBridge) against ``output_hidden_states``.
+"""The three routes (plain hooks, nnsight, TransformerBridge) against ``output_hidden_states``.
 
-Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_backends.py``
+Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_routes.py``
 Tiny random models of five architectures (tests/conftest.py), padded batches, 1e-4.
-Only real (mask == 1) positions are compared: what a backend returns at pad cells is unspecified.
+Only real (mask == 1) positions are compared: what a route returns at pad cells is unspecified.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.route import BACKENDS, position_ids_from_mask, residuals, steered_logits
+from valueprobe.hooks.route import ROUTES, position_ids_from_mask, residuals, steered_logits
 from valueprobe.model.load import wrap
 
 ARCHS = ("llama", "qwen2", "gpt2", "gemma2", "gpt_neox")
@@ -61,22 +61,22 @@ def _close(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("padding_side", ["left", "right"])
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_residuals_match_hidden_states(tiny_lm_factory, arch, backend, padding_side):
+def test_residuals_match_hidden_states(tiny_lm_factory, arch, route, padding_side):
     lm = tiny_lm_factory(arch)
     n = lm.n_layers
     ids, mask = _batch(lm.model.config.vocab_size, padding_side=padding_side)
     hidden, last_out = _reference(lm, ids, mask)
     layers = [0, 1, -1]
 
-    pre = residuals(lm, ids, mask, layers=layers, site="resid_pre", include_embed=True, backend=backend)
+    pre = residuals(lm, ids, mask, layers=layers, site="resid_pre", include_embed=True, route=route)
     assert set(pre) == {0, 1, -1, "embed"}
     _close(pre["embed"], hidden[0], mask)
     for layer in layers:
         _close(pre[layer], hidden[layer % n], mask)
 
-    post = residuals(lm, ids, mask, layers=layers, site="resid_post", include_embed=True, backend=backend)
+    post = residuals(lm, ids, mask, layers=layers, site="resid_post", include_embed=True, route=route)
     _close(post["embed"], hidden[0], mask)
     _close(post[0], hidden[1], mask)
     _close(post[1], hidden[2], mask)
@@ -85,15 +85,15 @@ def test_residuals_match_hidden_states(tiny_lm_factory, arch, backend, padding_s
     assert not torch.allclose(post[-1][mask.bool()], hidden[-1][mask.bool()], atol=ATOL)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_padded_row_equals_unpadded_row(tiny_lm_factory, arch, backend):
+def test_padded_row_equals_unpadded_row(tiny_lm_factory, arch, route):
     """Default positions count from the first real token, so left padding changes nothing (GPT-2's
     absolute positions would show it otherwise)."""
     lm = tiny_lm_factory(arch)
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="left")
-    batched = residuals(lm, ids, mask, layers=[-1], site="resid_post", backend=backend)[-1]
-    alone = residuals(lm, ids[1:2, 3:], mask[1:2, 3:], layers=[-1], site="resid_post", backend=backend)[-1]
+    batched = residuals(lm, ids, mask, layers=[-1], site="resid_post", route=route)[-1]
+    alone = residuals(lm, ids[1:2, 3:], mask[1:2, 3:], layers=[-1], site="resid_post", route=route)[-1]
     torch.testing.assert_close(batched[1, 3:], alone[0], atol=ATOL, rtol=0)
 
 
@@ -122,9 +122,9 @@ def _steered_reference(lm, ids, mask, *, block: int, site: str, delta: torch.Ten
         handle.remove()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_steered_logits_match_reference(tiny_lm_factory, arch, backend):
+def test_steered_logits_match_reference(tiny_lm_factory, arch, route):
     lm = tiny_lm_factory(arch)
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="right", seed=1)
     v = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(2))
@@ -135,15 +135,15 @@ def test_steered_logits_match_reference(tiny_lm_factory, arch, backend):
     for site, layer in (("resid_post", 1), ("resid_pre", -1)):
         want = _steered_reference(lm, ids, mask, block=layer % lm.n_layers, site=site, delta=delta)
         got = steered_logits(
-            lm, ids, mask, layer=layer, vector=v, alpha=alpha, site=site, positions=where, backend=backend
+            lm, ids, mask, layer=layer, vector=v, alpha=alpha, site=site, positions=where, route=route
         )
         _close(got, want, mask)
     # alpha = 0 is the plain forward; resid_post[L] and resid_pre[L+1] are the same place.
     with torch.no_grad():
         plain = lm.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
-    _close(steered_logits(lm, ids, mask, layer=0, vector=v, alpha=0.0, backend=backend), plain, mask)
-    post0 = steered_logits(lm, ids, mask, layer=0, vector=v, alpha=2.0, site="resid_post", backend=backend)
-    pre1 = steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, site="resid_pre", backend=backend)
+    _close(steered_logits(lm, ids, mask, layer=0, vector=v, alpha=0.0, route=route), plain, mask)
+    post0 = steered_logits(lm, ids, mask, layer=0, vector=v, alpha=2.0, site="resid_post", route=route)
+    pre1 = steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, site="resid_pre", route=route)
     _close(post0, pre1, mask)
     assert (post0 - plain).abs().max() > 1e-3
 
@@ -171,7 +171,7 @@ def _assert_untouched(model: torch.nn.Module, before: dict) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_backends_leave_the_model_bit_identical(tiny_lm_factory, tiny_tokenizer, arch):
+def test_routes_leave_the_model_bit_identical(tiny_lm_factory, tiny_tokenizer, arch):
     base = tiny_lm_factory(arch)
     # A private sdpa copy: the session fixture is eager, and the bridge switches its own model to eager.
     # (from_config writes attn_implementation into the config it is given: never the fixture's.)
@@ -184,24 +184,24 @@ def test_backends_leave_the_model_bit_identical(tiny_lm_factory, tiny_tokenizer,
     before = _snapshot(model)
     with torch.no_grad():
         logits_before = model(input_ids=ids, attention_mask=mask).logits
-    ref = residuals(lm, ids, mask, layers=[0, 1, 2], site="resid_post", backend="hooks")
-    for backend in BACKENDS:
-        got = residuals(lm, ids, mask, layers=[0, 1, 2], site="resid_post", backend=backend)
+    ref = residuals(lm, ids, mask, layers=[0, 1, 2], site="resid_post", route="hooks")
+    for route in ROUTES:
+        got = residuals(lm, ids, mask, layers=[0, 1, 2], site="resid_post", route=route)
         for layer in ref:
             _close(got[layer], ref[layer], mask)
-        steered_logits(lm, ids, mask, layer=1, vector=torch.ones(lm.d_model), backend=backend)
+        steered_logits(lm, ids, mask, layer=1, vector=torch.ones(lm.d_model), route=route)
     # Hooks come off after an exception inside the forward, too.
     with pytest.raises(IndexError):
-        residuals(lm, ids + 10_000, mask, layers=[1], site="resid_post", backend="hooks")
+        residuals(lm, ids + 10_000, mask, layers=[1], site="resid_post", route="hooks")
     with pytest.raises(IndexError):
-        steered_logits(lm, ids + 10_000, mask, layer=1, vector=torch.ones(lm.d_model), backend="hooks")
+        steered_logits(lm, ids + 10_000, mask, layer=1, vector=torch.ones(lm.d_model), route="hooks")
     _assert_untouched(model, before)
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, logits_before)
 
 
-@pytest.mark.parametrize("backend", ["nnsight", "tlens"])
-def test_wrappers_follow_weight_changes(tiny_lm_factory, tiny_tokenizer, backend):
+@pytest.mark.parametrize("route", ["nnsight", "tlens"])
+def test_wrappers_follow_weight_changes(tiny_lm_factory, tiny_tokenizer, route):
     """The wrapped twin shares the weights; a dtype or device change rebuilds it."""
     base = tiny_lm_factory("qwen2")
     model = transformers.AutoModelForCausalLM.from_config(
@@ -212,8 +212,8 @@ def test_wrappers_follow_weight_changes(tiny_lm_factory, tiny_tokenizer, backend
     ids, mask = _batch(model.config.vocab_size, padding_side="right")
 
     def check() -> None:
-        want = residuals(lm, ids, mask, layers=[1], site="resid_post", backend="hooks")[1]
-        got = residuals(lm, ids, mask, layers=[1], site="resid_post", backend=backend)[1]
+        want = residuals(lm, ids, mask, layers=[1], site="resid_post", route="hooks")[1]
+        got = residuals(lm, ids, mask, layers=[1], site="resid_post", route=route)[1]
         _close(got, want, mask)
 
     check()
@@ -228,16 +228,16 @@ def test_nnsight_remote_local_dry_run(tiny_lm_factory):
     """``remote="local"`` serializes the trace exactly as for NDIF (valueprobe hidden) and runs it here."""
     lm = tiny_lm_factory("llama")
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="left")
-    local = residuals(lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, backend="nnsight")
+    local = residuals(lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, route="nnsight")
     dry = residuals(
-        lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, backend="nnsight", remote="local"
+        lm, ids, mask, layers=[0, -1], site="resid_pre", include_embed=True, route="nnsight", remote="local"
     )
     for key in local:
         _close(dry[key], local[key], mask)
     v = torch.randn(lm.d_model)
     _close(
-        steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, backend="nnsight", remote="local"),
-        steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, backend="hooks"),
+        steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, route="nnsight", remote="local"),
+        steered_logits(lm, ids, mask, layer=1, vector=v, alpha=2.0, route="hooks"),
         mask,
     )
 
@@ -246,18 +246,18 @@ def test_bad_inputs_raise_one_line_errors(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="right")
     cases = [
-        (dict(layers=[3], site="resid_post", backend="hooks"), "layer 3 out of range"),
-        (dict(layers=[-4], site="resid_post", backend="nnsight"), "out of range"),
-        (dict(layers=[0], site="resid_mid", backend="hooks"), "unknown site"),
-        (dict(layers=[0], site="resid_post", backend="vllm"), "unknown backend"),
-        (dict(layers=[0], site="resid_post", backend="tlens", remote=True), "goes through nnsight"),
+        (dict(layers=[3], site="resid_post", route="hooks"), "layer 3 out of range"),
+        (dict(layers=[-4], site="resid_post", route="nnsight"), "out of range"),
+        (dict(layers=[0], site="resid_mid", route="hooks"), "unknown site"),
+        (dict(layers=[0], site="resid_post", route="vllm"), "unknown route"),
+        (dict(layers=[0], site="resid_post", route="tlens", remote=True), "goes through nnsight"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueprobeError, match=message) as info:
             residuals(lm, ids, mask, **kwargs)
         assert "\n" not in str(info.value)
     with pytest.raises(ValueprobeError, match="attention_mask shape"):
-        residuals(lm, ids, mask[:, :3], layers=[0], site="resid_post", backend="hooks")
+        residuals(lm, ids, mask[:, :3], layers=[0], site="resid_post", route="hooks")
     with pytest.raises(ValueprobeError, match="alpha has 2 values"):
         steered_logits(lm, ids, mask, layer=0, vector=torch.ones(lm.d_model), alpha=torch.ones(2))
 
@@ -267,15 +267,15 @@ def test_position_ids_from_mask():
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 2], [0, 1, 2, 3]]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_explicit_position_ids_reach_every_backend(tiny_lm_factory, backend):
+@pytest.mark.parametrize("route", ROUTES)
+def test_explicit_position_ids_reach_every_route(tiny_lm_factory, route):
     """Positions given by the caller win over each library's own derivation (GPT-2: absolute)."""
     lm = tiny_lm_factory("gpt2")
     ids, mask = _batch(lm.model.config.vocab_size, padding_side="left")
-    positions = torch.arange(7).expand(3, 7) + 5  # what no backend would pick by itself
+    positions = torch.arange(7).expand(3, 7) + 5  # what no route would pick by itself
     with torch.no_grad():
         want = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
-    got = residuals(lm, ids, mask, layers=[1, -2], site="resid_post", backend=backend, position_ids=positions)
+    got = residuals(lm, ids, mask, layers=[1, -2], site="resid_post", route=route, position_ids=positions)
     assert set(got) == {1, -2}
     _close(got[1], want.hidden_states[2].float(), mask)
     _close(got[-2], want.hidden_states[2].float(), mask)
