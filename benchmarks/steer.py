@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import steer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,15 +74,8 @@ def overhead(lm, axis, args) -> dict:
 
 def sweep(lm, axis, args) -> dict:
     ps = prompts(24)
-    kw = dict(
-        alphas=ALPHAS,
-        samples=2,
-        max_new_tokens=args.new,
-        min_new_tokens=args.new,
-        temperature=0.7,
-        seed=0,
-        progress=False,
-    )
+    decoding = Decoding(samples=2, max_new_tokens=args.new, min_new_tokens=args.new, temperature=0.7, seed=0)
+    kw = dict(alphas=ALPHAS, decoding=decoding, progress=False)
     start = time.perf_counter()
     generate(lm, axis, ps, batch_size=args.batch_size, **kw)
     batched_s = time.perf_counter() - start
@@ -89,7 +84,8 @@ def sweep(lm, axis, args) -> dict:
     start = time.perf_counter()
     alone = []
     for p, _sample, a in todo:  # one row per generate call: the paper's loop (same work per row)
-        alone.extend(generate(lm, axis, [ps[p]], **{**kw, "alphas": [a], "samples": 1}, batch_size=1))
+        one = {**kw, "alphas": [a], "decoding": replace(decoding, samples=1)}
+        alone.extend(generate(lm, axis, [ps[p]], **one, batch_size=1))
     seq_s = (time.perf_counter() - start) * len(rows) / len(todo)
     return {
         "rows": len(rows),
@@ -108,10 +104,8 @@ def rss_child(args) -> None:
         lm,
         axis,
         prompts(n),
+        decoding=Decoding(samples=2, max_new_tokens=16, min_new_tokens=16),
         alphas=ALPHAS,
-        samples=2,
-        max_new_tokens=16,
-        min_new_tokens=16,
         batch_size=args.batch_size,
         progress=False,
     )
