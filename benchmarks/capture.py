@@ -63,7 +63,7 @@ def _bare_forward(lm, batches) -> float:
 
 
 def timing(args) -> dict:
-    from valueprobe.activations.capture import _backend_run, iter_batches
+    from valueprobe.activations.capture import CaptureSettings, _route_run, iter_batches
     from valueprobe.activations.encode import encode
     from valueprobe.activations.store import capture_to_store
     from valueprobe.hooks.padding import pad_id_for
@@ -86,21 +86,12 @@ def timing(args) -> dict:
         results["bare"].append(_bare_forward(lm, batches))
         start = time.perf_counter()
         for b in batches:
-            _backend_run(lm, b, layers=layers, site="resid_post", include_embed=False)
+            _route_run(lm, b, layers=layers, site="resid_post", include_embed=False)
         results["last_all_layers"].append(time.perf_counter() - start)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            capture_to_store(
-                lm,
-                exs,
-                Path(tmp) / "s",
-                layers="all",
-                positions="spans",
-                batch_size=args.batch_size,
-                dtype="float16",
-                include_embed=False,
-                progress=False,
-            )
+            settings = CaptureSettings(layers="all", positions="spans", batch_size=args.batch_size)
+            capture_to_store(lm, exs, Path(tmp) / "s", settings, dtype="float16", progress=False)
             results["spans_to_disk"].append(time.perf_counter() - start)
     best = {k: min(v) for k, v in results.items()}
     return {
@@ -114,22 +105,18 @@ def timing(args) -> dict:
 
 def rss_child(args) -> None:
     """Child process: capture n examples to disk, print peak RSS in MB."""
+    from valueprobe.activations.capture import CaptureSettings
     from valueprobe.activations.store import capture_to_store
     from valueprobe.model.load import load
 
     lm = load(args.model)
     exs = _examples(args.n, args.data)
     with tempfile.TemporaryDirectory() as tmp:
+        settings = CaptureSettings(
+            layers="all", positions="spans", batch_size=args.batch_size, include_embed=True
+        )
         capture_to_store(
-            lm,
-            exs,
-            Path(tmp) / "s",
-            layers="all",
-            positions="spans",
-            batch_size=args.batch_size,
-            examples_per_shard=64,
-            dtype="float16",
-            progress=False,
+            lm, exs, Path(tmp) / "s", settings, examples_per_shard=64, dtype="float16", progress=False
         )
     print_peak()
 

@@ -6,7 +6,7 @@
 Prints:
 - guided best-of-N (`valueprobe.guided.run.guide`, N = 8, the value read at the axis's best layer
   inside the generating forward, the pick by mean σ) ÷ plain sampling of the same N
-  (`valueprobe.steering.generation.generate` with ``samples=8``: transformers' ``generate`` with the
+  (`valueprobe.steering.decode.generation.generate` with ``samples=8``: transformers' ``generate`` with the
   same per-row sampler), and ÷ transformers' ``generate`` with that sampler and no hook at all: 6 prompts × 8 rows, 48 new tokens, temperature 0.8, the same seeds, so the
   same tokens (checked). Min of interleaved repeats. Target <= 1.05. Both stop a row at EOS;
   ``generate`` keeps stepping a finished row until the batch ends, guide drops it.
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,8 +38,9 @@ from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
+from valueprobe.steering.hook.spec import SteeringSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee"]
@@ -67,13 +69,16 @@ def bare_generate(lm, ps, args) -> list[list[int]]:
 
 
 def overhead(lm, axis, args) -> dict:
-    kw = {"max_new_tokens": args.new, "temperature": 0.8, "seed": 0, "progress": False, "batch_size": 48}
+    decoding = Decoding(max_new_tokens=args.new, temperature=0.8, seed=0)
+    kw = {"decoding": decoding, "progress": False, "batch_size": 48}
     ps = prompts()
-    guide(lm, axis, ps[:1], BestOfN(n=2), **{**kw, "max_new_tokens": 2})  # warm-up
+    guide(
+        lm, axis, ps[:1], BestOfN(n=2), **{**kw, "decoding": replace(decoding, max_new_tokens=2)}
+    )  # warm-up
     plain_s, bare_s, guided_s, same = [], [], [], True
     for _ in range(args.repeats):
         start = time.perf_counter()
-        gens = generate(lm, axis, ps, samples=args.n, **kw)
+        gens = generate(lm, axis, ps, **{**kw, "decoding": replace(decoding, samples=args.n)})
         plain_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         bare = bare_generate(lm, ps, args)
@@ -107,13 +112,17 @@ def accuracy(lm, axis, args) -> dict:
     step = max(1, len(tasks) // args.tasks)
     chosen = tasks[::step][: args.tasks]
     chats = [list(t.messages) for t in chosen]
-    kw = {"max_new_tokens": args.new, "temperature": 0.8, "seed": 0, "progress": False, "batch_size": 48}
+    kw = {
+        "decoding": Decoding(max_new_tokens=args.new, temperature=0.8, seed=0),
+        "progress": False,
+        "batch_size": 48,
+    }
 
     null = torch.from_numpy(random_directions(lm.d_model, 1, seed=0)[0]).float()
 
     def run(policy: Policy, score: str = "sigma", direction: torch.Tensor | None = None) -> dict:
         start = time.perf_counter()
-        out = guide(lm, axis, chats, policy, score=score, direction=direction, **kw)
+        out = guide(lm, SteeringSpec(axis, direction=direction), chats, policy, score=score, **kw)
         right = [check(t, g.text).correct for t, g in zip(chosen, out, strict=True)]
         row = {
             "accuracy": sum(right) / len(right),

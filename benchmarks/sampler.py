@@ -23,8 +23,8 @@ import torch
 
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sampling import RowSampler
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.sampling import RowSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee", "the moon", "old books",

@@ -81,6 +81,7 @@ def _ratio(tmp: Path, kind: str, job: list[str], threads_one: int) -> dict:
 def rss_child(args) -> None:
     """Child process: one capture worker over ``args.n`` examples (the first ``args.rss_n`` of the
     data, cycled) to disk; prints peak and held RSS in MB."""
+    from valueprobe.activations.capture import CaptureSettings
     from valueprobe.activations.store import capture_to_store
     from valueprobe.datasets.io import read_jsonl
     from valueprobe.model.load import load
@@ -90,9 +91,10 @@ def rss_child(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = _examples(args.rss_n, args.data, Path(tmp) / "base.jsonl")
         data = _examples(args.n, str(data), Path(tmp) / "d.jsonl")
+        settings = CaptureSettings(layers="all", positions=Positions.spans, batch_size=8, include_embed=True)
         capture_to_store(
-            lm, read_jsonl(data), Path(tmp) / "s", layers="all", positions=Positions.spans, batch_size=8,
-            examples_per_shard=args.examples_per_shard, dtype=Dtype.float16, progress=False,
+            lm, read_jsonl(data), Path(tmp) / "s", settings, examples_per_shard=args.examples_per_shard,
+            dtype=Dtype.float16, progress=False,
         )  # fmt: skip
     print_peak()
 

@@ -7,7 +7,7 @@ Prints:
 - steered batched ``generate`` ÷ plain batched ``generate`` (24 prompts, one α per row, 48 tokens,
   greedy, fixed length; min of interleaved repeats). Target <= 1.05.
 - a full sweep (5 strengths × 24 prompts × 2 samples = 240 rows, 48 new tokens, sampled with
-  common random numbers) run batched (`valueprobe.steering.generation.generate`, ``--batch-size`` rows a call) against
+  common random numbers) run batched (`valueprobe.steering.decode.generation.generate`, ``--batch-size`` rows a call) against
   the same rows run one per ``generate`` call, as the paper's code does. Target >= 8×.
   ``--seq-rows k`` times only the first k one-per-call rows and scales to 240 (then says so).
 - peak RSS of the sweep at 1× and 4× its rows (separate processes, same chunk size). Target:
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,8 +30,9 @@ from rss import child_peak_mb, print_peak  # benchmarks/rss.py, next to this scr
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.handle import steer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPICS = ["the sea", "a lost key", "winter", "trains", "a red fox", "coffee", "the moon", "old books",
@@ -72,15 +74,8 @@ def overhead(lm, axis, args) -> dict:
 
 def sweep(lm, axis, args) -> dict:
     ps = prompts(24)
-    kw = dict(
-        alphas=ALPHAS,
-        samples=2,
-        max_new_tokens=args.new,
-        min_new_tokens=args.new,
-        temperature=0.7,
-        seed=0,
-        progress=False,
-    )
+    decoding = Decoding(samples=2, max_new_tokens=args.new, min_new_tokens=args.new, temperature=0.7, seed=0)
+    kw = dict(alphas=ALPHAS, decoding=decoding, progress=False)
     start = time.perf_counter()
     generate(lm, axis, ps, batch_size=args.batch_size, **kw)
     batched_s = time.perf_counter() - start
@@ -89,7 +84,8 @@ def sweep(lm, axis, args) -> dict:
     start = time.perf_counter()
     alone = []
     for p, _sample, a in todo:  # one row per generate call: the paper's loop (same work per row)
-        alone.extend(generate(lm, axis, [ps[p]], **{**kw, "alphas": [a], "samples": 1}, batch_size=1))
+        one = {**kw, "alphas": [a], "decoding": replace(decoding, samples=1)}
+        alone.extend(generate(lm, axis, [ps[p]], **one, batch_size=1))
     seq_s = (time.perf_counter() - start) * len(rows) / len(todo)
     return {
         "rows": len(rows),
@@ -108,10 +104,8 @@ def rss_child(args) -> None:
         lm,
         axis,
         prompts(n),
+        decoding=Decoding(samples=2, max_new_tokens=16, min_new_tokens=16),
         alphas=ALPHAS,
-        samples=2,
-        max_new_tokens=16,
-        min_new_tokens=16,
         batch_size=args.batch_size,
         progress=False,
     )

@@ -20,7 +20,8 @@ from pathlib import Path
 from valueprobe.datasets.answers import check, read_tasks
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import generate
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +39,7 @@ def main() -> None:
     lm = load(args.model)
     axis = ValueAxis.load(args.probe, lm=lm)
     start = time.perf_counter()
-    gens = generate(lm, axis, [list(t.messages) for t in tasks], greedy=True, max_new_tokens=args.new,
-                    batch_size=args.batch_size)  # fmt: skip
+    gens = generate(lm, axis, [list(t.messages) for t in tasks], decoding=Decoding(greedy=True, max_new_tokens=args.new), batch_size=args.batch_size)  # fmt: skip
     seconds = time.perf_counter() - start
     right: dict[str, list[bool]] = defaultdict(list)
     rows = []

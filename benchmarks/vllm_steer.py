@@ -51,9 +51,10 @@ def _plugin_cost(llm, lm, args) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from valueprobe.engines.vllm_generate import take_values
-    from valueprobe.engines.vllm_spec import VllmSteer
-    from valueprobe.steering.generation import encode_prompts
+    from valueprobe.steering.decode.generation import encode_prompts
+    from valueprobe.steering.hook.spec import SteeringSpec
+    from valueprobe.vllm.generate import take_values
+    from valueprobe.vllm.request import VllmArgs
 
     ids = encode_prompts(lm, _prompts(args.prompts))
     requests = [TokensPrompt(prompt_token_ids=i) for i in ids]
@@ -65,7 +66,9 @@ def _plugin_cost(llm, lm, args) -> dict:
                 max_tokens=args.tokens,
                 temperature=0.0,
                 ignore_eos=True,
-                extra_args=VllmSteer(probe=str(PROBE), alpha=4.0 if steer else 0.0, key=k).extra_args()
+                extra_args=VllmArgs(
+                    SteeringSpec(probe=str(PROBE)), alpha=4.0 if steer else 0.0, key=k
+                ).extra_args()
                 if (steer or read)
                 else None,
             )
@@ -95,23 +98,27 @@ def _plugin_cost(llm, lm, args) -> dict:
 
 def _sweep(llm, lm, axis, args) -> dict:
     import valueprobe as vp
-    from valueprobe.engines.vllm_generate import VllmGenerator
     from valueprobe.stats.null import random_directions
+    from valueprobe.vllm.generate import VllmGenerator
 
     prompts = _prompts(args.sweep_prompts)
     alphas = [-4.0, -2.0, 0.0, 2.0, 4.0]
     rand = torch.from_numpy(random_directions(axis.d_model, args.random_directions, seed=0)).float()
     directions = [None, *list(rand)]
-    kw = {"alphas": alphas, "greedy": True, "max_new_tokens": args.sweep_tokens, "progress": False}
-    gen = VllmGenerator(llm, PROBE)
+    kw = {
+        "alphas": alphas,
+        "decoding": vp.Decoding(greedy=True, max_new_tokens=args.sweep_tokens),
+        "progress": False,
+    }
+    gen = VllmGenerator(llm)
 
     def run_vllm() -> None:
         for d in directions:
-            gen(lm, axis, prompts, direction=d, **kw)
+            gen(lm, vp.SteeringSpec(axis, probe=str(PROBE), direction=d), prompts, **kw)
 
     def run_hf() -> None:
         for d in directions:
-            vp.generate(lm, axis, prompts, direction=d, batch_size=args.batch_size, **kw)
+            vp.generate(lm, vp.SteeringSpec(axis, direction=d), prompts, batch_size=args.batch_size, **kw)
 
     t_vllm = _best(args.repeats, run_vllm)
     t_hf = _best(args.repeats, run_hf)
@@ -138,8 +145,8 @@ def main() -> None:
     args = p.parse_args()
 
     import valueprobe as vp
-    from valueprobe.engines.vllm_generate import open_llm
     from valueprobe.probe.axis import ValueAxis
+    from valueprobe.vllm.generate import open_llm
 
     lm = vp.load("smollm2-135m")
     axis = ValueAxis.load(PROBE, lm=lm)

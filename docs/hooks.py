@@ -43,8 +43,11 @@ def _subpackages() -> list[str]:
 
 
 def _modules(sub: str) -> list[str]:
+    """The subpackage's modules, dotted from it, its own subpackages too (steering's ``hook``, ``hook.spec``, ...)."""
     folder = PACKAGE / sub
-    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    nested = [p.parent for p in folder.glob("*/**/__init__.py")]
+    modules = [p.with_suffix("") for p in folder.rglob("*.py") if not p.stem.startswith("_")]
+    return sorted(".".join(p.relative_to(folder).parts) for p in [*nested, *modules])
 
 
 def _api_pages() -> dict[str, str]:

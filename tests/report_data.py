@@ -13,8 +13,8 @@ from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
-from valueprobe.steering.dose import Curve, Effect, SteerSweep
-from valueprobe.steering.generation import Trace
+from valueprobe.steering.decode.generation import Trace
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep
 from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 
 

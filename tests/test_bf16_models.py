@@ -17,11 +17,11 @@ import pytest
 import torch
 import transformers as tf
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.io import Example
 from valueprobe.hooks.route import steered_logits
 from valueprobe.model.load import wrap
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
 
 CAPTURE_TOL, STEER_TOL = 0.03, 0.05
 EXAMPLES = [
@@ -63,8 +63,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_bf16_capture_is_float32_capture_within_tolerance(pair):
     full, half = pair
     assert next(half.model.parameters()).dtype == torch.bfloat16
-    a = capture(full, EXAMPLES, layers="all", positions="mean", progress=False).acts
-    b = capture(half, EXAMPLES, layers="all", positions="mean", progress=False).acts
+    a = capture(full, EXAMPLES, CaptureSettings(layers="all", positions="mean"), progress=False).acts
+    b = capture(half, EXAMPLES, CaptureSettings(layers="all", positions="mean"), progress=False).acts
     errors = {layer: _rel(b[layer], a[layer]) for layer in a}
     assert max(errors.values()) < CAPTURE_TOL, errors
     assert max(errors.values()) > 0  # really computed in bf16

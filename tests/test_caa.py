@@ -24,7 +24,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import cache_dir
 from valueprobe.replicate.caa import CaaReplication, CaaSizes, fit_caa_vectors, replicate_caa, split_items
 from valueprobe.report.steering_eval import caa_figure
-from valueprobe.steering.ab import ab_match, answer_ids
+from valueprobe.steering.experiment.ab import ab_match, answer_ids
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "caa"
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.encode import encode, render
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
@@ -55,15 +55,16 @@ def test_last_and_mean_match_output_hidden_states(tiny_lm, padding_side):
     last = capture(
         lm,
         exs,
-        layers=inner,
-        positions="last",
-        batch_size=3,
-        padding_side=padding_side,
-        include_embed=True,
+        CaptureSettings(
+            layers=inner, positions="last", batch_size=3, padding_side=padding_side, include_embed=True
+        ),
         progress=False,
     )
     mean = capture(
-        lm, exs, layers=inner, positions="mean", batch_size=3, padding_side=padding_side, progress=False
+        lm,
+        exs,
+        CaptureSettings(layers=inner, positions="mean", batch_size=3, padding_side=padding_side),
+        progress=False,
     )
     for i, ex in enumerate(exs):
         hs = reference(lm, ex)
@@ -75,8 +76,12 @@ def test_last_and_mean_match_output_hidden_states(tiny_lm, padding_side):
 
 def test_resid_pre_equals_previous_resid_post(tiny_lm):
     exs = _examples()
-    pre = capture(tiny_lm, exs, layers="all", site="resid_pre", positions="mean", progress=False)
-    post = capture(tiny_lm, exs, layers="all", site="resid_post", positions="mean", progress=False)
+    pre = capture(
+        tiny_lm, exs, CaptureSettings(layers="all", site="resid_pre", positions="mean"), progress=False
+    )
+    post = capture(
+        tiny_lm, exs, CaptureSettings(layers="all", site="resid_post", positions="mean"), progress=False
+    )
     for L in range(1, tiny_lm.n_layers):
         torch.testing.assert_close(pre.acts[L], post.acts[L - 1], atol=1e-6, rtol=1e-6)
 
@@ -85,7 +90,7 @@ def test_last_layer_resid_post_is_raw_block_output(tiny_lm_factory):
     """The final block's resid_post is before the final norm (TransformerLens convention)."""
     lm = tiny_lm_factory("llama")
     exs = _examples()
-    got = capture(lm, exs, layers=[-1], positions="last", progress=False)
+    got = capture(lm, exs, CaptureSettings(layers=[-1], positions="last"), progress=False)
     seen = []
     handle = lm.layers[-1].register_forward_hook(
         lambda m, a, o: seen.append(o[0] if isinstance(o, tuple) else o)
@@ -105,7 +110,10 @@ def test_spans_and_tokens_match_reference(tiny_lm_factory, positions):
     lm = tiny_lm_factory("qwen2")
     exs = _examples()
     res = capture(
-        lm, exs, layers=[0, 1], positions=positions, batch_size=2, padding_side="left", progress=False
+        lm,
+        exs,
+        CaptureSettings(layers=[0, 1], positions=positions, batch_size=2, padding_side="left"),
+        progress=False,
     )
     r = 0
     for ex in exs:
@@ -121,9 +129,14 @@ def test_spans_and_tokens_match_reference(tiny_lm_factory, positions):
 
 def test_batched_equals_unbatched(tiny_lm):
     exs = _examples()
-    one = capture(tiny_lm, exs, layers="all", positions="spans", batch_size=1, progress=False)
+    one = capture(
+        tiny_lm, exs, CaptureSettings(layers="all", positions="spans", batch_size=1), progress=False
+    )
     many = capture(
-        tiny_lm, exs, layers="all", positions="spans", batch_size=5, padding_side="left", progress=False
+        tiny_lm,
+        exs,
+        CaptureSettings(layers="all", positions="spans", batch_size=5, padding_side="left"),
+        progress=False,
     )
     for L in one.acts:
         torch.testing.assert_close(one.acts[L], many.acts[L], atol=1e-5, rtol=1e-5)
@@ -165,7 +178,9 @@ def test_capture_does_not_change_model_outputs(tiny_lm_factory):
     with torch.no_grad():
         before = lm.model(input_ids=ids).logits.clone()
     hooks_before = [(dict(b._forward_hooks), dict(b._forward_pre_hooks)) for b in lm.layers]
-    capture(lm, _examples(), layers="all", positions="last", include_embed=True, progress=False)
+    capture(
+        lm, _examples(), CaptureSettings(layers="all", positions="last", include_embed=True), progress=False
+    )
     assert [(dict(b._forward_hooks), dict(b._forward_pre_hooks)) for b in lm.layers] == hooks_before
     with torch.no_grad():
         after = lm.model(input_ids=ids).logits
@@ -176,16 +191,21 @@ def test_bad_input_is_one_clear_error(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     exs = _examples()
     with pytest.raises(ValueprobeError, match=r"out of range: this model has 3 layers: use 0..2 or -3..-1"):
-        capture(lm, exs, layers=[5], progress=False)
+        capture(lm, exs, CaptureSettings(layers=[5]), progress=False)
     with pytest.raises(ValueprobeError, match="empty"):
         capture(lm, [], progress=False)
     with pytest.raises(ValueprobeError, match="unknown positions"):
-        capture(lm, exs, positions="middle", progress=False)  # type: ignore[arg-type]
+        capture(lm, exs, CaptureSettings(positions="middle"), progress=False)  # type: ignore[arg-type]
     with pytest.raises(ValueprobeError, match="has no spans"):
-        capture(lm, [Example(id="n", label=0, group="g", text="abc")], positions="spans", progress=False)
+        capture(
+            lm,
+            [Example(id="n", label=0, group="g", text="abc")],
+            CaptureSettings(positions="spans"),
+            progress=False,
+        )
     text_only = Example(id="t", label=0, group="g", text="a b c d e f g", spans=(Span(12, 13, "end"),))
     with pytest.raises(ValueprobeError, match="covers no token"):
-        capture(lm, [text_only], positions="spans", max_length=2, progress=False)
+        capture(lm, [text_only], CaptureSettings(positions="spans", max_length=2), progress=False)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +224,7 @@ def test_capture_layers(tiny_lm_factory, spec, want):
     lm = tiny_lm_factory("llama")
     assert parse_layers(spec, n_layers=lm.n_layers) == want
     assert capture(
-        lm, [Example(id="a", label=0, group="g", text="a b c")], layers=spec, progress=False
+        lm, [Example(id="a", label=0, group="g", text="a b c")], CaptureSettings(layers=spec), progress=False
     ).acts.keys() == set(want)
 
 

@@ -17,7 +17,7 @@ from valueprobe.activations.encode import render
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import score_dataset
+from valueprobe.read.readout import ScoreSettings, score_dataset
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -97,7 +97,9 @@ def test_capture_fit_score(tiny_dir, icrl_small, tmp_path, capsys):
     # spans of cos(h_t, v̂), score = (mean h_t·v̂ − μ) / σ.
     lm = load(tiny_dir)
     axis = ValueAxis.load(probe, lm=lm)
-    want = score_dataset(axis, lm, examples, tokens="span_tokens", bootstrap=0, progress=False).records
+    want = score_dataset(
+        axis, lm, examples, ScoreSettings(tokens="span_tokens", bootstrap=0), progress=False
+    ).records
     for row, rec in zip(written, want, strict=True):
         assert row["id"] == rec["id"] and int(row["n_readout_tokens"]) == rec["n_readout_tokens"]
         assert float(row["val"]) == pytest.approx(rec["val"], abs=1e-6)

@@ -26,14 +26,14 @@ import torch
 import tqdm.auto
 from conftest import run_cli as run
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.encode import render, render_plain
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.cli.main import main
 from valueprobe.datasets.io import Example, Span, read_jsonl, write_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import score_dataset
+from valueprobe.read.readout import ScoreSettings, score_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -182,7 +182,10 @@ def test_ctrl_c_exits_130_and_keeps_the_last_checkpoint(tiny_dir, tmp_path, caps
     done = kept.manifest.n_examples_done
     lm = load(tiny_dir)
     ref = capture(
-        lm, big[:done], layers=[0, 2], positions="last", batch_size=1, include_embed=True, progress=False
+        lm,
+        big[:done],
+        CaptureSettings(layers=[0, 2], positions="last", batch_size=1, include_embed=True),
+        progress=False,
     )
     assert kept.rows().example_id == [ex.id for ex in big[:done]]
     for key in kept.manifest.keys:
@@ -507,7 +510,12 @@ def test_time_checkpoints_give_the_same_store(tiny_lm_factory, tmp_path, monkeyp
         for i in range(7)
     ]
     one = capture_to_store(
-        lm, exs, tmp_path / "one", layers="all", dtype="float32", batch_size=2, progress=False
+        lm,
+        exs,
+        tmp_path / "one",
+        CaptureSettings(layers="all", batch_size=2, include_embed=True),
+        dtype="float32",
+        progress=False,
     )
     clock = iter(range(0, 10**6, 100))  # every batch takes "100 s": each one ends a shard
     monkeypatch.setattr("valueprobe.activations.store.time.monotonic", lambda: float(next(clock)))
@@ -515,9 +523,8 @@ def test_time_checkpoints_give_the_same_store(tiny_lm_factory, tmp_path, monkeyp
         lm,
         exs,
         tmp_path / "many",
-        layers="all",
+        CaptureSettings(layers="all", batch_size=2, include_embed=True),
         dtype="float32",
-        batch_size=2,
         checkpoint_seconds=60,
         progress=False,
     )
@@ -618,7 +625,10 @@ def test_score_progress_moves_per_batch(probe_dir, tiny_lm_factory, monkeypatch)
     monkeypatch.setattr("valueprobe.read.readout.tqdm", Recorder)
     exs = [Example(id=f"e{i}", label=i % 2, group=f"g{i % 3}", text=f"x = {i}\n") for i in range(10)]
     score_dataset(
-        ValueAxis.load(probe_dir), tiny_lm_factory("llama"), exs, batch_size=3, bootstrap=0, force=True
+        ValueAxis.load(probe_dir),
+        tiny_lm_factory("llama"),
+        exs,
+        ScoreSettings(batch_size=3, bootstrap=0, force=True),
     )
     assert steps == [3, 3, 3, 1]  # one step per batch, not one per 32 batches
 

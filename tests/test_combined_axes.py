@@ -16,7 +16,8 @@ from test_steer import _batch, _forward, planted_axis
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import steer
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.spec import SteeringSpec
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 
@@ -33,7 +34,7 @@ def test_several_axes_each_add_their_own_strength_under_the_cache(tiny_lm_factor
     a, b = two_axes(lm)
     ids, mask = _batch(lm)
     alpha = torch.tensor([2.0, -1.5, 0.0, 3.0])
-    out, base, real = cached_and_full(lm, ids, mask, 5, axis=[2 * a, -b], alpha=alpha)
+    out, base, real = cached_and_full(lm, ids, mask, 5, [2 * a, -b], alpha)
     push = 2 * SIGMA * a.direction(1) - SIGMA * b.direction(1)
     want = base.hidden_states[2] + alpha[:, None, None] * push
     torch.testing.assert_close(out.hidden_states[2][real], want[real], atol=1e-5, rtol=0)
@@ -53,7 +54,7 @@ def test_several_axes_ablate_in_list_order(tiny_lm_factory, arch):
         v1, v2 = first.direction(1), second.direction(1)
         h1 = h - (h @ v1)[..., None] * v1
         want = h1 - (h1 @ v2)[..., None] * v2
-        with steer(lm, [first, second], 1.0, layers=1, op="ablate"):
+        with steer(lm, SteeringSpec([first, second], layers=1, op="ablate"), 1.0):
             got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states[2]
         torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
         torch.testing.assert_close((got @ v2)[real], torch.zeros_like(got[..., 0])[real], atol=1e-5, rtol=0)
@@ -104,4 +105,4 @@ def test_combining_axes_of_other_widths_or_models_is_refused(tiny_lm_factory):
     with pytest.raises(ValueprobeError, match="parallel or cancel"):
         a.orthogonalize(2 * a)
     with pytest.raises(ValueprobeError, match="override takes one axis"):
-        steer(lm, [a, a], 1.0, direction=torch.ones(lm.d_model))
+        steer(lm, SteeringSpec([a, a], direction=torch.ones(lm.d_model)), 1.0)

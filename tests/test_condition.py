@@ -15,9 +15,16 @@ from test_operators import SIGMA, cached_and_full, op_axis  # tests/ is on sys.p
 from test_steer import PROMPTS, _batch, _forward
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.condition import Condition, evaluate_condition, find_condition_point, find_threshold
-from valueprobe.steering.generation import generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.condition import (
+    Condition,
+    evaluate_condition,
+    find_condition_point,
+    find_threshold,
+)
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.spec import SteeringSpec
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 THRESHOLD = 0.5  # σ: the tiny models' scores on the planted axis spread over about ±4
@@ -42,7 +49,7 @@ def test_operator_fires_exactly_where_the_planted_axis_crosses(tiny_lm_factory, 
     ids, mask = _batch(lm)
     alpha = torch.tensor([3.0, -2.0, 1.5, 2.0])
     cond = Condition(THRESHOLD, when=when, latch=latch)
-    out, base, real = cached_and_full(lm, ids, mask, 6, axis=axis, alpha=alpha, condition=cond)
+    out, base, real = cached_and_full(lm, ids, mask, 6, SteeringSpec(axis, condition=cond), alpha)
     h = base.hidden_states[2]
     fire = expected_fire(axis.score(h, 1), real, when, latch)
     assert fire.any() and (real & ~fire).any()  # some cells cross and some do not
@@ -59,13 +66,11 @@ def test_condition_in_generate_traces_alpha_exactly_at_crossing_tokens(tiny_lm_f
     cond = Condition(THRESHOLD, when="above", axis=reader)
     gens = generate(
         lm,
-        axis,
+        SteeringSpec(axis, condition=cond),
         PROMPTS,
+        decoding=Decoding(greedy=True, max_new_tokens=6),
         alphas=[2.0],
-        greedy=True,
-        max_new_tokens=6,
         trace=True,
-        condition=cond,
         progress=False,
     )
     fired = 0
@@ -79,8 +84,8 @@ def test_condition_in_generate_traces_alpha_exactly_at_crossing_tokens(tiny_lm_f
         assert all(a in (0.0, 2.0) for a in g.trace.alpha[:n])
         fired += int(crosses[:n].sum())
     assert 0 < fired < sum(len(g.trace.alpha) - 1 for g in gens)
-    with pytest.raises(ValueprobeError, match="a condition runs on backend 'hooks' only"):
-        generate(lm, axis, PROMPTS[:1], condition=cond, backend="nnsight", progress=False)
+    with pytest.raises(ValueprobeError, match="a condition runs on route 'hooks' only"):
+        generate(lm, SteeringSpec(axis, condition=cond), PROMPTS[:1], route="nnsight", progress=False)
 
 
 def test_condition_bad_input(tiny_lm_factory):
@@ -91,7 +96,7 @@ def test_condition_bad_input(tiny_lm_factory):
     with pytest.raises(ValueprobeError, match="not a finite number"):
         Condition(float("nan"))
     with pytest.raises(ValueprobeError, match="no σ calibration"):
-        steer(lm, axis, 1.0, condition=Condition(0.0, axis=axis + op_axis(lm)), unit="raw")
+        steer(lm, SteeringSpec(axis, condition=Condition(0.0, axis=axis + op_axis(lm)), unit="raw"), 1.0)
 
 
 # --- the threshold search -----------------------------------------------------------------------

@@ -11,11 +11,13 @@ import torch
 import transformers
 from test_steer_sweep import tiny_axis
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import check_dtype, load
-from valueprobe.steering.generation import generate
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.spec import SteeringSpec
 
 # the tiny llama of conftest (3 blocks): block 1 lives on disk and is paged in for each forward
 SPLIT = {
@@ -40,15 +42,15 @@ def test_disk_offloaded_model_captures_and_steers_like_the_whole_model(tiny_dir,
     assert split.model.model.layers[1].self_attn.q_proj.weight.device.type == "meta"
     assert split.model.hf_device_map["model.layers.1"] == "disk"
     assert split.fingerprint == whole.fingerprint  # read from the offloaded weights themselves
-    a = capture(whole, EXAMPLES, layers="all", positions="mean", progress=False).acts
-    b = capture(split, EXAMPLES, layers="all", positions="mean", progress=False).acts
+    a = capture(whole, EXAMPLES, CaptureSettings(layers="all", positions="mean"), progress=False).acts
+    b = capture(split, EXAMPLES, CaptureSettings(layers="all", positions="mean"), progress=False).acts
     for layer in a:
         torch.testing.assert_close(b[layer], a[layer], rtol=0, atol=1e-6)
     axis = tiny_axis(whole)
     prompts = ["The capital of France is", "def add(a, b):"]
-    kw = dict(alphas=(-4.0, 0.0, 4.0), greedy=True, max_new_tokens=6, layers=[1], progress=False)
-    want = [g.text for g in generate(whole, axis, prompts, **kw)]
-    got = [g.text for g in generate(split, axis, prompts, **kw)]
+    kw = dict(alphas=(-4.0, 0.0, 4.0), decoding=Decoding(greedy=True, max_new_tokens=6), progress=False)
+    want = [g.text for g in generate(whole, SteeringSpec(axis, layers=[1]), prompts, **kw)]
+    got = [g.text for g in generate(split, SteeringSpec(axis, layers=[1]), prompts, **kw)]
     assert got == want
     assert want[0] != want[2]  # the steering changed the greedy text, so the equality above says something
 

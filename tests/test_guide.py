@@ -19,7 +19,9 @@ from valueprobe.guided.policy import BestOfN, Prune, Rollback, as_policy
 from valueprobe.guided.records import Guided
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.readout import token_cos, val
-from valueprobe.steering.generation import encode_prompts, generate
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.spec import SteeringSpec
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Wait, that's not right. Let me"]
 LAYER = 1
@@ -71,7 +73,14 @@ def test_the_value_read_in_the_forward_equals_a_second_pass(tiny_lm_factory, arc
     lm = tiny_lm_factory(arch)
     axis = planted(lm)
     direction = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(9)) if null else None
-    out = guide(lm, axis, PROMPTS, BestOfN(n=3), max_new_tokens=10, direction=direction, progress=False)
+    out = guide(
+        lm,
+        SteeringSpec(axis, direction=direction),
+        PROMPTS,
+        BestOfN(n=3),
+        decoding=Decoding(max_new_tokens=10),
+        progress=False,
+    )
     encoded = encode_prompts(lm, PROMPTS)
     d = axis.direction(LAYER) if direction is None else direction / direction.norm()
     checked = 0
@@ -91,8 +100,21 @@ def test_candidates_are_the_rows_generate_samples(tiny_lm_factory):
     """Common random numbers: row (p, s) draws what vp.generate's row (p, s) draws, padding and all."""
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
-    out = guide(lm, axis, PROMPTS, BestOfN(n=4), max_new_tokens=12, seed=3, temperature=0.9, progress=False)
-    gens = generate(lm, axis, PROMPTS, samples=4, max_new_tokens=12, seed=3, temperature=0.9, progress=False)
+    out = guide(
+        lm,
+        axis,
+        PROMPTS,
+        BestOfN(n=4),
+        decoding=Decoding(max_new_tokens=12, seed=3, temperature=0.9),
+        progress=False,
+    )
+    gens = generate(
+        lm,
+        axis,
+        PROMPTS,
+        decoding=Decoding(samples=4, max_new_tokens=12, seed=3, temperature=0.9),
+        progress=False,
+    )
     assert [g.token_ids for g in gens] == [c.token_ids for g in out for c in g.candidates]
     assert [g.text for g in gens] == [c.text for g in out for c in g.candidates]
 
@@ -103,7 +125,13 @@ def test_best_of_n_picks_the_argmax_of_an_independent_readout(tiny_lm_factory, s
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
     out = guide(
-        lm, axis, PROMPTS, BestOfN(n=6, last_k=last_k), score=score, max_new_tokens=10, progress=False
+        lm,
+        axis,
+        PROMPTS,
+        BestOfN(n=6, last_k=last_k),
+        decoding=Decoding(max_new_tokens=10),
+        score=score,
+        progress=False,
     )
     encoded = encode_prompts(lm, PROMPTS)
     for g in out:
@@ -134,8 +162,10 @@ def test_prune_drops_exactly_the_rows_below_the_quantile_of_live_siblings(tiny_l
     axis = planted(lm)
     max_new, every = 16, 4
     policy = Prune(n=8, every=every, quantile=quantile)
-    out = guide(lm, axis, PROMPTS, policy, max_new_tokens=max_new, seed=5, progress=False)
-    full = guide(lm, axis, PROMPTS, BestOfN(n=8), max_new_tokens=max_new, seed=5, progress=False)
+    out = guide(lm, axis, PROMPTS, policy, decoding=Decoding(max_new_tokens=max_new, seed=5), progress=False)
+    full = guide(
+        lm, axis, PROMPTS, BestOfN(n=8), decoding=Decoding(max_new_tokens=max_new, seed=5), progress=False
+    )
     dropped = 0
     for g, f in zip(out, full, strict=True):
         for t in range(every, max_new, every):
@@ -159,7 +189,12 @@ def test_prune_drops_exactly_the_rows_below_the_quantile_of_live_siblings(tiny_l
 def test_prune_near_the_ends_keeps_the_best_or_drops_the_worst(tiny_lm_factory, quantile, left):
     lm = tiny_lm_factory("llama")
     out = guide(
-        lm, planted(lm), PROMPTS[:1], Prune(n=8, every=3, quantile=quantile), max_new_tokens=4, progress=False
+        lm,
+        planted(lm),
+        PROMPTS[:1],
+        Prune(n=8, every=3, quantile=quantile),
+        decoding=Decoding(max_new_tokens=4),
+        progress=False,
     )
     (g,) = out
     assert sum(c.pruned_at is None for c in g.candidates) == left
@@ -200,7 +235,7 @@ def test_rollback_spends_the_tokens_it_takes_back_and_stops_at_its_cap(tiny_lm_f
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
     policy = Rollback(n=3, k=3, tau=1e-6, beta=0.0, max_rollbacks=2)
-    out = guide(lm, axis, PROMPTS, policy, max_new_tokens=16, seed=2, progress=False)
+    out = guide(lm, axis, PROMPTS, policy, decoding=Decoding(max_new_tokens=16, seed=2), progress=False)
     total = 0
     for g in out:
         for c in g.candidates:
@@ -222,8 +257,15 @@ def test_rollback_spends_the_tokens_it_takes_back_and_stops_at_its_cap(tiny_lm_f
 def test_rollback_that_never_fires_is_best_of_n(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
-    never = guide(lm, axis, PROMPTS, Rollback(n=2, tau=1e9, alpha=3.0), max_new_tokens=10, progress=False)
-    plain = guide(lm, axis, PROMPTS, BestOfN(n=2), max_new_tokens=10, progress=False)
+    never = guide(
+        lm,
+        axis,
+        PROMPTS,
+        Rollback(n=2, tau=1e9, alpha=3.0),
+        decoding=Decoding(max_new_tokens=10),
+        progress=False,
+    )
+    plain = guide(lm, axis, PROMPTS, BestOfN(n=2), decoding=Decoding(max_new_tokens=10), progress=False)
     assert [c.token_ids for g in never for c in g.candidates] == [
         c.token_ids for g in plain for c in g.candidates
     ]
@@ -232,9 +274,10 @@ def test_rollback_that_never_fires_is_best_of_n(tiny_lm_factory):
 def test_rollback_steers_only_after_a_rollback(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = planted(lm)
-    kw = {"max_new_tokens": 12, "progress": False, "read_layer": 2, "steer_layer": 0}
-    calm = guide(lm, axis, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0), **kw)
-    pushed = guide(lm, axis, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0, alpha=40.0), **kw)
+    kw = {"decoding": Decoding(max_new_tokens=12), "progress": False}
+    spec = SteeringSpec(axis, read_layer=2, layers=0)
+    calm = guide(lm, spec, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0), **kw)
+    pushed = guide(lm, spec, PROMPTS, Rollback(n=4, k=2, tau=0.05, beta=0.0, alpha=40.0), **kw)
     pairs = [
         (a, b)
         for g, h in zip(calm, pushed, strict=True)
@@ -248,7 +291,9 @@ def test_rollback_steers_only_after_a_rollback(tiny_lm_factory):
 
 def test_guided_records_round_trip_through_json(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
-    out = guide(lm, planted(lm), PROMPTS[:2], Prune(n=4, every=2), max_new_tokens=6, progress=False)
+    out = guide(
+        lm, planted(lm), PROMPTS[:2], Prune(n=4, every=2), decoding=Decoding(max_new_tokens=6), progress=False
+    )
     again = [Guided.from_dict(json.loads(json.dumps(jsonable(g.to_dict())))) for g in out]
     assert [jsonable(g.to_dict()) for g in again] == [jsonable(g.to_dict()) for g in out]
     assert again[0].candidates[0].sigma == out[0].candidates[0].sigma
@@ -325,7 +370,9 @@ def test_the_command_writes_the_records_and_a_summary(cli_files, capsys, tiny_lm
     assert rows["axis"][2] == pytest.approx(np.mean([g.tokens_spent for g in records[:3]]))
     # the same library call gives the same records (the CLI adds nothing of its own)
     lm = tiny_lm_factory("llama")
-    again = guide(lm, planted(lm), PROMPTS, Prune(n=4, every=2), max_new_tokens=6, progress=False)
+    again = guide(
+        lm, planted(lm), PROMPTS, Prune(n=4, every=2), decoding=Decoding(max_new_tokens=6), progress=False
+    )
     assert [g.token_ids for g in again] == [g.token_ids for g in records[:3]]
     assert "tokens/prompt" in stdout
 
@@ -393,8 +440,12 @@ def test_on_the_default_model_the_read_is_the_second_pass_and_the_samples_are_ge
         Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-reward-history", lm=lm
     )
     chats = [[{"role": "user", "content": "What is 7 + 5? Give the final answer as a number."}]]
-    out = guide(lm, axis, chats, BestOfN(n=3), max_new_tokens=10, temperature=0.8, progress=False)
-    gens = generate(lm, axis, chats, samples=3, max_new_tokens=10, temperature=0.8, progress=False)
+    out = guide(
+        lm, axis, chats, BestOfN(n=3), decoding=Decoding(max_new_tokens=10, temperature=0.8), progress=False
+    )
+    gens = generate(
+        lm, axis, chats, decoding=Decoding(samples=3, max_new_tokens=10, temperature=0.8), progress=False
+    )
     assert [g.token_ids for g in gens] == [c.token_ids for c in out[0].candidates]
     prompt = encode_prompts(lm, chats)[0]
     layer = axis.best_layer

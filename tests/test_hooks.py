@@ -13,14 +13,14 @@ import torch
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
 from valueprobe.hooks.route import (
-    BACKENDS,
+    ROUTES,
     Handle,
     Point,
     Route,
     intervene,
     position_ids_from_mask,
     record,
-    route,
+    route_for,
 )
 from valueprobe.vocab import Site
 
@@ -176,18 +176,18 @@ def test_intervene_changes_what_later_blocks_see(tiny_lm_factory):
 
 
 def test_registry_routes_satisfy_protocol():
-    for name in BACKENDS:
-        impl = route(name)
+    for name in ROUTES:
+        impl = route_for(name)
         assert isinstance(impl.name, str) and impl.name == name
         assert callable(impl.read) and callable(impl.steered_logits) and callable(impl.generate)
         assert isinstance(impl, Route)  # runtime-checkable: every member of the protocol is there
     # ... and the check can fail: an object missing one member is not a Route
     half = type("Half", (), {"name": "half", "read": lambda *a: {}, "steered_logits": lambda *a: None})()
     assert not isinstance(half, Route)
-    with pytest.raises(ValueprobeError, match="unknown backend"):
-        route("vllm")
+    with pytest.raises(ValueprobeError, match="unknown route"):
+        route_for("vllm")
     with pytest.raises(ValueprobeError, match="through nnsight"):
-        route("hooks", remote=True)
+        route_for("hooks", remote=True)
 
 
 def test_bad_layer_one_clear_error(tiny_lm_factory):

@@ -26,14 +26,15 @@ from test_cli_faults import one_line
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import wrap
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.handle import steer
-from valueprobe.steering.interop import (
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.interop import (
     ControlVector,
     control_vector,
     import_axis,
     read_control_vector,
     write_control_vector,
 )
+from valueprobe.steering.hook.spec import SteeringSpec
 
 PROMPT = "Wait, that's not right. Let me recompute: 12 * 7 = 84."
 
@@ -80,7 +81,7 @@ def _hidden(lm, text: str = PROMPT) -> tuple[torch.Tensor, ...]:
 
 def _steered_delta(lm, axis, alpha, **kw) -> list[torch.Tensor]:
     base = _hidden(lm)
-    with steer(lm, axis, alpha, **kw):
+    with steer(lm, SteeringSpec(axis, **kw), alpha):
         got = _hidden(lm)
     return [g - b for g, b in zip(got, base, strict=True)]
 
@@ -130,7 +131,7 @@ def _llama_cpp_apply(lm, path: Path, strength: float):
 def test_gguf_is_what_llama_cpp_and_repeng_read(tmp_path, tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = planted_axis(lm)
-    cv = control_vector(lm, axis, alpha=2.0, layers=[1, 2])
+    cv = control_vector(lm, SteeringSpec(axis, layers=[1, 2]), alpha=2.0)
     path = write_control_vector(cv, tmp_path / "v.gguf", to="gguf-control-vector")
     reader = gguf.GGUFReader(path)
     fields = {
@@ -151,7 +152,7 @@ def test_gguf_is_what_llama_cpp_and_repeng_read(tmp_path, tiny_lm_factory):
 
 def test_gguf_bytes_equal_repengs_own_export(tmp_path, tiny_lm_factory, repeng):
     lm = tiny_lm_factory("llama")
-    cv = control_vector(lm, planted_axis(lm), layers="0:3")
+    cv = control_vector(lm, SteeringSpec(planted_axis(lm), layers="0:3"))
     ours = write_control_vector(cv, tmp_path / "ours.gguf", to="repeng")
     theirs = tmp_path / "theirs.gguf"
     directions = {layer: cv.vectors[layer].numpy() for layer in cv.layers}
@@ -161,13 +162,13 @@ def test_gguf_bytes_equal_repengs_own_export(tmp_path, tiny_lm_factory, repeng):
 
 def test_llama_cpp_refuses_block_0_and_resid_pre_0_has_no_key(tmp_path, tiny_lm_factory):
     lm = tiny_lm_factory("llama")
-    cv = control_vector(lm, planted_axis(lm), layers=[0, 1])
+    cv = control_vector(lm, SteeringSpec(planted_axis(lm), layers=[0, 1]))
     with pytest.raises(ValueprobeError, match="never steers block 0"):
         write_control_vector(cv, tmp_path / "v.gguf", to="gguf-control-vector")
     assert not (tmp_path / "v.gguf").exists()
     write_control_vector(cv, tmp_path / "r.gguf", to="repeng")  # repeng steers block 0
     with pytest.raises(ValueprobeError, match="embedding output"):
-        control_vector(lm, planted_axis(lm, site="resid_pre"), layers=0)
+        control_vector(lm, SteeringSpec(planted_axis(lm, site="resid_pre"), layers=0))
 
 
 # --- the same hidden-state delta through each project's own API ---
@@ -178,7 +179,7 @@ def test_repeng_steers_as_vp_steer(tmp_path, own_lm, repeng, site):
     lm, axis = own_lm, planted_axis(own_lm, site=site)
     layers, alpha, coeff = [1, 3], 1.5, -2.0
     path = write_control_vector(
-        control_vector(lm, axis, alpha=alpha, layers=layers), tmp_path / "v.gguf", to="repeng"
+        control_vector(lm, SteeringSpec(axis, layers=layers), alpha=alpha), tmp_path / "v.gguf", to="repeng"
     )
     want = _steered_delta(lm, axis, alpha * coeff, layers=layers)
     vector = repeng.ControlVector.import_gguf(str(path))
@@ -199,7 +200,7 @@ def test_repeng_steers_as_vp_steer(tmp_path, own_lm, repeng, site):
 def test_steering_vectors_steers_as_vp_steer(tmp_path, own_lm):
     sv = pytest.importorskip("steering_vectors")
     lm, axis = own_lm, planted_axis(own_lm)
-    cv = control_vector(lm, axis, alpha=1.0, layers="1:3", unit="norm")
+    cv = control_vector(lm, SteeringSpec(axis, layers="1:3", unit="norm"), alpha=1.0)
     path = write_control_vector(cv, tmp_path / "v.safetensors", to="steering-vectors")
     vector = sv.SteeringVector({int(k): v for k, v in load_file(str(path)).items()}, "decoder_block")
     want = _steered_delta(lm, axis, 3.0, layers="1:3", unit="norm")
@@ -212,7 +213,7 @@ def test_steering_vectors_steers_as_vp_steer(tmp_path, own_lm):
 def test_llama_cpp_rules_steer_as_vp_steer(tmp_path, own_lm):
     lm, axis = own_lm, planted_axis(own_lm, site="resid_pre")
     path = write_control_vector(
-        control_vector(lm, axis, layers=[2, 3]), tmp_path / "v.gguf", to="gguf-control-vector"
+        control_vector(lm, SteeringSpec(axis, layers=[2, 3])), tmp_path / "v.gguf", to="gguf-control-vector"
     )
     want = _steered_delta(lm, axis, 2.5, layers=[2, 3])
     base = _hidden(lm)
@@ -230,7 +231,9 @@ def test_llama_cpp_rules_steer_as_vp_steer(tmp_path, own_lm):
 
 def test_import_round_trip_steers_as_the_file(tmp_path, own_lm):
     lm, axis = own_lm, planted_axis(own_lm, site="resid_pre")
-    cv = control_vector(lm, axis, layers=[2, 3], unit="raw")  # unit vectors, as repeng's PCA gives
+    cv = control_vector(
+        lm, SteeringSpec(axis, layers=[2, 3], unit="raw")
+    )  # unit vectors, as repeng's PCA gives
     path = write_control_vector(cv, tmp_path / "v.gguf", to="gguf-control-vector")
     got = import_axis(lm, read_control_vector(path), source=str(path))
     assert got.layers == (1, 2) and got.site == "resid_post"  # resid_pre[L] came back as resid_post[L-1]
@@ -248,7 +251,9 @@ def test_import_round_trip_steers_as_the_file(tmp_path, own_lm):
 
 def test_import_single_layer_keeps_its_norm_as_scale(tmp_path, own_lm):
     lm, axis = own_lm, planted_axis(own_lm)
-    path = write_control_vector(control_vector(lm, axis, layers=2), tmp_path / "v.gguf", to="repeng")
+    path = write_control_vector(
+        control_vector(lm, SteeringSpec(axis, layers=2)), tmp_path / "v.gguf", to="repeng"
+    )
     got = import_axis(lm, read_control_vector(path))
     assert got.scale == pytest.approx(float(axis.sigma[2]))  # the file holds σ·v̂
     # raw α = s on the import adds what the file adds at strength s: α = s σ on the axis
@@ -277,7 +282,7 @@ def test_import_reads_repengs_file(tmp_path, own_lm, repeng):
 def test_import_refuses_other_width_architecture_and_files(tmp_path, tiny_lm_factory):
     llama = tiny_lm_factory("llama")
     path = write_control_vector(
-        control_vector(llama, planted_axis(llama), layers=1), tmp_path / "v.gguf", to="repeng"
+        control_vector(llama, SteeringSpec(planted_axis(llama), layers=1)), tmp_path / "v.gguf", to="repeng"
     )
     cv = read_control_vector(path)
     with pytest.raises(ValueprobeError, match="width 64 but .* d_model 32"):
@@ -356,7 +361,7 @@ def test_default_model_all_three_formats_match_vp_steer(tmp_path, repeng):
     lm = vp.load("smollm2-135m")
     axis = vp.ValueAxis.load(Path(__file__).parents[1] / "probes/smollm2-135m-value", lm=lm)
     layers, alpha = [axis.best_layer - 2, axis.best_layer], 4.0
-    cv = control_vector(lm, axis, layers=layers)
+    cv = control_vector(lm, SteeringSpec(axis, layers=layers))
     want = _steered_delta(lm, axis, alpha, layers=layers)
     paths = {
         to: write_control_vector(cv, tmp_path / f"v-{to}", to=to)

@@ -31,12 +31,83 @@ def test_no_function_over_80_lines_outside_datasets():
     assert not long, long
 
 
-def test_the_layer_contract_names_every_subpackage():
+def _layers(container: str) -> set[str]:
+    """The names the layers contract of ``container`` (pyproject) puts in its layers."""
     import tomllib
 
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    (layers,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
-    named = {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == [container]]
+    return {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+
+
+def test_the_layer_contract_names_every_subpackage():
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
-    assert subpackages | modules == named
+    assert subpackages | modules == _layers("valueprobe")
+
+
+def test_steering_is_split_by_role_and_its_contract_names_every_folder():
+    """steering/ holds only its three role folders, and their layers contract names each."""
+    steering = PACKAGE / "steering"
+    folders = {p.parent.name for p in steering.glob("*/__init__.py")}
+    assert {p.name for p in steering.glob("*.py")} == {"__init__.py"}
+    assert folders == _layers("valueprobe.steering") == {"hook", "decode", "experiment"}
+
+
+MAX_PARAMETERS = 12  # issue 29: a public function (or CLI command) says at most this many things
+
+
+def _public_functions(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Module-level public functions and the public methods (``__init__`` included) of public
+    classes, by qualified name; nested functions and anything private are left out."""
+    out: list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]] = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+            out.append((node.name, node))
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            out += [
+                (f"{node.name}.{item.name}", item)
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                and (not item.name.startswith("_") or item.name == "__init__")
+            ]
+    return out
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = fn.args
+    names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    names += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def test_no_public_function_or_command_takes_more_than_twelve_parameters():
+    """CLI commands are public functions too: an option group (`valueprobe.cli.groups`) is one
+    parameter of the command, however many options typer shows for it."""
+    many = [
+        f"{path.relative_to(PACKAGE)}:{name} ({len(_parameters(fn))})"
+        for path in PACKAGE.rglob("*.py")
+        for name, fn in _public_functions(ast.parse(path.read_text(encoding="utf-8")))
+        if len(_parameters(fn)) > MAX_PARAMETERS
+    ]
+    assert not many, many
+
+
+def test_the_parameter_count_sees_a_long_signature():
+    """The rule above can fail: a method of 13 parameters, a command whose groups count once."""
+    src = "class A:\n    def f(self, a, b, c, d, e, f, g, h, i, j, k, l, m): ...\ndef g(ctx, load, spec): ..."
+    counts = {name: len(_parameters(fn)) for name, fn in _public_functions(ast.parse(src))}
+    assert counts == {"A.f": 13, "g": 3}
+
+
+def test_nn_module_hooks_are_registered_under_hooks_only():
+    """``register_forward_hook`` and its kin are called in hooks/ alone (the vLLM plugin included)."""
+    calls = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path.relative_to(PACKAGE).parts[0] != "hooks"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr.startswith("register_") and "hook" in node.attr
+    ]
+    assert not calls, calls

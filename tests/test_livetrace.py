@@ -1,7 +1,7 @@
 """``valueprobe trace`` end to end on a tiny model saved to disk, and its bad inputs.
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_livetrace.py``
-The CSV is checked against the library's own per-token score (`valueprobe.steering.handle` tests check
+The CSV is checked against the library's own per-token score (`valueprobe.steering.hook.handle` tests check
 that one against ``output_hidden_states``); every bad input is one line, exit 2, nothing written.
 """
 

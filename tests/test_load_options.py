@@ -32,8 +32,8 @@ from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import as_dtype, load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.rows import RowSpec, generate_rows
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.rows import RowSpec, generate_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -200,8 +200,8 @@ def test_trace_guide_and_serve_read_a_bfloat16_model_within_tolerance(
     for dtype in ("float32", "bfloat16"):
         lm = load(tiny_dir, dtype=dtype)
         (ids,) = encode_prompts(lm, ["The capital of France is"])
-        specs = [RowSpec(tuple(ids), max_new_tokens=4), RowSpec(tuple(ids), alpha=2.0, max_new_tokens=4)]
-        runs = generate_rows(lm, axis, specs, layer=axis.best_layer, value_layer=axis.best_layer)
+        specs = [RowSpec(tuple(ids), max_new_tokens=4)] * 2  # one unsteered row, one at α = 2
+        runs = generate_rows(lm, axis, specs, [0.0, 2.0])
         values["serve"][dtype] = np.array([v for r in runs for v in r.values])
     for command, got in values.items():
         relative = _relative(got["float32"], got["bfloat16"])

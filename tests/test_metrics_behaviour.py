@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from valueprobe.stats.metrics import dose_slope, null_range
-from valueprobe.steering.behaviour import (
+from valueprobe.steering.experiment.behaviour import (
     code_stats,
     dropped,
     has_backtrack,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.encode import encode
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
@@ -94,8 +94,8 @@ def test_peft_wrapped_model_finds_its_layers(tiny_lm_factory):
     assert Fingerprint.parse(lm.fingerprint).arch == Fingerprint.parse(base.fingerprint).arch
     ex = Example(id="x", label=1, group="g", text="Paris is nice")
     # LoRA's B starts at zero, so the wrapped model's residual stream equals the base's.
-    got = capture(lm, [ex], layers=[1], positions="last", progress=False).acts[1]
-    want = capture(base, [ex], layers=[1], positions="last", progress=False).acts[1]
+    got = capture(lm, [ex], CaptureSettings(layers=[1], positions="last"), progress=False).acts[1]
+    want = capture(base, [ex], CaptureSettings(layers=[1], positions="last"), progress=False).acts[1]
     torch.testing.assert_close(got, want)
     merged = wrap(peft_model.merge_and_unload(), base.tokenizer)
     assert merged.layers_path == "model.layers"
@@ -149,7 +149,7 @@ def test_layer_detection_more_families(tiny_tokenizer, config_cls, kw):
     ids = torch.tensor([encode(lm, [ex], positions="last")[0].input_ids])
     with torch.no_grad():
         hs = model(input_ids=ids, output_hidden_states=True).hidden_states
-    res = capture(lm, [ex], layers=[0], positions="last", progress=False)
+    res = capture(lm, [ex], CaptureSettings(layers=[0], positions="last"), progress=False)
     torch.testing.assert_close(res.acts[0][0], hs[1][0, -1], atol=1e-5, rtol=1e-5)
 
 
@@ -212,9 +212,11 @@ def test_default_model_offline_answers_and_captures(default_lm):
         Example(id="p", label=1, group="g", text=text, spans=(Span(0, 5, "a"), Span(6, len(text), "b"))),
         Example(id="q", label=0, group="g", messages=({"role": "user", "content": "Hi"},)),
     ]
-    res = capture(lm, ex[:1], layers="all", positions="spans", include_embed=True, progress=False)
+    res = capture(
+        lm, ex[:1], CaptureSettings(layers="all", positions="spans", include_embed=True), progress=False
+    )
     assert set(res.acts) == {"embed", *range(30)} and res.acts[21].shape == (2, 576)
-    last = capture(lm, ex, layers=[-1, 0], positions="last", progress=False)
+    last = capture(lm, ex, CaptureSettings(layers=[-1, 0], positions="last"), progress=False)
     assert last.acts[29].shape == (2, 576) and torch.isfinite(last.acts[29]).all()
     # Values against output_hidden_states (hidden_states[L + 1] = resid_post[L] below the last
     # block, whose entry has the final norm applied): each span's mean over the tokens whose first

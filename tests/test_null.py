@@ -7,10 +7,10 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.io import Example
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import score_dataset
+from valueprobe.read.readout import ScoreSettings, score_dataset
 from valueprobe.stats.null import mean_ci, null_range, percentile_in, random_directions
 
 
@@ -59,7 +59,12 @@ def test_score_null_matches_sklearn_on_random_directions(tiny_lm_factory):
     """Last-token contrast of fixed words: the null is recomputed by hand and random directions separate it."""
     lm = tiny_lm_factory("llama")
     exs = yes_no_examples()
-    h = capture(lm, exs, layers=[0], positions="last", progress=False).acts[0].double().numpy()
+    h = (
+        capture(lm, exs, CaptureSettings(layers=[0], positions="last"), progress=False)
+        .acts[0]
+        .double()
+        .numpy()
+    )
     y = np.array([ex.label for ex in exs])
     v = torch.tensor(h[y == 1].mean(0) - h[y == 0].mean(0), dtype=torch.float32)
     axis = ValueAxis(
@@ -75,7 +80,9 @@ def test_score_null_matches_sklearn_on_random_directions(tiny_lm_factory):
         fingerprint=lm.fingerprint,
         d_model=lm.d_model,
     )
-    res = score_dataset(axis, lm, exs, tokens="last", bootstrap=0, null=32, seed=5, progress=False)
+    res = score_dataset(
+        axis, lm, exs, ScoreSettings(tokens="last", bootstrap=0, null=32, seed=5), progress=False
+    )
     row = res.summary[0]
     R = random_directions(lm.d_model, 32, seed=5)
     want = np.array([roc_auc_score(y, h @ r) for r in R])

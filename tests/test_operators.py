@@ -2,7 +2,7 @@
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_operators.py``
 References: the unsteered ``output_hidden_states`` with each operator's formula applied by hand
-(written out here, apart from `valueprobe.steering.operators`), left padded; and, under the KV
+(written out here, apart from `valueprobe.steering.hook.operators`), left padded; and, under the KV
 cache, a no-cache forward of the final sequence with the operator on.
 """
 
@@ -19,10 +19,12 @@ from test_steer_sweep import settings_for, tiny_files  # noqa: F401 (a fixture)
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Point, intervene
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import generate
-from valueprobe.steering.handle import steer
-from valueprobe.steering.operators import Operator
-from valueprobe.steering.sweep import SweepSettings
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.experiment.sweep import SweepSettings
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.operators import Operator
+from valueprobe.steering.hook.spec import SteeringSpec
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
 # The tiny models' projections on a random direction at layer 1 run about ±0.08: with these
@@ -76,7 +78,7 @@ def test_operator_output_is_its_closed_form_under_left_padding(tiny_lm_factory, 
     assert not mask.bool().all()  # the batch is left padded
     alpha = _alpha(name)
     base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
-    with steer(lm, axis, alpha, layers=1, op=OPERATORS[name]):
+    with steer(lm, SteeringSpec(axis, layers=1, op=OPERATORS[name]), alpha):
         got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
     real = mask.bool()
     torch.testing.assert_close(got[2][real], closed_form(name, base[2], alpha, v)[real], atol=1e-5, rtol=0)
@@ -100,12 +102,12 @@ def test_operator_output_is_its_closed_form_under_left_padding(tiny_lm_factory, 
         )
 
 
-def cached_and_full(lm, ids, mask, new: int, **steer_kw):
-    """Greedy ``generate`` with the KV cache under ``steer(**steer_kw)``, and the references: a
+def cached_and_full(lm, ids, mask, new: int, spec, alpha):
+    """Greedy ``generate`` with the KV cache under ``steer(lm, spec, alpha)``, and the references: a
     no-cache steered forward of the final sequence, and its unsteered ``output_hidden_states``.
     Asserts the cached logits of every generated token equal the full forward's."""
     width = ids.shape[1]
-    with steer(lm, **steer_kw, prompt_length=width), torch.no_grad():
+    with steer(lm, spec, alpha, prompt_length=width), torch.no_grad():
         run = lm.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -118,7 +120,7 @@ def cached_and_full(lm, ids, mask, new: int, **steer_kw):
         )
     seq = run.sequences
     full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
-    with steer(lm, **steer_kw, prompt_length=width):
+    with steer(lm, spec, alpha, prompt_length=width):
         out = _forward(lm, seq, full_mask, output_hidden_states=True)
     base = _forward(lm, seq, full_mask, output_hidden_states=True)
     for t in range(new):
@@ -137,7 +139,7 @@ def test_operator_under_kv_cache_equals_full_forward(tiny_lm_factory, arch, name
     axis = op_axis(lm)
     ids, mask = _batch(lm)
     alpha = _alpha(name)
-    out, base, real = cached_and_full(lm, ids, mask, 5, axis=axis, alpha=alpha, op=OPERATORS[name])
+    out, base, real = cached_and_full(lm, ids, mask, 5, SteeringSpec(axis, op=OPERATORS[name]), alpha)
     want = closed_form(name, base.hidden_states[2], alpha, axis.direction(1))
     torch.testing.assert_close(out.hidden_states[2][real], want[real], atol=1e-5, rtol=0)
 
@@ -154,14 +156,14 @@ def test_operator_settings_refused_in_one_line(tiny_lm_factory):
     with pytest.raises(ValueprobeError, match="--target goes with --op set"):
         Operator("add", target=1.0)
     with pytest.raises(ValueprobeError, match="unknown operator"):
-        steer(lm, axis, 1.0, op="scale")
+        steer(lm, SteeringSpec(axis, op="scale"), 1.0)
     # set and clamp read σ: an uncalibrated axis (axis arithmetic) is refused before any hook
     mixed = axis + planted_axis(lm, seed=2)
     with pytest.raises(ValueprobeError, match="no σ calibration"):
-        steer(lm, mixed, 1.0, unit="raw", op=Operator("set", target=0.0))
+        steer(lm, SteeringSpec(mixed, unit="raw", op=Operator("set", target=0.0)), 1.0)
     ids, mask = _batch(lm, PROMPTS[:1])
     before = _forward(lm, ids, mask).logits
-    with steer(lm, mixed, 1.0, unit="raw", op="ablate"):  # ablate needs no σ
+    with steer(lm, SteeringSpec(mixed, unit="raw", op="ablate"), 1.0):  # ablate needs no σ
         assert not torch.allclose(_forward(lm, ids, mask).logits, before, atol=1e-4)
 
 
@@ -171,8 +173,8 @@ def test_generate_takes_the_operator_and_nnsight_refuses_it(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = op_axis(lm)
     v = axis.direction(1)
-    kw = dict(greedy=True, max_new_tokens=6, progress=False)
-    gens = generate(lm, axis, PROMPTS, alphas=[0.0, 1.0], op="ablate", **kw)
+    kw = dict(decoding=Decoding(greedy=True, max_new_tokens=6), progress=False)
+    gens = generate(lm, SteeringSpec(axis, op="ablate"), PROMPTS, alphas=[0.0, 1.0], **kw)
     plain = generate(lm, axis, PROMPTS, alphas=[0.0], **kw)
     assert [g.token_ids for g in gens[::2]] == [g.token_ids for g in plain]
     assert {g.op for g in gens} == {"ablate"} and {g.op for g in plain} == {"add"}
@@ -187,8 +189,15 @@ def test_generate_takes_the_operator_and_nnsight_refuses_it(tiny_lm_factory):
     ablated = [g.token_ids for g in gens[1::2]]
     assert [t[: len(a)] for t, a in zip(by_hand, ablated, strict=True)] == ablated
     assert ablated != [g.token_ids for g in plain]
-    with pytest.raises(ValueprobeError, match="^--op clamp runs on backend 'hooks' only"):
-        generate(lm, axis, PROMPTS[:1], alphas=[1.0], op=Operator("clamp", hi=0.0), backend="nnsight", **kw)
+    with pytest.raises(ValueprobeError, match="^--op clamp runs on route 'hooks' only"):
+        generate(
+            lm,
+            SteeringSpec(axis, op=Operator("clamp", hi=0.0)),
+            PROMPTS[:1],
+            alphas=[1.0],
+            route="nnsight",
+            **kw,
+        )
 
 
 def test_sweep_settings_without_op_are_an_add_sweep(tmp_path):
@@ -196,12 +205,12 @@ def test_sweep_settings_without_op_are_an_add_sweep(tmp_path):
     add = settings_for(tmp_path)
     assert "op" not in add.to_dict() and "lo" not in add.to_dict()
     old = {k: v for k, v in add.to_dict().items()}
-    assert SweepSettings.from_dict(old) == add and SweepSettings.from_dict(old).operator() == Operator("add")
-    clamp = settings_for(tmp_path, op="clamp", lo=-1.0)
+    assert SweepSettings.from_dict(old) == add and SweepSettings.from_dict(old).spec.op == Operator("add")
+    clamp = settings_for(tmp_path, spec=SteeringSpec(probe="tiny", op=Operator("clamp", lo=-1.0)))
     assert clamp.to_dict()["op"] == "clamp" and clamp.to_dict()["lo"] == -1.0
     assert SweepSettings.from_dict(json.loads(json.dumps(clamp.to_dict()))) == clamp
     with pytest.raises(ValueprobeError, match="lo 2 is above hi 1"):
-        settings_for(tmp_path, op="clamp", lo=2.0, hi=1.0).operator()
+        SweepSettings.from_dict({**old, "op": "clamp", "lo": 2.0, "hi": 1.0})
 
 
 def test_cli_steer_op_bad_input_one_line_before_model_load(tiny_files, tmp_path, capsys, monkeypatch):  # noqa: F811
@@ -237,16 +246,16 @@ def test_cli_steer_op_bad_input_one_line_before_model_load(tiny_files, tmp_path,
 ATTENTION = {"llama": "self_attn", "gpt2": "attn", "gpt_neox": "attention"}
 
 
-def _module_output(lm, module, ids, mask, **steer_kw):
+def _module_output(lm, module, ids, mask, spec=None, alpha=None):
     """The module's output (first element) in one forward, caught by a plain torch hook, and the
-    forward's hidden states; steered when ``steer_kw`` is given."""
+    forward's hidden states; steered when ``spec`` is given."""
     seen = []
     hook = module.register_forward_hook(
         lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out)
     )
     try:
-        if steer_kw:
-            with steer(lm, **steer_kw):
+        if spec is not None:
+            with steer(lm, spec, alpha):
                 states = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
         else:
             states = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
@@ -268,8 +277,9 @@ def test_attention_and_mlp_outputs_take_the_operator(tiny_lm_factory, arch, name
     alpha = _alpha(name)
     for site, module in (("attn_out", getattr(lm.layers[1], ATTENTION[arch])), ("mlp_out", lm.layers[1].mlp)):
         o, base = _module_output(lm, module, ids, mask)
-        kw = dict(axis=axis, alpha=alpha, layers=1, site=site, op=name)
-        got_o, got = _module_output(lm, module, ids, mask, **kw)
+        got_o, got = _module_output(
+            lm, module, ids, mask, SteeringSpec(axis, layers=1, site=site, op=name), alpha
+        )
         want_o = closed_form(name, o, alpha, v)
         torch.testing.assert_close(got_o[real], want_o[real], atol=1e-5, rtol=0)
         assert torch.equal(got[1], base[1]) and torch.equal(got_o[2], o[2])  # upstream, α = 0 row
@@ -284,7 +294,7 @@ def test_attention_output_steering_under_kv_cache(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
     ids, mask = _batch(lm)
     cached_and_full(
-        lm, ids, mask, 5, axis=op_axis(lm), alpha=torch.tensor([3.0, -2.0, 0.0, 1.0]), site="attn_out"
+        lm, ids, mask, 5, SteeringSpec(op_axis(lm), site="attn_out"), torch.tensor([3.0, -2.0, 0.0, 1.0])
     )
 
 
@@ -294,9 +304,9 @@ def test_a_family_without_the_submodule_is_refused_in_one_line(tiny_lm_factory, 
     hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())  # noqa: E731
     before = hooks()
     with pytest.raises(ValueprobeError, match="blocks of tiny-renamed expose no mlp_out submodule"):
-        steer(lm, op_axis(lm), 1.0, site="mlp_out", op="ablate")
+        steer(lm, SteeringSpec(op_axis(lm), site="mlp_out", op="ablate"), 1.0)
     with pytest.raises(ValueprobeError, match="unknown site"):
-        steer(lm, op_axis(lm), 1.0, site="resid_mid")
+        steer(lm, SteeringSpec(op_axis(lm), site="resid_mid"), 1.0)
     assert hooks() == before  # nothing left on
 
 
@@ -308,7 +318,7 @@ def test_window_of_generated_tokens(tiny_lm_factory, arch, window):
     axis = op_axis(lm)
     ids, mask = _batch(lm)
     width, alpha = ids.shape[1], torch.tensor([3.0, -2.0, 0.0, 1.0])
-    out, base, real = cached_and_full(lm, ids, mask, 5, axis=axis, alpha=alpha, window=window)
+    out, base, real = cached_and_full(lm, ids, mask, 5, SteeringSpec(axis, window=window), alpha)
     column = torch.arange(real.shape[1])
     moved = real & ((column >= width + window[0]) & (column < width + window[1]))[None, :]
     want = closed_form("add", base.hidden_states[2], alpha, axis.direction(1))
@@ -317,11 +327,17 @@ def test_window_of_generated_tokens(tiny_lm_factory, arch, window):
     assert int(moved.sum()) == 4 * (window[1] - window[0])  # every row, b - a generated cells
     for bad, words in (((2, 2), "0 <= a < b"), ((-1, 2), "0 <= a < b")):
         with pytest.raises(ValueprobeError, match=words):
-            steer(lm, axis, 1.0, window=bad, prompt_length=width)
+            steer(lm, SteeringSpec(axis, window=bad), 1.0, prompt_length=width)
     with pytest.raises(ValueprobeError, match="cannot go with positions='prompt'"):
-        steer(lm, axis, 1.0, window=(0, 2), positions="prompt", prompt_length=width)
+        steer(lm, SteeringSpec(axis, window=(0, 2), positions="prompt"), 1.0, prompt_length=width)
     with pytest.raises(ValueprobeError, match="site attn_out with a window of generated tokens runs on"):
-        generate(lm, axis, PROMPTS[:1], site="attn_out", window=(0, 2), backend="nnsight", progress=False)
+        generate(
+            lm,
+            SteeringSpec(axis, site="attn_out", window=(0, 2)),
+            PROMPTS[:1],
+            route="nnsight",
+            progress=False,
+        )
 
 
 def _renamed_mlp(lm, tokenizer):
@@ -364,7 +380,7 @@ def test_cli_steer_op_at_a_site_runs_and_records_it(tiny_files, tmp_path, capsys
     assert code == 0, err
     settings = json.loads((tmp_path / "o" / "settings.json").read_text())
     assert (settings["op"], settings["site"]) == ("ablate", "mlp_out") and "lo" not in settings
-    assert SweepSettings.from_dict(settings).operator() == Operator("ablate")
+    assert SweepSettings.from_dict(settings).spec.op == Operator("ablate")
 
 
 def test_cli_steer_at_a_site_the_family_lacks_is_one_line(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from valueprobe.activations import parts as parts_module
 from valueprobe.activations import store as store_module
+from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.ranks import rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store
@@ -21,7 +23,8 @@ from valueprobe.datasets.io import Example, Span, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import ShardSpec
 
-SETTINGS = dict(layers="all", positions="spans", batch_size=3, dataset_sha256="d" * 64, progress=False)
+CAPTURE = CaptureSettings(layers="all", positions="spans", batch_size=3, include_embed=True)
+STORE = dict(dataset_sha256="d" * 64, progress=False)
 
 
 def _examples(n: int = 11) -> list[Example]:
@@ -38,7 +41,15 @@ def _parts(lm, tmp: Path, n_parts: int, **kw) -> list[Path]:
     """Capture every part, last shard first (the order the jobs finish in must not matter)."""
     paths = [tmp / f"part{i}" for i in range(n_parts)]
     for i in reversed(range(n_parts)):
-        capture_to_store(lm, _examples(), paths[i], shard=ShardSpec(i, n_parts), **{**SETTINGS, **kw})
+        capture_to_store(
+            lm,
+            _examples(),
+            paths[i],
+            CAPTURE,
+            shard=ShardSpec(i, n_parts),
+            **STORE,
+            **kw,
+        )
     return paths
 
 
@@ -62,7 +73,7 @@ def assert_same_store(a: ActivationStore, b: ActivationStore) -> None:
 def test_merged_parts_equal_one_process_capture(tiny_lm_factory, tmp_path, n_parts, per_shard, dtype):
     lm = tiny_lm_factory("llama")
     kw = dict(examples_per_shard=per_shard, dtype=dtype)
-    one = capture_to_store(lm, _examples(), tmp_path / "one", **SETTINGS, **kw)
+    one = capture_to_store(lm, _examples(), tmp_path / "one", CAPTURE, **STORE, **kw)
     paths = _parts(lm, tmp_path, n_parts, **kw)
     parts = [ActivationStore.open(p) for p in paths]
     assert [p.manifest.part for p in parts] == [ShardSpec(i, n_parts) for i in range(n_parts)]
@@ -75,7 +86,14 @@ def test_merged_parts_equal_one_process_capture(tiny_lm_factory, tmp_path, n_par
 
 def test_a_part_resumes_from_its_own_checkpoints(tiny_lm_factory, tmp_path, monkeypatch):
     lm = tiny_lm_factory("llama")
-    one = capture_to_store(lm, _examples(), tmp_path / "one", examples_per_shard=2, **SETTINGS)
+    one = capture_to_store(
+        lm,
+        _examples(),
+        tmp_path / "one",
+        CAPTURE,
+        examples_per_shard=2,
+        **STORE,
+    )
     real, calls = store_module.save_file, []
 
     def dies_on_second(tensors, path, metadata=None):
@@ -87,15 +105,37 @@ def test_a_part_resumes_from_its_own_checkpoints(tiny_lm_factory, tmp_path, monk
     monkeypatch.setattr(store_module, "save_file", dies_on_second)
     part1 = tmp_path / "part1"
     with pytest.raises(KeyboardInterrupt):
-        capture_to_store(lm, _examples(), part1, shard=ShardSpec(1, 2), examples_per_shard=2, **SETTINGS)
+        capture_to_store(
+            lm,
+            _examples(),
+            part1,
+            CAPTURE,
+            shard=ShardSpec(1, 2),
+            examples_per_shard=2,
+            **STORE,
+        )
     stopped = ActivationStore.open(part1, allow_partial=True).manifest
     assert [s.examples for s in stopped.shards] == [(6, 8)]  # blocks 3..5 of 6 are shard 1/2's
     with pytest.raises(ValueprobeError, match=f"part {part1} .shard 1/2. is partial"):
         merge_stores(tmp_path / "merged", [part1, tmp_path / "part0"])
     monkeypatch.setattr(store_module, "save_file", real)
-    capture_to_store(lm, _examples(), part1, shard=ShardSpec(1, 2), examples_per_shard=2, **SETTINGS)
     capture_to_store(
-        lm, _examples(), tmp_path / "part0", shard=ShardSpec(0, 2), examples_per_shard=2, **SETTINGS
+        lm,
+        _examples(),
+        part1,
+        CAPTURE,
+        shard=ShardSpec(1, 2),
+        examples_per_shard=2,
+        **STORE,
+    )
+    capture_to_store(
+        lm,
+        _examples(),
+        tmp_path / "part0",
+        CAPTURE,
+        shard=ShardSpec(0, 2),
+        examples_per_shard=2,
+        **STORE,
     )
     assert_same_store(merge_stores(tmp_path / "merged", [tmp_path / "part0", part1]), one)
 
@@ -123,7 +163,13 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
     refused([p0, p1, p1, p2], f"parts {p1} and {p1} are both shard 1/3")
     other = tmp_path / "other-model"
     capture_to_store(
-        tiny_lm_factory("qwen2"), _examples(), other, shard=ShardSpec(1, 3), examples_per_shard=4, **SETTINGS
+        tiny_lm_factory("qwen2"),
+        _examples(),
+        other,
+        CAPTURE,
+        shard=ShardSpec(1, 3),
+        examples_per_shard=4,
+        **STORE,
     )
     refused([p0, other, p2], f"part {other} was captured from another model")
     layers = tmp_path / "other-layers"
@@ -131,14 +177,21 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
         tiny_lm_factory("llama"),
         _examples(),
         layers,
+        replace(CAPTURE, layers=[0]),
         shard=ShardSpec(1, 3),
         examples_per_shard=4,
-        **{**SETTINGS, "layers": [0]},
+        **STORE,
     )
     refused([p0, layers, p2], rf"part {layers} was captured with layers=\[0\], not \[0, 1, 2\]")
     split = tmp_path / "split2"
     capture_to_store(
-        tiny_lm_factory("llama"), _examples(), split, shard=ShardSpec(1, 2), examples_per_shard=4, **SETTINGS
+        tiny_lm_factory("llama"),
+        _examples(),
+        split,
+        CAPTURE,
+        shard=ShardSpec(1, 2),
+        examples_per_shard=4,
+        **STORE,
     )
     refused([p0, split, p2], f"part {split} is shard 1/2, of another split")
     data = tmp_path / "other-data"
@@ -150,7 +203,14 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
     _edit_manifest(unreadable, fingerprint="not-a-fingerprint")
     refused([p0, unreadable, p2], f"part {unreadable}: unreadable model fingerprint")
     whole = tmp_path / "whole"
-    capture_to_store(tiny_lm_factory("llama"), _examples(), whole, examples_per_shard=4, **SETTINGS)
+    capture_to_store(
+        tiny_lm_factory("llama"),
+        _examples(),
+        whole,
+        CAPTURE,
+        examples_per_shard=4,
+        **STORE,
+    )
     refused([p0, whole, p2], f"part {whole} is a whole store")
     (p2 / "shard-00000.safetensors").write_bytes(b"\0" * 10)
     refused([p0, p1, p2], f"part {p2}: shard")

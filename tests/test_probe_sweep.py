@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from valueprobe.activations.capture import Rows
+from valueprobe.activations.capture import CaptureSettings, Rows
 from valueprobe.activations.manifest import DatasetInfo, StoreManifest
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.fingerprint import FingerprintWarning
@@ -334,7 +334,12 @@ def test_real_store_from_a_tiny_model(tiny_lm_factory, tmp_path):
             )
         )
     store = capture_to_store(
-        lm, examples, tmp_path / "store", layers="all", positions="spans", dtype="float32", progress=False
+        lm,
+        examples,
+        tmp_path / "store",
+        CaptureSettings(layers="all", positions="spans", include_embed=True),
+        dtype="float32",
+        progress=False,
     )
     report = fit_probe(str(tmp_path / "store"), method="span_diff", n_splits=2, val_frac=0.25, test_frac=0.25)
     report.axis.save(tmp_path / "probe")

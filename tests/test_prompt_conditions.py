@@ -18,15 +18,16 @@ from test_steer_sweep import chats, settings_for, tiny_axis
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.report.effects import dose_response_figure
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.generation import generate
-from valueprobe.steering.prompting import (
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.prompting import (
     PromptCondition,
     parse_conditions,
     read_conditions,
     read_target,
 )
-from valueprobe.steering.sweep import GENERATIONS, read_rows, run_sweep
+from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows, run_sweep
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -94,11 +95,12 @@ def test_condition_rows_are_the_generation_of_the_chat_they_name(tiny_lm_factory
     write_jsonl(tmp_path / "p.jsonl", chats(3))
     settings = settings_for(
         tmp_path,
+        axis,
         conditions=("toward", "reworded"),
         conditions_file=str(path),
         conditions_sha256=sha256_file(path),
     )
-    sweep = run_sweep(lm, axis, chats(3), tmp_path / "out", settings, n_boot=20, progress=False)
+    sweep = run_sweep(lm, chats(3), tmp_path / "out", settings, n_boot=20, progress=False)
     rows = read_rows(tmp_path / "out" / GENERATIONS)
     assert {r.condition for r in rows} == {"none", "toward", "reworded"}
     assert len(rows) == 3 * 3 * 3 * (1 + settings.controls)  # conditions × prompts × α × directions
@@ -107,7 +109,12 @@ def test_condition_rows_are_the_generation_of_the_chat_they_name(tiny_lm_factory
         ("reworded", [{"role": "user", "content": "Please: " + chats(3)[1].messages[0]["content"]}]),
     ):
         by_hand = generate(
-            lm, axis, [chat], alphas=settings.alphas, greedy=True, max_new_tokens=4, progress=False
+            lm,
+            axis,
+            [chat],
+            alphas=settings.alphas,
+            decoding=Decoding(greedy=True, max_new_tokens=4),
+            progress=False,
         )
         got = {
             r.alpha: r.text
@@ -120,7 +127,7 @@ def test_condition_rows_are_the_generation_of_the_chat_they_name(tiny_lm_factory
     plain = [r for r in rows if r.condition == "none"]
     assert (
         sweep.effects
-        == run_sweep(lm, axis, chats(3), tmp_path / "out", settings, n_boot=20, progress=False).effects
+        == run_sweep(lm, chats(3), tmp_path / "out", settings, n_boot=20, progress=False).effects
     )
     assert all("condition" not in r.to_dict() for r in plain)  # plain rows read as before conditions
     again = SteerSweep.from_dict(json.loads(json.dumps(sweep.to_dict())))
@@ -133,12 +140,16 @@ def test_a_changed_conditions_file_is_refused(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     path = conditions_file(tmp_path)
     settings = settings_for(
-        tmp_path, conditions=("toward",), conditions_file=str(path), conditions_sha256=sha256_file(path)
+        tmp_path,
+        tiny_axis(lm),
+        conditions=("toward",),
+        conditions_file=str(path),
+        conditions_sha256=sha256_file(path),
     )
-    run_sweep(lm, tiny_axis(lm), chats(2), tmp_path / "out", settings, n_boot=0, progress=False)
+    run_sweep(lm, chats(2), tmp_path / "out", settings, n_boot=0, progress=False)
     conditions_file(tmp_path, toward="Be very brief.")
     with pytest.raises(ValueprobeError, match="has changed"):
-        run_sweep(lm, tiny_axis(lm), chats(2), tmp_path / "out", settings, n_boot=0, progress=False)
+        run_sweep(lm, chats(2), tmp_path / "out", settings, n_boot=0, progress=False)
 
 
 def test_parse_conditions():

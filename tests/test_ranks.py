@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from test_parts import _examples, assert_same_store
 
+from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import sha256_file, write_jsonl
 from valueprobe.model.load import load
@@ -41,7 +42,7 @@ def test_torchrun_two_ranks_merge_to_one_process_store(tiny_dir, tmp_path):
         load(tiny_dir),
         _examples(),
         tmp_path / "one",
-        positions="spans",
+        CaptureSettings(positions="spans", include_embed=True),
         examples_per_shard=3,
         dtype="float32",
         dataset_path=str(data),

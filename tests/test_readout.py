@@ -13,7 +13,7 @@ import torch
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import logit_lens, score_dataset, token_cos, val
+from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, token_cos, val
 from valueprobe.stats.metrics import auroc
 
 
@@ -66,7 +66,7 @@ def test_score_dataset_matches_hidden_states(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     axis = tiny_axis(lm, layer=1)
     exs = examples()
-    res = score_dataset(axis, lm, exs, bootstrap=50, batch_size=4, progress=False)
+    res = score_dataset(axis, lm, exs, ScoreSettings(bootstrap=50, batch_size=4), progress=False)
     v = axis.direction(1)
     for ex, rec in zip(exs, res.records, strict=True):
         ids = lm.tokenizer(ex.text, return_tensors="pt")
@@ -108,7 +108,7 @@ def test_score_dataset_refuses_another_model(tiny_lm_factory):
         score_dataset(axis, lm, examples(), progress=False)
     wide = tiny_lm_factory("llama", d_model=96)
     with pytest.raises(ValueprobeError, match="d_model 64 .* d_model 96"):
-        score_dataset(tiny_axis(lm), wide, examples(), progress=False, force=True)
+        score_dataset(tiny_axis(lm), wide, examples(), ScoreSettings(force=True), progress=False)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -133,8 +133,8 @@ def test_score_dataset_streams_in_chunks_with_same_result(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = tiny_axis(lm)
     many = [replace(ex, id=f"{ex.id}-{k}") for k in range(7) for ex in examples()]  # 42 examples
-    small = score_dataset(axis, lm, many, batch_size=1, bootstrap=0, progress=False)
-    big = score_dataset(axis, lm, many, batch_size=64, bootstrap=0, progress=False)
+    small = score_dataset(axis, lm, many, ScoreSettings(batch_size=1, bootstrap=0), progress=False)
+    big = score_dataset(axis, lm, many, ScoreSettings(batch_size=64, bootstrap=0), progress=False)
     assert [r["id"] for r in small.records] == [ex.id for ex in many]
     for a, b in zip(small.records, big.records, strict=True):
         assert a["n_readout_tokens"] == b["n_readout_tokens"]

@@ -33,12 +33,14 @@ from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
-from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
-from valueprobe.steering.generation import Generation, Trace
-from valueprobe.steering.settings import SweepSettings
+from valueprobe.steering.decode.generation import Generation, Trace
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
+from valueprobe.steering.experiment.settings import SweepSettings
+from valueprobe.steering.hook.operators import Operator
+from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneRecord
-from valueprobe.vocab import ShardSpec
+from valueprobe.vocab import ShardSpec, Unit
 
 PROBES = Path(__file__).resolve().parents[1] / "probes"
 
@@ -110,6 +112,20 @@ def text(d: dict) -> str:
 
 
 NO_RECORDS = {ShiftResult: {"records": st.just(())}}  # safety's results.json leaves them out
+# A sweep's steering spec, as settings.json can say it (its probe named, no control direction).
+OPERATORS = (Operator(), Operator("ablate"), Operator("clamp", lo=-1.0), Operator("set", target=0.5))
+SPECS = {
+    SweepSettings: {
+        "spec": st.builds(
+            SteeringSpec,
+            probe=st.text(min_size=1, max_size=6),
+            layers=st.none() | st.lists(st.integers(0, 40), min_size=1, max_size=3).map(tuple),
+            unit=st.sampled_from(list(Unit)),
+            op=st.sampled_from(OPERATORS),
+            positions=st.sampled_from(["all", "prompt", "generated"]),
+        )
+    }
+}
 
 ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (MeanSd, records(MeanSd)),
@@ -117,9 +133,9 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (Slope, records(Slope)),
     (Curve, records(Curve)),
     (Effect, records(Effect)),
-    (SteerSweep, records(SteerSweep)),
+    (SteerSweep, records(SteerSweep, SPECS)),
     (SweepRow, records(SweepRow)),
-    (SweepSettings, records(SweepSettings)),
+    (SweepSettings, records(SweepSettings, SPECS)),
     (Trace, records(Trace)),
     (Generation, records(Generation)),
     (AxisEvaluation, records(AxisEvaluation)),
@@ -130,11 +146,11 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (ShiftResult, records(ShiftResult)),
     (TuneRecord, records(TuneRecord)),
     (WordsReport, records(WordsReport)),
-    (ReplicateSteer, records(ReplicateSteer)),
+    (ReplicateSteer, records(ReplicateSteer, SPECS)),
     (SafetyReport, records(SafetyReport, NO_RECORDS)),
     (LogitLens, records(LogitLens)),
     (TracedText, records(TracedText)),
-    (SteerSection, records(SteerSection)),
+    (SteerSection, records(SteerSection, SPECS)),
     (ShiftSection, records(ShiftSection)),
 ]
 

@@ -21,28 +21,25 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.replicate.steer import (
     BENCHMARKS,
     ReplicateSteer,
+    ReplicateSteerSettings,
     parse_benchmarks,
     parse_rows,
     replicate_steer,
 )
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS
-from valueprobe.steering.yes_no import answer_tokens
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.experiment.sweep import GENERATIONS
+from valueprobe.steering.experiment.yes_no import answer_tokens
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _run(lm, tmp_path: Path, rows: tuple[str, ...], **kw) -> ReplicateSteer:
     more = {"benchmarks": kw.pop("benchmarks")} if "benchmarks" in kw else {}
-    return replicate_steer(
-        lm,
-        axis=kw.pop("axis", tiny_axis(lm)),
-        other=tiny_axis(lm, seed=1),
+    run = ReplicateSteerSettings(
         probe=kw.pop("probe", Path("p/value")),
         other_probe=Path("p/history"),
         data_dir=DATA,
         runs_dir=tmp_path / "runs",
-        out=tmp_path / "out",
         prompts=2,
         alphas=(-1.0, 1.0),
         unit="sigma",
@@ -51,6 +48,8 @@ def _run(lm, tmp_path: Path, rows: tuple[str, ...], **kw) -> ReplicateSteer:
         rows=rows,
         **more,
     )
+    axis = kw.pop("axis", tiny_axis(lm))
+    return replicate_steer(lm, run, axis=axis, other=tiny_axis(lm, seed=1), out=tmp_path / "out")
 
 
 def _p_yes_ablated(lm, ids: torch.Tensor, *, layer: int, v: torch.Tensor, ablate: bool) -> float:
@@ -84,7 +83,7 @@ def test_ablate_row_alone_keeps_the_add_row_and_reads_back(tiny_lm_factory, tmp_
     assert list(report.ablations) == [b.name for b in BENCHMARKS]
     settings = report.ablations["confidence"].settings
     assert settings is not None
-    assert settings.op == "ablate" and settings.alphas == (0.0, 1.0) and settings.other_probe is None
+    assert settings.spec.op.op == "ablate" and settings.alphas == (0.0, 1.0) and settings.other_probe is None
     assert ReplicateSteer.from_dict(after) == report
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "## Necessity: the axis ablated" in summary and "null 95% range (random ablated)" in summary

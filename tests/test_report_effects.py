@@ -27,8 +27,8 @@ from valueprobe.report.effects import (
 )
 from valueprobe.report.page import SECTIONS, Results, render_report
 from valueprobe.report.sections import ShiftSection, TracedText
-from valueprobe.steering.generation import Trace
-from valueprobe.tune.shift import shift
+from valueprobe.steering.decode.generation import Trace
+from valueprobe.tune.shift import ShiftSettings, shift
 from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 
@@ -215,7 +215,9 @@ def test_shift_records_the_data_sigma_that_converts_its_units(tiny_lm_factory):
     axis = calibrated_axis(base, exs)
     axis = dataclasses.replace(axis, sigma=2.0 * axis.sigma)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
-    res = shift(axis, base, tuned, exs, targeted=["alpha"], n_random=8, n_boot=50, progress=False)
+    res = shift(
+        axis, base, tuned, exs, ShiftSettings(targeted=["alpha"], n_random=8, n_boot=50), progress=False
+    )
     assert set(res.to_dict()["probe"]) == {
         f.name for f in dataclasses.fields(ProbeRef)
     }  # shift.json's format holds

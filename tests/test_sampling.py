@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from valueprobe.steering.sampling import RowSampler
+from valueprobe.steering.decode.sampling import RowSampler
 
 
 def reference_sample(scores: torch.Tensor, uniforms: torch.Tensor, temperature: float, top_p: float):

@@ -1,7 +1,7 @@
 """``valueprobe serve``: the OpenAI API with steering and per-token values, through the official client.
 
 Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_serve.py``
-References: the steered ``generate`` path (`valueprobe.steering.generation.generate`, greedy
+References: the steered ``generate`` path (`valueprobe.steering.decode.generation.generate`, greedy
 tokens), ``output_hidden_states`` under the `steer` handle (each token's σ-score at the value
 layer), each request run alone (batched = alone), and α's order (readouts order by strength).
 """
@@ -33,8 +33,10 @@ from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
 from valueprobe.serve.protocol import Limits
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.spec import SteeringSpec
 
 MODEL = "tiny-serve"
 STEER_LAYER, VALUE_LAYER = 1, 2  # 4 blocks: resid_post[2] is hidden_states[3], before the final norm
@@ -83,7 +85,9 @@ def axis(lm):
 
 @pytest.fixture(scope="module")
 def server(lm, axis):
-    s = Server(HFEngine(lm, axis, model=MODEL, window_s=0.15), Limits(MODEL, axis, max_alpha=MAX_ALPHA))
+    s = Server(
+        HFEngine(lm, model=MODEL, window_s=0.15), Limits(MODEL, SteeringSpec(axis), max_alpha=MAX_ALPHA)
+    )
     yield s
     s.close()
 
@@ -114,7 +118,7 @@ def _reference_values(lm, axis, prompt: str, alpha: float, token_ids: list[int])
     (ids,) = encode_prompts(lm, [prompt])
     full = torch.tensor([ids + token_ids[:-1]])
     mask = torch.ones_like(full)
-    with steer(lm, axis, alpha, layers=[STEER_LAYER]), torch.no_grad():
+    with steer(lm, SteeringSpec(axis, layers=[STEER_LAYER]), alpha), torch.no_grad():
         out = lm.model(
             input_ids=full,
             attention_mask=mask,
@@ -135,12 +139,10 @@ def test_completion_is_the_steered_generation_with_its_values(server, lm, axis, 
     choice = got.choices[0]
     ref = generate(
         lm,
-        axis,
+        SteeringSpec(axis, layers=[STEER_LAYER]),
         [PROMPT],
+        decoding=Decoding(greedy=True, max_new_tokens=6),
         alphas=[alpha],
-        greedy=True,
-        max_new_tokens=6,
-        layers=[STEER_LAYER],
         progress=False,
     )[0]
     ids = choice.model_extra["token_ids"]
@@ -283,10 +285,10 @@ def test_a_prompt_past_the_context_is_a_400_from_the_engine(server, lm):
 def test_a_batch_that_fails_is_retried_row_by_row_so_only_the_bad_request_fails(server, monkeypatch):
     real = hf_engine.generate_rows
 
-    def fragile(lm, axis, rows, **kw):  # a fault that only one request's row triggers
-        if any(r.alpha == 7.0 for r in rows):
+    def fragile(lm, spec, rows, alphas, **kw):  # a fault that only one request's row triggers
+        if 7.0 in alphas:
             raise RuntimeError("row with alpha 7 broke the batch")
-        return real(lm, axis, rows, **kw)
+        return real(lm, spec, rows, alphas, **kw)
 
     monkeypatch.setattr(hf_engine, "generate_rows", fragile)
     before = len(server.engine.batch_sizes)
@@ -315,7 +317,7 @@ def test_body_that_is_not_json_is_a_400(server):
 
 
 def test_api_key_is_enforced(lm, axis):
-    s = Server(HFEngine(lm, axis, model=MODEL), Limits(MODEL, axis), api_key="sekrit")
+    s = Server(HFEngine(lm, model=MODEL), Limits(MODEL, SteeringSpec(axis)), api_key="sekrit")
     try:
         with pytest.raises(openai.AuthenticationError):
             s.client("wrong").models.list()
@@ -412,7 +414,9 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
 
     axis = ValueAxis.load("probes/smollm2-135m-value", lm=default_lm)
     read = axis.best_layer + 2
-    s = Server(HFEngine(default_lm, axis, model="smollm2-135m"), Limits("smollm2-135m", axis, max_alpha=10))
+    s = Server(
+        HFEngine(default_lm, model="smollm2-135m"), Limits("smollm2-135m", SteeringSpec(axis), max_alpha=10)
+    )
     try:
         client = s.client()
         chat = [{"role": "user", "content": "Is 91 a prime number?"}]
@@ -429,7 +433,12 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
         with ThreadPoolExecutor(3) as pool:
             low, mid, high = pool.map(ask, [-4.0, 0.0, 4.0])
         ref = generate(
-            default_lm, axis, [chat], alphas=[4.0], greedy=True, max_new_tokens=12, progress=False
+            default_lm,
+            axis,
+            [chat],
+            decoding=Decoding(greedy=True, max_new_tokens=12),
+            alphas=[4.0],
+            progress=False,
         )[0]
         assert high.model_extra["token_ids"][: len(ref.token_ids)] == list(ref.token_ids)
         means = [sum(c.model_extra["values"]) / len(c.model_extra["values"]) for c in (low, mid, high)]
@@ -439,11 +448,12 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
 
 
 def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
-    from valueprobe.steering import rows as rows_module
+    from valueprobe.steering.decode import rows as rows_module
 
     (ids,) = encode_prompts(lm, [PROMPT])
     spec = rows_module.RowSpec(tuple(ids), max_new_tokens=4)
-    (free,) = rows_module.generate_rows(lm, axis, [spec], layer=STEER_LAYER, value_layer=VALUE_LAYER)
+    steering = SteeringSpec(axis, layers=STEER_LAYER, read_layer=VALUE_LAYER)
+    (free,) = rows_module.generate_rows(lm, steering, [spec], [0.0])
     real = rows_module._config
 
     def eos_is_the_second_token(lm, **kw):  # make the row's own second greedy token its EOS
@@ -454,9 +464,7 @@ def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
     monkeypatch.setattr(rows_module, "_config", eos_is_the_second_token)
     # generate fills an unset EOS from the model's own generation config: that one must not stop it
     monkeypatch.setattr(lm.model.generation_config, "eos_token_id", free.token_ids[1])
-    stops, runs = rows_module.generate_rows(
-        lm, axis, [spec, replace(spec, ignore_eos=True)], layer=STEER_LAYER, value_layer=VALUE_LAYER
-    )
+    stops, runs = rows_module.generate_rows(lm, steering, [spec, replace(spec, ignore_eos=True)], [0.0, 0.0])
     assert (stops.token_ids, stops.finish) == (free.token_ids[:1], "stop")
     assert (runs.token_ids, runs.finish) == (free.token_ids, "length")
     assert runs.values == pytest.approx(free.values, abs=1e-5)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import run_cli
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.io import Example, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import wrap
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.plots import shift_figure
-from valueprobe.tune.shift import random_directions, shift
+from valueprobe.tune.shift import ShiftSettings, random_directions, shift
 
 TEXTS = [
     "The capital of France is Paris, and the capital of Italy is Rome.",
@@ -41,7 +41,7 @@ def calibrated_axis(lm, exs, *, seed: int = 0) -> ValueAxis:
     g = torch.Generator().manual_seed(seed)
     dirs = torch.randn(lm.n_layers, lm.d_model, generator=g)
     dirs = dirs / dirs.norm(dim=1, keepdim=True)
-    acts = capture(lm, exs, layers="all", positions="mean", progress=False).acts
+    acts = capture(lm, exs, CaptureSettings(layers="all", positions="mean"), progress=False).acts
     proj = torch.stack([acts[i] @ dirs[i] for i in range(lm.n_layers)])  # [layers, n]
     n = lm.n_layers
     return ValueAxis(
@@ -62,7 +62,9 @@ def calibrated_axis(lm, exs, *, seed: int = 0) -> ValueAxis:
 def test_model_against_itself_shifts_zero(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     exs = examples()
-    res = shift(calibrated_axis(lm, exs), lm, lm, exs, contrast=True, n_boot=200, progress=False)
+    res = shift(
+        calibrated_axis(lm, exs), lm, lm, exs, ShiftSettings(contrast=True, n_boot=200), progress=False
+    )
     assert [g.group for g in res.groups] == ["alpha", "beta", "gamma"]
     for g in res.groups:
         assert g.shift == 0.0 and g.ci[0] <= 0.0 <= g.ci[1]
@@ -88,7 +90,7 @@ def test_planted_shift_is_recovered_in_sigma_and_beats_the_null(tiny_lm_factory)
     tuned = plant(base, layer=1, vector=c * axis.direction(1))
     with pytest.warns(UserWarning, match="other weights"):  # a descendant: read with a warning
         axis.check(tuned)
-    res = shift(axis, base, tuned, exs, n_random=64, n_boot=500, progress=False)
+    res = shift(axis, base, tuned, exs, ShiftSettings(n_random=64, n_boot=500), progress=False)
     for g in res.groups:
         assert g.shift == pytest.approx(3.0, abs=1e-4)
         assert g.ci[0] - 1e-4 <= 3.0 <= g.ci[1] + 1e-4
@@ -98,6 +100,38 @@ def test_planted_shift_is_recovered_in_sigma_and_beats_the_null(tiny_lm_factory)
     assert all(
         ys[0] == pytest.approx(0.0, abs=1e-6) for ys in res.shift_by_layer.values()
     )  # before the plant
+
+
+def test_shift_by_layer_has_the_tuned_models_sign_and_size_at_every_layer(tiny_lm_factory):
+    """Block 0 planted −2σ₀ along v̂₀ and block 1 +3σ₁ along v̂₁ (σ differs per layer): layer 0 moves
+    by exactly −2; every layer's mean shift equals (tuned − base) of the axis scores of captures of
+    both models, the trusted reference, so a shift read the other way round (or another layer's σ)
+    fails wherever the move is not zero, not only on an untuned model."""
+    base = tiny_lm_factory("gpt2")
+    exs = examples()
+    axis = calibrated_axis(base, exs)
+    sigma = [float(s) for s in axis.sigma]
+    assert len(set(sigma)) == len(sigma), "the test needs a σ of its own at each layer"
+    tuned = copy.deepcopy(base.model)
+    with torch.no_grad():
+        tuned.transformer.h[0].mlp.c_proj.bias.add_(-2.0 * sigma[0] * axis.direction(0))
+        tuned.transformer.h[1].mlp.c_proj.bias.add_(3.0 * sigma[1] * axis.direction(1))
+    tuned_lm = wrap(tuned, base.tokenizer, model_id="planted")
+    res = shift(axis, base, tuned_lm, exs, ShiftSettings(n_random=8, n_boot=0), progress=False)
+    assert res.layers == (0, 1, 2)
+    read = {
+        name: capture(lm, exs, CaptureSettings(layers="all", positions="mean"), progress=False).acts
+        for name, lm in (("base", base), ("tuned", tuned_lm))
+    }
+    for g in ("alpha", "beta", "gamma"):
+        rows = [i for i, ex in enumerate(exs) if ex.group == g]
+        want = [
+            float((axis.score(read["tuned"][x][rows], x) - axis.score(read["base"][x][rows], x)).mean())
+            for x in res.layers
+        ]
+        assert res.shift_by_layer[g] == pytest.approx(want, abs=1e-4)
+        assert res.shift_by_layer[g][0] == pytest.approx(-2.0, abs=1e-4)  # the plant, exactly, with its sign
+        assert all(abs(v) > 0.1 for v in res.shift_by_layer[g])  # every layer moved: the sign is tested
 
 
 def test_data_sigma_shift_and_random_null_match_closed_forms(tiny_lm_factory):
@@ -112,8 +146,10 @@ def test_data_sigma_shift_and_random_null_match_closed_forms(tiny_lm_factory):
     v = axis.direction(1).double()
     c = 3.0 * data_sigma
     tuned = plant(base, layer=1, vector=c * axis.direction(1))
-    res = shift(wide, base, tuned, exs, n_random=64, n_boot=100, seed=0, progress=False)
-    h = capture(base, exs, layers=[1], positions="mean", progress=False).acts[1].double()  # [n, d_model]
+    res = shift(wide, base, tuned, exs, ShiftSettings(n_random=64, n_boot=100, seed=0), progress=False)
+    h = (
+        capture(base, exs, CaptureSettings(layers=[1], positions="mean"), progress=False).acts[1].double()
+    )  # [n, d_model]
     R = torch.as_tensor(random_directions(base.d_model, 64, seed=0)).double()  # the shift's null directions
     null = (c * (R @ v) / (h @ R.T).std(0, correction=0)).numpy()
     lo, hi = np.percentile(null, [2.5, 97.5])
@@ -129,19 +165,26 @@ def test_untargeted_groups_are_the_second_null(tiny_lm_factory):
     exs = examples()
     axis = calibrated_axis(base, exs)
     tuned = plant(base, layer=1, vector=3.0 * float(axis.sigma[1]) * axis.direction(1))
-    res = shift(axis, base, tuned, exs, targeted=["alpha"], n_boot=100, progress=False)
+    res = shift(axis, base, tuned, exs, ShiftSettings(targeted=["alpha"], n_boot=100), progress=False)
     alpha = res.groups[0]
     assert alpha.targeted and alpha.null_percentile == 100.0
     assert res.untargeted_range is not None and res.untargeted_range[0] <= alpha.shift + 1e-6
     assert not any(g.counts for g in res.groups)
     with pytest.raises(ValueprobeError, match="not in the data"):
-        shift(axis, base, tuned, exs, targeted=["delta"], progress=False)
+        shift(axis, base, tuned, exs, ShiftSettings(targeted=["delta"]), progress=False)
 
 
 def test_refit_reports_cosines(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     exs = examples()
-    res = shift(calibrated_axis(lm, exs), lm, lm, exs, refit=True, layers="0:2", n_boot=0, progress=False)
+    res = shift(
+        calibrated_axis(lm, exs),
+        lm,
+        lm,
+        exs,
+        ShiftSettings(refit=True, layers="0:2", n_boot=0),
+        progress=False,
+    )
     assert res.layers == (0, 1) and res.axis_cosine is not None
     assert res.axis_cosine["refit_base_vs_refit_tuned"] == pytest.approx((1.0, 1.0))
 
@@ -162,13 +205,13 @@ def test_mismatched_models_are_clear_errors(tiny_lm_factory, tiny_tokenizer):
         Example(id=e.id, text=e.text, label=1 if e.group == "alpha" else 0, group=e.group) for e in exs
     ]
     with pytest.raises(ValueprobeError, match="every group has one label"):
-        shift(axis, base, base, one_label, contrast=True, progress=False)
+        shift(axis, base, base, one_label, ShiftSettings(contrast=True), progress=False)
 
 
 def test_write_is_all_or_nothing(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     exs = examples()
-    res = shift(calibrated_axis(lm, exs), lm, lm, exs, n_boot=50, progress=False)
+    res = shift(calibrated_axis(lm, exs), lm, lm, exs, ShiftSettings(n_boot=50), progress=False)
     out = res.write(tmp_path / "out", figure=shift_figure(res))
     assert sorted(p.name for p in out.iterdir()) == ["examples.csv", "shift.html", "shift.json"]
     assert "plotly" in (out / "shift.html").read_text()[:2_000_000]

@@ -9,18 +9,21 @@ run alone (batched = unbatched).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
-from valueprobe.hooks.route import BACKENDS, Point, position_ids_from_mask, record
+from valueprobe.hooks.route import ROUTES, Point, position_ids_from_mask, record
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import encode_prompts, generate
-from valueprobe.steering.handle import steer
-from valueprobe.steering.pid import PID, control
-from valueprobe.steering.sampling import RowSampler, row_seed
+from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.pid import PID, control
+from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
+from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.operators import Operator
+from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Site
 
 ARCHS = ("llama", "gpt2", "gpt_neox")
@@ -63,7 +66,7 @@ def test_steered_layer_output_is_h_plus_alpha_sigma_v(tiny_lm_factory, arch):
     ids, mask = _batch(lm)
     alpha = torch.tensor([2.0, -1.5, 0.0, 3.0])
     base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
-    with steer(lm, axis, alpha, layers=1):
+    with steer(lm, SteeringSpec(axis, layers=1), alpha):
         got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
     # hidden_states[2] is resid_post[1]: exactly h + α·σ·v̂ at real cells, untouched at pads
     want = base[2] + (alpha * 0.5)[:, None, None] * axis.direction(1)
@@ -88,7 +91,7 @@ def test_units_and_scaled_axis_add_their_closed_form(tiny_lm_factory, unit, k):
     ids, mask = _batch(lm)
     alpha = torch.tensor([2.0, -1.5, 0.0, 30.0])
     base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states[2]
-    with steer(lm, axis, alpha, layers=1, unit=unit):
+    with steer(lm, SteeringSpec(axis, layers=1, unit=unit), alpha):
         got = _forward(lm, ids, mask, output_hidden_states=True).hidden_states[2]
     want = base + (k * alpha * size)[:, None, None] * v
     real = mask.bool()
@@ -96,6 +99,52 @@ def test_units_and_scaled_axis_add_their_closed_form(tiny_lm_factory, unit, k):
     assert torch.equal(got[~real], base[~real])
     # the axis's own steering vector says the same
     torch.testing.assert_close(axis.vector(1, alpha=2.0, units=unit), 2.0 * k * size * v, atol=1e-6, rtol=0)
+
+
+def uneven_axis(lm) -> ValueAxis:
+    """`planted_axis` with μ, σ and the mean norm different at every layer (4 layers)."""
+    axis = planted_axis(lm)
+    return ValueAxis(
+        **{
+            **axis.__dict__,
+            "mu": torch.tensor([0.1, -0.3, 0.7, 0.2]),
+            "sigma": torch.tensor([0.5, 1.25, 3.0, 2.0]),
+            "mean_norm": torch.tensor([4.0, 9.0, 20.0, 12.0]),
+        }
+    )
+
+
+@pytest.mark.parametrize("unit", ["sigma", "norm", "raw"])
+def test_several_layers_each_take_their_own_unit_and_statistics(tiny_lm_factory, unit):
+    """Steering layers 0 and 2 at once with an axis whose σ, mean norm and μ differ per layer: each
+    layer adds α·(its own unit)·(its own v̂); the axis's steering vector says the same per layer;
+    and ``set`` moves each layer's score to the target in that layer's own μ and σ."""
+    lm = tiny_lm_factory("llama", n_layers=4)  # resid_post[2] is not the last (normed) hidden state
+    axis = uneven_axis(lm)
+    size = {"sigma": axis.sigma, "norm": axis.mean_norm / 100, "raw": torch.ones(4)}[unit]
+    ids, mask = _batch(lm)
+    real = mask.bool()
+    alpha = torch.tensor([2.0, -1.5, 0.0, 3.0])[:, None, None]
+    base = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    with steer(lm, SteeringSpec(axis, layers=[0], unit=unit), alpha.flatten()):
+        only_0 = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    with steer(lm, SteeringSpec(axis, layers=[0, 2], unit=unit), alpha.flatten()):
+        both = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    # hidden_states[L + 1] is resid_post[L]; layer 2 adds to what reaches it under layer 0's steering
+    for layer, before in ((0, base[1]), (2, only_0[3])):
+        want = before + alpha * size[layer] * axis.direction(layer)
+        torch.testing.assert_close(both[layer + 1][real], want[real], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            axis.vector(layer, alpha=2.0, units=unit),
+            2.0 * size[layer] * axis.direction(layer),
+            atol=1e-6,
+            rtol=0,
+        )
+    with steer(lm, SteeringSpec(axis, layers=[0, 2], op=Operator("set", target=1.5)), 1.0):
+        moved = _forward(lm, ids, mask, output_hidden_states=True).hidden_states
+    for layer in (0, 2):
+        score = axis.score(moved[layer + 1], layer)
+        torch.testing.assert_close(score[real], torch.full_like(score[real], 1.5), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -123,7 +172,7 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
     alpha = torch.tensor([3.0, -2.0, 1.0, 0.0])
     runs = {}
     for cache in (True, False):
-        with steer(lm, axis, alpha, positions=positions, prompt_length=width), torch.no_grad():
+        with steer(lm, SteeringSpec(axis, positions=positions), alpha, prompt_length=width), torch.no_grad():
             out = lm.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
@@ -139,7 +188,7 @@ def test_kv_cache_logits_equal_full_forward_every_token(tiny_lm_factory, arch, p
     assert torch.equal(runs[True].sequences, runs[False].sequences)
     seq = runs[True].sequences
     full_mask = torch.cat([mask, torch.ones(len(seq), new, dtype=mask.dtype)], 1)
-    with steer(lm, axis, alpha, positions=positions, prompt_length=width):
+    with steer(lm, SteeringSpec(axis, positions=positions), alpha, prompt_length=width):
         out = _forward(lm, seq, full_mask, output_hidden_states=True)
     ref = out.logits  # one forward, no cache: the reference for every cached step
     # The reference's own cells, checked from output_hidden_states against the unsteered forward:
@@ -168,14 +217,14 @@ def test_generate_steers_its_positions_and_unit_like_the_handle(tiny_lm_factory,
     lm = tiny_lm_factory("llama")
     axis = planted_axis(lm, sigma=3.0, mean_norm=300.0)
     alphas = [-2.0, 2.0]
-    gens = generate(
-        lm, axis, PROMPTS[:2], alphas=alphas, greedy=True, max_new_tokens=6, positions=positions, unit=unit,
-        progress=False,
-    )  # fmt: skip
+    gens = generate(lm, SteeringSpec(axis, positions=positions, unit=unit), PROMPTS[:2], decoding=Decoding(greedy=True, max_new_tokens=6), alphas=alphas, progress=False)  # fmt: skip
     encoded = encode_prompts(lm, PROMPTS[:2])
     ids, mask = pad_rows([encoded[p] for p in (0, 0, 1, 1)], pad_id=0, side="left")
     alpha = torch.tensor(alphas * 2)
-    with steer(lm, axis, alpha, positions=positions, unit=unit, prompt_length=ids.shape[1]), torch.no_grad():
+    with (
+        steer(lm, SteeringSpec(axis, positions=positions, unit=unit), alpha, prompt_length=ids.shape[1]),
+        torch.no_grad(),
+    ):
         out = lm.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -189,7 +238,7 @@ def test_generate_steers_its_positions_and_unit_like_the_handle(tiny_lm_factory,
         want.append(tuple(row[: row.index(0)] if 0 in row else row))
     assert [g.token_ids for g in gens] == want
     assert [(g.prompt, g.alpha, g.unit) for g in gens] == [(p, a, unit) for p in (0, 1) for a in alphas]
-    with steer(lm, axis, alpha, unit=unit), torch.no_grad():  # the positions matter here
+    with steer(lm, SteeringSpec(axis, unit=unit), alpha), torch.no_grad():  # the positions matter here
         every = lm.model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -205,7 +254,8 @@ def test_generate_steers_its_positions_and_unit_like_the_handle(tiny_lm_factory,
 def test_per_row_alpha_batch_equals_each_row_alone(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
     axis = planted_axis(lm, sigma=2.0)
-    kw = dict(alphas=[-2.0, 0.0, 1.5], samples=2, max_new_tokens=6, temperature=1.0, seed=3, progress=False)
+    decoding = Decoding(samples=2, max_new_tokens=6, temperature=1.0, seed=3)
+    kw = dict(alphas=[-2.0, 0.0, 1.5], decoding=decoding, progress=False)
     batched = generate(lm, axis, PROMPTS[:3], batch_size=18, **kw)
     alone = generate(lm, axis, PROMPTS[:3], batch_size=1, **kw)
     assert [g.token_ids for g in batched] == [g.token_ids for g in alone]
@@ -227,12 +277,9 @@ def test_common_random_numbers_give_one_text_per_prompt_and_sample(tiny_lm_facto
         lm,
         axis,
         PROMPTS[:3],
+        decoding=Decoding(samples=3, max_new_tokens=8, temperature=1.5, seed=5),
         alphas=alphas,
-        samples=3,
-        max_new_tokens=8,
-        temperature=1.5,
-        seed=5,
-        batch_size=7,  # chunks cut across (prompt, sample) groups
+        batch_size=7,
         progress=False,
     )
     texts: dict[tuple[int, int], set] = {}
@@ -289,11 +336,22 @@ def test_generate_passes_temperature_and_top_p_to_the_sampler(tiny_lm_factory):
     so both give the greedy tokens; plain sampling does not."""
     lm = tiny_lm_factory("llama")
     axis = planted_axis(lm, sigma=2.0)
-    kw = dict(alphas=[-2.0, 2.0], samples=2, max_new_tokens=8, seed=4, progress=False)
-    greedy = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], greedy=True, **kw)]
-    tight_p = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], top_p=1e-9, temperature=1.0, **kw)]
-    cold = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], temperature=1e-4, **kw)]
-    hot = [g.token_ids for g in generate(lm, axis, PROMPTS[:2], temperature=1.0, **kw)]
+    kw = dict(alphas=[-2.0, 2.0], progress=False)
+    draw = dict(samples=2, max_new_tokens=8, seed=4)
+    greedy = [
+        g.token_ids for g in generate(lm, axis, PROMPTS[:2], decoding=Decoding(greedy=True, **draw), **kw)
+    ]
+    tight_p = [
+        g.token_ids
+        for g in generate(lm, axis, PROMPTS[:2], decoding=Decoding(top_p=1e-9, temperature=1.0, **draw), **kw)
+    ]
+    cold = [
+        g.token_ids
+        for g in generate(lm, axis, PROMPTS[:2], decoding=Decoding(temperature=1e-4, **draw), **kw)
+    ]
+    hot = [
+        g.token_ids for g in generate(lm, axis, PROMPTS[:2], decoding=Decoding(temperature=1.0, **draw), **kw)
+    ]
     assert tight_p == greedy and cold == greedy
     assert hot != greedy
 
@@ -312,33 +370,35 @@ def test_nnsight_route_equals_hooks_route(tiny_lm_factory, arch):
     axis = planted_axis(lm, sigma=3.0)
     for positions in ("all", "generated"):
         kw = dict(
-            alphas=[-2.0, 0.0, 2.0], samples=1, max_new_tokens=5, seed=0, progress=False, positions=positions
+            alphas=[-2.0, 0.0, 2.0], decoding=Decoding(samples=1, max_new_tokens=5, seed=0), progress=False
         )
-        hooks = generate(lm, axis, PROMPTS[:2], **kw)
-        nn = generate(lm, axis, PROMPTS[:2], backend="nnsight", **kw)
+        spec = SteeringSpec(axis, positions=positions)
+        hooks = generate(lm, spec, PROMPTS[:2], **kw)
+        nn = generate(lm, spec, PROMPTS[:2], route="nnsight", **kw)
         assert [g.token_ids for g in hooks] == [g.token_ids for g in nn]
     assert len({g.token_ids for g in hooks}) > 2
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_every_generating_route_gives_the_hooks_routes_greedy_tokens(tiny_lm_factory, backend):
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_generating_route_gives_the_hooks_routes_greedy_tokens(tiny_lm_factory, route):
     """Each route behind `Route.generate` against the plain hooks route; a route that cannot
     generate says which can, and a graph route refuses what only Python hooks can run."""
     lm = tiny_lm_factory("llama")
     axis = planted_axis(lm, sigma=3.0)
-    kw = dict(alphas=[-3.0, 0.0, 3.0], greedy=True, max_new_tokens=6, layers=[0, 2], progress=False)
-    if backend == "tlens":
-        with pytest.raises(ValueprobeError, match="through backend 'hooks' or 'nnsight'"):
-            generate(lm, axis, PROMPTS[:1], backend=backend, **kw)
+    kw = dict(alphas=[-3.0, 0.0, 3.0], decoding=Decoding(greedy=True, max_new_tokens=6), progress=False)
+    spec = SteeringSpec(axis, layers=[0, 2])
+    if route == "tlens":
+        with pytest.raises(ValueprobeError, match="through route 'hooks' or 'nnsight'"):
+            generate(lm, spec, PROMPTS[:1], route=route, **kw)
         return
     for positions in ("all", "prompt", "generated"):
-        want = generate(lm, axis, PROMPTS, positions=positions, **kw)
-        got = generate(lm, axis, PROMPTS, positions=positions, backend=backend, **kw)
+        want = generate(lm, replace(spec, positions=positions), PROMPTS, **kw)
+        got = generate(lm, replace(spec, positions=positions), PROMPTS, route=route, **kw)
         assert [g.token_ids for g in got] == [g.token_ids for g in want]
     assert len({g.token_ids for g in want}) > len(PROMPTS)  # the strengths changed the tokens
-    if backend != "hooks":
-        with pytest.raises(ValueprobeError, match="backend 'hooks' only"):
-            generate(lm, axis, PROMPTS[:1], backend=backend, trace=True, **kw)
+    if route != "hooks":
+        with pytest.raises(ValueprobeError, match="route 'hooks' only"):
+            generate(lm, spec, PROMPTS[:1], route=route, trace=True, **kw)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -350,9 +410,8 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
         lm,
         axis,
         PROMPTS[:1],
+        decoding=Decoding(greedy=True, max_new_tokens=4),
         alphas=[2.0],
-        greedy=True,
-        max_new_tokens=4,
         trace=True,
         read_layers=[2],
         progress=False,
@@ -386,8 +445,7 @@ def test_pid_holds_planted_target_and_respects_cap(tiny_lm_factory, arch):
             axis,
             PROMPTS[:2],
             PID(target=2.5, kp=1.0, ki=0.0, kd=0.0, cap=50.0),
-            max_new_tokens=6,
-            seed=1,
+            decoding=Decoding(max_new_tokens=6, seed=1),
             progress=False,
         )
     after = torch.cat([axis.score(v, layer) for v in rec.values[Point(layer + 1, Site.resid_pre)][1:]], dim=1)
@@ -396,12 +454,21 @@ def test_pid_holds_planted_target_and_respects_cap(tiny_lm_factory, arch):
         z = torch.tensor(g.trace.values["resid_post[1] after"][g.trace.n_prompt : -1])
         torch.testing.assert_close(z, torch.full_like(z, 2.5), atol=1e-4, rtol=0)
     # PI gains: within 0.5 σ of the target, on average, once settled (tokens 8..)
-    gens = control(lm, axis, PROMPTS[:2], PID(target=2.0), max_new_tokens=16, seed=1, progress=False)
+    gens = control(
+        lm, axis, PROMPTS[:2], PID(target=2.0), decoding=Decoding(max_new_tokens=16, seed=1), progress=False
+    )
     for g in gens:
         z = torch.tensor(g.trace.values["resid_post[1] after"][g.trace.n_prompt + 8 : -1])
         assert float((z - 2.0).abs().mean()) < 0.5
     # an unreachable target: |α| pinned at the cap, never past it
-    gens = control(lm, axis, PROMPTS[:2], PID(target=80.0, cap=1.5), max_new_tokens=6, seed=1, progress=False)
+    gens = control(
+        lm,
+        axis,
+        PROMPTS[:2],
+        PID(target=80.0, cap=1.5),
+        decoding=Decoding(max_new_tokens=6, seed=1),
+        progress=False,
+    )
     for g in gens:
         a = torch.tensor(g.trace.alpha[g.trace.n_prompt : -1])
         assert float(a.abs().max()) <= 1.5 and torch.allclose(a, torch.full_like(a, 1.5))
@@ -440,13 +507,13 @@ def test_bad_input_one_clear_line(tiny_lm_factory):
     axis = planted_axis(lm)
     no_norm = ValueAxis(**{**axis.__dict__, "mean_norm": torch.full((lm.n_layers,), float("nan"))})
     with pytest.raises(ValueprobeError, match="no mean residual norm"):
-        steer(lm, no_norm, 1.0, unit="norm")
+        steer(lm, SteeringSpec(no_norm, unit="norm"), 1.0)
     with pytest.raises(ValueprobeError, match="has no layer"):
-        steer(lm, axis[1], 1.0, layers=2)
+        steer(lm, SteeringSpec(axis[1], layers=2), 1.0)
     other = tiny_lm_factory("llama", d_model=32)
     with pytest.raises(ValueprobeError, match="d_model 64"):
         steer(other, axis, 1.0)
     with pytest.raises(ValueprobeError, match="max_new_tokens"):
-        generate(lm, axis, PROMPTS, max_new_tokens=0)
+        generate(lm, axis, PROMPTS, decoding=Decoding(max_new_tokens=0))
     with pytest.raises(ValueprobeError, match="empty"):
-        generate(lm, axis, [""], max_new_tokens=2)
+        generate(lm, axis, [""], decoding=Decoding(max_new_tokens=2))

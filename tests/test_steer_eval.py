@@ -36,12 +36,12 @@ from valueprobe.report.steering_eval import (
     side_effects_figure,
 )
 from valueprobe.stats.metrics import Slope
-from valueprobe.steering.baseline import Mean, PromptBaseline, prompt_baseline
-from valueprobe.steering.dose import Curve, Effect, SteerSweep, SweepRow
-from valueprobe.steering.front import Front, FrontPoint, effect_front
-from valueprobe.steering.prompting import Target
-from valueprobe.steering.reliability import item_reliability, item_slopes
-from valueprobe.steering.side_effects import PREFIX, SideMetric, SteerPlan, text_side_effects
+from valueprobe.steering.experiment.baseline import Mean, PromptBaseline, prompt_baseline
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
+from valueprobe.steering.experiment.front import Front, FrontPoint, effect_front
+from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.reliability import item_reliability, item_slopes
+from valueprobe.steering.experiment.side_effects import PREFIX, SideMetric, SteerPlan, text_side_effects
 
 HAVE_CHROMIUM = bool(
     shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("VALUEPROBE_CHROMIUM")

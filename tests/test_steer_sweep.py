@@ -21,11 +21,12 @@ from valueprobe.model.fingerprint import FingerprintWarning
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
-from valueprobe.steering import generation
-from valueprobe.steering.dose import SweepRow, summarise
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
-from valueprobe.steering.yes_no import answer_tokens, p_yes
+from valueprobe.steering.decode import generation
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.experiment.dose import SweepRow, summarise
+from valueprobe.steering.experiment.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
+from valueprobe.steering.experiment.yes_no import answer_tokens, p_yes
+from valueprobe.steering.hook.spec import SteeringSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -62,9 +63,10 @@ def chats(n: int, *, yes_no: bool = False) -> list[Example]:
     ]
 
 
-def settings_for(tmp: Path, **kw) -> SweepSettings:
+def settings_for(tmp: Path, axis: ValueAxis | None = None, **kw) -> SweepSettings:
+    """A small greedy sweep's settings: its spec names probe "tiny" and steers ``axis`` when given."""
     base = dict(
-        probe="tiny",
+        spec=SteeringSpec(axis, probe="tiny"),
         probe_fingerprint="x",
         model="tiny",
         prompts=str(tmp / "p.jsonl"),
@@ -87,7 +89,7 @@ def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
     axis = tiny_axis(lm)
     prompts = [list(ex.messages or ()) for ex in chats(3, yes_no=True)]
     alphas = [-3.0, 0.0, 1.5]
-    got = p_yes(lm, axis, prompts, alphas, unit="sigma", batch_size=2)
+    got = p_yes(lm, SteeringSpec(axis, unit="sigma"), prompts, alphas, batch_size=2)
     tok = lm.tokenizer
     # This tokenizer has no single "yes" token: the first tokens of the forms, less any shared one.
     yes = {tok(w, add_special_tokens=False)["input_ids"][0] for w in ("yes", "Yes", "YES", " yes", " Yes")}
@@ -109,12 +111,12 @@ def test_p_yes_matches_steered_logits_by_hand(tiny_lm_factory):
     other = torch.nn.functional.normalize(
         torch.randn(lm.d_model, generator=torch.Generator().manual_seed(9)), dim=0
     )
-    (along_axis,) = p_yes(lm, axis, prompts[:1], [4.0], unit="sigma")
-    for kw, vector in (
-        (dict(unit="norm"), axis.direction(1) * 10.0 / 100),
-        (dict(unit="sigma", direction=other * 5.0), other * 2.0),  # the direction is normalized
+    (along_axis,) = p_yes(lm, SteeringSpec(axis, unit="sigma"), prompts[:1], [4.0])
+    for spec, vector in (
+        (SteeringSpec(axis, unit="norm"), axis.direction(1) * 10.0 / 100),
+        (SteeringSpec(axis, unit="sigma", direction=other * 5.0), other * 2.0),  # the direction is normalized
     ):
-        (one,) = p_yes(lm, axis, prompts[:1], [4.0], **kw)
+        (one,) = p_yes(lm, spec, prompts[:1], [4.0])
         logits = steered_logits(lm, ids, torch.ones_like(ids), layer=1, vector=vector, alpha=4.0)
         probs = torch.softmax(logits[0, -1], dim=-1)
         assert one == pytest.approx(float(probs[yes].sum() / (probs[yes].sum() + probs[no].sum())), abs=1e-5)
@@ -128,8 +130,8 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
     examples = chats(5, yes_no=True)
-    settings = settings_for(tmp_path, other_probe="other", metrics=("yes", "p_yes", "length"))
-    full = run_sweep(lm, axis, examples, tmp_path / "full", settings, other=other, n_boot=50, progress=False)
+    settings = settings_for(tmp_path, axis, other_probe="other", metrics=("yes", "p_yes", "length"))
+    full = run_sweep(lm, examples, tmp_path / "full", settings, other=other, n_boot=50, progress=False)
     rows = [json.loads(x) for x in (tmp_path / "full" / GENERATIONS).read_text().splitlines()]
     # 5 prompts × 3 α × 1 sample × (axis + other + 2 random), each key once
     assert len(rows) == 5 * 3 * 4 == full.n_rows
@@ -156,7 +158,6 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_sweep(
             lm,
-            axis,
             examples,
             tmp_path / "resumed",
             settings,
@@ -173,7 +174,6 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path):
     stop_at[0] = -1
     again = run_sweep(
         lm,
-        axis,
         examples,
         tmp_path / "resumed",
         settings,
@@ -196,18 +196,18 @@ def test_sweep_rows_controls_and_resume(tiny_lm_factory, tmp_path):
 def test_sweep_refuses_a_folder_with_another_sweep(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     axis = tiny_axis(lm)
-    run_sweep(lm, axis, chats(2), tmp_path / "s", settings_for(tmp_path), n_boot=10, progress=False)
+    run_sweep(lm, chats(2), tmp_path / "s", settings_for(tmp_path, axis), n_boot=10, progress=False)
     with pytest.raises(ValueprobeError, match="different sweep"):
         run_sweep(
-            lm, axis, chats(2), tmp_path / "s", settings_for(tmp_path, alphas=(-1.0, 1.0)), progress=False
+            lm, chats(2), tmp_path / "s", settings_for(tmp_path, axis, alphas=(-1.0, 1.0)), progress=False
         )
 
 
 def test_sweep_random_directions_are_the_stats_null_rows(tiny_lm_factory, tmp_path):
     """One random-direction scheme: the sweep's ``random-K`` is row K of stats.null's draw, seed for seed."""
     axis = tiny_axis(tiny_lm_factory("llama"))
-    settings = settings_for(tmp_path, controls=3, seed=5)
-    named = dict(sweep_directions(axis, settings, None, axis.best_layer))
+    settings = settings_for(tmp_path, axis, controls=3, seed=5)
+    named = dict(sweep_directions(settings, None, 3))
     expected = torch.from_numpy(null_directions(axis.d_model, 3, seed=5)).float()
     assert named["axis"] is None
     for k in range(3):
@@ -428,7 +428,7 @@ def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_
 
 
 def test_shipped_steering_sets_parse_and_pick_metrics():
-    from valueprobe.steering.sweep import metrics_for
+    from valueprobe.steering.experiment.sweep import metrics_for
 
     conf = read_jsonl(DATA / "steer_confidence.jsonl")
     assert metrics_for(DATA / "steer_confidence.jsonl", conf) == ("yes", "p_yes")
@@ -436,25 +436,22 @@ def test_shipped_steering_sets_parse_and_pick_metrics():
 
 
 def test_replicate_steer_runs_every_benchmark(tiny_lm_factory, tmp_path):
-    from valueprobe.replicate.steer import BENCHMARKS, replicate_steer
+    from valueprobe.replicate.steer import BENCHMARKS, ReplicateSteerSettings, replicate_steer
 
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
-    report = replicate_steer(
-        lm,
-        axis=axis,
-        other=other,
+    run = ReplicateSteerSettings(
         probe=Path("p/value"),
         other_probe=Path("p/history"),
         data_dir=DATA,
         runs_dir=tmp_path / "runs",
-        out=tmp_path / "out",
         prompts=2,
         alphas=(-1.0, 1.0),
         unit="sigma",
         controls=1,
         tokens=0.05,
     )
+    report = replicate_steer(lm, run, axis=axis, other=other, out=tmp_path / "out")
     assert list(report.sweeps) == [b.name for b in BENCHMARKS]
     assert report.sweeps["confidence"].settings.max_new_tokens == 1  # ceil(4 × 0.05)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -503,9 +500,9 @@ def test_p_yes_on_the_default_model(default_lm):
     assert words == {"yes", "no"}
     conf = [list(ex.messages or ()) for ex in read_jsonl(DATA / "steer_confidence.jsonl")[:4]]
     axis = ValueAxis.load(Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-value")
-    base = p_yes(default_lm, axis, conf, [0.0] * 4, unit="norm")
+    base = p_yes(default_lm, SteeringSpec(axis, unit="norm"), conf, [0.0] * 4)
     assert np.all((base > 0) & (base < 1))
-    moved = p_yes(default_lm, axis, conf, [30.0] * 4, unit="norm")
+    moved = p_yes(default_lm, SteeringSpec(axis, unit="norm"), conf, [30.0] * 4)
     assert not np.allclose(base, moved)
     # The first prompt's P(yes) at α = 0 and 30 % of the mean norm, against the trusted route:
     # h += 30 · mean_norm / 100 · v̂ at the axis's best layer, one unbatched forward.

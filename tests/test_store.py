@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span
 from valueprobe.errors import ValueprobeError
@@ -44,16 +44,16 @@ def _examples(n: int = 11) -> list[Example]:
 def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     exs = _examples()
-    ref = capture(lm, exs, layers="all", positions="spans", include_embed=True, progress=False)
+    ref = capture(
+        lm, exs, CaptureSettings(layers="all", positions="spans", include_embed=True), progress=False
+    )
     store = capture_to_store(
         lm,
         exs,
         tmp_path / "s",
-        layers="all",
-        positions="spans",
+        CaptureSettings(layers="all", positions="spans", batch_size=3, include_embed=True),
         dtype="float32",
         examples_per_shard=4,
-        batch_size=3,
         progress=False,
     )
     assert len(list((tmp_path / "s").glob("shard-*.safetensors"))) == 3
@@ -73,9 +73,14 @@ def test_store_round_trips_capture(tiny_lm_factory, tmp_path):
 def test_float16_store_is_close(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("gpt2")
     exs = _examples(5)
-    ref = capture(lm, exs, layers=[0], positions="last", progress=False)
+    ref = capture(lm, exs, CaptureSettings(layers=[0], positions="last"), progress=False)
     store = capture_to_store(
-        lm, exs, tmp_path / "h", layers=[0], positions="last", dtype="float16", progress=False
+        lm,
+        exs,
+        tmp_path / "h",
+        CaptureSettings(layers=[0], positions="last", include_embed=True),
+        dtype="float16",
+        progress=False,
     )
     np.testing.assert_allclose(store.acts(0), ref.acts[0].numpy(), rtol=2e-3, atol=2e-3)
 
@@ -87,6 +92,7 @@ CHILD = textwrap.dedent(
     import conftest
     import safetensors.torch as st
     import valueprobe.activations.store as vs
+    from valueprobe.activations.capture import CaptureSettings
     from valueprobe.model.load import wrap
     from test_store import _examples
     tok = conftest.build_tokenizer()
@@ -101,8 +107,8 @@ CHILD = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
         real(tensors, path, metadata=metadata)
     vs.save_file = dying_save
-    vs.capture_to_store(lm, _examples(), {out!r}, layers="all", positions="spans", dtype="float32",
-                        examples_per_shard=2, progress=False)
+    settings = CaptureSettings(layers="all", positions="spans", include_embed=True)
+    vs.capture_to_store(lm, _examples(), {out!r}, settings, dtype="float32", examples_per_shard=2, progress=False)
     """
 )
 
@@ -127,8 +133,7 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
         lm,
         _examples(),
         out,
-        layers="all",
-        positions="spans",
+        CaptureSettings(layers="all", positions="spans", include_embed=True),
         dtype="float32",
         examples_per_shard=2,
         progress=False,
@@ -138,8 +143,7 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
         lm,
         _examples(),
         tmp_path / "fresh",
-        layers="all",
-        positions="spans",
+        CaptureSettings(layers="all", positions="spans", include_embed=True),
         dtype="float32",
         examples_per_shard=2,
         progress=False,
@@ -149,21 +153,107 @@ def test_kill_9_mid_shard_resumes_to_identical_store(tiny_lm_factory, tmp_path):
     assert resumed.rows().example_id == fresh.rows().example_id
 
 
+class _Clock:
+    """``time`` for the capture modules: every reading is one second after the last, so a shard
+    closes after ``checkpoint_seconds`` of batches whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_time_checkpoints_then_resume_give_the_one_pass_store(tiny_lm_factory, tmp_path, monkeypatch):
+    """Shards closed by ``checkpoint_seconds`` (mid-block), a stop after the second shard, then a
+    resume: the same rows and activations, bit for bit, as one pass without checkpoints, and the
+    shards of both runs tile the dataset, none crossing an ``examples_per_shard`` boundary (so both
+    runs feed the same batches)."""
+    from valueprobe.activations import capture as capture_module
+    from valueprobe.activations import store as store_module
+
+    lm = tiny_lm_factory("llama")
+    exs = _examples(11)
+    settings = CaptureSettings(layers="all", positions="spans", batch_size=2, include_embed=True)
+    kw = dict(dtype="float32", examples_per_shard=5)
+    out = tmp_path / "checkpointed"
+    clock = _Clock()  # one clock: the store sets each deadline, the capture reads it after each batch
+    for module in (capture_module, store_module):
+        monkeypatch.setattr(module, "time", clock)
+    written = []
+    real = store_module._write_shard
+
+    def stop_after_two(path, tensors, meta):  # a Ctrl-C between the second and third checkpoint
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(path.name)
+        real(path, tensors, meta)
+
+    monkeypatch.setattr(store_module, "_write_shard", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        capture_to_store(lm, exs, out, settings, checkpoint_seconds=1.5, progress=False, **kw)
+    partial = ActivationStore.open(out, allow_partial=True)
+    assert [s.examples for s in partial.manifest.shards] == [
+        (0, 4),
+        (4, 5),
+    ]  # a time checkpoint, then a block end
+    monkeypatch.setattr(store_module, "_write_shard", real)
+    resumed = capture_to_store(lm, exs, out, settings, checkpoint_seconds=1.5, progress=False, **kw)
+    ranges = [s.examples for s in resumed.manifest.shards]
+    assert ranges == [(0, 4), (4, 5), (5, 9), (9, 10), (10, 11)]
+    fresh = capture_to_store(lm, exs, tmp_path / "one-pass", settings, progress=False, **kw)
+    assert [s.examples for s in fresh.manifest.shards] == [(0, 5), (5, 10), (10, 11)]
+    assert resumed.manifest.complete and resumed.rows().example_id == fresh.rows().example_id
+    for key in fresh.manifest.keys:
+        np.testing.assert_array_equal(resumed.acts(key), fresh.acts(key))
+
+
 def test_resume_with_other_settings_fails(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
-    capture_to_store(lm, _examples(4), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+    capture_to_store(
+        lm,
+        _examples(4),
+        tmp_path / "s",
+        CaptureSettings(layers=[0, 1], positions="last", include_embed=True),
+        progress=False,
+    )
     with pytest.raises(ValueprobeError, match=r"captured with layers=\[0, 1\], not \[0, 1, 2\]"):
-        capture_to_store(lm, _examples(4), tmp_path / "s", layers="all", positions="last", progress=False)
+        capture_to_store(
+            lm,
+            _examples(4),
+            tmp_path / "s",
+            CaptureSettings(layers="all", positions="last", include_embed=True),
+            progress=False,
+        )
     other = tiny_lm_factory("qwen2")
     with pytest.raises(ValueprobeError, match="captured with model_id='tiny-llama'"):
-        capture_to_store(other, _examples(4), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+        capture_to_store(
+            other,
+            _examples(4),
+            tmp_path / "s",
+            CaptureSettings(layers=[0, 1], positions="last", include_embed=True),
+            progress=False,
+        )
     with pytest.raises(ValueprobeError, match="another dataset"):
-        capture_to_store(lm, _examples(5), tmp_path / "s", layers=[0, 1], positions="last", progress=False)
+        capture_to_store(
+            lm,
+            _examples(5),
+            tmp_path / "s",
+            CaptureSettings(layers=[0, 1], positions="last", include_embed=True),
+            progress=False,
+        )
 
 
 def test_missing_layer_and_not_a_store(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
-    store = capture_to_store(lm, _examples(3), tmp_path / "s", layers=[1], positions="last", progress=False)
+    store = capture_to_store(
+        lm,
+        _examples(3),
+        tmp_path / "s",
+        CaptureSettings(layers=[1], positions="last", include_embed=True),
+        progress=False,
+    )
     with pytest.raises(ValueprobeError, match=r"has no layer 2 \(it holds embed, 1\)"):
         store.acts(2)
     with pytest.raises(ValueprobeError, match="not an activation store"):
@@ -171,7 +261,13 @@ def test_missing_layer_and_not_a_store(tiny_lm_factory, tmp_path):
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "file.txt").write_text("x")
     with pytest.raises(ValueprobeError, match="not an activation store: choose an empty"):
-        capture_to_store(lm, _examples(3), tmp_path / "junk", layers=[1], progress=False)
+        capture_to_store(
+            lm,
+            _examples(3),
+            tmp_path / "junk",
+            CaptureSettings(layers=[1], include_embed=True),
+            progress=False,
+        )
 
 
 def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkeypatch):
@@ -181,7 +277,13 @@ def test_no_disk_space_leaves_no_partial_shard(tiny_lm_factory, tmp_path, monkey
         "valueprobe.activations.store.shutil.disk_usage", lambda p: Usage(10**6, 10**6 - 10, 10)
     )
     with pytest.raises(ValueprobeError, match="no space left"):
-        capture_to_store(lm, _examples(3), tmp_path / "s", layers="all", progress=False)
+        capture_to_store(
+            lm,
+            _examples(3),
+            tmp_path / "s",
+            CaptureSettings(layers="all", include_embed=True),
+            progress=False,
+        )
     assert not list((tmp_path / "s").glob("shard-*"))
     # Nothing was captured, so nothing is left: no shard, and no store holding only a manifest.
     assert not (tmp_path / "s").exists()
@@ -192,9 +294,12 @@ def test_bfloat16_store_keeps_bf16_and_reads_float32(tiny_lm_factory, tmp_path):
     float32; a probe fits on it in float32 and finds the same direction as on the rounded rows."""
     lm = tiny_lm_factory("llama")
     exs = _examples(12)
-    ref = capture(lm, exs, layers="all", positions="spans", include_embed=True, progress=False)
-    kw = dict(layers="all", positions="spans", examples_per_shard=5, progress=False)
-    store = capture_to_store(lm, exs, tmp_path / "bf", dtype="bfloat16", **kw)
+    ref = capture(
+        lm, exs, CaptureSettings(layers="all", positions="spans", include_embed=True), progress=False
+    )
+    settings = CaptureSettings(layers="all", positions="spans", include_embed=True)
+    kw = dict(examples_per_shard=5, progress=False)
+    store = capture_to_store(lm, exs, tmp_path / "bf", settings, dtype="bfloat16", **kw)
     assert store.manifest.dtype == "bfloat16"
     _, header = read_safetensors_header(tmp_path / "bf" / store.manifest.shards[0].file)
     assert header["resid_post.1"]["dtype"] == "BF16"
@@ -202,7 +307,7 @@ def test_bfloat16_store_keeps_bf16_and_reads_float32(tiny_lm_factory, tmp_path):
         got = store.acts(key)
         assert got.dtype == np.float32
         assert torch.equal(torch.from_numpy(got), ref.acts[key].to(torch.bfloat16).float())
-    full = capture_to_store(lm, exs, tmp_path / "f32", dtype="float32", **kw)
+    full = capture_to_store(lm, exs, tmp_path / "f32", settings, dtype="float32", **kw)
     a = fit_probe(store, method="span_diff", n_splits=2, transfer=False).axis
     b = fit_probe(full, method="span_diff", n_splits=2, transfer=False).axis
     assert a.directions.dtype == torch.float32
@@ -233,7 +338,12 @@ def test_up_front_check_holds_one_block_and_warns_once(tiny_lm_factory, tmp_path
     monkeypatch.setattr(store, "encode", counting)
     with caplog.at_level("WARNING", logger="valueprobe"):
         capture_to_store(
-            lm, exs, tmp_path / "s", positions="last", examples_per_shard=3, max_length=32, progress=False
+            lm,
+            exs,
+            tmp_path / "s",
+            CaptureSettings(positions="last", max_length=32, include_embed=True),
+            examples_per_shard=3,
+            progress=False,
         )
     assert max(seen) <= 3 and sum(seen) == 2 * len(exs)  # each block checked, then captured
     warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]

@@ -15,8 +15,8 @@ from test_steer_sweep import chats, settings_for, steer_argv, tiny_axis, tiny_fi
 
 from valueprobe.datasets.io import sha256_file, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.sweep import GENERATIONS, run_sweep
-from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep import GENERATIONS, run_sweep
+from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
 from valueprobe.vocab import ShardSpec
 
 
@@ -26,8 +26,10 @@ def sweep(tiny_lm_factory, tmp_path):
     lm = tiny_lm_factory("llama")
     examples = chats(7)
     write_jsonl(tmp_path / "p.jsonl", examples)
+    axis = tiny_axis(lm)
     settings = settings_for(
         tmp_path,
+        axis,
         prompts_sha256=sha256_file(tmp_path / "p.jsonl"),
         greedy=False,
         temperature=1.0,
@@ -36,7 +38,7 @@ def sweep(tiny_lm_factory, tmp_path):
         controls=1,
         seed=3,
     )
-    return lm, tiny_axis(lm), examples, settings
+    return lm, axis, examples, settings
 
 
 def _parts(sweep, tmp: Path, n: int, batch_sizes: tuple[int, ...], **kw) -> list[Path]:
@@ -44,7 +46,7 @@ def _parts(sweep, tmp: Path, n: int, batch_sizes: tuple[int, ...], **kw) -> list
     paths = [tmp / f"part{i}" for i in range(n)]
     for i in reversed(range(n)):  # the order parts run in does not matter
         run_sweep_part(
-            lm, axis, examples, paths[i], settings, shard=ShardSpec(i, n), batch_size=batch_sizes[i], n_boot=50,
+            lm, examples, paths[i], settings, shard=ShardSpec(i, n), batch_size=batch_sizes[i], n_boot=50,
             progress=False, **kw,
         )  # fmt: skip
     return paths
@@ -53,7 +55,7 @@ def _parts(sweep, tmp: Path, n: int, batch_sizes: tuple[int, ...], **kw) -> list
 def test_sampled_sweep_split_two_ways_merges_to_one_process_row_for_row(sweep, tmp_path, monkeypatch):
     lm, axis, examples, settings = sweep
     monkeypatch.chdir(tmp_path)
-    one = run_sweep(lm, axis, examples, tmp_path / "one", settings, batch_size=4, n_boot=50, progress=False)
+    one = run_sweep(lm, examples, tmp_path / "one", settings, batch_size=4, n_boot=50, progress=False)
     # other batch sizes in each part: a row's draws depend on its (block, prompt, sample) only
     paths = _parts(sweep, tmp_path, 2, (3, 7))
     assert not (paths[0] / "metrics.json").exists()  # a part has no summary: the slopes need every prompt
@@ -81,8 +83,8 @@ def test_a_shard_that_renumbered_its_blocks_would_not_match(sweep, tmp_path):
         rows = [json.loads(line) for line in (folder / GENERATIONS).read_text().splitlines()]
         return {(r["prompt_id"], r["alpha"], r["direction"], r["sample"]): r["text"] for r in rows}
 
-    run_sweep(lm, axis, examples[4:], tmp_path / "late", settings, n_boot=10, progress=False)
-    run_sweep(lm, axis, examples, tmp_path / "all", settings, n_boot=10, progress=False)
+    run_sweep(lm, examples[4:], tmp_path / "late", settings, n_boot=10, progress=False)
+    run_sweep(lm, examples, tmp_path / "all", settings, n_boot=10, progress=False)
     late, whole = texts(tmp_path / "late"), texts(tmp_path / "all")
     assert sum(late[k] != whole[k] for k in late) > len(late) // 4
 
@@ -103,7 +105,6 @@ def test_sweep_parts_that_do_not_belong_are_refused(sweep, tiny_lm_factory, tmp_
     seeded = tmp_path / "seeded"
     run_sweep_part(
         lm,
-        axis,
         examples,
         seeded,
         replace(settings, seed=4),
@@ -116,16 +117,16 @@ def test_sweep_parts_that_do_not_belong_are_refused(sweep, tiny_lm_factory, tmp_
     foreign = tmp_path / "foreign"
     with pytest.warns(Warning):
         run_sweep_part(
-            other_lm, axis, examples, foreign, settings, shard=ShardSpec(1, 2), n_boot=50, progress=False
+            other_lm, examples, foreign, settings, shard=ShardSpec(1, 2), n_boot=50, progress=False
         )
     refused([paths[0], foreign], f"part {foreign} was steered on another model")
     lines = (paths[1] / GENERATIONS).read_text().splitlines()
     (paths[1] / GENERATIONS).write_text("\n".join(lines[:-3]) + "\n")
     refused(paths, f"part {paths[1]} \\(shard 1/2\\) is partial")
     with pytest.raises(ValueprobeError, match="holds shard 1/2 of a sharded sweep, not 0/2"):
-        run_sweep_part(lm, axis, examples, paths[1], settings, shard=ShardSpec(0, 2), progress=False)
+        run_sweep_part(lm, examples, paths[1], settings, shard=ShardSpec(0, 2), progress=False)
     with pytest.raises(ValueprobeError, match="holds one part of a sharded sweep"):
-        run_sweep(lm, axis, examples, paths[1], settings, progress=False)
+        run_sweep(lm, examples, paths[1], settings, progress=False)
 
 
 def test_cli_steer_shard_and_merge(tiny_files, tmp_path, capsys, monkeypatch):  # noqa: F811
@@ -156,22 +157,23 @@ def test_replicate_steer_shards_then_merges_to_the_one_process_results(tiny_lm_f
     (no generation left to do) into the results one process writes."""
     from test_steer_sweep import DATA
 
-    from valueprobe.replicate.steer import replicate_steer
+    from valueprobe.replicate.steer import ReplicateSteerSettings, replicate_steer
 
     lm = tiny_lm_factory("llama")
     axis, other = tiny_axis(lm), tiny_axis(lm, seed=1)
-    common = dict(
-        axis=axis, other=other, probe=Path("p/value"), other_probe=Path("p/history"), data_dir=DATA, prompts=3,
-        alphas=(-1.0, 1.0), unit="sigma", controls=1, tokens=0.05, benchmarks=("confidence", "length"),
+    run = ReplicateSteerSettings(
+        probe=Path("p/value"), other_probe=Path("p/history"), data_dir=DATA, prompts=3, alphas=(-1.0, 1.0),
+        unit="sigma", controls=1, tokens=0.05, benchmarks=("confidence", "length"),
     )  # fmt: skip
-    one = replicate_steer(lm, runs_dir=tmp_path / "one", out=tmp_path / "one-out", **common)
+    one = replicate_steer(
+        lm, replace(run, runs_dir=tmp_path / "one"), axis=axis, other=other, out=tmp_path / "one-out"
+    )
+    split = replace(run, runs_dir=tmp_path / "split")
     for i in (1, 0):
-        replicate_steer(
-            lm, runs_dir=tmp_path / "split", out=tmp_path / "split-out", shard=ShardSpec(i, 2), **common
-        )
+        replicate_steer(lm, split, axis=axis, other=other, out=tmp_path / "split-out", shard=ShardSpec(i, 2))
     assert not (tmp_path / "split-out" / "results.json").exists()
     assert (tmp_path / "split" / "length.parts" / "part-1-of-2" / GENERATIONS).is_file()
-    merged = replicate_steer(lm, runs_dir=tmp_path / "split", out=tmp_path / "split-out", **common)
+    merged = replicate_steer(lm, split, axis=axis, other=other, out=tmp_path / "split-out")
     for name in ("confidence", "length", "confidence-ablate"):
         folder = next((tmp_path / "one").glob(f"{name}*"), None)
         if folder is None or folder.suffix == ".parts":

@@ -10,16 +10,18 @@ back from the sweep ``steer --spec`` writes.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import run_cli as run
 from test_steer_sweep import chats, tiny_axis
 
+from valueprobe.cli.tune_steer import _print
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.prompting import Target
-from valueprobe.steering.search import (
+from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.search import (
     Candidate,
     SearchSpace,
     SteerSearch,
@@ -28,9 +30,9 @@ from valueprobe.steering.search import (
     split_prompts,
     tune_steer,
 )
-from valueprobe.steering.side_effects import SteerPlan, text_side_effects
-from valueprobe.steering.spec_file import SpecFile
-from valueprobe.steering.sweep import SweepSettings, sweep_directions
+from valueprobe.steering.experiment.side_effects import sweep_plan, text_side_effects
+from valueprobe.steering.experiment.sweep import SweepSettings
+from valueprobe.steering.hook.spec import SteeringSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -89,7 +91,7 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
     lm = tiny_lm_factory("llama")
     axis = tiny_axis(lm)
     write_jsonl(tmp_path / "p.jsonl", chats(4))
-    base = SweepSettings(probe="tiny", probe_fingerprint=axis.fingerprint, model="tiny", prompts=str(tmp_path / "p.jsonl"),
+    base = SweepSettings(spec=SteeringSpec(axis, probe="tiny"), probe_fingerprint=axis.fingerprint, model="tiny", prompts=str(tmp_path / "p.jsonl"),
                          prompts_sha256="0", alphas=(0.0, 1.0), max_new_tokens=4, controls=1, greedy=True,
                          metrics=("length", "degenerate"))  # fmt: skip
     texts = tmp_path / "neutral.jsonl"
@@ -103,9 +105,8 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
     within = [c for c in found.candidates if c.kl <= space.max_kl]
     assert within and found.chosen == max(within, key=lambda c: c.val_effect)
     c = found.candidates[-1]
-    settings = SweepSettings(**{**vars(base), "layer": c.layer, "positions": c.positions})
-    plan = SteerPlan(c.layer, (0.0, c.alpha), "sigma", None, settings.operator(), c.positions,  # type: ignore[arg-type]
-                     tuple(sweep_directions(axis, settings, None, c.layer)))  # fmt: skip
+    settings = replace(base, spec=replace(base.spec, layers=[c.layer], positions=c.positions))
+    plan = sweep_plan(settings, (0.0, c.alpha), lm.n_layers)
     kl, _ = text_side_effects(lm, axis, plan, read_jsonl(texts), progress=False)
     assert kl.values["axis"][1] == pytest.approx(c.kl, rel=1e-5)
     assert SteerSearch.from_dict(json.loads(json.dumps(found.to_dict()))) == found
@@ -120,12 +121,18 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
     assert chosen is not None
     probe = tmp_path / "probe"
     axis.save(probe)
-    SpecFile(str(probe), chosen.layer, chosen.alpha, op=chosen.op, positions=chosen.positions).write(
-        tmp_path / "spec.json"
+    _print(found, tmp_path / "o", probe)  # what tune-steer writes: the one SteeringSpec, α kept apart
+    written = SteeringSpec.load(tmp_path / "o" / "spec.json")
+    assert (written.probe, written.layers, written.positions, written.op.op.value) == (
+        str(probe),
+        (chosen.layer,),
+        chosen.positions,
+        chosen.op,
     )
-    code, _, err = run(["steer", "--spec", str(tmp_path / "spec.json"), "--prompts", str(tmp_path / "p.jsonl"),
-                        "--model", tiny_dir, "--max-new-tokens", "2", "--random-directions", "1", "--greedy",
-                        "--conditions", "none", "--force", "--out", str(tmp_path / "s")], capsys)  # fmt: skip
+    code, _, err = run(["steer", "--spec", str(tmp_path / "o" / "spec.json"), f"--alphas=0,{chosen.alpha:g}",
+                        "--prompts", str(tmp_path / "p.jsonl"), "--model", tiny_dir, "--max-new-tokens", "2",
+                        "--random-directions", "1", "--greedy", "--conditions", "none", "--force",
+                        "--out", str(tmp_path / "s")], capsys)  # fmt: skip
     assert code == 0, err
     ran = json.loads((tmp_path / "s" / "settings.json").read_text())
     assert (ran["layer"], ran["alphas"], ran.get("positions", "all")) == (
@@ -133,16 +140,16 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
         [0.0, chosen.alpha],
         chosen.positions,
     )
-    code, _, err = run(["steer", "--spec", str(tmp_path / "spec.json"), "--layer", str(chosen.layer + 1),
+    code, _, err = run(["steer", "--spec", str(tmp_path / "o" / "spec.json"), "--layers", str(chosen.layer + 1),
                         "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path / "s2")], capsys)  # fmt: skip
-    assert code == 2 and "disagrees with --spec" in err
+    assert code == 2 and "says the steering" in err
 
 
 def test_a_bad_spec_is_one_line(tmp_path, capsys):
     (tmp_path / "spec.json").write_text(json.dumps({"format": "other", "format_version": 1}))
     code, _, err = run(["steer", "--spec", str(tmp_path / "spec.json"), "--prompts", "data/steer_open.jsonl",
                         "--out", str(tmp_path / "s")], capsys)  # fmt: skip
-    assert code == 2 and err.count("\n") == 1 and "not a valueprobe steering spec" in err
+    assert code == 2 and err.count("\n") == 1 and "is not a steering spec" in err
     code, _, err = run(["steer", "--spec", str(tmp_path / "none.json"), "--prompts", "data/steer_open.jsonl",
                         "--out", str(tmp_path / "s")], capsys)  # fmt: skip
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and "cannot read it" in err

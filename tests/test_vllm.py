@@ -4,7 +4,7 @@
 
 Skipped where vLLM does not import (the main venv). Trusted references: the residual stream read
 inside the worker by a plain forward hook (h + α·v̂), the HF route's greedy tokens and traced
-σ-scores (`valueprobe.steering.generation.generate`), and the same requests run alone.
+σ-scores (`valueprobe.steering.decode.generation.generate`), and the same requests run alone.
 """
 
 from __future__ import annotations
@@ -22,14 +22,23 @@ vllm = pytest.importorskip("vllm")
 from vllm.inputs import TokensPrompt  # noqa: E402
 
 import valueprobe as vp  # noqa: E402
-from valueprobe.engines.vllm_generate import VllmGenerator, open_llm, take_values  # noqa: E402
-from valueprobe.engines.vllm_spec import VllmSteer  # noqa: E402
 from valueprobe.probe.axis import ValueAxis  # noqa: E402
-from valueprobe.steering.generation import encode_prompts  # noqa: E402
+from valueprobe.steering.decode.generation import encode_prompts  # noqa: E402
+from valueprobe.steering.decode.sampling import Decoding  # noqa: E402
+from valueprobe.steering.hook.spec import SteeringSpec  # noqa: E402
+from valueprobe.vllm.generate import VllmGenerator, open_llm, take_values  # noqa: E402
+from valueprobe.vllm.request import VllmArgs  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 PROBE = Path(__file__).resolve().parents[1] / "probes" / "smollm2-135m-value"
+
+
+def steering(alpha: float, key: str | None = None, **spec) -> VllmArgs:
+    """One request's payload: the probe's spec (``spec``: its fields) at strength ``alpha``."""
+    return VllmArgs(SteeringSpec(probe=str(PROBE), **spec), alpha=alpha, key=key)
+
+
 PROMPTS = [
     [{"role": "user", "content": c}]
     for c in (
@@ -89,7 +98,7 @@ def test_steered_block_holds_h_plus_alpha_v(engine):
     ids = encode_prompts(lm, [PROMPTS[0]])[0]
     prompt = TokensPrompt(prompt_token_ids=ids)
 
-    def run(spec: VllmSteer | None) -> torch.Tensor:
+    def run(spec: VllmArgs | None) -> torch.Tensor:
         llm.reset_prefix_cache()
         llm.apply_model(partial(_record_block, layer))
         extra = None if spec is None else spec.extra_args()
@@ -97,8 +106,8 @@ def test_steered_block_holds_h_plus_alpha_v(engine):
         return torch.tensor(llm.apply_model(_read_and_stop)[0][0])  # [prompt tokens, d_model]
 
     plain = run(None)
-    steered = run(VllmSteer(probe=str(PROBE), alpha=alpha, layer=layer))
-    only_generated = run(VllmSteer(probe=str(PROBE), alpha=alpha, layer=layer, positions="generated"))
+    steered = run(steering(alpha, layers=layer))
+    only_generated = run(steering(alpha, layers=layer, positions="generated"))
     step = alpha * axis.sigma_at(layer) * axis.direction(layer).float()
     assert plain.shape == (len(ids), lm.d_model)
     torch.testing.assert_close(steered, plain + step, atol=2e-5, rtol=1e-6)
@@ -109,7 +118,7 @@ def test_alpha_zero_is_bit_identical_to_no_steering(engine):
     lm, axis, llm = engine
     ids = encode_prompts(lm, PROMPTS[:3])
     prompts = [TokensPrompt(prompt_token_ids=i) for i in ids]
-    spec = VllmSteer(probe=str(PROBE), alpha=0.0, key=None).extra_args()
+    spec = steering(0.0).extra_args()
     # one request per call, as in the no-plugin test below: a batch's make-up depends on timing
     plain = [llm.generate([p], _params(max_tokens=12, logprobs=1), use_tqdm=False)[0] for p in prompts]
     zero = [
@@ -128,11 +137,12 @@ import json, sys
 if __name__ == "__main__":  # vLLM starts worker processes
     import vllm
     from vllm.inputs import TokensPrompt
-    from valueprobe.engines.vllm_generate import engine_kwargs
-    from valueprobe.engines.vllm_spec import VllmSteer
+    from valueprobe.vllm.generate import engine_kwargs
+    from valueprobe.steering.hook.spec import SteeringSpec
+    from valueprobe.vllm.request import VllmArgs
     ids, probe = json.loads(sys.argv[1]), sys.argv[2]
     llm = vllm.LLM(**engine_kwargs("smollm2-135m", max_model_len=512))  # torch.compile on: vLLM's default
-    extra = VllmSteer(probe=probe, alpha=0.0, key=None).extra_args() if probe else None
+    extra = VllmArgs(SteeringSpec(probe=probe), alpha=0.0).extra_args() if probe else None
     params = vllm.SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, extra_args=extra)
     # one request per call: a batch's make-up depends on when requests reach the engine core, and
     # another make-up is other GEMM shapes, so a batched comparison would test timing, not the plugin
@@ -224,10 +234,20 @@ def test_vllm_greedy_matches_hf_route(engine):
     lm, axis, llm = engine
     alphas = [-4.0, 0.0, 4.0]
     hf = vp.generate(
-        lm, axis, PROMPTS, alphas=alphas, greedy=True, max_new_tokens=24, trace=True, progress=False
+        lm,
+        axis,
+        PROMPTS,
+        decoding=Decoding(greedy=True, max_new_tokens=24),
+        alphas=alphas,
+        trace=True,
+        progress=False,
     )
-    got = VllmGenerator(llm, PROBE).with_values(
-        lm, axis, PROMPTS, alphas=alphas, greedy=True, max_new_tokens=24
+    got = VllmGenerator(llm).with_values(
+        lm,
+        SteeringSpec(axis, probe=str(PROBE)),
+        PROMPTS,
+        alphas=alphas,
+        decoding=Decoding(greedy=True, max_new_tokens=24),
     )
     steered = f"resid_post[{axis.best_layer}]"
     report = []
@@ -266,19 +286,17 @@ def _prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 def test_batched_alphas_equal_each_request_alone(engine):
     lm, axis, llm = engine
-    gen = VllmGenerator(llm, PROBE)
+    gen = VllmGenerator(llm)
+    spec, decoding = SteeringSpec(axis, probe=str(PROBE)), Decoding(greedy=True, max_new_tokens=16)
     alphas = [-4.0, -2.0, 0.0, 2.0, 4.0]
-    together = gen.with_values(
-        lm, axis, PROMPTS[:2], alphas=alphas, greedy=True, max_new_tokens=16, progress=False
-    )
+    together = gen.with_values(lm, spec, PROMPTS[:2], alphas=alphas, decoding=decoding, progress=False)
     for row in together:
         alone = gen.with_values(
             lm,
-            axis,
+            spec,
             [PROMPTS[row.generation.prompt]],
             alphas=[row.generation.alpha],
-            greedy=True,
-            max_new_tokens=16,
+            decoding=decoding,
             progress=False,
         )[0]
         assert alone.generation.token_ids == row.generation.token_ids
@@ -295,7 +313,7 @@ def test_prefix_cache_never_shares_steered_kv(engine):
     llm.reset_prefix_cache()
 
     def cached(alpha: float | None) -> int:
-        extra = None if alpha is None else VllmSteer(probe=str(PROBE), alpha=alpha).extra_args()
+        extra = None if alpha is None else steering(alpha).extra_args()
         out = llm.generate([prompt], _params(max_tokens=1, extra_args=extra), use_tqdm=False)[0]
         return int(out.num_cached_tokens or 0)
 
@@ -310,7 +328,7 @@ def test_prefix_cache_never_shares_steered_kv(engine):
 def test_values_are_taken_once(engine):
     lm, axis, llm = engine
     ids = encode_prompts(lm, [PROMPTS[5]])[0]
-    spec = VllmSteer(probe=str(PROBE), alpha=2.0, key="once")
+    spec = steering(2.0, key="once")
     out = llm.generate(
         [TokensPrompt(prompt_token_ids=ids)],
         _params(max_tokens=5, extra_args=spec.extra_args()),
@@ -326,14 +344,14 @@ def test_serve_engine_streams_values_that_order_by_alpha(engine):
     token; read three layers downstream of the steering, the first token's value orders by α."""
     import asyncio
 
-    from valueprobe.serve.engine import SteerRequest, SteerSpec
+    from valueprobe.serve.protocol import SteerRequest
     from valueprobe.serve.vllm_engine import VllmEngine
 
     lm, axis, _ = engine
     layer = axis.best_layer
+    spec = SteeringSpec(axis, probe=str(PROBE), layers=layer, read_layer=layer + 3)
 
     def request(i: int, alpha: float | None) -> SteerRequest:
-        steering = None if alpha is None else SteerSpec(alpha=alpha, unit="sigma", layer=layer)
         return SteerRequest(
             id=f"req-{i}",
             prompt=None,
@@ -342,12 +360,13 @@ def test_serve_engine_streams_values_that_order_by_alpha(engine):
             temperature=0.0,
             top_p=1.0,
             seed=None,
-            steering=steering,
-            value_layer=layer + 3,
+            spec=spec,
+            alpha=0.0 if alpha is None else alpha,
+            steered=alpha is not None,
         )
 
     async def run() -> list[list]:
-        served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+        served = VllmEngine(spec, "smollm2-135m", enforce_eager=True)
         try:
             await served.start()
             alphas = [-8.0, -4.0, None, 4.0, 8.0]
@@ -381,9 +400,10 @@ def vllm_server(engine):
     from valueprobe.serve.vllm_engine import VllmEngine
 
     lm, axis, _ = engine
-    served = VllmEngine(PROBE, axis, "smollm2-135m", enforce_eager=True)
+    spec = SteeringSpec(axis, probe=str(PROBE))
+    served = VllmEngine(spec, "smollm2-135m", enforce_eager=True)
     sock = bind("127.0.0.1", 0)
-    app = build_app(served, Limits(model="smollm2-135m", axis=axis, max_alpha=10.0, max_tokens=64))
+    app = build_app(served, Limits(model="smollm2-135m", spec=spec, max_alpha=10.0, max_tokens=64))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -410,7 +430,7 @@ def test_openai_client_gets_steered_completions_and_values_from_vllm(vllm_server
     assert len(values) >= 1 and all(math.isfinite(v) for v in values)
     # the same request offline through the plugin: the same tokens and values
     ids = lm.tokenizer("The capital of France is")["input_ids"]
-    spec = VllmSteer(probe=str(PROBE), alpha=4.0, layer=axis.best_layer, key="http-ref")
+    spec = steering(4.0, key="http-ref", layers=axis.best_layer)
     ref = llm.generate(
         [TokensPrompt(prompt_token_ids=ids)],
         _params(max_tokens=6, extra_args=spec.extra_args()),

@@ -4,6 +4,7 @@
     >>> lm = vp.load("smollm2-135m")
     >>> axis = vp.ValueAxis.load("smollm2-135m-value", lm=lm)      # a shipped axis, or a probe folder
     >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("code")[:50])  # a shipped dataset, or a JSONL path
+    >>> gens = vp.generate(lm, vp.SteeringSpec(axis, unit="norm"), ["Is 7 prime?"], alphas=[-25, 0, 25])
 
 The names below are what the notebooks and the README use, plus the result types they return;
 everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).
@@ -11,7 +12,7 @@ everything else is reached through its module (``valueprobe.stats.metrics.auroc`
 
 from __future__ import annotations
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
@@ -22,14 +23,16 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import FitReport, fit_probe
 from valueprobe.probe.layer_sweep import SweepResult
 from valueprobe.probe.transfer import TransferResult
-from valueprobe.read.readout import logit_lens, score_dataset, val
+from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
 from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
-from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.handle import Steering, steer
+from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.handle import Steering, steer
+from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.pairs import read_pairs
-from valueprobe.tune.shift import shift
+from valueprobe.tune.shift import ShiftSettings, shift
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneResult, TuneSettings, train
 from valueprobe.version import __version__
@@ -41,6 +44,7 @@ __all__ = [
     "read_jsonl",
     # capture and fit
     "capture",
+    "CaptureSettings",
     "capture_to_store",
     "fit_probe",
     "sweep_figure",
@@ -49,8 +53,11 @@ __all__ = [
     "transfer_heatmap",
     # read and steer
     "ValueAxis",
+    "SteeringSpec",
+    "Decoding",
     "val",
     "score_dataset",
+    "ScoreSettings",
     "logit_lens",
     "generate",
     "steer",
@@ -74,5 +81,6 @@ __all__ = [
     "read_pairs",
     "train",
     "shift",
+    "ShiftSettings",
     "__version__",
 ]

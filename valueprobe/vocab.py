@@ -1,4 +1,4 @@
-"""The words valueprobe's modules share: hook sites, layer keys, token positions, backends, units.
+"""The words valueprobe's modules share: hook sites, layer keys, token positions, routes, units.
 
 Each is defined here once, and every module and the CLI use these definitions. Choices are
 ``str`` enums, so typer checks them and lists them in ``--help``, and a plain string still
@@ -27,7 +27,7 @@ from valueprobe.errors import ValueprobeError
 
 __all__ = [
     "ALL_LAYERS",
-    "Backend",
+    "RouteName",
     "ChatTemplate",
     "Dtype",
     "HookSite",
@@ -74,7 +74,7 @@ class HookSite(StrEnum):
 
 class Op(StrEnum):
     """What steering does to the hidden state h at a cell, with p = h·v̂ (see
-    `valueprobe.steering.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
+    `valueprobe.steering.hook.operators`): ``add`` α·u·v̂; ``ablate`` removes p; ``set`` moves the
     σ-score to a target; ``clamp`` holds it in [lo, hi]; ``add-norm`` adds, then rescales to ‖h‖."""
 
     add = "add"
@@ -94,7 +94,7 @@ class Positions(StrEnum):
     span_tokens = "span_tokens"
 
 
-class Backend(StrEnum):
+class RouteName(StrEnum):
     """The route into the model: plain forward hooks, nnsight (and so NDIF), or TransformerLens 4."""
 
     hooks = "hooks"

@@ -34,18 +34,54 @@ from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import position_ids_from_mask, residuals
 from valueprobe.model.load import LoadedModel
 from valueprobe.vocab import (
-    Backend,
     ChatTemplate,
     LayerKey,
     LayerSpec,
     PaddingSide,
     Positions,
+    RouteName,
     Site,
     choice,
     parse_layers,
 )
 
-__all__ = ["Rows", "CaptureResult", "capture", "iter_batches", "run_encoded", "run_until"]
+__all__ = ["CaptureResult", "CaptureSettings", "Rows", "capture", "iter_batches", "run_encoded", "run_until"]
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What a capture reads and how it runs: `capture` and
+    `valueprobe.activations.store.capture_to_store` take one (a store's manifest records each).
+
+    Attributes:
+        layers: ``"all"``, an int, a list, or ``"0:10"``; negative indices count from the end.
+        site: ``"resid_post"`` (block output) or ``"resid_pre"`` (block input).
+        positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
+            span), or ``span_tokens`` (every token inside a span, labelled).
+        include_embed: also capture the embedding output under the key ``"embed"``.
+        max_length: truncate longer texts (with a warning); without it a text over the model's
+            context is an error.
+        span_labels: with span positions, keep only spans with these labels.
+        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
+        chat_template: ``model`` (the tokenizer's) or ``plain`` (a transcript, for base models).
+        batch_size: examples per forward; padding_side: the side a batch is padded on.
+        route: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
+
+    >>> res = vp.capture(lm, examples, vp.CaptureSettings(layers=[12, 18], positions="mean"))
+    """
+
+    layers: LayerSpec = "all"
+    site: Site = Site.resid_post
+    positions: Positions = Positions.last
+    include_embed: bool = False
+    max_length: int | None = None
+    span_labels: Sequence[str] | None = None
+    group_by: str | None = None
+    chat_template: ChatTemplate = ChatTemplate.model
+    batch_size: int = 8
+    padding_side: PaddingSide = PaddingSide.right
+    route: RouteName = RouteName.hooks
+    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,19 +199,19 @@ def iter_batches(
         yield make_batch(encoded[i : i + batch_size], padding_side=padding_side, pad_id=pad_id)
 
 
-def _backend_run(
+def _route_run(
     lm: LoadedModel,
     batch: Batch,
     *,
     layers: list[int],
     site: Site,
     include_embed: bool,
-    backend: Backend = Backend.hooks,
+    route: RouteName = RouteName.hooks,
     remote: bool = False,
 ) -> dict[LayerKey, Tensor]:
     """One forward pass of a batch; returns the selected rows per layer key.
 
-    With the default ``hooks`` backend the token selection runs inside the forward hook, and the
+    With the default ``hooks`` route the token selection runs inside the forward hook, and the
     forward stops after the last block needed (so the unembedding never runs).
     """
     if not remote:
@@ -188,7 +224,7 @@ def _backend_run(
             layers=layers,
             site=site,
             include_embed=include_embed,
-            backend=backend,
+            route=route,
             position_ids=batch.position_ids,
             remote=remote,
             reduce=partial(reduce_batch, batch=batch),
@@ -208,19 +244,8 @@ def _backend_run(
 def capture(
     lm: LoadedModel,
     examples: Sequence[Example],
+    settings: CaptureSettings = CaptureSettings(),
     *,
-    layers: LayerSpec = "all",
-    site: Site = Site.resid_post,
-    positions: Positions = Positions.last,
-    batch_size: int = 8,
-    padding_side: PaddingSide = PaddingSide.right,
-    include_embed: bool = False,
-    max_length: int | None = None,
-    span_labels: Sequence[str] | None = None,
-    group_by: str | None = None,
-    backend: Backend = Backend.hooks,
-    remote: bool = False,
-    chat_template: ChatTemplate = ChatTemplate.model,
     progress: bool = True,
 ) -> CaptureResult:
     """Capture residual activations of ``examples`` in memory.
@@ -228,35 +253,26 @@ def capture(
     Args:
         lm: from :func:`valueprobe.load`.
         examples: dataset examples (:func:`valueprobe.read_jsonl`).
-        layers: ``"all"``, an int, a list, or ``"0:10"``; negative indices count from the end.
-        site: ``"resid_post"`` (block output) or ``"resid_pre"`` (block input).
-        positions: ``last`` token, ``mean`` over tokens, ``all`` tokens, ``spans`` (mean per labelled
-            span), or ``span_tokens`` (every token inside a span, labelled).
-        span_labels: with span positions, keep only spans with these labels.
-        group_by: ``"meta.KEY"`` to take each row's group from the example's meta (see :func:`regroup`).
-        include_embed: also capture the embedding output under the key ``"embed"``.
-        backend: ``hooks`` (plain PyTorch), ``nnsight`` (``remote=True`` runs on NDIF) or ``tlens``.
-        max_length: truncate longer texts (with a warning); without it a text over the model's
-            context is an error.
-        chat_template: ``model`` (the tokenizer's) or ``plain`` (a transcript, for base models).
+        settings: what to read and how (`CaptureSettings`: layers, site, positions...).
 
     Returns:
         rows (metadata) and one float32 ``[rows, d_model]`` tensor per layer.
     """
+    s = settings
     if not examples:
         raise ValueprobeError("no examples to capture: the dataset is empty")
-    site = choice(Site, site, what="site")
-    if batch_size < 1:
-        raise ValueprobeError(f"batch_size must be >= 1, got {batch_size}")
-    layer_list = parse_layers(layers, n_layers=lm.n_layers)
-    examples = regroup(examples, group_by)
+    site = choice(Site, s.site, what="site")
+    if s.batch_size < 1:
+        raise ValueprobeError(f"batch_size must be >= 1, got {s.batch_size}")
+    layer_list = parse_layers(s.layers, n_layers=lm.n_layers)
+    examples = regroup(examples, s.group_by)
     encoded = encode(
         lm,
         examples,
-        positions=positions,
-        max_length=max_length,
-        span_labels=span_labels,
-        chat_template=chat_template,
+        positions=s.positions,
+        max_length=s.max_length,
+        span_labels=s.span_labels,
+        chat_template=s.chat_template,
     )
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
         return run_encoded(
@@ -264,11 +280,11 @@ def capture(
             encoded,
             layers=layer_list,
             site=site,
-            include_embed=include_embed,
-            batch_size=batch_size,
-            padding_side=padding_side,
-            backend=backend,
-            remote=remote,
+            include_embed=s.include_embed,
+            batch_size=s.batch_size,
+            padding_side=s.padding_side,
+            route=s.route,
+            remote=s.remote,
             on_batch=bar.update,
         )
 
@@ -282,7 +298,7 @@ def run_encoded(
     include_embed: bool,
     batch_size: int,
     padding_side: PaddingSide,
-    backend: Backend = Backend.hooks,
+    route: RouteName = RouteName.hooks,
     remote: bool = False,
     on_batch: Callable[[int], object] | None = None,
 ) -> CaptureResult:
@@ -292,8 +308,8 @@ def run_encoded(
     for batch in iter_batches(
         encoded, batch_size=batch_size, padding_side=padding_side, pad_id=pad_id_for(lm.tokenizer)
     ):
-        got = _backend_run(
-            lm, batch, layers=layers, site=site, include_embed=include_embed, backend=backend, remote=remote
+        got = _route_run(
+            lm, batch, layers=layers, site=site, include_embed=include_embed, route=route, remote=remote
         )
         for k, v in got.items():
             parts.setdefault(k, []).append(v)
@@ -314,7 +330,7 @@ def run_until(
     site: Site,
     include_embed: bool,
     padding_side: PaddingSide,
-    backend: Backend,
+    route: RouteName,
     remote: bool,
 ) -> tuple[CaptureResult, int]:
     """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
@@ -331,7 +347,7 @@ def run_until(
                 include_embed=include_embed,
                 batch_size=batch_size,
                 padding_side=padding_side,
-                backend=backend,
+                route=route,
                 remote=remote,
                 on_batch=on_batch,
             )

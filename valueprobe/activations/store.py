@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from valueprobe.activations.capture import Rows, run_until
+from valueprobe.activations.capture import CaptureSettings, Rows, run_until
 from valueprobe.activations.encode import encode, warn_truncated
 from valueprobe.activations.manifest import FORMAT_VERSION, DatasetInfo, Shard, StoreManifest
 from valueprobe.datasets.io import Example, regroup
@@ -46,12 +46,9 @@ from valueprobe.files import (
 from valueprobe.model.load import LoadedModel
 from valueprobe.version import __version__
 from valueprobe.vocab import (
-    Backend,
     ChatTemplate,
     Dtype,
     LayerKey,
-    LayerSpec,
-    PaddingSide,
     Positions,
     ShardSpec,
     Site,
@@ -210,23 +207,12 @@ def capture_to_store(
     lm: LoadedModel,
     examples: Sequence[Example],
     out_dir: str | Path,
+    settings: CaptureSettings = CaptureSettings(include_embed=True),
     *,
-    layers: LayerSpec = "all",
-    site: Site = Site.resid_post,
-    positions: Positions = Positions.last,
-    batch_size: int = 8,
     examples_per_shard: int = 256,
     dtype: Dtype = Dtype.float16,
-    include_embed: bool = True,
-    padding_side: PaddingSide = PaddingSide.right,
-    max_length: int | None = None,
-    span_labels: Sequence[str] | None = None,
-    group_by: str | None = None,
     dataset_path: str | None = None,
     dataset_sha256: str | None = None,
-    backend: Backend = Backend.hooks,
-    remote: bool = False,
-    chat_template: ChatTemplate = ChatTemplate.model,
     checkpoint_seconds: float = 60.0,
     shard: ShardSpec | None = None,
     progress: bool = True,
@@ -241,42 +227,48 @@ def capture_to_store(
     manifest names the part and the whole dataset; ``valueprobe merge`` joins the N parts into the
     store one process makes (:meth:`ShardSpec.examples`).
 
+    Args:
+        settings: what to read and how (`valueprobe.activations.capture.CaptureSettings`; a store
+            keeps the embedding output by default).
+        dtype: what the store keeps the activations in; dataset_path, dataset_sha256: recorded.
+
     Raises:
         ValueprobeError: empty dataset, bad layers/positions, a store at ``out_dir`` made with other
             settings, or no disk space.
     """
-    _check_sizes(examples, batch_size, examples_per_shard, checkpoint_seconds)
-    dtype, site = choice(Dtype, dtype, what="dtype"), choice(Site, site, what="site")
-    positions = choice(Positions, positions, what="positions")
-    chat_template = choice(ChatTemplate, chat_template, what="chat template")
-    layer_list = parse_layers(layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
-    examples = regroup(examples, group_by)
-    tokens: dict[str, Any] = dict(positions=positions, span_labels=span_labels, chat_template=chat_template)
-    select: Callable[..., list] = functools.partial(encode, lm, max_length=max_length, **tokens)
+    s = settings
+    _check_sizes(examples, s.batch_size, examples_per_shard, checkpoint_seconds)
+    dtype, site = choice(Dtype, dtype, what="dtype"), choice(Site, s.site, what="site")
+    positions = choice(Positions, s.positions, what="positions")
+    chat_template = choice(ChatTemplate, s.chat_template, what="chat template")
+    layer_list = parse_layers(s.layers, n_layers=lm.n_layers)  # the CLI's spec is resolved here, once
+    examples = regroup(examples, s.group_by)
+    tokens: dict[str, Any] = dict(positions=positions, span_labels=s.span_labels, chat_template=chat_template)
+    select: Callable[..., list] = functools.partial(encode, lm, max_length=s.max_length, **tokens)
     out = Path(out_dir)
     wanted = _wanted(
         lm,
         layer_list,
         dataset=DatasetInfo(dataset_path, dataset_sha256, len(examples)),
-        include_embed=include_embed,
+        include_embed=s.include_embed,
         site=site,
-        group_by=group_by,
+        group_by=s.group_by,
         dtype=dtype,
         examples_per_shard=examples_per_shard,
         part=shard,
         **tokens,
     )
-    _check_selections(select, examples, wanted.example_range, examples_per_shard, max_length)
+    _check_selections(select, examples, wanted.example_range, examples_per_shard, s.max_length)
     run = functools.partial(
         run_until,
         lm,
         layers=layer_list,
         site=site,
-        include_embed=include_embed,
-        batch_size=batch_size,
-        padding_side=padding_side,
-        backend=backend,
-        remote=remote,
+        include_embed=s.include_embed,
+        batch_size=s.batch_size,
+        padding_side=s.padding_side,
+        route=s.route,
+        remote=s.remote,
     )
     _write_shards(
         examples, out, wanted, select, run, checkpoint_seconds=checkpoint_seconds, progress=progress

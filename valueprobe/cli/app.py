@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from valueprobe.activations.ranks import rank_device, run_ranks
+from valueprobe.cli.groups import OptionGroup
 from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
@@ -152,20 +153,27 @@ ControlsOpt = Annotated[int | None, typer.Option("--controls", hidden=True)]
 
 
 @dataclass(frozen=True)
-class LoadOptions:
+class LoadOptions(OptionGroup):
     """How a command loads its model: ``--device``, ``--device-map``, ``--model-dtype``,
-    ``--offload-folder`` (and ``--layers-path``, ``--trust-remote-code`` where a command has them).
+    ``--offload-folder``, ``--layers-path``, ``--trust-remote-code`` (an option group, `grouped`).
 
-    >>> how = LoadOptions(device_map="auto", dtype=ModelDtype.bfloat16).check()  # before any work
+    >>> how = LoadOptions(device_map="auto", model_dtype=ModelDtype.bfloat16).check()  # before any work
     >>> lm = how.load("Qwen/Qwen3-8B")   # valueprobe.model.load.load with these options
     """
 
-    device: str = "cpu"
-    device_map: str | None = None
-    dtype: ModelDtype = ModelDtype.float32
-    offload_folder: Path | None = None
-    layers_path: str | None = None
-    trust_remote_code: bool = False
+    panel = "Loading the model"
+
+    device: DeviceOpt = "cpu"
+    device_map: DeviceMapOpt = None
+    model_dtype: ModelDtypeOpt = ModelDtype.float32
+    offload_folder: OffloadFolderOpt = None
+    layers_path: LayersPathOpt = None
+    trust_remote_code: TrustOpt = False
+
+    @property
+    def dtype(self) -> ModelDtype:
+        """The dtype the weights load and run in (``--model-dtype``)."""
+        return self.model_dtype
 
     def check(self) -> LoadOptions:
         """Refuse, in one line and before anything loads, options that cannot go together; returns
@@ -189,7 +197,7 @@ class LoadOptions:
         :func:`run_sharded`) replaces ``--device``."""
         return load(
             spec,
-            dtype=self.dtype.value,
+            dtype=self.model_dtype.value,
             device=self.device if device is None else device,
             device_map=self.device_map,
             offload_folder=None if self.offload_folder is None else str(self.offload_folder),

@@ -9,6 +9,7 @@ or of another layout is one line naming it and how to fetch it (`valueprobe.data
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -16,12 +17,8 @@ import typer
 
 from valueprobe.cli.app import (
     SHIPPED_DATA,
-    DeviceMapOpt,
-    DeviceOpt,
     LoadOptions,
-    ModelDtypeOpt,
     ModelOpt,
-    OffloadFolderOpt,
     RandomDirectionsOpt,
     console,
     data_dir_option,
@@ -31,6 +28,7 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.caa import BEHAVIOURS, extract, fetch_wheel, read_caa
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
@@ -44,8 +42,7 @@ from valueprobe.replicate.caa import (
     replicate_caa,
 )
 from valueprobe.report.steering_eval import caa_figure
-from valueprobe.steering.prompting import parse_conditions, read_conditions
-from valueprobe.vocab import ModelDtype
+from valueprobe.steering.experiment.prompting import parse_conditions, read_conditions
 
 __all__ = ["datasets_caa_command", "replicate_caa_command"]
 
@@ -75,7 +72,31 @@ def _behaviours(text: str) -> tuple[str, ...]:
     return names
 
 
+@dataclass(frozen=True)
+class CaaOptions(OptionGroup):
+    """The split sizes, the null and the prompt conditions of ``replicate caa``."""
+
+    panel = "Replication"
+
+    test: Annotated[int, typer.Option(help="held-out test items per behaviour")] = 50
+    val: Annotated[int, typer.Option(help="validation items per behaviour (choose the layer)")] = 25
+    train: Annotated[int, typer.Option(help="training items per behaviour (fit the vectors)")] = 100
+    random_directions: RandomDirectionsOpt = 8
+    conditions: Annotated[str, typer.Option(help="prompt conditions in conditions.jsonl")] = (
+        "toward,away,reworded"
+    )
+    seed: int = 0
+
+    def sizes(self) -> CaaSizes:
+        """The split sizes, each checked (one line when below 1)."""
+        for name, value in (("--test", self.test), ("--val", self.val), ("--train", self.train)):
+            check_at_least(name, value, 1)
+        check_at_least("--random-directions", self.random_directions, 1)
+        return CaaSizes(self.test, self.val, self.train)
+
+
 @replicate_app.command("caa")
+@grouped
 def replicate_caa_command(
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-caa"),
     model: ModelOpt = "smollm2-135m",
@@ -86,34 +107,23 @@ def replicate_caa_command(
         "runs/caa-smollm2-135m"
     ),
     behaviours: Annotated[str, typer.Option(help="all, or a comma list")] = "all",
-    test: Annotated[int, typer.Option(help="held-out test items per behaviour")] = 50,
-    val: Annotated[int, typer.Option(help="validation items per behaviour (choose the layer)")] = 25,
-    train: Annotated[int, typer.Option(help="training items per behaviour (fit the vectors)")] = 100,
-    random_directions: RandomDirectionsOpt = 8,
-    conditions: Annotated[
-        str, typer.Option(help="prompt conditions in conditions.jsonl")
-    ] = "toward,away,reworded",
-    seed: int = 0,
+    replication: CaaOptions = CaaOptions(),
     batch_size: int = 16,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """CAA's seven behaviours: a vector each at multipliers −1/0/+1 (CAA units and σ), beside CAA's 7B
     figures, random directions and prompting."""  # fmt: skip
-    for name, value in (("--test", test), ("--val", val), ("--train", train), ("--batch-size", batch_size)):
-        check_at_least(name, value, 1)
-    check_at_least("--random-directions", random_directions, 1)
-    chosen, conds = _behaviours(behaviours), parse_conditions(conditions)
+    sizes = replication.sizes()
+    check_at_least("--batch-size", batch_size, 1)
+    chosen, conds = _behaviours(behaviours), parse_conditions(replication.conditions)
     for b in chosen:  # every file and condition checked before the model loads
         read_caa(data / "caa", b)
         read_conditions(data / "caa" / "conditions.jsonl", b, conds)
     check_output_dir(out, holds="CAA results")
-    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
-    lm = how.load(model)
-    rep = replicate_caa(lm, data_dir=data / "caa", runs_dir=runs, out=out, behaviours=chosen, sizes=CaaSizes(test, val, train),
-                        controls=random_directions, conditions=conds, seed=seed, batch_size=batch_size)  # fmt: skip
+    lm = load.check().load(model)
+    rep = replicate_caa(lm, data_dir=data / "caa", runs_dir=runs, out=out, behaviours=chosen, sizes=sizes,
+                        controls=replication.random_directions, conditions=conds, seed=replication.seed,
+                        batch_size=batch_size)  # fmt: skip
     table(
         f"replicate caa: layer {rep.layer} (chosen on validation), {rep.n_test} test items", *caa_table(rep)
     )

@@ -9,11 +9,13 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.activations.ranks import capture_ranks, rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
@@ -21,16 +23,10 @@ from valueprobe.cli.app import (
     SHIPPED_DATA,
     AllowPartialOpt,
     ChatTemplateOpt,
-    DeviceMapOpt,
-    DeviceOpt,
     ForceOpt,
-    LayersPathOpt,
     LoadOptions,
-    ModelDtypeOpt,
     ModelOpt,
-    OffloadFolderOpt,
     ShardOpt,
-    TrustOpt,
     app,
     console,
     data_dir_option,
@@ -42,6 +38,7 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
@@ -49,18 +46,18 @@ from valueprobe.model.load import check_device
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.read.score_parts import ScoreSettings, merge_scores, score_part
+from valueprobe.read.readout import ScoreSettings, score_dataset
+from valueprobe.read.score_parts import merge_scores, score_part
 from valueprobe.replicate.axis import replicate_axis as run_replicate
 from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
     ALL_LAYERS,
-    Backend,
     ChatTemplate,
     Dtype,
     LayerSelection,
-    ModelDtype,
     PaddingSide,
     Positions,
+    RouteName,
     ShardSpec,
     Site,
     Target,
@@ -111,17 +108,77 @@ def print_store(out: Path, store: ActivationStore) -> None:
     )
 
 
-def _check_capture_options(
-    sizes: tuple[int, int, int | None, float], device: str, backend: Backend, *, remote: bool
-) -> None:
-    """The checks capture makes before loading a model (``sizes``: the options below, each >= 1)."""
-    for option, value in zip(
-        ("--batch-size", "--examples-per-shard", "--max-length", "--checkpoint-seconds"), sizes, strict=True
-    ):
-        check_at_least(option, value, 1)
-    check_device(device)
-    if remote and backend != "nnsight":
-        raise ValueprobeError("--remote runs on NDIF through nnsight: add --backend nnsight")
+@dataclass(frozen=True)
+class CaptureOptions(OptionGroup):
+    """What ``capture`` reads and how it runs and checkpoints (`CaptureSettings`, as options)."""
+
+    panel = "Capture"
+
+    layers: Annotated[
+        LayerSelection,
+        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
+    ] = ALL_LAYERS
+    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last
+    site: Annotated[Site, typer.Option(help="block output (resid_post) or input (resid_pre)")] = (
+        Site.resid_post
+    )
+    batch_size: int = 8
+    examples_per_shard: int = 256
+    checkpoint_seconds: CheckpointSecondsOpt = 60.0
+    dtype: Annotated[
+        Dtype, typer.Option(help="dtype the activations are stored in (the model's is --model-dtype)")
+    ] = Dtype.float16
+    padding_side: Annotated[PaddingSide, typer.Option(help="side of the batch that is padded")] = (
+        PaddingSide.right
+    )
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None
+    chat_template: ChatTemplateOpt = ChatTemplate.model
+    span_labels: Annotated[
+        str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
+    ] = None
+    group_by: GroupByOpt = None
+    route: Annotated[RouteName, typer.Option(help="route into the model: hooks | nnsight | tlens")] = (
+        RouteName.hooks
+    )
+    backend: Annotated[RouteName | None, typer.Option("--backend", hidden=True)] = None  # --route's old name
+    remote: Annotated[
+        bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
+    ] = False
+
+    def settings(self) -> CaptureSettings:
+        """The library's settings (a store keeps the embedding output too), every size checked."""
+        sizes = (self.batch_size, self.examples_per_shard, self.max_length, self.checkpoint_seconds)
+        for option, value in zip(
+            ("--batch-size", "--examples-per-shard", "--max-length", "--checkpoint-seconds"),
+            sizes,
+            strict=True,
+        ):
+            check_at_least(option, value, 1)
+        route = self.route
+        if self.backend is not None:
+            if route not in (RouteName.hooks, self.backend):
+                raise ValueprobeError(
+                    f"--route {route.value} and --backend {self.backend.value} disagree: give --route only"
+                )
+            route = self.backend
+        if self.remote and route != "nnsight":
+            raise ValueprobeError("--remote runs on NDIF through nnsight: add --route nnsight")
+        return CaptureSettings(
+            layers=self.layers,
+            site=self.site,
+            positions=self.positions,
+            include_embed=True,
+            max_length=self.max_length,
+            span_labels=[x.strip() for x in self.span_labels.split(",")] if self.span_labels else None,
+            group_by=self.group_by,
+            chat_template=self.chat_template,
+            batch_size=self.batch_size,
+            padding_side=self.padding_side,
+            route=route,
+            remote=self.remote,
+        )
 
 
 def _capture_ranked(
@@ -143,82 +200,43 @@ def _capture_ranked(
 
 
 @app.command()
+@grouped
 def capture(
     data: Annotated[Path, data_option("dataset, one example per line (format: valueprobe/datasets/io.py)")],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
-    layers: Annotated[
-        LayerSelection,
-        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="'all', '0:10', '-1', '3,5,-2'"),
-    ] = ALL_LAYERS,
-    positions: Annotated[Positions, typer.Option(help="which tokens make a row")] = Positions.last,
-    site: Annotated[
-        Site, typer.Option(help="block output (resid_post) or input (resid_pre)")
-    ] = Site.resid_post,
-    batch_size: int = 8,
-    examples_per_shard: int = 256,
-    checkpoint_seconds: CheckpointSecondsOpt = 60.0,
-    dtype: Annotated[
-        Dtype, typer.Option(help="dtype the activations are stored in (the model's is --model-dtype)")
-    ] = Dtype.float16,
-    padding_side: Annotated[
-        PaddingSide, typer.Option(help="side of the batch that is padded")
-    ] = PaddingSide.right,
-    max_length: Annotated[
-        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
-    ] = None,
-    chat_template: ChatTemplateOpt = ChatTemplate.model,
-    span_labels: Annotated[
-        str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
-    ] = None,
-    group_by: GroupByOpt = None,
-    backend: Annotated[Backend, typer.Option(help="route into the model")] = Backend.hooks,
-    remote: Annotated[
-        bool, typer.Option(help="nnsight only: run on NDIF (needs an NDIF key and network)")
-    ] = False,
+    run: CaptureOptions = CaptureOptions(),
     shard: ShardOpt = None,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
     # checked before the ranks meet: every rank refuses the same options alike
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code).check()
+    how = load.check()
+    options = run
 
     def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
         check_store_out(store_out)
-        sizes = (batch_size, examples_per_shard, max_length, checkpoint_seconds)
-        _check_capture_options(sizes, device, backend, remote=remote)
-        regroup(examples := read_jsonl(data), group_by)  # a --group-by linking nothing fails before the load
+        settings = options.settings()
+        check_device(device)
+        regroup(
+            examples := read_jsonl(data), settings.group_by
+        )  # a --group-by linking nothing fails before the load
         lm = how.load(model, device=device)
         return capture_to_store(
             lm,
             examples,
-            out_dir=store_out,
-            layers=layers,
-            site=site,
-            positions=positions,
-            batch_size=batch_size,
-            examples_per_shard=examples_per_shard,
-            dtype=dtype,
-            padding_side=padding_side,
-            max_length=max_length,
+            store_out,
+            settings,
+            examples_per_shard=options.examples_per_shard,
+            dtype=options.dtype,
             dataset_path=str(data),
             dataset_sha256=sha256_file(data),
-            span_labels=[x.strip() for x in span_labels.split(",")] if span_labels else None,
-            group_by=group_by,
-            backend=backend,
-            remote=remote,
-            checkpoint_seconds=checkpoint_seconds,
-            chat_template=chat_template,
+            checkpoint_seconds=options.checkpoint_seconds,
             shard=part,
             progress=part is None or part.index == 0,
         )
 
-    _capture_ranked(out, shard, work, device)
+    _capture_ranked(out, shard, work, how.device)
 
 
 @app.command()
@@ -276,56 +294,53 @@ def fit(
     console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
 
 
+@dataclass(frozen=True)
+class ScoreOptions(OptionGroup):
+    """How ``score`` reads the dataset (`ScoreSettings`, as options)."""
+
+    panel = "Score"
+
+    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None
+    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all
+    batch_size: int = 8
+    bootstrap: int = 1000
+    seed: int = 0
+    null: Annotated[int, typer.Option(help="random unit directions at the same layer and tokens (≥ 32)")] = 0
+    force: ForceOpt = False
+    max_length: Annotated[
+        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
+    ] = None
+    chat_template: ChatTemplateOpt = ChatTemplate.model
+
+    def settings(self) -> ScoreSettings:
+        """The library's settings, every number checked."""
+        for option, value, least in (
+            ("--batch-size", self.batch_size, 1),
+            ("--bootstrap", self.bootstrap, 0),
+            ("--null", self.null, 0),
+            ("--max-length", self.max_length, 1),
+        ):
+            check_at_least(option, value, least)
+        return ScoreSettings(**{f.name: getattr(self, f.name) for f in fields(ScoreSettings)})
+
+
 @app.command()
+@grouped
 def score(
     probe: Annotated[Path, probe_option("the axis read")],
     data: Annotated[Path, data_option("the examples scored")],
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
-    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all,
-    batch_size: int = 8,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    null: Annotated[int, typer.Option(help="random unit directions at the same layer and tokens (≥ 32)")] = 0,
-    force: ForceOpt = False,
-    max_length: Annotated[
-        int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
-    ] = None,
-    chat_template: ChatTemplateOpt = ChatTemplate.model,
+    reading: ScoreOptions = ScoreOptions(),
     shard: ShardOpt = None,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
-
     check_output_dir(out, holds="scores")
-    for option, value, least in (
-        ("--batch-size", batch_size, 1),
-        ("--bootstrap", bootstrap, 0),
-        ("--null", null, 0),
-        ("--max-length", max_length, 1),
-    ):
-        check_at_least(option, value, least)
-    how.check()
+    settings = reading.settings()
+    how = load.check()
     examples = read_jsonl(data)
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
-    settings = ScoreSettings(
-        layer=layer,
-        tokens=tokens,
-        batch_size=batch_size,
-        bootstrap=bootstrap,
-        seed=seed,
-        null=null,
-        force=force,
-        max_length=max_length,
-        chat_template=chat_template,
-    )
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
         lm = how.load(model, device=on)
@@ -335,10 +350,10 @@ def score(
             f"wrote {part_out}/scores.csv, part.json (shard {part}): `valueprobe merge` joins the parts"
         )
 
-    if run_sharded(out, shard, device, work, print_merged_scores):
+    if run_sharded(out, shard, how.device, work, print_merged_scores):
         return
     lm = how.load(model)
-    res = settings.score(axis, lm, examples)
+    res = score_dataset(axis, lm, examples, settings)
     files = res.write(out)
     headers, rows = res.table()
     table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
@@ -346,6 +361,7 @@ def score(
 
 
 @replicate_app.command("axis")
+@grouped
 def replicate_axis(
     out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("runs/replicate-axis"),
     model: ModelOpt = "smollm2-135m",
@@ -360,15 +376,10 @@ def replicate_axis(
     history_out: Annotated[
         Path | None, typer.Option(help="also fit the matched-control (reward history) axis and save it here")
     ] = None,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
+    how = load
 
     check_output_dir(out, holds="probe")
     check_output_dir(runs, holds="runs", option="--runs")

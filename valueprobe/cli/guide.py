@@ -13,28 +13,17 @@ loads. Writes ``guide.jsonl`` (one `valueprobe.guided.records.Guided` per prompt
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
 import typer
 
-from valueprobe.cli.app import (
-    DeviceMapOpt,
-    DeviceOpt,
-    ForceOpt,
-    LoadOptions,
-    ModelDtypeOpt,
-    ModelOpt,
-    OffloadFolderOpt,
-    app,
-    console,
-    data_option,
-    probe_option,
-    table,
-)
+from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, data_option, table
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
+from valueprobe.cli.spec import DecodingOptions, SpecOptions
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
@@ -42,11 +31,11 @@ from valueprobe.guided.policy import POLICIES, Policy, as_policy
 from valueprobe.guided.records import Guided, write_guided
 from valueprobe.guided.run import SCORES, guide
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.vocab import ModelDtype, Unit
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.hook.spec import SteeringSpec
 
-__all__ = ["guide_command", "parse_number"]
+__all__ = ["PolicyOptions", "guide_command", "parse_number"]
 
 
 def parse_number(option: str, text: str | None) -> float | None:
@@ -78,129 +67,135 @@ def _prompts(path: Path, limit: int | None) -> list[Any]:
     return [list(ex.messages) if ex.messages is not None else (ex.text or "") for ex in examples]
 
 
-PolicyOpt = Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")]
+@dataclass(frozen=True)
+class PolicyOptions(OptionGroup):
+    """The policy and its settings (`valueprobe.guided.policy`): an option a policy does not take is
+    refused in one line."""
+
+    panel = "Policy"
+
+    policy: Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")] = "best-of-n"
+    n: Annotated[int | None, typer.Option("--n", help="samples per prompt (N >= 1)")] = None
+    last_k: Annotated[int | None, typer.Option(help="pick by the last k tokens' value")] = None
+    every: Annotated[int | None, typer.Option(help="prune: checkpoint every c tokens")] = None
+    quantile: Annotated[str | None, typer.Option(help="prune: drop rows below this quantile, in (0, 1)")] = (
+        None
+    )
+    k: Annotated[int | None, typer.Option("--k", help="rollback: tokens rolled back")] = None
+    tau: Annotated[str | None, typer.Option(help="rollback: the EMA's drop, in σ, that triggers it")] = None
+    beta: Annotated[str | None, typer.Option(help="rollback: the EMA's weight on the past, in [0, 1)")] = None
+    max_rollbacks: Annotated[int | None, typer.Option(help="rollback: at most this many per row")] = None
+    alpha: Annotated[str | None, typer.Option(help="rollback: steer +α after a rollback")] = None
+    steer_tokens: Annotated[int | None, typer.Option(help="rollback: for this many tokens")] = None
+
+    def to_policy(self) -> Policy:
+        """The policy these options say (an option it does not take: one line)."""
+        if self.n is not None:
+            check_at_least("--n", self.n, 1, " (samples per prompt)")
+        given = {
+            "n": self.n,
+            "last_k": self.last_k,
+            "every": self.every,
+            "quantile": parse_number("--quantile", self.quantile),
+            "k": self.k,
+            "tau": parse_number("--tau", self.tau),
+            "beta": parse_number("--beta", self.beta),
+            "max_rollbacks": self.max_rollbacks,
+            "alpha": parse_number("--alpha", self.alpha),
+            "steer_tokens": self.steer_tokens,
+        }
+        return as_policy(self.policy, **{key: v for key, v in given.items() if v is not None})
 
 
 @app.command("guide")
+@grouped
 def guide_command(
-    probe: Annotated[Path, probe_option("the axis that guides")],
     prompts: Annotated[Path, data_option("prompts (text or chat rows)")],
     out: Annotated[Path, typer.Option(help="output folder: guide.jsonl and summary.json")],
     model: ModelOpt = "smollm2-135m",
-    policy: PolicyOpt = "best-of-n",
-    n: Annotated[int | None, typer.Option("--n", help="samples per prompt (N >= 1)")] = None,
-    last_k: Annotated[int | None, typer.Option(help="pick by the last k tokens' value")] = None,
-    every: Annotated[int | None, typer.Option(help="prune: checkpoint every c tokens")] = None,
-    quantile: Annotated[
-        str | None, typer.Option(help="prune: drop rows below this quantile, in (0, 1)")
-    ] = None,
-    k: Annotated[int | None, typer.Option("--k", help="rollback: tokens rolled back")] = None,
-    tau: Annotated[str | None, typer.Option(help="rollback: the EMA's drop, in σ, that triggers it")] = None,
-    beta: Annotated[
-        str | None, typer.Option(help="rollback: the EMA's weight on the past, in [0, 1)")
-    ] = None,
-    max_rollbacks: Annotated[int | None, typer.Option(help="rollback: at most this many per row")] = None,
-    alpha: Annotated[str | None, typer.Option(help="rollback: steer +α after a rollback")] = None,
-    steer_tokens: Annotated[int | None, typer.Option(help="rollback: for this many tokens")] = None,
+    policy: PolicyOptions = PolicyOptions(),
     score: Annotated[str, typer.Option(help=" | ".join(SCORES))] = "sigma",
-    read_layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    steer_layer: Annotated[int | None, typer.Option(help="default: the read layer")] = None,
-    unit: Annotated[Unit, typer.Option(help="rollback α unit: sigma | norm | raw")] = Unit.sigma,
+    steering: SpecOptions = SpecOptions(),
+    decoding: DecodingOptions = DecodingOptions(),
     random_directions_: Annotated[
         int, typer.Option("--random-directions", help="also run this many random directions (the null)")
     ] = 0,
-    max_new_tokens: int = 48,
     limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
     batch_size: int = 32,
     force: ForceOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Best-of-N, prune or rollback by the value read while generating; tokens spent per prompt."""
-    chosen = _policy(
-        policy,
-        n=n,
-        last_k=last_k,
-        every=every,
-        quantile=parse_number("--quantile", quantile),
-        k=k,
-        tau=parse_number("--tau", tau),
-        beta=parse_number("--beta", beta),
-        max_rollbacks=max_rollbacks,
-        alpha=parse_number("--alpha", alpha),
-        steer_tokens=steer_tokens,
-    )
-    _check_numbers(
-        score, max_new_tokens, batch_size, random_directions_, greedy=greedy, temperature=temperature
-    )
-    axis = _axis(probe, read_layer, steer_layer)
+    chosen = policy.to_policy()
+    _check_numbers(score, decoding, batch_size, random_directions_)
+    spec = _spec(steering)
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
-    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
+    how = load.check()
     lm = how.load(model)
-    axis.check(lm, force=force)
-    shared: dict[str, Any] = {
-        "score": score,
-        "read_layer": read_layer,
-        "steer_layer": steer_layer,
-        "unit": unit,
-    }
-    shared |= {"seed": seed, "max_new_tokens": max_new_tokens, "greedy": greedy, "temperature": temperature}
-    shared |= {"top_p": top_p, "batch_size": batch_size}
-    records = _run(lm, axis, rows, chosen, random_directions_, shared)
-    settings: dict[str, Any] = {"probe": str(probe), "prompts": str(prompts), "model": model}
+    spec.first_axis().check(lm, force=force)
+    run = decoding.decoding()
+    records = _run(
+        lm, spec, rows, chosen, random_directions_, score=score, decoding=run, batch_size=batch_size
+    )
+    settings: dict[str, Any] = {"probe": str(spec.probe), "prompts": str(prompts), "model": model}
     settings["policy"] = chosen.name
-    settings |= {key: v for key, v in asdict(chosen).items() if key != "name"} | shared
-    settings |= {"unit": unit.value, "random_directions": random_directions_, "limit": limit}
+    settings |= {key: v for key, v in asdict(chosen).items() if key != "name"}
+    settings |= {"score": score, "read_layer": steering.read_layer, "steer_layer": _steer_layer(steering)}
+    settings |= {"unit": spec.unit, "seed": run.seed, "max_new_tokens": run.max_new_tokens}
+    settings |= {
+        "greedy": run.greedy,
+        "temperature": run.temperature,
+        "top_p": run.top_p,
+        "batch_size": batch_size,
+    }
+    settings |= {"unit": spec.unit.value, "random_directions": random_directions_, "limit": limit}
     summary = write_guided(out, records, settings)
-    table(f"guide {chosen.name} by {score}: {probe.name} on {prompts.name}", *summary.table())
+    table(f"guide {chosen.name} by {score}: {Path(str(spec.probe)).name} on {prompts.name}", *summary.table())
     console.print(f"wrote {out}/guide.jsonl, summary.json")
 
 
-def _axis(probe: Path, read_layer: int | None, steer_layer: int | None) -> ValueAxis:
-    axis = ValueAxis.load(probe)
-    for option, layer in (("--read-layer", read_layer), ("--steer-layer", steer_layer)):
-        if layer is not None and layer not in axis.layers:
-            raise ValueprobeError(f"{option} {layer}: the probe has layers {list(axis.layers)}")
-    return axis
+def _steer_layer(steering: SpecOptions) -> int | str | None:
+    """The steer layer(s) as given, as ``summary.json`` has always recorded it (None: the read layer)."""
+    if steering.steer_layer is not None:
+        return steering.steer_layer
+    layers = steering.layers
+    return int(layers) if layers is not None and layers.strip().lstrip("-").isdigit() else layers
 
 
-def _check_numbers(
-    score: str, max_new_tokens: int, batch_size: int, n_random: int, *, greedy: bool, temperature: float
-) -> None:
+def _spec(steering: SpecOptions) -> SteeringSpec:
+    """The spec guide reads and pushes with: the probe's best layer unless --read-layer says."""
+    spec = steering.to_spec().check()
+    return spec if spec.read_layer is not None else replace(spec, read_layer=spec.first_axis().best_layer)
+
+
+def _check_numbers(score: str, decoding: DecodingOptions, batch_size: int, n_random: int) -> None:
     """The options besides the policy's, refused in one line before any work."""
     if score not in SCORES:
         raise ValueprobeError(f"--score {score!r}: use one of {', '.join(SCORES)}")
-    for option, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
-        check_at_least(option, value, 1)
+    decoding.check()
+    check_at_least("--batch-size", batch_size, 1)
     check_at_least("--random-directions", n_random, 0)
-    if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
-
-
-def _policy(name: str, **given: float | int | None) -> Policy:
-    """The policy from the options given on the command line (an option it does not take: one line)."""
-    n = given.get("n")
-    if n is not None:
-        check_at_least("--n", n, 1, " (samples per prompt)")
-    return as_policy(name, **{key: v for key, v in given.items() if v is not None})
 
 
 def _run(
-    lm: LoadedModel, axis: ValueAxis, rows: list[Any], policy: Policy, n_random: int, shared: dict[str, Any]
+    lm: LoadedModel,
+    spec: SteeringSpec,
+    rows: list[Any],
+    policy: Policy,
+    n_random: int,
+    *,
+    score: str,
+    decoding: Decoding,
+    batch_size: int,
 ) -> list[Guided]:
     """The axis, then each random direction (`valueprobe.stats.null.random_directions`, by --seed)."""
-    records = guide(lm, axis, rows, policy, **shared)
+    records = guide(lm, spec, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
     if n_random:
-        nulls = torch.from_numpy(random_directions(axis.d_model, n_random, seed=shared["seed"])).float()
+        nulls = torch.from_numpy(
+            random_directions(spec.first_axis().d_model, n_random, seed=decoding.seed)
+        ).float()
         for i in range(n_random):
-            records += guide(
-                lm, axis, rows, policy, direction=nulls[i], direction_name=f"random-{i}", **shared
-            )
+            null = replace(spec, direction=nulls[i], direction_name=f"random-{i}")
+            records += guide(lm, null, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
     return records

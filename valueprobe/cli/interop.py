@@ -4,8 +4,9 @@
     valueprobe export --probe probes/smollm2-135m-value --to steering-vectors --out value.safetensors
     valueprobe import value.gguf --model smollm2-135m --out probes/imported-value
 
-The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.interop`. Both
-commands check their arguments and output path before the model loads.
+The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`. Both
+commands check their arguments and output path before the model loads. ``export`` takes the
+steering spec's options (`valueprobe.cli.spec.SpecOptions`), so ``--spec FILE`` exports a spec.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, probe_option, table
+from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, table
+from valueprobe.cli.groups import grouped
+from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
 from valueprobe.model.load import check_model_folder, load
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.interop import (
+from valueprobe.steering.hook.interop import (
     FORMATS,
     check_format,
     control_vector,
@@ -29,7 +31,6 @@ from valueprobe.steering.interop import (
     read_control_vector,
     write_control_vector,
 )
-from valueprobe.vocab import LayerSelection, Site, Unit
 
 __all__ = ["export_command", "import_command"]
 
@@ -42,34 +43,30 @@ _STRENGTH = {
 
 
 @app.command("export")
+@grouped
 def export_command(
-    probe: Annotated[Path, probe_option("the axis exported")],
     to: Annotated[str, typer.Option(help=f"{' | '.join(FORMATS)}")],
     out: Annotated[Path, typer.Option(help="file to write (.gguf, or .safetensors for steering-vectors)")],
     model: ModelOpt = "smollm2-135m",
-    layers: Annotated[
-        LayerSelection | None,
-        typer.Option(parser=LayerSelection.parse, metavar="SPEC", help="default: the probe's best layer"),
-    ] = None,
-    site: Annotated[Site | None, typer.Option(help="default: the probe's own site")] = None,
-    unit: Annotated[Unit, typer.Option(help="sigma | norm (% of mean residual norm) | raw")] = Unit.sigma,
     alpha: Annotated[float, typer.Option(help="strength baked into the file, in --unit")] = 1.0,
     force: ForceOpt = False,
+    steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Write the axis as another tool's steering vector: its strength s then equals valueprobe's α = s·alpha."""
     check_format(to)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
-    axis = ValueAxis.load(probe)
+    spec = steering.to_spec().check()
     check_output_file(out)
     check_model_folder(model)
     lm = load(model)
-    axis.check(lm, force=force)
-    cv = control_vector(lm, axis, alpha=alpha, layers=layers, site=site, unit=unit)
+    spec.first_axis().check(lm, force=force)
+    cv = control_vector(lm, spec, alpha=alpha)
     write_control_vector(cv, out, to=to)
     rows = [(f"direction.{b}", float(cv.vectors[b].norm())) for b in cv.layers]
+    probe = Path(str(spec.probe)).name
     table(
-        f"export {probe.name} → {to} ({cv.model_hint}, α = {alpha:g} {unit.value})", ["tensor", "norm"], rows
+        f"export {probe} → {to} ({cv.model_hint}, α = {alpha:g} {spec.unit.value})", ["tensor", "norm"], rows
     )
     console.print(f"wrote {out}: its strength s ({_STRENGTH[to]}) is valueprobe steer α = s·{alpha:g}")
 

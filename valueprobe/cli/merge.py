@@ -22,7 +22,7 @@ from valueprobe.cli.capture_fit import print_merged_scores, print_store
 from valueprobe.cli.steer import print_merged_sweeps
 from valueprobe.cli.tune import print_merged_shifts
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.sweep import GENERATIONS
+from valueprobe.steering.experiment.sweep import GENERATIONS
 from valueprobe.tune.shift_parts import MARKER as SHIFT_PART
 
 

@@ -3,6 +3,11 @@
     valueprobe serve --probe probes/smollm2-135m-value                  # hf engine, 127.0.0.1:8000
     valueprobe serve --probe probes/smollm2-135m-value --host 0.0.0.0 --api-key "$KEY" --max-alpha 8
     valueprobe serve --probe probes/smollm2-135m-value --engine vllm    # pip install 'valueprobe[vllm]'
+    valueprobe serve --spec runs/tuned/spec.json        # the server's steering: every request's defaults
+
+The server steers with one `valueprobe.steering.hook.spec.SteeringSpec` (``--spec FILE``, or
+``--probe`` and the steering options): a request's ``steering`` gives its α and may change its
+layer, unit and positions; everything else (operator, site, window, condition) is the server's.
 
 Checked before any model loads, each in one line: the host (beyond this machine only with
 ``--api-key``), the port (bound here, so a port in use fails at once), the probe, ``--max-alpha``,
@@ -21,24 +26,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from valueprobe.cli.app import (
-    DeviceMapOpt,
-    DeviceOpt,
-    LayersPathOpt,
-    LoadOptions,
-    ModelDtypeOpt,
-    ModelOpt,
-    OffloadFolderOpt,
-    TrustOpt,
-    app,
-    console,
-    probe_option,
-    table,
-)
+from valueprobe.cli.app import LoadOptions, ModelOpt, app, console, table
+from valueprobe.cli.groups import grouped
+from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.serve.engine import ServeOptions
-from valueprobe.vocab import ModelDtype
 
 if TYPE_CHECKING:
     from valueprobe.serve.engine import Engine
@@ -55,8 +47,9 @@ def _hf(opts: ServeOptions) -> Engine:
     from valueprobe.serve.hf_engine import HFEngine  # the serve extra: imported once it is checked
 
     lm = opts.load(opts.model)
-    opts.axis.check(lm)  # a probe of another model: one line, as score does
-    return HFEngine(lm, opts.axis, model=opts.model)
+    opts.spec.first_axis().check(lm)  # a probe of another model: one line, as score does
+    opts.spec.points(lm)  # the spec on this model (layers, sites), before any request
+    return HFEngine(lm, model=opts.model)
 
 
 def _vllm(opts: ServeOptions) -> Engine:
@@ -79,8 +72,8 @@ ENGINES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[ServeOptions], E
 
 
 @app.command("serve")
+@grouped
 def serve_cmd(
-    probe: Annotated[Path, probe_option("the axis requests steer along")],
     model: ModelOpt = "smollm2-135m",
     engine: Annotated[str, typer.Option(help="hf (transformers, batched per-row α) or vllm")] = "hf",
     host: Annotated[
@@ -94,12 +87,8 @@ def serve_cmd(
         float | None, typer.Option(help="refuse (HTTP 400) any request with |alpha| above this")
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="refuse requests for more new tokens than this")] = 4096,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    steering: SpecOptions = SpecOptions(),
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with steering and values."""
     if engine not in ENGINES:
@@ -116,20 +105,21 @@ def serve_cmd(
     if max_tokens < 1:
         raise ValueprobeError(f"--max-tokens {max_tokens}: give at least 1")
     check_host(host, api_key)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code).check()
+    how = load.check()
     if engine == "vllm" and how.device_map is not None:
         raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
-    axis = ValueAxis.load(probe)  # a bad probe fails before the model loads
+    spec = steering.to_spec().check()  # a bad probe or spec fails before the model loads
+    axis = spec.first_axis()
     with bind(host, port) as sock:  # a port in use fails before the model loads
-        served = factory(ServeOptions(probe, axis, model, how.load, how.dtype.value))
-        limits = Limits(model=served.model, axis=axis, max_alpha=max_alpha, max_tokens=max_tokens)
+        served = factory(ServeOptions(spec, model, how.load, how.dtype.value))
+        limits = Limits(model=served.model, spec=spec, max_alpha=max_alpha, max_tokens=max_tokens)
         cap = "none" if max_alpha is None else f"{max_alpha:g}"
         layers = f"{min(axis.layers)}..{max(axis.layers)}"
         url = f"http://{host}:{port}/v1"
         table(
             "serve",
             ["model", "probe", "layers", "best layer", "max |alpha|", "url"],
-            [[served.model, probe.name, layers, axis.best_layer, cap, url]],
+            [[served.model, Path(str(spec.probe)).name, layers, axis.best_layer, cap, url]],
         )
         console.print("Ctrl-C stops it.")
         serve(build_app(served, limits, api_key=api_key), sock)

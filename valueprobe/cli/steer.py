@@ -14,22 +14,19 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from valueprobe.cli.app import (
     SHIPPED_DATA,
     ControlsOpt,
-    DeviceMapOpt,
-    DeviceOpt,
     ForceOpt,
     LoadOptions,
-    ModelDtypeOpt,
     ModelOpt,
-    OffloadFolderOpt,
     RandomDirectionsOpt,
     ShardOpt,
     app,
@@ -44,32 +41,32 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
+from valueprobe.cli.spec import DecodingOptions, SpecOptions
 from valueprobe.cli.steer_eval import judge_sweep, print_evaluation, side_effect_folder
-from valueprobe.cli.steer_options import (
-    AUTO,
-    ConditionsFileOpt,
-    ConditionsOpt,
-    PositionsOpt,
-    SpecOpt,
-    SteerOptions,
-    apply_spec,
-    resolve_conditions,
-)
+from valueprobe.cli.steer_options import AUTO, ConditionsFileOpt, ConditionsOpt, resolve_conditions
 from valueprobe.datasets.io import read_jsonl, sha256_file
-from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import ReplicateSteer, parse_benchmarks, parse_rows, plan, replicate_steer
+from valueprobe.replicate.steer import (
+    ReplicateSteer,
+    ReplicateSteerSettings,
+    parse_benchmarks,
+    parse_rows,
+    plan,
+    replicate_steer,
+)
 from valueprobe.report.effects import dose_response_figure
-from valueprobe.steering.behaviour import METRICS
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.generation import Generation, generate
-from valueprobe.steering.handle import check_phase
-from valueprobe.steering.prompting import parse_conditions
-from valueprobe.steering.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
-from valueprobe.vocab import HookSite, ModelDtype, Op, ShardSpec, Unit
+from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.experiment.behaviour import METRICS
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.prompting import parse_conditions
+from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
+from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vllm.generate import INSTALL, VllmGenerator, open_llm
+from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
 __all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
@@ -87,17 +84,13 @@ def _read_prompts(path: Path, limit: int | None):
     return examples[:limit] if limit else examples
 
 
-def _check_numbers(
-    out: Path, *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
-) -> None:
+def _check_numbers(out: Path, *, batch_size: int, bootstrap: int, limit: int | None) -> None:
     """``--out`` (a folder it can write) and the numeric options `check_settings` does not see,
     refused before any work."""
     check_output_dir(out, holds="steering sweep")
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
     check_at_least("--limit", limit, 1)
-    if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise ValueprobeError(f"--temperature {temperature} must be positive (or pass --greedy)")
 
 
 def parse_alphas(text: str) -> tuple[float, ...]:
@@ -120,120 +113,119 @@ def parse_alphas(text: str) -> tuple[float, ...]:
     return values
 
 
-OpOpt = Annotated[
-    Op,
-    typer.Option(
-        help="add | ablate | set | clamp | add-norm (for ablate/set/clamp α is the share: 0 off, 1 on)"
-    ),
-]
 EngineOpt = Annotated[
     str, typer.Option(help="hf (transformers hooks) or vllm (the vllm extra: one request per row)")
 ]
-SiteOpt = Annotated[
-    HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
-]
+
+
+@dataclass(frozen=True)
+class SweepOptions(OptionGroup):
+    """What a sweep steers beside the spec: its strengths and samples, its controls, its prompts
+    and metrics, its chunks and bootstrap (an option group, `valueprobe.cli.groups`)."""
+
+    panel = "Sweep"
+
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-2,-1,0,1,2"
+    samples: Annotated[int, typer.Option(help="samples per (prompt, α, direction)")] = 1
+    random_directions: RandomDirectionsOpt = 8
+    controls: ControlsOpt = None
+    other_probe: Annotated[Path | None, probe_option("another axis, steered as a control")] = None
+    metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None
+    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None
+    chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8
+    bootstrap: int = 1000
+    conditions: ConditionsOpt = AUTO
+    conditions_file: ConditionsFileOpt = None
+    side_effects: Annotated[
+        bool, typer.Option(help="KL, perplexity, task accuracy; the effect-vs-KL front")
+    ] = False
 
 
 @app.command("steer")
+@grouped
 def steer_command(
     ctx: typer.Context,
     prompts: Annotated[Path, data_option("prompts, e.g. steer_code")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
-    probe: Annotated[Path | None, probe_option("the axis steered (or --spec)")] = None,
     model: ModelOpt = "smollm2-135m",
-    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-2,-1,0,1,2",
-    unit: Annotated[Unit, typer.Option(help="sigma | norm (% of mean residual norm) | raw")] = Unit.sigma,
-    samples: Annotated[int, typer.Option(help="samples per (prompt, α, direction)")] = 1,
-    max_new_tokens: int = 48,
-    random_directions: RandomDirectionsOpt = 8,
-    controls: ControlsOpt = None,
-    other_probe: Annotated[Path | None, probe_option("another axis, steered as a control")] = None,
-    layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
-    metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None,
-    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    seed: int = 0,
-    chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8,
+    steering: SpecOptions = SpecOptions(),
+    sweep: SweepOptions = SweepOptions(),
+    decoding: DecodingOptions = DecodingOptions(),
     batch_size: int = 32,
-    bootstrap: int = 1000,
     force: ForceOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
-    op: OpOpt = Op.add,
-    lo: Annotated[float | None, typer.Option(help="--op clamp: lower bound of the σ-score")] = None,
-    hi: Annotated[float | None, typer.Option(help="--op clamp: upper bound of the σ-score")] = None,
-    target: Annotated[float | None, typer.Option(help="--op set: the σ-score to set")] = None,
-    site: SiteOpt = None,
+    load: LoadOptions = LoadOptions(),
     shard: ShardOpt = None,
     engine: EngineOpt = "hf",
-    conditions: ConditionsOpt = AUTO,
-    conditions_file: ConditionsFileOpt = None,
-    positions: PositionsOpt = "all",
-    spec: SpecOpt = None,
-    side_effects: Annotated[
-        bool, typer.Option(help="KL, perplexity, task accuracy; the effect-vs-KL front")
-    ] = False,
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null and
     prompting (a system prompt asking for the behaviour, or its opposite) as the baseline."""
-    n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
-    if spec is not None:
-        given = SteerOptions(probe, layer, site, unit, op, lo, hi, target, positions, alphas)
-        probe, layer, site, unit, op, lo, hi, target, positions, alphas = apply_spec(ctx, spec, given)
-    if probe is None:
-        raise ValueprobeError("give --probe (a probe folder) or --spec (a steering spec file)")
-    _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map, positions=positions)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
-    _check_numbers(
-        out, batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
+    n_random = renamed(
+        ctx, "--random-directions", sweep.random_directions, old="--controls", old_value=sweep.controls
     )
-    axis = ValueAxis.load(probe)
-    other = ValueAxis.load(other_probe) if other_probe is not None else None
-    examples = _read_prompts(prompts, limit)
-    prompting = resolve_conditions(conditions, conditions_file, prompts, examples)
-    if side_effects:
+    spec = steering.to_spec()
+    _check_engine(engine, spec=spec, shard=shard, device_map=load.device_map)
+    how = load.check()
+    decoding.check()
+    _check_numbers(out, batch_size=batch_size, bootstrap=sweep.bootstrap, limit=sweep.limit)
+    spec = spec.check()
+    axis = spec.first_axis()
+    other = ValueAxis.load(sweep.other_probe) if sweep.other_probe is not None else None
+    examples = _read_prompts(prompts, sweep.limit)
+    prompting = resolve_conditions(sweep.conditions, sweep.conditions_file, prompts, examples)
+    if sweep.side_effects:
         side_effect_folder(prompts)  # the files side effects read, checked before the model loads
     settings = SweepSettings(
-        probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
-        prompts_sha256=sha256_file(prompts), alphas=parse_alphas(alphas), unit=unit.value, samples=samples,
-        max_new_tokens=max_new_tokens, controls=n_random, seed=seed, greedy=greedy, temperature=temperature,
-        other_probe=None if other_probe is None else str(other_probe), layer=layer, chunk_prompts=chunk_prompts,
-        metrics=_metrics(metrics, prompts, examples), limit=limit, op=op.value, lo=lo, hi=hi, target=target,
-        site=None if site is None else site.value, engine=engine, conditions=prompting.names,
-        conditions_file=prompting.file, conditions_sha256=prompting.sha256, positions=positions,
-    )  # fmt: skip
-    part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
-    work = _part_work(settings, axis, examples, model, how, part)
-    if run_sharded(out, shard, device, work, print_merged_sweeps):
+        spec=spec,
+        probe_fingerprint=axis.fingerprint,
+        model=model,
+        prompts=str(prompts),
+        prompts_sha256=sha256_file(prompts),
+        alphas=parse_alphas(sweep.alphas),
+        samples=sweep.samples,
+        max_new_tokens=decoding.max_new_tokens,
+        controls=n_random,
+        seed=decoding.seed,
+        greedy=decoding.greedy,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        other_probe=None if sweep.other_probe is None else str(sweep.other_probe),
+        chunk_prompts=sweep.chunk_prompts,
+        metrics=_metrics(sweep.metrics, prompts, examples),
+        limit=sweep.limit,
+        engine=engine,
+        conditions=prompting.names,
+        conditions_file=prompting.file,
+        conditions_sha256=prompting.sha256,
+    )
+    part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
+    # bound, not called: the settings (and so α) reach _sweep_part only in a sharded run
+    work = partial(_sweep_part, settings, examples, model, how, part)
+    if run_sharded(out, shard, how.device, work, print_merged_sweeps):
         return
-    check_settings(settings, axis, out, examples)
+    check_settings(settings, out, examples)
     lm = how.load(model)
-    run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=bootstrap, force=force)
-    result = run(lm, axis, examples, out, settings, generator=_generator(engine, model, seed, probe, how))
-    print_sweep(result, out, f"steer {probe.name} on {prompts.name}")
-    judge_sweep(lm, axis, result, out, side_effects=side_effects)
+    run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
+    result = run(lm, examples, out, settings, generator=_generator(engine, model, decoding.seed, how))
+    print_sweep(result, out, f"steer {Path(settings.probe).name} on {prompts.name}")
+    judge_sweep(lm, axis, result, out, side_effects=sweep.side_effects)
 
 
-def _part_work(
+def _sweep_part(
     settings: SweepSettings,
-    axis: ValueAxis,
     examples: list,
     model: str,
     how: LoadOptions,
     run: Callable[..., int],
-) -> Callable[[Path, ShardSpec, str], None]:
-    """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder."""
-
-    def work(part_out: Path, part: ShardSpec, on: str) -> None:
-        check_settings(settings, axis, part_out, examples, part=True)
-        check_part_out(part_out, part)
-        n_rows = run(how.load(model, device=on), axis, examples, part_out, settings, shard=part)
-        console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
-
-    return work
+    part_out: Path,
+    part: ShardSpec,
+    on: str,
+) -> None:
+    """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder
+    (`run_sharded` calls it with the part's folder, shard and device)."""
+    check_settings(settings, part_out, examples, part=True)
+    check_part_out(part_out, part)
+    n_rows = run(how.load(model, device=on), examples, part_out, settings, shard=part)
+    console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
 
 
 def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
@@ -250,22 +242,11 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
 
 
 def _check_engine(
-    engine: str,
-    *,
-    op: Op,
-    site: HookSite | None,
-    shard: ShardSpec | None,
-    device_map: str | None,
-    positions: str = "all",
+    engine: str, *, spec: SteeringSpec, shard: ShardSpec | None, device_map: str | None
 ) -> None:
     """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
     if engine not in ("hf", "vllm"):
         raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
-    check_phase(positions, None, 0)
-    if engine == "vllm" and positions != "all":
-        raise ValueprobeError(
-            f"--engine vllm steers every position in a sweep: leave out --positions {positions}"
-        )
     if engine == "vllm":
         if shard is not None:
             raise ValueprobeError("--engine vllm batches the whole sweep itself: leave out --shard")
@@ -273,20 +254,22 @@ def _check_engine(
             raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
         if importlib.util.find_spec("vllm") is None:
             raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
-        if op != Op.add:
-            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {op.value}")
-        if site is not None and site not in (HookSite.resid_post, HookSite.resid_pre):
-            raise ValueprobeError(f"--engine vllm steers the residual stream only, not --site {site.value}")
+        if spec.op.op != Op.add:
+            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {spec.op.op.value}")
+        if spec.site is not None and spec.site not in (HookSite.resid_post, HookSite.resid_pre):
+            raise ValueprobeError(
+                f"--engine vllm steers the residual stream only, not --site {spec.site.value}"
+            )
+        if spec.window is not None or spec.condition is not None:
+            raise ValueprobeError("--engine vllm steers whole phases: leave out --window and a condition")
 
 
-def _generator(
-    engine: str, model: str, seed: int, probe: Path, how: LoadOptions
-) -> Callable[..., list[Generation]]:
+def _generator(engine: str, model: str, seed: int, how: LoadOptions) -> Callable[..., list[Generation]]:
     """What generates the sweep's rows: the HF route, or one vLLM request per row, in the dtype the
     HF side loads (it scores the rows)."""
     if engine == "hf":
         return generate
-    return VllmGenerator(open_llm(model, seed=seed, dtype=how.dtype.value), probe)
+    return VllmGenerator(open_llm(model, seed=seed, dtype=how.dtype.value))
 
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:
@@ -325,94 +308,107 @@ RowsOpt = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class ReplicateSteerOptions(OptionGroup):
+    """What ``replicate steer`` runs (`valueprobe.replicate.steer.ReplicateSteerSettings`, as options)."""
+
+    panel = "Benchmarks"
+
+    probe: Annotated[Path, probe_option("the axis steered")] = Path("smollm2-135m-value")
+    other_probe: Annotated[Path, probe_option("the other axis (a control)")] = Path(
+        "smollm2-135m-reward-history"
+    )
+    data: Annotated[Path, data_dir_option("folder with steer_*.jsonl")] = SHIPPED_DATA
+    runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
+        "runs/steer-smollm2-135m"
+    )
+    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30"
+    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm
+    samples: int = 1
+    random_directions: RandomDirectionsOpt = 8
+    controls: ControlsOpt = None
+    tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0
+    seed: int = 0
+    rows: RowsOpt = "add,ablate"
+    benchmarks: Annotated[
+        str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
+    ] = "all"
+    conditions: ConditionsOpt = "toward,away,reworded"
+
+    def settings(self, ctx: typer.Context) -> ReplicateSteerSettings:
+        """The library's settings, every option checked (one line) before the model loads."""
+        n_random = renamed(
+            ctx, "--random-directions", self.random_directions, old="--controls", old_value=self.controls
+        )
+        check_at_least("--prompts", self.prompts, 1)
+        _check_tokens(self.tokens)
+        return ReplicateSteerSettings(
+            probe=self.probe,
+            other_probe=self.other_probe,
+            data_dir=self.data,
+            runs_dir=self.runs,
+            prompts=self.prompts,
+            alphas=parse_alphas(self.alphas),
+            unit=self.unit.value,
+            samples=self.samples,
+            controls=n_random,
+            seed=self.seed,
+            tokens=self.tokens,
+            rows=parse_rows(self.rows),
+            benchmarks=parse_benchmarks(self.benchmarks),
+            conditions=parse_conditions(self.conditions),
+        )
+
+
 @replicate_app.command("steer")
+@grouped
 def replicate_steer_command(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-steer"),
     model: ModelOpt = "smollm2-135m",
-    probe: Annotated[Path, probe_option("the axis steered")] = Path("smollm2-135m-value"),
-    other_probe: Annotated[Path, probe_option("the other axis (a control)")] = Path(
-        "smollm2-135m-reward-history"
-    ),
-    data: Annotated[Path, data_dir_option("folder with steer_*.jsonl")] = SHIPPED_DATA,
-    runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
-        "runs/steer-smollm2-135m"
-    ),
-    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12,
-    alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30",
-    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm,
-    samples: int = 1,
-    random_directions: RandomDirectionsOpt = 8,
-    controls: ControlsOpt = None,
-    tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0,
-    seed: int = 0,
+    run: ReplicateSteerOptions = ReplicateSteerOptions(),
     batch_size: int = 32,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
-    rows: RowsOpt = "add,ablate",
-    benchmarks: Annotated[
-        str, typer.Option(help="all, or a comma list of confidence, backtracking, code, refusal, length")
-    ] = "all",
+    load: LoadOptions = LoadOptions(),
     shard: ShardOpt = None,
-    conditions: ConditionsOpt = "toward,away,reworded",
     evaluate: Annotated[
         bool, typer.Option(help="side effects, effect-vs-KL front, per-item reliability")
     ] = True,
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
-    n_random = renamed(ctx, "--random-directions", random_directions, old="--controls", old_value=controls)
-    values = parse_alphas(alphas)
-    how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
-    check_at_least("--prompts", prompts, 1)
+    settings = run.settings(ctx)
+    how = load.check()
     check_at_least("--batch-size", batch_size, 1)
-    _check_tokens(tokens)
-    chosen = parse_rows(rows)
-    names = parse_benchmarks(benchmarks)
-    _check_outputs(out, runs)
-    axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
-    shared: dict[str, Any] = {
-        "rows": chosen,
-        "probe": probe,
-        "other_probe": other_probe,
-        "axis": axis,
-        "data_dir": data,
-        "runs_dir": runs,
-        "alphas": values,
-        "unit": unit.value,
-        "samples": samples,
-        "controls": n_random,
-        "seed": seed,
-        "prompts": prompts,
-        "tokens": tokens,
-        "benchmarks": names,
-        "conditions": parse_conditions(conditions),
-    }
-    for run in plan(model=model, **shared):  # every check before the model loads
-        check_settings(run.settings, axis, run.folder, _read_prompts(run.prompts, prompts))
+    _check_outputs(out, settings.runs_dir)
+    axis, other = ValueAxis.load(settings.probe), ValueAxis.load(settings.other_probe)
+    for sweep in plan(settings, axis=axis, model=model):  # every check before the model loads
+        check_settings(sweep.settings, sweep.folder, _read_prompts(sweep.prompts, settings.prompts))
     lm = how.load(model)
     report = replicate_steer(
-        lm, other=other, out=out, batch_size=batch_size, shard=shard, evaluate=evaluate, **shared
+        lm, settings, axis=axis, other=other, out=out, batch_size=batch_size, shard=shard, evaluate=evaluate
     )
     if shard is not None:
         return console.print(
-            f"wrote shard {shard} of each sweep under {runs}/: rerun without --shard to merge"
+            f"wrote shard {shard} of each sweep under {settings.runs_dir}/: rerun without --shard to merge"
         )
-    print_replicate_steer(report, out, runs, f"{probe.name} vs {other_probe.name}", n_random)
+    print_replicate_steer(report, out, settings)
 
 
-def print_replicate_steer(report: ReplicateSteer, out: Path, runs: Path, what: str, n_random: int) -> None:
-    """Write ``replicate steer``'s figure and print its tables."""
+def print_replicate_steer(report: ReplicateSteer, out: Path, settings: ReplicateSteerSettings) -> None:
+    """Write ``replicate steer``'s figures and print its tables."""
+    probe, other_probe = settings.probe.name, settings.other_probe.name
     if report.sweeps:
         write_html(dose_response_figure(report.combined()), out / "dose.html")
-        table(f"replicate steer: {what} and {n_random} random directions", *report.table())
+        table(
+            f"replicate steer: {probe} vs {other_probe} and {settings.controls} random directions",
+            *report.table(),
+        )
     if report.ablations:
         table(
-            f"replicate steer, ablated: {what.split(' vs ')[0]} vs {n_random} random directions",
+            f"replicate steer, ablated: {probe} vs {settings.controls} random directions",
             *report.ablation_table(),
         )
     judged = print_evaluation(out / "evaluation.json", out) if report.sweeps else ""
     console.print(
-        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''}{judged} (sweeps in {runs}/)"
+        f"wrote {out}/results.json, summary.md{', dose.html' if report.sweeps else ''}{judged} (sweeps in {settings.runs_dir}/)"
     )

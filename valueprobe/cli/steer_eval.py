@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import cast
 
 from valueprobe.cli.app import table, write_html
 from valueprobe.datasets.answers import read_tasks
@@ -27,14 +26,13 @@ from valueprobe.report.steering_eval import (
     reliability_figure,
     side_effects_figure,
 )
-from valueprobe.steering.baseline import baseline_table, prompt_baseline
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.front import effect_front
-from valueprobe.steering.handle import Where
-from valueprobe.steering.prompting import conditions_path, read_target
-from valueprobe.steering.reliability import item_reliability
-from valueprobe.steering.side_effects import SteerPlan, measure_side_effects
-from valueprobe.steering.sweep import GENERATIONS, read_rows, sweep_directions, sweep_layer
+from valueprobe.steering.experiment.baseline import baseline_table, prompt_baseline
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.front import effect_front
+from valueprobe.steering.experiment.prompting import conditions_path, read_target
+from valueprobe.steering.experiment.reliability import item_reliability
+from valueprobe.steering.experiment.side_effects import measure_side_effects, sweep_plan
+from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
 
 __all__ = ["judge_sweep", "print_evaluation", "side_effect_folder"]
 
@@ -105,9 +103,7 @@ def judge_sweep(
     table("per-item reliability", *reliability_table({prompts.stem: BenchEval(target, (), rel, None)}))
     if not side_effects:
         return
-    plan = SteerPlan(sweep_layer(axis, settings), tuple(sorted({0.0, *settings.alphas})), settings.unit, settings.site,
-                     settings.operator(), cast(Where, settings.positions),
-                     tuple(sweep_directions(axis, settings, None, sweep_layer(axis, settings))))  # fmt: skip
+    plan = sweep_plan(settings, sorted({0.0, *settings.alphas}), lm.n_layers)
     tasks = {
         k: [t for t in read_tasks(prompts.parent / f) if g is None or t.group == g][:n]
         for k, (f, g, n, _) in TASKS.items()

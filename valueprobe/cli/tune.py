@@ -11,6 +11,7 @@ Options are checked before any model loads; the work is one library call each.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NamedTuple, TypeVar
 
@@ -19,15 +20,10 @@ import typer
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.cli.app import (
     SHIPPED_DATA,
-    DeviceMapOpt,
-    DeviceOpt,
     ForceOpt,
     LoadOptions,
-    ModelDtypeOpt,
     ModelOpt,
-    OffloadFolderOpt,
     ShardOpt,
-    TrustOpt,
     app,
     console,
     data_dir_option,
@@ -38,6 +34,7 @@ from valueprobe.cli.app import (
     table,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
@@ -50,10 +47,10 @@ from valueprobe.replicate.safety import replicate_safety as run_safety
 from valueprobe.replicate.safety import write_report as write_safety
 from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
-from valueprobe.tune.shift import ShiftResult, check_groups, group_by, shift
-from valueprobe.tune.shift_parts import ShiftSettings, merge_shifts, shift_part
+from valueprobe.tune.shift import ShiftResult, ShiftSettings, check_groups, group_by, shift
+from valueprobe.tune.shift_parts import merge_shifts, shift_part
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
-from valueprobe.vocab import LayerSelection, ModelDtype, Positions, ShardSpec
+from valueprobe.vocab import LayerSelection, Positions, ShardSpec
 
 __all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
 
@@ -72,7 +69,25 @@ def _say(text: str) -> None:
 TuneSteps = Annotated[int, typer.Option(help="stop after this many steps (-1: run the epochs)")]
 
 
+@dataclass(frozen=True)
+class TrainOptions(OptionGroup):
+    """How ``tune`` trains (`TuneSettings`, as options)."""
+
+    panel = "Training"
+
+    lora: Annotated[
+        bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
+    ] = True
+    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss); SFT ignores it")] = 0.1
+    epochs: float = 1.0
+    seed: int = 0
+    lr: float = 3e-4
+    batch_size: int = 8
+    max_steps: TuneSteps = -1
+
+
 @app.command("tune")
+@grouped
 def tune(
     method: Annotated[
         TuneMethod,
@@ -81,36 +96,29 @@ def tune(
     data: Annotated[Path, data_option("pairs: prompt/chosen/rejected rows, or preference_* dataset rows")],
     out: Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")],
     model: ModelOpt = "smollm2-135m",
-    lora: Annotated[
-        bool, typer.Option("--lora/--full", help="LoRA adapter (r 16, α 32) or full fine-tuning")
-    ] = True,
-    beta: Annotated[float, typer.Option(help="DPO β (sigmoid loss); SFT ignores it")] = 0.1,
-    epochs: float = 1.0,
-    seed: int = 0,
-    lr: float = 3e-4,
-    batch_size: int = 8,
+    training: TrainOptions = TrainOptions(),
     group: Annotated[
         str | None, typer.Option(help="train on these groups only: 'preference_words/dolphin,...'")
     ] = None,
     split: Annotated[
         str | None, typer.Option(help="train on rows with this meta.split only, e.g. train")
     ] = None,
-    max_steps: TuneSteps = -1,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out")] = False,
 ) -> None:
     """Fine-tune with TRL and a LoRA adapter: tune dpo, or tune sft (loss on the completion only).
     Rerun the same command to resume an interrupted run."""
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
+    t = training
     settings = TuneSettings(
         method=method,
-        lora=lora,
-        beta=beta,
-        epochs=epochs,
-        seed=seed,
-        learning_rate=lr,
-        batch_size=batch_size,
-        max_steps=max_steps,
+        lora=t.lora,
+        beta=t.beta,
+        epochs=t.epochs,
+        seed=t.seed,
+        learning_rate=t.lr,
+        batch_size=t.batch_size,
+        max_steps=t.max_steps,
     )
     settings.check()  # before the pairs are read and before any model loads
     pairs = read_pairs(data, groups=groups, split=split)
@@ -237,15 +245,14 @@ def replicate_safety(
 # --- shift ---
 
 
-@app.command("shift")
-def shift_cmd(
-    probe: Annotated[Path, probe_option("the base model's axis")],
-    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
-    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
-    data: Annotated[Path, data_option("the examples; their groups are compared")],
-    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
-    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
-    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",
+@dataclass(frozen=True)
+class ShiftOptions(OptionGroup):
+    """How ``shift`` compares the models (`ShiftSettings`, as options)."""
+
+    panel = "Shift"
+
+    by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group"
+    targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = ""
     layers: Annotated[
         LayerSelection | None,
         typer.Option(
@@ -253,64 +260,69 @@ def shift_cmd(
             metavar="SPEC",
             help="layers of the by-layer curves (default: the axis's)",
         ),
-    ] = None,
-    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None,
-    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean,
-    contrast: Annotated[
-        bool, typer.Option(help="Cohen's d by label inside each group, before and after")
-    ] = False,
-    refit: Annotated[
-        bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")
-    ] = False,
-    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    batch_size: int = 8,
+    ] = None
+    layer: Annotated[int | None, typer.Option(help="headline layer (default: the probe's best)")] = None
+    tokens: Annotated[Positions, typer.Option(help="tokens averaged per example")] = Positions.mean
+    contrast: Annotated[bool, typer.Option(help="Cohen's d by label inside each group, before and after")] = (
+        False
+    )
+    refit: Annotated[bool, typer.Option(help="refit diff-of-means axes on both models; cos per layer")] = (
+        False
+    )
+    n_random: Annotated[int, typer.Option(help="random unit directions in the null")] = 32
+    bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int = 8
+
+    def settings(self) -> ShiftSettings:
+        """The library's settings, every number checked."""
+        check_at_least("--n-random", self.n_random, 1)
+        check_at_least("--bootstrap", self.bootstrap, 0)
+        check_at_least("--batch-size", self.batch_size, 1)
+        return ShiftSettings(
+            by=self.by,
+            layers=self.layers,
+            layer=self.layer,
+            tokens=str(self.tokens),
+            targeted=tuple(t.strip() for t in self.targeted.split(",") if t.strip()),
+            contrast=self.contrast,
+            n_random=self.n_random,
+            refit=self.refit,
+            n_boot=self.bootstrap,
+            seed=self.seed,
+            batch_size=self.batch_size,
+        )
+
+
+@app.command("shift")
+@grouped
+def shift_cmd(
+    probe: Annotated[Path, probe_option("the base model's axis")],
+    base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+    tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
+    data: Annotated[Path, data_option("the examples; their groups are compared")],
+    out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
+    comparing: ShiftOptions = ShiftOptions(),
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
     force: ForceOpt = False,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    load: LoadOptions = LoadOptions(),
     shard: ShardOpt = None,
 ) -> None:
     """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, trust_remote_code=trust_remote_code)
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
     check_output_dir(out, holds="shift")
-    check_at_least("--n-random", n_random, 1)
-    check_at_least("--bootstrap", bootstrap, 0)
-    check_at_least("--batch-size", batch_size, 1)
-    how.check()
-    examples = group_by(read_jsonl(data), by)
+    settings = comparing.settings()
+    how = load.check()
+    examples = group_by(read_jsonl(data), settings.by)
     axis = ValueAxis.load(probe)
-    settings = ShiftSettings(
-        by=by,
-        layers=layers,
-        layer=layer,
-        tokens=str(tokens),
-        targeted=tuple(t.strip() for t in targeted.split(",") if t.strip()),
-        contrast=contrast,
-        n_random=n_random,
-        refit=refit,
-        n_boot=bootstrap,
-        seed=seed,
-        batch_size=batch_size,
-    )
-    check_groups(examples, targeted=settings.targeted, contrast=contrast, refit=refit)
+    check_groups(examples, targeted=settings.targeted, contrast=settings.contrast, refit=settings.refit)
 
     work = _shift_work(axis, base, tuned, data, examples, settings, how=how, force=force)
-    if run_sharded(out, shard, device, work, print_merged_shifts):
+    if run_sharded(out, shard, how.device, work, print_merged_shifts):
         return
     base_lm, tuned_lm = how.load(base), how.load(tuned)
-    s = settings
-    res = shift(
-        axis, base_lm, tuned_lm, examples, layers=s.layers, layer=s.layer, tokens=tokens, targeted=s.targeted,
-        contrast=s.contrast, n_random=s.n_random, refit=s.refit, n_boot=s.n_boot, seed=s.seed,
-        batch_size=s.batch_size, force=force,
-    )  # fmt: skip
+    res = shift(axis, base_lm, tuned_lm, examples, settings, force=force)
     print_shift(res, out, overwrite=overwrite, title=f"shift: {tuned} vs {base} on {probe.name}")
 
 

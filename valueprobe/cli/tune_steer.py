@@ -3,28 +3,27 @@
     valueprobe tune-steer --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl \\
         --layers 18,20 --alphas 15,30 --unit norm --positions all,generated --ops add,add-norm --max-kl 0.5 \\
         --out runs/tune-open
-    valueprobe steer --spec runs/tune-open/spec.json --prompts data/steer_open.jsonl --out runs/steer-chosen
+    valueprobe steer --spec runs/tune-open/spec.json --alphas=0,30 --prompts data/steer_open.jsonl --out runs/steer-chosen
 
-Chooses on the validation half of the prompts, reports on the test half (`valueprobe.steering.search`),
+Chooses on the validation half of the prompts, reports on the test half (`valueprobe.steering.experiment.search`),
 prints the random directions' front next to the chosen setting, and writes ``spec.json`` (the chosen
-setting, keyed as ``steer``'s options: `valueprobe.steering.spec_file`), ``results.json`` and
-``front.html``. An empty search space or a KL bound that is not positive is one line, before any work.
+setting as a `valueprobe.steering.hook.spec.SteeringSpec`, which ``steer --spec`` and ``serve --spec``
+read; the chosen α, which a spec does not hold, is printed and kept in ``results.json``),
+``results.json`` and ``front.html``. An empty search space or a KL bound that is not positive is one line, before any work.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
 from valueprobe.cli.app import (
-    DeviceMapOpt,
-    DeviceOpt,
     LoadOptions,
-    ModelDtypeOpt,
     ModelOpt,
     RandomDirectionsOpt,
     app,
@@ -35,17 +34,19 @@ from valueprobe.cli.app import (
     write_html,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, check_output_dir, jsonable
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.steering_eval import front_figure
-from valueprobe.steering.front import envelope
-from valueprobe.steering.prompting import Target, conditions_path, read_target
-from valueprobe.steering.search import SearchSpace, SteerSearch, check_space, tune_steer
-from valueprobe.steering.spec_file import SpecFile
-from valueprobe.steering.sweep import SweepSettings, metrics_for
-from valueprobe.vocab import ModelDtype, Unit
+from valueprobe.steering.experiment.front import envelope
+from valueprobe.steering.experiment.prompting import Target, conditions_path, read_target
+from valueprobe.steering.experiment.search import SearchSpace, SteerSearch, check_space, tune_steer
+from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for
+from valueprobe.steering.hook.operators import Operator
+from valueprobe.steering.hook.spec import SteeringSpec, Where
+from valueprobe.vocab import Op, Unit
 
 __all__ = ["tune_steer_command"]
 
@@ -77,46 +78,70 @@ def _target(text: str | None, prompts: Path) -> Target:
     return Target(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
 
 
+@dataclass(frozen=True)
+class SearchOptions(OptionGroup):
+    """What ``tune-steer`` searches (layer × α × positions × operator) and under which KL bound."""
+
+    panel = "Search"
+
+    max_kl: Annotated[float, typer.Option(help="the KL bound: nats per token on neutral text")] = 0.5
+    layers: Annotated[str | None, typer.Option(help="comma list; default the probe's best layer")] = None
+    alphas: Annotated[str, typer.Option(help="strengths, comma separated; each is tried as ±α")] = "1,2,4"
+    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.sigma
+    positions: Annotated[str, typer.Option(help="comma list of all, prompt, generated")] = "all,generated"
+    ops: Annotated[str, typer.Option(help="comma list of add, add-norm")] = "add,add-norm"
+    target: Annotated[
+        str | None, typer.Option(help="METRIC[:SUBSET[:SIGN]]; default: stated in steer_conditions.jsonl")
+    ] = None
+
+    def space(self, axis: ValueAxis) -> SearchSpace:
+        """The search space, checked (one line when empty or the bound is not positive)."""
+        layers = (
+            tuple(int(x) for x in _floats(self.layers, "--layers")) if self.layers else (axis.best_layer,)
+        )
+        space = SearchSpace(layers, _floats(self.alphas, "--alphas"), _words(self.positions), _words(self.ops),
+                            self.max_kl)  # fmt: skip
+        check_space(space)
+        if bad := [x for x in space.layers if x not in axis.layers]:
+            raise ValueprobeError(f"--layers: the probe has no layer {bad[0]}; it has {list(axis.layers)}")
+        return space
+
+
+@dataclass(frozen=True)
+class TuneSweepOptions(OptionGroup):
+    """How each searched setting's sweep runs: its prompts, decoding, random directions and corpus."""
+
+    panel = "Sweep"
+
+    random_directions: RandomDirectionsOpt = 4
+    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = 16
+    max_new_tokens: int = 32
+    samples: int = 1
+    temperature: float = 1.0
+    seed: int = 0
+    neutral: Annotated[
+        Path | None,
+        data_option("the neutral corpus the KL is read on (default: neutral_text beside --prompts)"),
+    ] = None
+
+
 @app.command("tune-steer")
+@grouped
 def tune_steer_command(
     probe: Annotated[Path, probe_option("the axis steered")],
     prompts: Annotated[Path, data_option("prompts, e.g. steer_open")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
-    max_kl: Annotated[float, typer.Option(help="the KL bound: nats per token on neutral text")] = 0.5,
-    layers: Annotated[str | None, typer.Option(help="comma list; default the probe's best layer")] = None,
-    alphas: Annotated[str, typer.Option(help="strengths, comma separated; each is tried as ±α")] = "1,2,4",
-    unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.sigma,
-    positions: Annotated[str, typer.Option(help="comma list of all, prompt, generated")] = "all,generated",
-    ops: Annotated[str, typer.Option(help="comma list of add, add-norm")] = "add,add-norm",
-    target: Annotated[
-        str | None, typer.Option(help="METRIC[:SUBSET[:SIGN]]; default: stated in steer_conditions.jsonl")
-    ] = None,
     model: ModelOpt = "smollm2-135m",
-    random_directions: RandomDirectionsOpt = 4,
-    limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = 16,
-    max_new_tokens: int = 32,
-    samples: int = 1,
-    temperature: float = 1.0,
-    seed: int = 0,
-    neutral: Annotated[
-        Path | None,
-        data_option("the neutral corpus the KL is read on (default: neutral_text beside --prompts)"),
-    ] = None,
+    search: SearchOptions = SearchOptions(),
+    sweep: TuneSweepOptions = TuneSweepOptions(),
     batch_size: int = 32,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Search layer × α × positions × operator for the largest move toward the target at KL ≤ --max-kl."""  # fmt: skip
-    space = SearchSpace(tuple(int(x) for x in _floats(layers or "", "--layers")), _floats(alphas, "--alphas"),
-                        _words(positions), _words(ops), max_kl)  # fmt: skip
     axis = ValueAxis.load(probe)
-    space = space if layers is not None else SearchSpace((axis.best_layer,), *list(vars(space).values())[1:])
-    check_space(space)
-    check_at_least("--random-directions", random_directions, 1)
-    if bad := [x for x in space.layers if x not in axis.layers]:
-        raise ValueprobeError(f"--layers: the probe has no layer {bad[0]}; it has {list(axis.layers)}")
-    neutral = neutral or prompts.parent / "neutral_text.jsonl"
+    space = search.space(axis)
+    check_at_least("--random-directions", sweep.random_directions, 1)
+    neutral = sweep.neutral or prompts.parent / "neutral_text.jsonl"
     if not neutral.is_file():
         raise ValueprobeError(
             f"--neutral {neutral} does not exist: build it with `valueprobe datasets build --family steering`"
@@ -125,21 +150,22 @@ def tune_steer_command(
         raise ValueprobeError(
             f"--prompts {prompts} does not exist: give a dataset JSONL (e.g. data/steer_open.jsonl)"
         )
-    check_at_least("--limit", limit, 2)
-    examples = read_jsonl(prompts)[:limit]
-    goal = _target(target, prompts)
+    check_at_least("--limit", sweep.limit, 2)
+    examples = read_jsonl(prompts)[: sweep.limit]
+    goal = _target(search.target, prompts)
     metrics = metrics_for(prompts, examples)
     if goal.metric not in (*metrics, "length", "degenerate"):
         raise ValueprobeError(
             f"--target {goal.metric!r} is not read on {prompts.name}: choose from {', '.join(metrics)}"
         )
     check_output_dir(out, holds="steering search")
-    base = SweepSettings(probe=str(probe), probe_fingerprint=axis.fingerprint, model=model, prompts=str(prompts),
-                         prompts_sha256=sha256_file(prompts), alphas=(0.0, 1.0), unit=unit.value, samples=samples,
-                         max_new_tokens=max_new_tokens, controls=random_directions, seed=seed,
-                         greedy=not math.isfinite(temperature) or temperature <= 0, temperature=temperature,
-                         metrics=metrics, limit=limit)  # fmt: skip
-    lm = LoadOptions(device, device_map, model_dtype, None).check().load(model)
+    t = sweep.temperature
+    base = SweepSettings(spec=SteeringSpec(axis, probe=str(probe), unit=search.unit), probe_fingerprint=axis.fingerprint,
+                         model=model, prompts=str(prompts), prompts_sha256=sha256_file(prompts), alphas=(0.0, 1.0),
+                         samples=sweep.samples, max_new_tokens=sweep.max_new_tokens, controls=sweep.random_directions,
+                         seed=sweep.seed, greedy=not math.isfinite(t) or t <= 0, temperature=t, metrics=metrics,
+                         limit=sweep.limit)  # fmt: skip
+    lm = load.check().load(model)
     found = tune_steer(lm, ValueAxis.load(probe, lm=lm), examples, base, space, goal, out=out, neutral=neutral,
                        batch_size=batch_size)  # fmt: skip
     _print(found, out, probe)
@@ -169,13 +195,13 @@ def _print(found: SteerSearch, out: Path, probe: Path) -> None:
           ["setting", "KL", "move (test)", "95% CI", "random front at that KL (test)", "random directions reach"],
           [[c.name, c.kl, c.test_effect, f"[{c.test_ci[0]:+.3f}, {c.test_ci[1]:+.3f}]", null, f"KL ≤ {front.max_random_kl:.3g}"]])  # fmt: skip
     console.print(f"on test the chosen α is {useful}")
-    spec = SpecFile(str(probe), c.layer, c.alpha, unit=found.unit, op=c.op, positions=c.positions,
-                    chosen_by={"command": "tune-steer", "target": vars(goal), "max_kl": found.space.max_kl,
-                               "kl": c.kl, "val_effect": c.val_effect, "test_effect": c.test_effect,
-                               "test_ci": list(c.test_ci), "useful_on_test": c.alpha in front.useful})  # fmt: skip
-    spec.write(out / "spec.json")
+    # the chosen setting as the one steering spec steer and serve read; α is not part of a spec
+    spec = SteeringSpec(probe=str(probe), layers=[c.layer], unit=found.unit, op=Operator(Op(c.op)),
+                        positions=cast(Where, c.positions))  # fmt: skip
+    spec.save(out / "spec.json")
     write_html(
         front_figure([front], titles=[f"{goal.metric} ({goal.subset}), test prompts: {c.name}"]),
         out / "front.html",
     )
-    console.print(f"wrote {out}/spec.json, results.json, front.html (sweeps in {out}/configs/)")
+    console.print(f"wrote {out}/spec.json, results.json, front.html (sweeps in {out}/configs/); steer it with"
+                  f" `valueprobe steer --spec {out}/spec.json --alphas=0,{c.alpha:g} --prompts ... --out ...`")  # fmt: skip

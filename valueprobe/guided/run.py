@@ -3,17 +3,19 @@
     >>> import valueprobe as vp
     >>> out = vp.guide(lm, axis, ["What is 12 * 7? Answer:"], "best-of-n")           # N = 8, by mean σ
     >>> out = vp.guide(lm, axis, prompts, Prune(n=8, every=8, quantile=0.5))
-    >>> out = vp.guide(lm, axis, prompts, Rollback(k=8, tau=1.0, alpha=2.0), read_layer=14, steer_layer=16)
-    >>> out = vp.guide(lm, axis, prompts, "best-of-n", direction=r, direction_name="random-0")  # the null
+    >>> spec = vp.SteeringSpec(axis, read_layer=14, layers=16)          # read at 14, rollback pushes at 16
+    >>> out = vp.guide(lm, spec, prompts, Rollback(k=8, tau=1.0, alpha=2.0))
+    >>> out = vp.guide(lm, vp.SteeringSpec(axis, direction=r, direction_name="random-0"), prompts)  # the null
     >>> out = vp.guide(lm, axis, prompts, "best-of-n", score="logprob")   # the log-probability baseline
 
 ``valueprobe guide --probe probes/smollm2-135m-reward-history --prompts data/... --policy prune --out runs/g``
 runs it from the command line. The value of a token is read by a recorder on the read layer
 (`valueprobe.hooks.route.record`) while the token is fed to the model, inside the forward that
-gives the next token's logits: no second pass. Rollback's push is the steering handle
-(`valueprobe.steering.handle.Steering`) at the steer layer, with one α per row, zero but in the
-``steer_tokens`` after a rollback. Rows sample with common random numbers
-(`valueprobe.steering.sampling`): row (prompt p, sample s) draws from its own generator seeded by
+gives the next token's logits: no second pass. What is read and pushed is one
+`valueprobe.steering.hook.spec.SteeringSpec`: its read layer, its steered layers, unit, operator
+and direction. Rollback's push is the steering handle (`valueprobe.steering.hook.handle.Steering`)
+with one α per row, zero but in the ``steer_tokens`` after a rollback. Rows sample with common random numbers
+(`valueprobe.steering.decode.sampling`): row (prompt p, sample s) draws from its own generator seeded by
 ``row_seed(seed, p, s)``, so its tokens do not depend on which rows share its batch, and the same
 seed gives the axis, a null direction and the log-probability baseline the same candidates.
 """
@@ -38,10 +40,10 @@ from valueprobe.hooks.padding import pad_id_for
 from valueprobe.hooks.route import Handle, Point, Recording, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.generation import Prompt, encode_prompts
-from valueprobe.steering.handle import Steering, SteerPoint, steer_points
-from valueprobe.steering.sampling import RowSampler, row_seed
-from valueprobe.vocab import Unit
+from valueprobe.steering.decode.generation import Prompt, encode_prompts
+from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
+from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.spec import SteeringSpec, as_spec
 
 __all__ = ["SCORES", "Score", "guide", "pick"]
 
@@ -59,10 +61,7 @@ class _Run:
     steer_layer: int
     direction_name: str
     eos: int | None
-    max_new_tokens: int
-    greedy: bool
-    temperature: float
-    top_p: float
+    decoding: Decoding
 
 
 def _reading(direction: Tensor, mu: float, sigma: float, h: Tensor) -> Tensor:
@@ -84,13 +83,22 @@ def _read_stats(axis: ValueAxis, layer: int, score: str, policy: Policy) -> tupl
 
 
 def _check(
-    lm: LoadedModel, axis: ValueAxis, layer: int, *, score: str, max_new_tokens: int, batch_size: int
+    lm: LoadedModel, spec: SteeringSpec, layer: int, *, score: str, decoding: Decoding, batch_size: int
 ) -> None:
+    axis = spec.first_axis()
     if score not in SCORES:
         raise ValueprobeError(f"unknown score {score!r}: use one of {', '.join(SCORES)}")
-    if max_new_tokens < 1 or batch_size < 1:
+    if decoding.max_new_tokens < 1 or batch_size < 1:
         raise ValueprobeError(
-            f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens} and {batch_size}"
+            f"max_new_tokens and batch_size must be >= 1, got {decoding.max_new_tokens} and {batch_size}"
+        )
+    if decoding.samples != 1 or decoding.min_new_tokens:
+        raise ValueprobeError(
+            "guided decoding takes N from its policy and stops rows itself: leave samples and min_new_tokens out"
+        )
+    if spec.positions != "all" or spec.window is not None:
+        raise ValueprobeError(
+            "guided decoding steers the tokens after a rollback: leave positions and window out"
         )
     if axis.d_model != lm.d_model:
         raise ValueprobeError(f"the axis is for d_model {axis.d_model} but the model has {lm.d_model}")
@@ -100,48 +108,42 @@ def _check(
 
 def guide(
     lm: LoadedModel,
-    axis: ValueAxis,
+    spec: Specified,
     prompts: Sequence[Prompt],
     policy: Policy | str = "best-of-n",
     *,
     score: Score | str = "sigma",
-    read_layer: int | None = None,
-    steer_layer: int | None = None,
-    unit: Unit | str = Unit.sigma,
-    direction: Tensor | None = None,
-    direction_name: str | None = None,
-    seed: int = 0,
-    max_new_tokens: int = 48,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
+    decoding: Decoding = Decoding(),
     batch_size: int = 32,
     progress: bool = True,
 ) -> list[Guided]:
     """Guided decoding of each prompt: one `Guided` record per prompt, in order.
 
     Args:
-        lm: the loaded model; axis: the value axis (its μ, σ at the read layer make σ-scores).
+        lm: the loaded model.
+        spec: what is read and pushed (`valueprobe.steering.hook.spec.SteeringSpec`; an axis
+            means every default): the value is read at ``read_layer`` (default the first steered
+            layer, so the axis's best), along ``direction`` if one is given (the random-direction
+            null, with the axis's μ and σ); rollback's α pushes at the steered layers, in the
+            spec's unit and with its operator. Results record ``direction_name`` (default ``axis``,
+            or ``direction`` for an override).
         prompts: raw strings, or chats rendered with the chat template.
         policy: ``best-of-n``, ``prune``, ``rollback`` (defaults) or a policy object
             (`valueprobe.guided.policy`: ``BestOfN(n=8, last_k=16)``, ``Prune(...)``, ``Rollback(...)``).
         score: what picks the candidate: ``sigma`` (mean σ-score, the default), ``cos`` (the paper's
             val(s), mean cos) or ``logprob`` (mean log-probability: the baseline); ties by log-probability.
-        read_layer: where the value is read (default the axis's best layer);
-        steer_layer: where rollback's α pushes (default the read layer).
-        unit: rollback's α unit (``sigma``, ``norm``, ``raw``).
-        direction: read (and steer) along this vector instead of the axis, with the axis's μ and σ
-            (the random-direction null); direction_name: recorded (default ``axis`` / ``direction``).
-        seed, greedy, temperature, top_p: sampling, with common random numbers per (prompt, sample).
+        decoding: seed, max_new_tokens, greedy, temperature, top_p; N comes from the policy, with
+            common random numbers per (prompt, sample).
         batch_size: rows per batch; whole prompts' N rows go together (siblings prune together).
     """
     policy = as_policy(policy)
-    read = axis.best_layer if read_layer is None else int(read_layer)
-    steer_at = read if steer_layer is None else int(steer_layer)
-    _check(lm, axis, read, score=str(score), max_new_tokens=max_new_tokens, batch_size=batch_size)
+    spec = as_spec(spec)
+    axis = spec.first_axis()
+    read = spec.read_at(lm.n_layers)
+    _check(lm, spec, read, score=str(score), decoding=decoding, batch_size=batch_size)
     mu, sigma = _read_stats(axis, read, str(score), policy)
-    (target,) = steer_points(lm, axis, layers=[steer_at], unit=unit, direction=direction)
-    vector = (axis.direction(read) if direction is None else direction).detach().float().cpu()
+    spec.points(lm)  # the push's checks (layers, unit, operator), before any work
+    vector = (axis.direction(read) if spec.direction is None else spec.direction).detach().float().cpu()
     if vector.shape != (lm.d_model,) or not bool(vector.norm() > 0):
         raise ValueprobeError(f"the read direction must be a non-zero vector of d_model {lm.d_model}")
     encoded = encode_prompts(lm, prompts)
@@ -150,13 +152,10 @@ def guide(
         policy=policy,
         score=str(score),
         read=Point(read, axis.site),
-        steer_layer=steer_at,
-        direction_name=direction_name or ("axis" if direction is None else "direction"),
+        steer_layer=spec.steered_layers(lm.n_layers)[0],
+        direction_name=spec.direction_name or ("axis" if spec.direction is None else "direction"),
         eos=None if eos is None else int(eos),
-        max_new_tokens=max_new_tokens,
-        greedy=greedy,
-        temperature=temperature,
-        top_p=top_p,
+        decoding=decoding,
     )
     reduce = partial(_reading, vector / vector.norm(), mu, sigma)
     per_chunk = max(1, batch_size // policy.n)
@@ -165,12 +164,12 @@ def guide(
         for start in range(0, len(encoded), per_chunk):
             chosen = range(start, min(start + per_chunk, len(encoded)))
             rows = [
-                Row(p, s, None if greedy else row_seed(seed, p, s), encoded[p][-1])
+                Row(p, s, None if decoding.greedy else row_seed(decoding.seed, p, s), encoded[p][-1])
                 for p in chosen
                 for s in range(policy.n)
             ]
             recording = record(lm, [run.read], reduce=reduce)
-            steering = _steering(lm, axis, target, policy)
+            steering = _steering(lm, spec, policy)
             with Handle().join(recording, *([steering] if steering is not None else [])):
                 _decode(
                     lm, rows, [encoded[p] for p in chosen for _ in range(policy.n)], run, recording, steering
@@ -180,12 +179,12 @@ def guide(
     return out
 
 
-def _steering(lm: LoadedModel, axis: ValueAxis, target: SteerPoint, policy: Policy) -> Steering | None:
-    """Rollback's push along the axis at the steer layer, α per row (set each forward); none when
-    nothing would steer, so best-of-n and prune carry only the read."""
+def _steering(lm: LoadedModel, spec: SteeringSpec, policy: Policy) -> Steering | None:
+    """Rollback's push as the spec says, α per row (set each forward); none when nothing would
+    steer, so best-of-n and prune carry only the read."""
     if not isinstance(policy, Rollback) or policy.alpha == 0 or policy.steer_tokens == 0:
         return None
-    return Steering(lm, axis, [target], alpha=0.0, where="all", prompt_length=None, trace=False)
+    return Steering(lm, spec, 0.0).attach()
 
 
 def _sample(logits: Tensor, sampler: RowSampler | None) -> tuple[list[int], list[float]]:
@@ -201,7 +200,7 @@ def _take(rows: list[Row], need: list[int], logits: Tensor, sampler: RowSampler 
         return
     tokens, logps = _sample(logits[need], None if sampler is None else sampler.rows(need))
     for i, token, logp in zip(need, tokens, logps, strict=True):
-        rows[i].take(token, logp, eos=run.eos, max_new_tokens=run.max_new_tokens)
+        rows[i].take(token, logp, eos=run.eos, max_new_tokens=run.decoding.max_new_tokens)
 
 
 def _decode(
@@ -216,8 +215,10 @@ def _decode(
     decoder = CachedDecoder(lm, prompts, pad_id=pad_id_for(lm.tokenizer))
     sampler = (
         None
-        if run.greedy
-        else RowSampler([int(r.seed or 0) for r in rows], temperature=run.temperature, top_p=run.top_p)
+        if run.decoding.greedy
+        else RowSampler(
+            [int(r.seed or 0) for r in rows], temperature=run.decoding.temperature, top_p=run.decoding.top_p
+        )
     )
     logits = decoder.prefill()
     recording.values[run.read].clear()

@@ -1,4 +1,4 @@
-"""Pieces the three backends share: the `Forward` record, input checks, the steering delta, the twin.
+"""Pieces the three routes share: the `Forward` record, input checks, the steering delta, the twin.
 
 Used by :mod:`valueprobe.hooks.route`; nothing here is public API.
 """
@@ -76,7 +76,7 @@ class Forward:
 
 
 def position_ids_from_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos"]:
-    """Positions counted from each row's first real token: the default of every backend.
+    """Positions counted from each row's first real token: the default of every route.
 
     An HF forward given no positions uses 0..pos-1, so left padding shifts every real token
     of a short row (changing activations of absolute-position models such as GPT-2); nnsight

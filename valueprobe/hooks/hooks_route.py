@@ -1,12 +1,12 @@
-"""The reference route: plain forward hooks on the loaded model itself (``backend="hooks"``).
+"""The reference route: plain forward hooks on the loaded model itself (``route="hooks"``).
 
 >>> from valueprobe.hooks.route import residuals
->>> acts = residuals(lm, ids, mask, layers=[6, -1], site="resid_post")   # backend="hooks", the default
+>>> acts = residuals(lm, ids, mask, layers=[6, -1], site="resid_post")   # route="hooks", the default
 
 It stands on the public hook layer (`valueprobe.hooks.patch`), so it is the one route that runs
 Python inside every forward: capture's reductions in the hook, and under ``generate`` the steering
 handle's per-token reads and closed-loop α. The nnsight and TransformerLens routes are tested
-against it, and it against ``output_hidden_states`` (tests/test_backends.py).
+against it, and it against ``output_hidden_states`` (tests/test_routes.py).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ class HooksRoute:
         return as_output(output.logits)
 
     def generate(self, run: Decode) -> Int[Tensor, "batch seq"]:
-        """The model's own ``generate`` under the run's hooks (the steering as Python), removed in
-        ``finally``; prompt then new tokens, on the model's device."""
+        """The model's own ``generate`` with the run's steering attached (as Python hooks), removed
+        in ``finally``; prompt then new tokens, on the model's device."""
         device = run.lm.device
-        with run.hooks(), torch.no_grad():
+        with run.steering.attach(), torch.no_grad():
             return run.lm.model.generate(
                 input_ids=run.input_ids.to(device),
                 attention_mask=run.attention_mask.to(device),

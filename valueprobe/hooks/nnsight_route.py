@@ -8,7 +8,7 @@ runs it on its own copy of that checkpoint. Configure the NDIF key first
 serializes the trace exactly as for NDIF and runs it here, a serverless dry run.
 
 >>> from valueprobe.hooks.route import residuals
->>> acts = residuals(lm, ids, mask, layers=[12], site="resid_post", backend="nnsight", remote=True)
+>>> acts = residuals(lm, ids, mask, layers=[12], site="resid_post", route="nnsight", remote=True)
 
 The bodies of the ``with model.trace(...)`` blocks below are shipped to the server as
 source: they must use only torch, builtins and values defined before the block, never
@@ -71,7 +71,7 @@ def nnsight_model(lm: LoadedModel, *, remote: Remote = False) -> Any:
         return cached[1]
     if lm.tokenizer is None:
         raise ValueprobeError(
-            "the nnsight backend needs the model's tokenizer: load it with valueprobe.model.load.load"
+            "the nnsight route needs the model's tokenizer: load it with valueprobe.model.load.load"
         )
     # nnsight sets pad token and padding side on the tokenizer it is given: give it a copy.
     wrapped = TransformersModel(twin(lm.model), task="text-generation", tokenizer=copy.deepcopy(lm.tokenizer))
@@ -117,33 +117,34 @@ class NnsightRoute:
     def generate(self, run: Decode) -> Int[Tensor, "batch seq"]:
         """Open-loop steered ``generate`` in one nnsight trace: the route for NDIF-sized models.
 
-        Takes the steering as data (`Decode`). The deltas are built before the trace, so the graph
-        needs no valueprobe names: the prompt pass adds ``α·size·v̂`` at the prompt's real cells
-        when ``where`` is ``all``/``prompt``, every later step at its one new cell when ``where`` is
-        ``all``/``generated``. Equal to the hooks route (tests/test_steer.py). A ``live`` run is
-        refused: the graph cannot hand a value read in one step back to Python before that step's
-        addition. So is a run whose hooks do more than add (``beyond``: another operator, a site off
-        the residual stream, a window of generated tokens, a condition), in one line naming it.
+        Takes the steering as data (`Plan.as_additions`). The deltas are built before the trace, so
+        the graph needs no valueprobe names: the prompt pass adds ``α·size·v̂`` at the prompt's real
+        cells when ``where`` is ``all``/``prompt``, every later step at its one new cell when
+        ``where`` is ``all``/``generated``. Equal to the hooks route (tests/test_steer.py). A live
+        plan (or stopping criteria) is refused: the graph cannot hand a value read in one step back
+        to Python before that step's addition. So is a plan that does more than add (``beyond``:
+        another operator, a site off the residual stream, a window, a condition), in one line.
         """
-        if run.live:
+        data = run.steering.as_additions()
+        if data.live or run.stopping is not None:
             raise ValueprobeError(
-                "traces and closed-loop control run on backend 'hooks' only: nnsight's generate graph "
+                "traces and closed-loop control run on route 'hooks' only: nnsight's generate graph "
                 "cannot hand a value read in one step back to Python before that step's addition"
             )
-        if run.beyond:
+        if data.beyond:
             raise ValueprobeError(
-                f"{run.beyond} runs on backend 'hooks' only: nnsight's generate graph takes the steering"
-                " as additions α·size·v̂ (use --backend hooks)"
+                f"{data.beyond} runs on route 'hooks' only: nnsight's generate graph takes the steering"
+                " as additions α·size·v̂ (use --route hooks)"
             )
         model = nnsight_model(run.lm, remote=run.remote)
-        envoys = _envoys(model, run.lm, [a.point.layer for a in run.additions])
-        on_input = [a.point.site == "resid_pre" for a in run.additions]
+        envoys = _envoys(model, run.lm, [a.point.layer for a in data.points])
+        on_input = [a.point.site == "resid_pre" for a in data.points]
         real = run.attention_mask.to(torch.float32)[:, :, None]
-        prompt_on = float(run.where in ("all", "prompt"))
-        gen_on = float(run.where in ("all", "generated"))
-        alpha = run.alpha.to(torch.float32)[:, None, None]
-        first = [alpha * real * (a.unit_size * prompt_on) * a.direction for a in run.additions]
-        later = [alpha * (a.unit_size * gen_on) * a.direction for a in run.additions]
+        prompt_on = float(data.where in ("all", "prompt"))
+        gen_on = float(data.where in ("all", "generated"))
+        alpha = data.alpha.to(torch.float32)[:, None, None]
+        first = [alpha * real * (a.unit_size * prompt_on) * a.direction for a in data.points]
+        later = [alpha * (a.unit_size * gen_on) * a.direction for a in data.points]
         inputs = {"input_ids": run.input_ids, "attention_mask": run.attention_mask}
         with warnings.catch_warnings():
             # The open loop ends with the run, and nnsight warns so at every call.

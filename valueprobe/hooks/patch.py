@@ -20,7 +20,7 @@ Works on any module tree ``valueprobe.model.load`` can load (Llama, Qwen, GPT-2,
 the step is read by a pre-hook on the module that owns the decoder blocks, which receives the
 2-D ``attention_mask`` and the cache whichever causal-LM head called it.
 
-`valueprobe.hooks.hooks_route.HooksRoute`, the reference route (``backend="hooks"``), is this
+`valueprobe.hooks.hooks_route.HooksRoute`, the reference route (``route="hooks"``), is this
 layer behind the `Route` protocol; the nnsight and TransformerLens routes are tested against it,
 and it against ``output_hidden_states``. A handle can `Handle.join` others, so that one
 ``finally`` takes all of their hooks off.
@@ -51,6 +51,7 @@ __all__ = [
     "Recording",
     "Step",
     "StopForward",
+    "hook_module",
     "intervene",
     "record",
 ]
@@ -152,6 +153,11 @@ class Handle:
     def _add(self, handle: torch.utils.hooks.RemovableHandle) -> None:
         self._handles.append(handle)
 
+    @property
+    def n_hooks(self) -> int:
+        """How many module hooks this handle holds (0 once removed)."""
+        return len(self._handles)
+
     def join(self, *others: Handle) -> Self:
         """Adopt the hooks of ``others``: removing this handle then removes theirs too.
 
@@ -224,6 +230,36 @@ def _module(lm: LoadedModel, hooked: Hooked) -> tuple[torch.nn.Module, bool]:
     )
 
 
+def hook_module(
+    module: torch.nn.Module,
+    fn: Callable[..., Any],
+    *,
+    pre: bool = False,
+    with_kwargs: bool = False,
+    first: bool = False,
+    into: Handle | None = None,
+) -> Handle:
+    """Put ``fn`` on ``module`` as a forward hook (``pre``: a forward pre-hook), with torch's own
+    calling convention: the one place valueprobe registers ``nn.Module`` hooks (`record`,
+    `intervene`, and the vLLM plugin's hooks on vLLM's own blocks all come through here).
+
+    Args:
+        pre: a pre-hook ``fn(module, args[, kwargs])`` instead of ``fn(module, args, output)``.
+        with_kwargs: the pre-hook also gets (and may return) the keyword arguments.
+        first: run before the hooks already there.
+        into: the handle that takes the hook (default a new one); returned.
+
+    >>> with hook_module(block, lambda module, args, output: None):
+    ...     lm.model(ids)
+    """
+    handle = Handle() if into is None else into
+    if pre:
+        handle._add(module.register_forward_pre_hook(fn, with_kwargs=with_kwargs, prepend=first))
+    else:
+        handle._add(module.register_forward_hook(fn, prepend=first))
+    return handle
+
+
 def _attach(
     handle: Handle,
     module: torch.nn.Module,
@@ -249,7 +285,7 @@ def _attach(
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}
 
-        handle._add(module.register_forward_pre_hook(pre, with_kwargs=True, prepend=first))
+        hook_module(module, pre, pre=True, with_kwargs=True, first=first, into=handle)
     else:
 
         def post(module: torch.nn.Module, args: tuple, output: Any) -> Any:
@@ -258,7 +294,7 @@ def _attach(
                 return None
             return (new, *output[1:]) if isinstance(output, tuple) else new
 
-        handle._add(module.register_forward_hook(post, prepend=first))
+        hook_module(module, post, first=first, into=handle)
 
 
 class Intervention(Handle):
@@ -285,7 +321,7 @@ def intervene(
     module, on_input = _module(lm, _resolve(lm, point))
     reader = _StepReader()
     handle = Intervention()
-    handle._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
+    hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=handle)
     try:
         _attach(handle, module, on_input, lambda h: fn(h, reader.step()), first=True)
     except BaseException:
@@ -339,7 +375,7 @@ def record(
     keep = reduce or (lambda h: h.detach())
     rec = Recording(points)
     reader = _StepReader()
-    rec._add(_owner(lm).register_forward_pre_hook(reader, with_kwargs=True))
+    hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=rec)
     try:
         by_hook: dict[Hooked, list[Point]] = {}
         for point in rec.points:

@@ -1,27 +1,27 @@
-"""Three backends, one answer, and the public hook layer they stand on.
+"""Three routes, one answer, and the public hook layer they stand on.
 
 Hook layer (`patch`): ``record(lm, points)`` and ``intervene(lm, point, fn)``, handles that are
 also context managers; ``fn(h, step)`` runs at every forward, each step of ``generate`` included.
 
 Routes: residual capture and additive steering through plain hooks,
 nnsight 0.8 (and so NDIF remote execution) and TransformerLens 4's ``TransformerBridge``;
-steered generation (``route(backend).generate(Decode(...))``) through plain hooks and nnsight.
+steered generation (``route_for(name).generate(Decode(...))``) through plain hooks and nnsight.
 
-``tests/test_backends.py`` checks the three agree with each other and with
+``tests/test_routes.py`` checks the three agree with each other and with
 ``output_hidden_states`` to 1e-4 on tiny random models. Typical use, from the capture engine:
 
 >>> from valueprobe.hooks.route import residuals
 >>> acts = residuals(lm, batch.input_ids, batch.attention_mask, layers=[6, -1], site="resid_post",
-...                  include_embed=True, backend="nnsight")
+...                  include_embed=True, route="nnsight")
 >>> acts[6].shape, acts["embed"].shape        # float32, CPU: [batch, pos, d_model]
 
 Conventions (TransformerLens's): ``resid_pre[L]`` is the input of decoder block L,
 ``resid_post[L]`` its raw output, so ``resid_post[L] == resid_pre[L+1]`` and the last
 ``resid_post`` is *before* the final norm (unlike HF's last ``hidden_states``). ``"embed"``
-is ``resid_pre[0]``. Values at padded positions are unspecified: backends differ there
+is ``resid_pre[0]``. Values at padded positions are unspecified: routes differ there
 (eager vs SDPA attention over fully masked rows); read only where ``attention_mask`` is 1.
 
-Positions: with ``position_ids=None`` every backend is given
+Positions: with ``position_ids=None`` every route is given
 ``position_ids_from_mask(attention_mask)`` (each row counted from its first real token, as in
 ``generate``), so left- and right-padded batches give the unpadded activations. Left alone,
 the three would disagree: an HF forward counts 0..pos-1 whatever the mask, while nnsight and
@@ -39,7 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.decode import Addition, Decode
+from valueprobe.hooks.decode import Addition, Additions, Decode, Plan
 from valueprobe.hooks.forward import (
     Forward,
     Read,
@@ -50,35 +50,37 @@ from valueprobe.hooks.forward import (
     steering_delta,
 )
 from valueprobe.hooks.patch import Handle, Intervention, Point, Recording, Step, intervene, record
-from valueprobe.vocab import Backend, Site, layer_out_of_range
+from valueprobe.vocab import RouteName, Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
 __all__ = [
-    "BACKENDS",
+    "ROUTES",
     "Addition",
-    "Backend",
+    "Additions",
     "Decode",
     "Handle",
     "Intervention",
+    "Plan",
     "Point",
     "Recording",
     "Route",
+    "RouteName",
     "Site",
     "Step",
     "intervene",
     "position_ids_from_mask",
     "record",
     "residuals",
-    "route",
+    "route_for",
     "steered_logits",
 ]
 
 
 @runtime_checkable
 class Route(Protocol):
-    """What each backend implements: one forward that reads, one that steers, and a steered generate.
+    """What each route implements: one forward that reads, one that steers, and a steered generate.
 
     ``read`` and ``steered_logits`` get the pass as a `Forward` record (batch, explicit positions,
     ``remote``), already checked by `residuals` / `steered_logits`: blocks are 0-based, reads are
@@ -103,29 +105,29 @@ class Route(Protocol):
     def generate(self, run: Decode) -> Int[Tensor, "batch seq"]: ...
 
 
-# The registry: backend name -> (module, class). Imported on first use: nnsight and
+# The registry: route name -> (module, class). Imported on first use: nnsight and
 # TransformerLens take seconds to import and most runs never touch them.
 _ROUTES: dict[str, tuple[str, str]] = {
-    Backend.hooks: ("valueprobe.hooks.hooks_route", "HooksRoute"),
-    Backend.nnsight: ("valueprobe.hooks.nnsight_route", "NnsightRoute"),
-    Backend.tlens: ("valueprobe.hooks.tlens_route", "TlensRoute"),
+    RouteName.hooks: ("valueprobe.hooks.hooks_route", "HooksRoute"),
+    RouteName.nnsight: ("valueprobe.hooks.nnsight_route", "NnsightRoute"),
+    RouteName.tlens: ("valueprobe.hooks.tlens_route", "TlensRoute"),
 }
 _LOADED: dict[str, Route] = {}
-BACKENDS: tuple[str, ...] = tuple(_ROUTES)
+ROUTES: tuple[str, ...] = tuple(_ROUTES)
 
 
-def route(backend: str, *, remote: bool | str = False) -> Route:
-    """The `Route` registered under ``backend``; one clear error for an unknown name or a bad remote."""
-    if backend not in _ROUTES:
-        raise ValueprobeError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if remote and backend != Backend.nnsight:
+def route_for(route: str, *, remote: bool | str = False) -> Route:
+    """The `Route` registered under ``route``; one clear error for an unknown name or a bad remote."""
+    if route not in _ROUTES:
+        raise ValueprobeError(f"unknown route {route!r}: use one of {', '.join(ROUTES)}")
+    if remote and route != RouteName.nnsight:
         raise ValueprobeError(
-            f"remote execution (NDIF) goes through nnsight: use backend='nnsight', not {backend!r}"
+            f"remote execution (NDIF) goes through nnsight: use route='nnsight', not {route!r}"
         )
-    if backend not in _LOADED:
-        module, cls = _ROUTES[backend]
-        _LOADED[backend] = getattr(importlib.import_module(module), cls)()
-    return _LOADED[backend]
+    if route not in _LOADED:
+        module, cls = _ROUTES[route]
+        _LOADED[route] = getattr(importlib.import_module(module), cls)()
+    return _LOADED[route]
 
 
 def plan_reads(
@@ -155,7 +157,7 @@ def residuals(
     layers: Sequence[int],
     site: Site | str,
     include_embed: bool = False,
-    backend: Backend | str = Backend.hooks,
+    route: RouteName | str = RouteName.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
     reduce: Reduce | None = None,
@@ -169,7 +171,7 @@ def residuals(
             by the values given (so ``-1`` stays ``-1``).
         site: ``"resid_pre"`` (block input) or ``"resid_post"`` (block output).
         include_embed: also return ``"embed"``, the embedding output (== ``resid_pre[0]``).
-        backend: ``"hooks"`` (plain forward hooks), ``"nnsight"`` or ``"tlens"``.
+        route: ``"hooks"`` (plain forward hooks), ``"nnsight"`` or ``"tlens"``.
         position_ids: explicit positions; None means `position_ids_from_mask(attention_mask)`.
         remote: nnsight only. ``True`` runs the trace on NDIF against the checkpoint named
             ``lm.model_id`` (needs an NDIF API key and network); ``"local"`` serializes it as
@@ -181,10 +183,10 @@ def residuals(
     Returns:
         ``{layer: tensor}`` (plus ``"embed"``), each float32, detached, on the CPU, ``[batch, pos, d_model]``.
 
-    >>> acts = residuals(lm, ids, mask, layers=[0, -1], site="resid_post", backend="tlens")
+    >>> acts = residuals(lm, ids, mask, layers=[0, -1], site="resid_post", route="tlens")
     """
     check_inputs(input_ids, attention_mask, position_ids, site)
-    impl = route(backend, remote=remote)
+    impl = route_for(route, remote=remote)
     positions = position_ids_from_mask(attention_mask) if position_ids is None else position_ids
     blocks, reads = plan_reads(lm, layers, site, include_embed)
     got = impl.read(Forward(lm, input_ids, attention_mask, positions, remote), reads, reduce)
@@ -206,13 +208,13 @@ def steered_logits(
     alpha: float | Float[Tensor, " batch"] = 1.0,
     site: Site | str = Site.resid_post,
     positions: Bool[Tensor, "batch pos"] | None = None,
-    backend: Backend | str = Backend.hooks,
+    route: RouteName | str = RouteName.hooks,
     position_ids: Int[Tensor, "batch pos"] | None = None,
     remote: bool | str = False,
 ) -> Float[Tensor, "batch pos vocab"]:
     """Logits of one forward pass with ``h += alpha * vector`` at (``layer``, ``site``).
 
-    The intervention the steering module builds on, here so all three backends can be
+    The intervention the steering module builds on, here so all three routes can be
     checked against each other. ``vector`` is used as given (normalize it yourself).
 
     Args:
@@ -221,16 +223,16 @@ def steered_logits(
         alpha: one scale, or one per row ``[batch]``.
         site: add to the block's input (``"resid_pre"``) or output (``"resid_post"``).
         positions: boolean ``[batch, pos]``, where to add; None adds at every position.
-        backend, position_ids, remote: as in `residuals`.
+        route, position_ids, remote: as in `residuals`.
 
     Returns:
         float32 CPU logits ``[batch, pos, vocab]``.
 
     >>> base = steered_logits(lm, ids, mask, layer=6, vector=v, alpha=0.0)
-    >>> up = steered_logits(lm, ids, mask, layer=6, vector=v, alpha=4.0, backend="nnsight")
+    >>> up = steered_logits(lm, ids, mask, layer=6, vector=v, alpha=4.0, route="nnsight")
     """
     check_inputs(input_ids, attention_mask, position_ids, site)
-    impl = route(backend, remote=remote)
+    impl = route_for(route, remote=remote)
     batch, pos = input_ids.shape
     param = next(lm.model.parameters())
     # For NDIF the local model may be a meta skeleton; the trace casts the delta on the server.

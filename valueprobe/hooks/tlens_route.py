@@ -7,7 +7,7 @@ re-download the checkpoint and tokenizer. No weight processing is applied (no
 ``blocks.{L}.hook_resid_pre`` / ``hook_resid_post`` are the raw HF block input and output.
 
 >>> from valueprobe.hooks.route import residuals
->>> acts = residuals(lm, ids, mask, layers=[3, -1], site="resid_pre", backend="tlens")
+>>> acts = residuals(lm, ids, mask, layers=[3, -1], site="resid_pre", route="tlens")
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def bridge(lm: LoadedModel) -> Any:
         names = getattr(lm.model.config, "architectures", None) or [type(lm.model).__name__]
         raise ValueprobeError(
             f"TransformerLens has no TransformerBridge adapter for {', '.join(names)}: "
-            "use backend='hooks' or backend='nnsight'"
+            "use route='hooks' or route='nnsight'"
         ) from None
     copy_ = twin(lm.model)
     paths = [module_path(lm.model, block) for block in lm.layers]
@@ -75,7 +75,7 @@ def bridge(lm: LoadedModel) -> Any:
     ):
         raise ValueprobeError(
             f"TransformerBridge's blocks are not the model's decoder layers ({paths[0]}, ...): "
-            "use backend='hooks' or backend='nnsight'"
+            "use route='hooks' or route='nnsight'"
         )
     _BRIDGES[lm.model] = (signature, built)
     return built
@@ -126,7 +126,7 @@ class TlensRoute:
         own ``generate`` on a near tie; and its hook points see no step (cache offset, padding).
         """
         raise ValueprobeError(
-            "steered generation runs through backend 'hooks' or 'nnsight', not 'tlens': "
+            "steered generation runs through route 'hooks' or 'nnsight', not 'tlens': "
             "TransformerLens's bridge reads and steers single forwards only"
         )
 

@@ -57,6 +57,7 @@ DEFAULT_MODEL = "smollm2-135m"
 _LAYER_PATHS = (
     "model.layers",  # llama, mistral, qwen2/qwen3, gemma/gemma2, phi3, phi
     "model.language_model.layers",  # gemma3 (multimodal wrapper), newer VLM-style layouts
+    "language_model.model.layers",  # vLLM's multimodal wrappers (the vLLM plugin hooks vLLM's own modules)
     "transformer.h",  # gpt2, gpt-j
     "gpt_neox.layers",  # gpt-neox, pythia
     "model.decoder.layers",  # opt

@@ -78,6 +78,18 @@ def check_combinable(axes: Sequence[ValueAxis]) -> None:
         )
 
 
+# unit -> (the axis statistic one unit is a fraction of, its name in errors, that fraction, the fix)
+_UNIT_STATS: dict[Unit, tuple[str, str, float, str]] = {
+    Unit.sigma: ("sigma", "σ", 1.0, "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw"),
+    Unit.norm: (
+        "mean_norm",
+        "mean residual norm",
+        0.01,
+        "refit the probe with norm statistics or use --unit sigma",
+    ),
+}
+
+
 @dataclass(frozen=True, eq=False)
 class ValueAxis:
     """The value axis: one unit direction per layer plus what is needed to use it.
@@ -189,18 +201,39 @@ class ValueAxis:
         """Projection in σ units, ``(h @ v̂ − μ) / σ``, for h [..., d_model]."""
         return (self.project(h, layer) - float(self.mu[self._index(layer)])) / self.sigma_at(layer)
 
+    def unit_size(self, layer: int, unit: Unit | str) -> float:
+        """The size of one unit of α at ``layer``, in raw units (along v̂): σ, 1 % of the mean
+        residual norm, or 1, times ``scale``. α·unit_size is what steering adds; this is the one
+        place α's units are defined (`vector`, the steering handle, the vLLM plugin and the
+        exported control vectors all size α here).
+
+        Raises one clear `ValueprobeError` when the axis lacks the layer or the statistics the unit
+        needs. Needs no model, so commands check a unit before one loads.
+
+        >>> axis.unit_size(axis.best_layer, "norm")   # 1 % of that layer's mean residual norm
+        """
+        unit = choice(Unit, str(unit), what="unit")
+        if layer not in self.layers:
+            raise ValueprobeError(
+                f"the axis has no layer {layer}: pick one of its layers {list(self.layers)} (--layer)"
+            )
+        if unit == Unit.raw:
+            return float(self.scale)
+        stat, name, fraction, fix = _UNIT_STATS[unit]
+        value = float(getattr(self, stat)[self.layers.index(layer)])
+        if not (math.isfinite(value) and value > 0):
+            raise ValueprobeError(
+                f"axis layer {layer} has no {name} statistics for --unit {unit.value}: {fix}"
+            )
+        return value * fraction * float(self.scale)
+
     def vector(
         self, layer: int | None = None, *, alpha: float = 1.0, units: Unit = Unit.sigma
     ) -> torch.Tensor:
-        """The steering vector α·scale·v̂ [d_model] with α in ``units`` (see :class:`valueprobe.vocab.Unit`):
-        α·σ, α % of the layer's mean norm, or α as given."""
+        """The steering vector α·unit_size·v̂ [d_model] with α in ``units`` (see `unit_size`):
+        α·σ, α % of the layer's mean norm, or α as given, each times ``scale``."""
         i = self._index(layer)
-        units = choice(Unit, units, what="units")
-        if units == Unit.sigma:
-            size = self.sigma_at(self.layers[i])
-        else:
-            size = float(self.mean_norm[i]) / 100.0 if units == Unit.norm else 1.0
-        return self.directions[i] * (alpha * self.scale * size)
+        return self.directions[i] * (alpha * self.unit_size(self.layers[i], units))
 
     def __getitem__(self, layer: int) -> ValueAxis:
         i = self._index(layer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.io import Example, Span
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
@@ -107,15 +107,10 @@ def read_items(
 ) -> tuple[dict[str, np.ndarray], dict[int, torch.Tensor]]:
     """σ score of every example's ``item`` span along each direction; also the raw activations."""
     layers = sorted({d.layer for d in dirs})
-    res = capture(
-        lm,
-        examples,
-        layers=layers,
-        positions=Positions.spans,
-        span_labels=["item"],
-        batch_size=batch_size,
-        progress=False,
+    settings = CaptureSettings(
+        layers=layers, positions=Positions.spans, span_labels=["item"], batch_size=batch_size
     )
+    res = capture(lm, examples, settings, progress=False)
     if res.rows.example_id != [e.id for e in examples]:
         raise RuntimeError("capture returned rows out of order")  # one span per example, by construction
     acts = {int(k): v for k, v in res.acts.items() if k != "embed"}

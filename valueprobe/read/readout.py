@@ -4,7 +4,7 @@
 calls :func:`score_dataset`::
 
     from valueprobe.read.readout import score_dataset, val
-    res = score_dataset(axis, lm, examples, bootstrap=1000)
+    res = score_dataset(axis, lm, examples, ScoreSettings(bootstrap=1000))
     res.write("runs/score")            # scores.csv + summary.json
     val(h_tokens, axis.direction(18))  # mean over tokens of cos(h_t, v)
 """
@@ -241,32 +241,16 @@ def group_summary(
     return summary
 
 
-def score_dataset(
-    axis: ValueAxis,
-    lm: LoadedModel,
-    examples: Sequence[Example],
-    *,
-    layer: int | None = None,
-    tokens: Tokens = Tokens.all,
-    batch_size: int = 8,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    null: int = 0,
-    force: bool = False,
-    max_length: int | None = None,
-    chat_template: ChatTemplate = ChatTemplate.model,
-    progress: bool = True,
-) -> ScoreResult:
-    """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
+@dataclass(frozen=True)
+class ScoreSettings:
+    """The options of one score (`score_dataset`), shared by every part of a sharded one.
 
-    Three steps: :func:`read_examples` (capture and project), :func:`per_example` (aggregate),
-    :func:`group_summary` (metrics).
-
-    Args:
+    Attributes:
         layer: axis layer to read (default: its best layer).
         tokens: which tokens make up s: ``all`` tokens of the example, the tokens inside its
             spans (``span_tokens``), or the ``last`` token.
-        bootstrap: resamples for the 95% CIs (0 to skip).
+        batch_size: examples per forward.
+        bootstrap: resamples for the 95% CIs (0 to skip); seed: theirs and the null's.
         null: random unit directions read at the same layer and tokens (0 to skip; ≥ 32 to use):
             each group gets their AUROC and d ranges and the axis's percentile among them.
         force: read a probe of another architecture (d_model is always checked); a fine-tune of the
@@ -274,9 +258,38 @@ def score_dataset(
         max_length: truncate longer texts (with a warning); without it, a text over the model's
             context is an error naming the example.
         chat_template: ``model`` or ``plain`` (a transcript, for base models without a template).
+    """
+
+    layer: int | None = None
+    tokens: Tokens = Tokens.all
+    batch_size: int = 8
+    bootstrap: int = 1000
+    seed: int = 0
+    null: int = 0
+    force: bool = False
+    max_length: int | None = None
+    chat_template: ChatTemplate = ChatTemplate.model
+
+
+def score_dataset(
+    axis: ValueAxis,
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    settings: ScoreSettings = ScoreSettings(),
+    *,
+    progress: bool = True,
+) -> ScoreResult:
+    """Per-example val(s) and σ-score of ``axis`` on ``examples``, with per-group AUROC / Cohen's d.
+
+    Three steps: :func:`read_examples` (capture and project), :func:`per_example` (aggregate),
+    :func:`group_summary` (metrics). ``settings`` says which layer and tokens, and the bootstrap,
+    null, truncation and chat template (`ScoreSettings`).
 
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
+    >>> res = score_dataset(axis, lm, examples, ScoreSettings(layer=12, null=32))
     """
+    s = settings
+    layer, tokens, seed = s.layer, s.tokens, s.seed
     tokens = choice(Tokens, tokens, what="tokens")
     layer = axis.best_layer if layer is None else layer
     records, random = read_records(
@@ -285,12 +298,12 @@ def score_dataset(
         examples,
         layer=layer,
         tokens=tokens,
-        batch_size=batch_size,
-        null=null,
+        batch_size=s.batch_size,
+        null=s.null,
         seed=seed,
-        force=force,
-        max_length=max_length,
-        chat_template=chat_template,
+        force=s.force,
+        max_length=s.max_length,
+        chat_template=s.chat_template,
         progress=progress,
     )
     return summarize(
@@ -299,7 +312,7 @@ def score_dataset(
         examples,
         layer=layer,
         tokens=tokens,
-        bootstrap=bootstrap,
+        bootstrap=s.bootstrap,
         seed=seed,
         random=random,
     )

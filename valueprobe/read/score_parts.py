@@ -37,11 +37,11 @@ from valueprobe.files import (
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import axis_record, read_records, score_dataset, summarize
+from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
-from valueprobe.vocab import ChatTemplate, ShardSpec, Tokens, check_split, choice
+from valueprobe.vocab import ShardSpec, Tokens, check_split, choice
 
-__all__ = ["ScorePart", "ScoreSettings", "merge_scores", "score_part"]
+__all__ = ["ScorePart", "merge_scores", "score_part"]
 
 FORMAT = "valueprobe.score.part"
 PART = "part.json"
@@ -105,39 +105,6 @@ class ScorePart:
             ) from None
         records = tuple(read_scores_csv(path / "scores.csv"))
         return cls(shard, dataset, head["fingerprint"], head["settings"], head["probe"], records, random)
-
-
-@dataclass(frozen=True)
-class ScoreSettings:
-    """The options of one score (:func:`score_dataset`'s), shared by every part of a sharded one."""
-
-    layer: int | None = None
-    tokens: Tokens = Tokens.all
-    batch_size: int = 8
-    bootstrap: int = 1000
-    seed: int = 0
-    null: int = 0
-    force: bool = False
-    max_length: int | None = None
-    chat_template: ChatTemplate = ChatTemplate.model
-
-    def score(self, axis: ValueAxis, lm: LoadedModel, examples: Sequence[Example]) -> ScoreResult:
-        """The one-process score with these settings."""
-        s = self
-        return score_dataset(
-            axis,
-            lm,
-            examples,
-            layer=s.layer,
-            tokens=s.tokens,
-            batch_size=s.batch_size,
-            bootstrap=s.bootstrap,
-            seed=s.seed,
-            null=s.null,
-            force=s.force,
-            max_length=s.max_length,
-            chat_template=s.chat_template,
-        )
 
 
 def score_part(

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.datasets.shipped import DATA_DIR
@@ -103,15 +104,19 @@ def capture_families(
     stores = {}
     for name, spec in families.items():
         path = data_dir / spec.file
-        stores[name] = capture_to_store(
-            lm,
-            read_jsonl(path),
-            runs_dir / name,
+        settings = CaptureSettings(
             layers="all",
             positions=spec.positions,
             span_labels=spec.span_labels,
             group_by=spec.group_by,
+            include_embed=True,
             batch_size=batch_size,
+        )
+        stores[name] = capture_to_store(
+            lm,
+            read_jsonl(path),
+            runs_dir / name,
+            settings,
             dataset_path=str(path),
             dataset_sha256=sha256_file(path),
             progress=progress,

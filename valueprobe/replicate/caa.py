@@ -11,7 +11,7 @@ assistant's ``(A`` or ``(B``; `valueprobe.activations.capture.capture`) between 
 matches the behaviour and the one that does not, at every layer. One layer serves every behaviour,
 as CAA's layer 13 does: the one whose vectors move p(match) most between multipliers −1 and +1,
 averaged over behaviours, on the validation items. On the test items
-(`valueprobe.steering.ab.ab_match`):
+(`valueprobe.steering.experiment.ab.ab_match`):
 
 - multipliers −1 / 0 / +1 in CAA's units (the vector's own length) and in σ (the spread of the
   training items' projections on it), the vector added to the answer's tokens as CAA adds it;
@@ -22,9 +22,9 @@ averaged over behaviours, on the validation items. On the test items
 - off target: each behaviour's vector on every other behaviour's items, beside random directions
   of its length.
 
-Each behaviour's rows are summarised by `valueprobe.steering.dose.summarise` (slopes, CIs over
-items, the null's range), `valueprobe.steering.baseline.prompt_baseline` and
-`valueprobe.steering.reliability.item_reliability`. Writes ``results.json`` and ``summary.md``.
+Each behaviour's rows are summarised by `valueprobe.steering.experiment.dose.summarise` (slopes, CIs over
+items, the null's range), `valueprobe.steering.experiment.baseline.prompt_baseline` and
+`valueprobe.steering.experiment.reliability.item_reliability`. Writes ``results.json`` and ``summary.md``.
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
 from valueprobe.stats.null import mean_ci, null_range, random_directions
-from valueprobe.steering.ab import Setting, ab_match
-from valueprobe.steering.baseline import PromptBaseline, prompt_baseline
-from valueprobe.steering.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
-from valueprobe.steering.prompting import NONE, PromptCondition, Target, read_conditions
-from valueprobe.steering.reliability import Reliability, item_reliability
-from valueprobe.steering.side_effects import SideMetric
+from valueprobe.steering.experiment.ab import Setting, ab_match
+from valueprobe.steering.experiment.baseline import PromptBaseline, prompt_baseline
+from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
+from valueprobe.steering.experiment.prompting import NONE, PromptCondition, Target, read_conditions
+from valueprobe.steering.experiment.reliability import Reliability, item_reliability
+from valueprobe.steering.experiment.side_effects import SideMetric
 from valueprobe.vocab import Positions, Site
 
 __all__ = [

@@ -56,10 +56,12 @@ from valueprobe.replicate.stages import StageCache
 from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, Results, write_report
 from valueprobe.report.sections import ShiftSection, SteerSection, read_sections
-from valueprobe.steering.generation import generate
-from valueprobe.steering.sweep import SweepSettings, metrics_for, run_sweep
+from valueprobe.steering.decode.generation import generate
+from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for, run_sweep
+from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.pairs import data_record, read_pairs
-from valueprobe.tune.shift import shift
+from valueprobe.tune.shift import ShiftSettings, shift
 from valueprobe.tune.shift_records import ShiftResult
 from valueprobe.tune.train import TuneSettings, train
 
@@ -122,12 +124,12 @@ class _Model:
 
 
 def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed: int, quick: bool) -> dict:
-    """The steering sweep (valueprobe.steering.sweep) on the yes/no confidence prompts, random-direction null."""
+    """The steering sweep (valueprobe.steering.experiment.sweep) on the yes/no confidence prompts, random-direction null."""
     prompts = out / "data" / "steer_confidence.jsonl"
     examples = read_jsonl(prompts)[: 4 if quick else 16]
     axis = ValueAxis.load(probe_dir)
     settings = SweepSettings(
-        probe=str(probe_dir),
+        spec=SteeringSpec(axis, probe=str(probe_dir)),
         probe_fingerprint=axis.fingerprint,
         model=lm().model_id,
         prompts=str(prompts),
@@ -140,9 +142,7 @@ def steer_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         metrics=metrics_for(prompts, examples),
         limit=len(examples),
     )
-    sweep = run_sweep(
-        lm(), axis, examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False
-    )
+    sweep = run_sweep(lm(), examples, out / "steer", settings, n_boot=200 if quick else 1000, progress=False)
     e = next((x for x in sweep.effects if x.metric == "p_yes"), sweep.effects[0])
     where = {True: "outside", False: "inside", None: "undetermined vs"}[e.outside]
     headline = (
@@ -181,10 +181,7 @@ def shift_stage(lm: Callable[[], LoadedModel], probe_dir: Path, out: Path, seed:
         lm(),
         load(str(tuned_dir), device=str(lm().device)),
         examples,
-        targeted=[target],
-        n_random=32,
-        n_boot=200 if quick else 1000,
-        seed=seed,
+        ShiftSettings(targeted=(target,), n_random=32, n_boot=200 if quick else 1000, seed=seed),
         progress=False,
     )
     tune = {
@@ -328,17 +325,8 @@ class _Run:
         """Stage 7: one greedy generation with the value read at every token."""
 
         def run() -> dict:
-            (gen,) = generate(
-                self.lm(),
-                axis,
-                [TRACE_PROMPT],
-                alphas=[0.0],
-                greedy=True,
-                trace=True,
-                max_new_tokens=self.size.trace_tokens,
-                seed=self.seed,
-                progress=False,
-            )
+            decoding = Decoding(greedy=True, max_new_tokens=self.size.trace_tokens, seed=self.seed)
+            (gen,) = generate(self.lm(), axis, [TRACE_PROMPT], decoding=decoding, trace=True, progress=False)
             assert gen.trace is not None
             return jsonable({"text": gen.text, **gen.trace.to_dict()})
 

@@ -49,7 +49,8 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.budget import budget_figure
 from valueprobe.stats.metrics import auroc
 from valueprobe.stats.null import mean_ci, null_range, random_directions
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.sampling import Decoding
 
 __all__ = ["TASK_FILES", "GuideRun", "budgets", "pick_prompts", "replicate_guide"]
 
@@ -249,10 +250,10 @@ def _policy_curve(
 def _guide(
     lm: LoadedModel, axis: ValueAxis, chats: list, policy: Policy, run: GuideRun, *, greedy: bool = False
 ) -> list[Guided]:
-    return guide(
-        lm, axis, chats, policy, greedy=greedy, temperature=run.temperature, seed=run.seed,
-        max_new_tokens=run.max_new_tokens, batch_size=run.batch_size,
-    )  # fmt: skip
+    decoding = Decoding(
+        greedy=greedy, temperature=run.temperature, seed=run.seed, max_new_tokens=run.max_new_tokens
+    )
+    return guide(lm, axis, chats, policy, decoding=decoding, batch_size=run.batch_size)
 
 
 @dataclass(frozen=True)

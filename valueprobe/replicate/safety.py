@@ -35,7 +35,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import hier_boot
 from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
-from valueprobe.tune.shift import ShiftResult, shift
+from valueprobe.tune.shift import ShiftResult, ShiftSettings, shift
 from valueprobe.tune.train import TuneRecord, TuneSettings, train
 from valueprobe.vocab import Positions
 
@@ -227,17 +227,8 @@ def replicate_safety(
     shifts = {}
     for name, axis in axes.items():
         progress(f"shift along {name} on {len(examples)} prompts")
-        shifts[name] = shift(
-            axis,
-            lm,
-            tuned,
-            examples,
-            tokens=Positions.last,
-            targeted=TARGETED,
-            n_random=n_random,
-            seed=seed,
-            progress=False,
-        )
+        reading = ShiftSettings(tokens=Positions.last.value, targeted=TARGETED, n_random=n_random, seed=seed)
+        shifts[name] = shift(axis, lm, tuned, examples, reading, progress=False)
     record = TuneRecord.from_dict(json.loads((out / TUNE_FILE).read_text()))
     return SafetyReport(
         refusal={

@@ -34,17 +34,20 @@ from valueprobe.files import atomic_write_text, jsonable, markdown_table, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer_eval import evaluate_steering
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.prompting import conditions_path
-from valueprobe.steering.sweep import SweepSettings, run_sweep
-from valueprobe.steering.sweep_parts import merge_sweeps, run_sweep_part
-from valueprobe.vocab import ShardSpec
+from valueprobe.steering.experiment.dose import SteerSweep
+from valueprobe.steering.experiment.prompting import conditions_path
+from valueprobe.steering.experiment.sweep import SweepSettings, run_sweep
+from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.hook.operators import Operator
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import Op, ShardSpec, Unit
 
 __all__ = [
     "BENCHMARKS",
     "ROWS",
     "Benchmark",
     "ReplicateSteer",
+    "ReplicateSteerSettings",
     "Run",
     "parse_rows",
     "plan",
@@ -63,43 +66,67 @@ class Benchmark:
     note: str
 
     def settings(
-        self,
-        probe: Path,
-        other_probe: Path | None,
-        axis: ValueAxis,
-        model: str,
-        path: Path,
-        alphas: Sequence[float],
-        unit: str,
-        samples: int,
-        controls: int,
-        seed: int,
-        prompts: int,
-        tokens: float,
-        op: str = "add",
-        conditions: Sequence[str] = (),
+        self, run: ReplicateSteerSettings, *, axis: ValueAxis, model: str, row: str
     ) -> SweepSettings:
+        """This benchmark's sweep under ``row`` (``add``: the strengths in the unit, the other axis
+        and the prompt conditions; ``ablate``: α ∈ {0, 1} in raw units, no other axis, the plain
+        prompt)."""
+        path = run.data_dir / self.file
+        add = row == "add"
+        unit = Unit(run.unit) if add else Unit.raw
+        spec = SteeringSpec(axis, probe=str(run.probe), unit=unit, op=Operator(Op(row)))
+        conditions = run.conditions if add else ()
         stated = conditions_path(path)  # the prompt conditions, stated beside the prompts
         return SweepSettings(
-            probe=str(probe),
+            spec=spec,
             probe_fingerprint=axis.fingerprint,
             model=model,
             prompts=str(path),
             prompts_sha256=sha256_file(path),
-            alphas=tuple(alphas),
-            unit=unit,
-            samples=samples,
-            max_new_tokens=max(1, math.ceil(self.max_new_tokens * tokens)),
-            controls=controls,
-            seed=seed,
-            other_probe=None if other_probe is None else str(other_probe),
+            alphas=tuple(run.alphas if add else ABLATE_ALPHAS),
+            samples=run.samples,
+            max_new_tokens=max(1, math.ceil(self.max_new_tokens * run.tokens)),
+            controls=run.controls,
+            seed=run.seed,
+            other_probe=str(run.other_probe) if add else None,
             metrics=self.metrics,
-            limit=prompts,
-            op=op,
+            limit=run.prompts,
             conditions=tuple(conditions),
             conditions_file=str(stated) if conditions else None,
             conditions_sha256=sha256_file(stated) if conditions else None,
         )
+
+
+@dataclass(frozen=True)
+class ReplicateSteerSettings:
+    """What `replicate_steer` runs: the axes, the data and where the sweeps go, their sizes, and
+    which rows and benchmarks.
+
+    Attributes:
+        probe, other_probe: the axis steered and the other shipped axis (a control) by folder.
+        data_dir: the folder of ``data/steer_*.jsonl``; runs_dir: where the resumable sweeps go.
+        prompts: rows per prompt set (confidence and refusal keep their pairs when even).
+        alphas, unit, samples, controls, seed: as in `valueprobe.steering.experiment.settings.SweepSettings`.
+        tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
+        rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
+        conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
+            ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
+    """
+
+    probe: Path = Path("probes/smollm2-135m-value")
+    other_probe: Path = Path("probes/smollm2-135m-reward-history")
+    data_dir: Path = Path("data")
+    runs_dir: Path = Path("runs/steer-smollm2-135m")
+    prompts: int = 12
+    alphas: tuple[float, ...] = (-30.0, -15.0, 0.0, 15.0, 30.0)
+    unit: str = "norm"
+    samples: int = 1
+    controls: int = 8
+    seed: int = 0
+    tokens: float = 1.0
+    rows: tuple[str, ...] = ("add", "ablate")
+    benchmarks: tuple[str, ...] = ("confidence", "backtracking", "code", "refusal", "length")
+    conditions: tuple[str, ...] = ()
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -154,54 +181,19 @@ class Run:
     settings: SweepSettings
 
 
-def plan(
-    *,
-    rows: Sequence[str],
-    probe: Path,
-    other_probe: Path,
-    axis: ValueAxis,
-    model: str,
-    data_dir: Path,
-    runs_dir: Path,
-    alphas: Sequence[float],
-    unit: str,
-    samples: int,
-    controls: int,
-    seed: int,
-    prompts: int,
-    tokens: float,
-    benchmarks: Sequence[str] = BENCHMARK_NAMES,
-    conditions: Sequence[str] = (),
-) -> list[Run]:
+def plan(run: ReplicateSteerSettings, *, axis: ValueAxis, model: str) -> list[Run]:
     """Every sweep the rows ask for, in order: the CLI checks them all before the model loads.
 
     The ablate row removes the direction (α = 0 off, 1 on; its unit is ``raw``, as removal has no
     size) and leaves the other axis out: its question is the axis against random directions. The
-    add row runs the prompt ``conditions`` (`valueprobe.steering.prompting`) beside the plain prompt.
+    add row runs the prompt ``conditions`` (`valueprobe.steering.experiment.prompting`) beside the plain prompt.
     """
     runs = []
-    for row in rows:
-        for bench in (b for b in BENCHMARKS if b.name in benchmarks):
-            path = data_dir / bench.file
-            add = row == "add"
-            settings = bench.settings(
-                probe,
-                other_probe if add else None,
-                axis,
-                model,
-                path,
-                alphas if add else ABLATE_ALPHAS,
-                unit if add else "raw",
-                samples,
-                controls,
-                seed,
-                prompts,
-                tokens,
-                op=row,
-                conditions=conditions if add else (),
-            )
-            folder = runs_dir / (bench.name if add else f"{bench.name}-{row}")
-            runs.append(Run(bench, row, path, folder, settings))
+    for row in run.rows:
+        for bench in (b for b in BENCHMARKS if b.name in run.benchmarks):
+            settings = bench.settings(run, axis=axis, model=model, row=row)
+            folder = run.runs_dir / (bench.name if row == "add" else f"{bench.name}-{row}")
+            runs.append(Run(bench, row, run.data_dir / bench.file, folder, settings))
     return runs
 
 
@@ -372,78 +364,61 @@ def _sizes(sweeps: Mapping[str, SteerSweep]) -> str:
 
 def replicate_steer(
     lm: LoadedModel,
+    run: ReplicateSteerSettings,
     *,
     axis: ValueAxis,
     other: ValueAxis,
-    probe: Path,
-    other_probe: Path,
-    data_dir: Path,
-    runs_dir: Path,
     out: Path,
-    prompts: int = 12,
-    alphas: Sequence[float] = (-30.0, -15.0, 0.0, 15.0, 30.0),
-    unit: str = "norm",
-    samples: int = 1,
-    controls: int = 8,
-    seed: int = 0,
-    tokens: float = 1.0,
     batch_size: int = 32,
-    rows: Sequence[str] = ROWS,
-    benchmarks: Sequence[str] = BENCHMARK_NAMES,
     shard: ShardSpec | None = None,
-    conditions: Sequence[str] = (),
     evaluate: bool = False,
 ) -> ReplicateSteer:
     """Run (or resume) every benchmark of :data:`BENCHMARKS` for each row and write the results into ``out``.
 
     With ``shard`` (``--shard I/N``): only that shard's rows of each sweep, into ``RUNS/SWEEP.parts/
     part-I-of-N``, and no results; the same call without ``shard``, once every part is done, merges
-    each sweep's parts (`valueprobe.steering.sweep_parts.merge_sweeps`) and writes the results.
+    each sweep's parts (`valueprobe.steering.experiment.sweep_parts.merge_sweeps`) and writes the results.
 
     Args:
-        prompts: rows per prompt set (confidence and refusal keep their pairs when even).
-        tokens: multiplies each benchmark's ``max_new_tokens`` (a smaller run reads shorter answers).
-        rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
-            A sweep not run keeps what ``out/results.json`` already holds for it.
-        conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
-            ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
+        run: what to run (`ReplicateSteerSettings`); a sweep not run keeps what ``out/results.json``
+            already holds for it.
+        axis, other: the axes of ``run.probe`` and ``run.other_probe``, read.
         evaluate: judge the add row's sweeps run now (`valueprobe.replicate.steer_eval`): side
             effects with a null, the effect-vs-KL front, per-item reliability; into ``evaluation.json``
             and the summary.
-        Others: as in `valueprobe.steering.sweep.SweepSettings`.
     """
-    runs = plan(
-        rows=rows, probe=probe, other_probe=other_probe, axis=axis, model=lm.model_id, data_dir=data_dir,
-        runs_dir=runs_dir, alphas=alphas, unit=unit, samples=samples, controls=controls, seed=seed,
-        prompts=prompts, tokens=tokens, benchmarks=benchmarks, conditions=conditions,
-    )  # fmt: skip
-    report = _previous(out, probe=probe, other_probe=other_probe, runs=runs)
-    for run in runs:
-        examples = read_jsonl(run.prompts)[:prompts]
-        control = other if run.row == "add" else None
-        parts = run.folder.parent / f"{run.folder.name}.parts"
+    runs = plan(run, axis=axis, model=lm.model_id)
+    report = _previous(out, probe=run.probe, other_probe=run.other_probe, runs=runs)
+    for sweep_run in runs:
+        examples = read_jsonl(sweep_run.prompts)[: run.prompts]
+        control = other if sweep_run.row == "add" else None
+        parts = sweep_run.folder.parent / f"{sweep_run.folder.name}.parts"
         if shard is not None:  # this shard's rows of every sweep; the run without --shard merges them
-            part = part_dir(run.folder, shard)
+            part = part_dir(sweep_run.folder, shard)
             run_sweep_part(
-                lm, axis, examples, part, run.settings, shard=shard, other=control, batch_size=batch_size
+                lm, examples, part, sweep_run.settings, shard=shard, other=control, batch_size=batch_size
             )
             continue
-        if not run.folder.exists() and parts.is_dir():  # `replicate steer --shard I/N` ran: join the parts
-            merge_sweeps(run.folder, sorted(parts.iterdir()))
-        sweep = run_sweep(lm, axis, examples, run.folder, run.settings, other=control, batch_size=batch_size)
-        if run.row == "add":
-            report = replace(report, sweeps=_in_order({**report.sweeps, run.bench.name: sweep}))
+        if (
+            not sweep_run.folder.exists() and parts.is_dir()
+        ):  # `replicate steer --shard I/N` ran: join the parts
+            merge_sweeps(sweep_run.folder, sorted(parts.iterdir()))
+        sweep = run_sweep(
+            lm, examples, sweep_run.folder, sweep_run.settings, other=control, batch_size=batch_size
+        )
+        if sweep_run.row == "add":
+            report = replace(report, sweeps=_in_order({**report.sweeps, sweep_run.bench.name: sweep}))
         else:
-            report = replace(report, ablations=_in_order({**report.ablations, run.bench.name: sweep}))
+            report = replace(report, ablations=_in_order({**report.ablations, sweep_run.bench.name: sweep}))
         # Written after every benchmark, so a stopped run still shows what it finished.
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
         atomic_write_text(out / "summary.md", report.markdown())
-    folders = {run.bench.name: run.folder for run in runs if run.row == "add"}
+    folders = {r.bench.name: r.folder for r in runs if r.row == "add"}
     if evaluate and shard is None and folders:  # the add row run now, judged
         sweeps = {k: v for k, v in report.sweeps.items() if k in folders}
         judged = evaluate_steering(
-            lm, axis, sweeps, folders, data_dir=data_dir, out=out, batch_size=batch_size
+            lm, axis, sweeps, folders, data_dir=run.data_dir, out=out, batch_size=batch_size
         )
         atomic_write_text(out / "summary.md", report.markdown() + "\n".join(judged.markdown()) + "\n")
     return report

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -27,14 +27,19 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.baseline import PromptBaseline, baseline_table, prompt_baseline
-from valueprobe.steering.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow
-from valueprobe.steering.front import Front, direction_means, effect_front
-from valueprobe.steering.handle import Where
-from valueprobe.steering.prompting import Target, read_target
-from valueprobe.steering.reliability import Reliability, item_reliability
-from valueprobe.steering.side_effects import SideEffects, SideMetric, SteerPlan, measure_side_effects
-from valueprobe.steering.sweep import GENERATIONS, read_rows, sweep_directions, sweep_layer
+from valueprobe.steering.experiment.baseline import PromptBaseline, baseline_table, prompt_baseline
+from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow
+from valueprobe.steering.experiment.front import Front, direction_means, effect_front
+from valueprobe.steering.experiment.prompting import Target, read_target
+from valueprobe.steering.experiment.reliability import Reliability, item_reliability
+from valueprobe.steering.experiment.side_effects import (
+    SideEffects,
+    SideMetric,
+    SteerPlan,
+    measure_side_effects,
+    sweep_plan,
+)
+from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
 
 __all__ = ["BenchEval", "SteerEvaluation", "evaluate_steering"]
 
@@ -176,19 +181,10 @@ def _target_metric(
     return SideMetric(f"target_{name}", f"{name}: {target.metric} ({target.subset})", alphas, values, tuple(ci), n)  # fmt: skip
 
 
-def _side_plan(axis: ValueAxis, sweep: SteerSweep) -> SteerPlan:
+def _side_plan(sweep: SteerSweep, n_layers: int) -> SteerPlan:
     s = sweep.settings
     assert s is not None
-    directions = tuple((n, v) for n, v in sweep_directions(axis, s, None, sweep_layer(axis, s)))
-    return SteerPlan(
-        sweep_layer(axis, s),
-        tuple(s.alphas),
-        s.unit,
-        s.site,
-        s.operator(),
-        cast(Where, s.positions),
-        directions,
-    )  # type: ignore[arg-type]
+    return sweep_plan(s, s.alphas, n_layers)
 
 
 def evaluate_steering(
@@ -211,7 +207,7 @@ def evaluate_steering(
         task_sizes: per task kind, (file, group kept, tasks, max new tokens); default `TASKS`.
     """  # fmt: skip
     first = next(iter(sweeps.values()))
-    plan = _side_plan(axis, first)
+    plan = _side_plan(first, lm.n_layers)
     side = _measured(out, plan) or _measure(
         lm, axis, plan, data_dir, task_sizes or TASKS, batch_size, progress
     )

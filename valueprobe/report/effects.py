@@ -5,7 +5,7 @@ generation, steering dose-response, and the shift after tuning.
     shift_layers_figure(ShiftResult.from_dict(json.load(open("runs/shift/shift.json"))))
 
 - trace: a `valueprobe.report.sections.TracedText` (a generation's text and its `Trace`);
-- steer: a `valueprobe.steering.dose.SteerSweep` (its effects' curves and slopes);
+- steer: a `valueprobe.steering.experiment.dose.SteerSweep` (its effects' curves and slopes);
 - shift: a `valueprobe.tune.shift_records.ShiftResult` (records, groups, layers, pairs).
 """
 
@@ -19,8 +19,8 @@ from plotly.subplots import make_subplots
 
 from valueprobe.report.sections import TracedText
 from valueprobe.report.style import LAYOUT, PALETTE, band
-from valueprobe.steering.dose import AXIS, Curve, Effect, SteerSweep
-from valueprobe.steering.generation import Trace
+from valueprobe.steering.decode.generation import Trace
+from valueprobe.steering.experiment.dose import AXIS, Curve, Effect, SteerSweep
 from valueprobe.tune.shift_records import GroupShift, ShiftResult
 
 __all__ = [

@@ -22,8 +22,8 @@ from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
-from valueprobe.steering.dose import SteerSweep
-from valueprobe.steering.generation import Trace
+from valueprobe.steering.decode.generation import Trace
+from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.tune.shift_records import ShiftResult
 
 __all__ = ["READERS", "ShiftSection", "SteerSection", "TracedText", "read_sections"]

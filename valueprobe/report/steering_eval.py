@@ -3,13 +3,13 @@
     from valueprobe.report.steering_eval import front_figure
     front_figure(Front.from_dict(json.load(open("probes/steering-eval-smollm2-135m/evaluation.json"))["benches"]["length"]["front"]))
 
-- `baseline_figure`: steering, prompting and both, side by side (`valueprobe.steering.baseline`);
+- `baseline_figure`: steering, prompting and both, side by side (`valueprobe.steering.experiment.baseline`);
 - `front_figure`: the axis's effect against its KL beside the random directions' front
-  (`valueprobe.steering.front`);
+  (`valueprobe.steering.experiment.front`);
 - `reliability_figure`: the per-item slopes of the axis beside the random directions'
-  (`valueprobe.steering.reliability`);
+  (`valueprobe.steering.experiment.reliability`);
 - `side_effects_figure`: each side effect against α, the axis with its CI and the random band
-  (`valueprobe.steering.side_effects`);
+  (`valueprobe.steering.experiment.side_effects`);
 - `caa_figure`: the CAA behaviours' p(match) against the multiplier beside CAA's 7B figures.
 """
 
@@ -24,11 +24,11 @@ from plotly.subplots import make_subplots
 
 from valueprobe.report.effects import CONDITION_COLORS
 from valueprobe.report.style import LAYOUT, PALETTE, band
-from valueprobe.steering.baseline import Mean, PromptBaseline
-from valueprobe.steering.dose import AXIS, SteerSweep
-from valueprobe.steering.front import Front
-from valueprobe.steering.reliability import Reliability
-from valueprobe.steering.side_effects import SideEffects
+from valueprobe.steering.experiment.baseline import Mean, PromptBaseline
+from valueprobe.steering.experiment.dose import AXIS, SteerSweep
+from valueprobe.steering.experiment.front import Front
+from valueprobe.steering.experiment.reliability import Reliability
+from valueprobe.steering.experiment.side_effects import SideEffects
 
 __all__ = ["baseline_figure", "caa_figure", "front_figure", "reliability_figure", "side_effects_figure"]
 

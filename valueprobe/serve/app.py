@@ -27,8 +27,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.serve.engine import Engine, RequestError
-from valueprobe.serve.protocol import Limits, completion, error_body, parse_request, stream_chunk
+from valueprobe.serve.engine import Engine
+from valueprobe.serve.protocol import (
+    Limits,
+    RequestError,
+    completion,
+    error_body,
+    parse_request,
+    stream_chunk,
+)
 
 __all__ = ["LOCAL_HOSTS", "bind", "build_app", "check_host", "serve"]
 

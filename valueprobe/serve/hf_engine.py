@@ -1,10 +1,12 @@
 """The ``hf`` engine: concurrent requests gathered for a short window, then run as one batch with
-one α per row on the transformers path (`valueprobe.steering.rows`), streamed token by token.
+one α per row on the transformers path (`valueprobe.steering.decode.rows`), streamed token by token.
 
     valueprobe serve --probe probes/smollm2-135m-value --engine hf
 
 One worker thread owns the model; the event loop only queues requests and relays chunks. A batch
-holds the requests that share a steered layer and a value layer (everything else is per row).
+holds the requests that share a steering spec (layer, unit, positions, value layer...): α, the
+spec's only per-row part, and the sampling and length differ per row; a request without steering
+joins any batch that reads its value layer (α = 0 leaves it untouched).
 A request whose client leaves is cancelled at the next step, its neighbours go on. If a batch
 fails before its first token, each of its requests is retried alone, so one bad request cannot
 take the others down; the loop itself never stops on an error.
@@ -20,10 +22,10 @@ from dataclasses import dataclass, field
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.serve.engine import Chunk, RequestError, SteerRequest
-from valueprobe.steering.generation import encode_prompts
-from valueprobe.steering.rows import RowSpec, RowStep, generate_rows
+from valueprobe.serve.protocol import Chunk, RequestError, SteerRequest
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
+from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["HFEngine"]
 
@@ -49,17 +51,14 @@ class HFEngine:
     """`valueprobe.serve.engine.Engine` on the transformers path.
 
     Args:
-        lm: the loaded model; axis: the probe's axis (checked against ``lm`` by the caller).
+        lm: the loaded model (each request's spec is checked against it by the caller).
         model: the id requests name (``/v1/models``).
         window_s: how long the first request of a batch waits for others.
         max_batch: rows per batch at most.
     """
 
-    def __init__(
-        self, lm: LoadedModel, axis: ValueAxis, *, model: str, window_s: float = 0.02, max_batch: int = 32
-    ) -> None:
+    def __init__(self, lm: LoadedModel, *, model: str, window_s: float = 0.02, max_batch: int = 32) -> None:
         self.lm = lm
-        self.axis = axis
         self.model = model
         self.window_s = window_s
         self.max_batch = max_batch
@@ -97,12 +96,8 @@ class HFEngine:
                 "max_tokens",
                 f"{len(ids)} prompt tokens + {request.max_tokens} new exceed the context {self.context}",
             )
-        steering = request.steering
         return RowSpec(
             tuple(ids),
-            alpha=0.0 if steering is None else steering.alpha,
-            unit="sigma" if steering is None else steering.unit,
-            positions="all" if steering is None else steering.positions,
             max_new_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
@@ -134,43 +129,42 @@ class HFEngine:
             await asyncio.sleep(self.window_s)
             while not self.pending.empty() and len(jobs) < 4 * self.max_batch:
                 jobs.append(self.pending.get_nowait())
-            for layer, value_layer, batch in self._batches(jobs):
-                await loop.run_in_executor(self.worker, self._run, layer, value_layer, batch)
+            for spec, batch in self._batches(jobs):
+                await loop.run_in_executor(self.worker, self._run, spec, batch)
 
-    def _batches(self, jobs: list[_Job]) -> list[tuple[int, int, list[_Job]]]:
-        """(steered layer, value layer, jobs) of each batch: steered jobs by their two layers; an
-        unsteered job joins any batch that reads its value layer (α = 0 leaves it untouched)."""
-        groups: dict[tuple[int, int], list[_Job]] = {}
-        for job in sorted(jobs, key=lambda j: j.request.steering is None):
-            steering, value_layer = job.request.steering, job.request.value_layer
-            key = next((k for k in groups if k[1] == value_layer), None) if steering is None else None
-            groups.setdefault(
-                key or (value_layer if steering is None else steering.layer, value_layer), []
-            ).append(job)
+    def _batches(self, jobs: list[_Job]) -> list[tuple[SteeringSpec, list[_Job]]]:
+        """(spec, jobs) of each batch: steered jobs by their spec; an unsteered job joins any batch
+        that reads its value layer (α = 0 leaves it untouched)."""
+        groups: dict[SteeringSpec, list[_Job]] = {}
+        for job in sorted(jobs, key=lambda j: not j.request.steered):
+            spec = job.request.spec
+            if not job.request.steered:
+                spec = next((k for k in groups if k.read_layer == spec.read_layer), spec)
+            groups.setdefault(spec, []).append(job)
         size = self.max_batch
-        return [(k[0], k[1], g[i : i + size]) for k, g in groups.items() for i in range(0, len(g), size)]
+        return [(k, g[i : i + size]) for k, g in groups.items() for i in range(0, len(g), size)]
 
-    def _run(self, layer: int, value_layer: int, batch: list[_Job]) -> None:
+    def _run(self, spec: SteeringSpec, batch: list[_Job]) -> None:
         """Run one batch in the worker thread; on a failure before any token, each job alone."""
         batch = [j for j in batch if not j.cancelled]
         if not batch:
             return
         self.batch_sizes.append(len(batch))
         try:
-            self._generate(layer, value_layer, batch)
+            self._generate(spec, batch)
             for job in batch:  # never leave a client waiting for a last chunk that will not come
                 if not (job.ended or job.cancelled):
                     job.put(RuntimeError("generation ended before this request finished"))
         except Exception as exc:  # noqa: BLE001 - the loop must survive anything a batch raises
             if len(batch) > 1 and not any(j.tokens for j in batch):
                 for job in batch:
-                    self._run(layer, value_layer, [job])
+                    self._run(spec, [job])
                 return
             for job in batch:
                 if not job.ended:
                     job.put(exc)
 
-    def _generate(self, layer: int, value_layer: int, batch: list[_Job]) -> None:
+    def _generate(self, spec: SteeringSpec, batch: list[_Job]) -> None:
         gone: set[int] = set()
 
         def on_step(k: int, steps: list[RowStep | None]) -> Collection[int]:
@@ -186,9 +180,8 @@ class HFEngine:
             gone.update(left)
             return left
 
-        generate_rows(
-            self.lm, self.axis, [j.row for j in batch], layer=layer, value_layer=value_layer, on_step=on_step
-        )
+        alphas = [j.request.alpha for j in batch]
+        generate_rows(self.lm, spec, [j.row for j in batch], alphas, on_step=on_step)
 
     def _chunk(self, job: _Job, step: RowStep) -> Chunk:
         """The text this token adds: decode the row so far and send what is new, holding back an

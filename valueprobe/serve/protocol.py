@@ -3,13 +3,21 @@
     >>> req = parse_request(body, limits, chat=True)      # RequestError("steering.alpha", ...) → HTTP 400
     >>> completion(req, chunks, limits, chat=True)["choices"][0]["values"]   # one σ per token
 
+The words the HTTP layer and an engine share live here too: the checked request (`SteerRequest`),
+one streamed token (`Chunk`), and the refusal (`RequestError`); `valueprobe.serve.engine` is the
+engine contract built on them.
+
 What valueprobe adds to the OpenAI API, and nothing else differs:
 - request: ``steering: {"alpha": 2, "unit": "sigma", "layer": 20, "positions": "all"}`` (all but
-  ``alpha`` optional), ``value_layer`` (the layer the value is read at; default the probe's best),
-  and vLLM's ``ignore_eos``;
+  ``alpha`` optional; the rest default to the server's steering spec, ``serve --spec``, else the
+  probe's best layer in σ on every position), ``value_layer`` (the layer the value is read at;
+  default the spec's read layer, else the probe's best), and vLLM's ``ignore_eos``;
 - response: each choice carries ``values`` (one σ per generated token, an EOS included) and
   ``token_ids``; each stream chunk's choice carries the values of its own tokens; the top level
   echoes the resolved ``steering`` and ``value_layer``.
+
+Each request becomes the server's `SteeringSpec` with the request's layer, unit, positions and
+value layer, and its α (the spec's only per-row part).
 
 Unknown top-level fields are ignored (clients send their own); unknown keys inside ``steering``
 are refused, so a typo never passes silently as "no steering".
@@ -20,28 +28,123 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 from uuid import uuid4
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.serve.engine import Chunk, RequestError, SteerRequest, SteerSpec
-from valueprobe.steering.handle import WHERE as POSITIONS
-from valueprobe.steering.handle import check_unit
+from valueprobe.steering.hook.spec import WHERE as POSITIONS
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import Unit
 
-__all__ = ["Limits", "completion", "error_body", "parse_request", "stream_chunk"]
+__all__ = [
+    "Chunk",
+    "FinishReason",
+    "Limits",
+    "RequestError",
+    "SteerRequest",
+    "completion",
+    "error_body",
+    "parse_request",
+    "stream_chunk",
+]
+
+FinishReason = Literal["stop", "length"]
 
 UNITS = ("sigma", "norm")
 STEERING_KEYS = ("alpha", "unit", "layer", "positions")
 
 
+class RequestError(ValueprobeError):
+    """A request the server refuses: HTTP 400 with ``{"error": {"message", "param": field}}``.
+
+    Args:
+        param: the request field at fault, dotted (``"steering.alpha"``, ``"messages"``).
+        message: one line saying what is wrong and what would be accepted.
+    """
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+
+
+@dataclass(frozen=True)
+class SteerRequest:
+    """One completion to run: exactly one of ``prompt`` and ``messages`` is set.
+
+    Attributes:
+        id: the response id (``cmpl-…`` / ``chatcmpl-…``), unique per request.
+        prompt: raw text (``/v1/completions``); messages: a chat (``/v1/chat/completions``),
+            rendered with the model's chat template, assistant turn opened.
+        max_tokens: new tokens at most (>= 1).
+        temperature: 0 is greedy; top_p in (0, 1]; seed: the row's sampling seed (None: fresh).
+        spec: what the request steers, and where its values are read (``spec.read_layer``).
+        alpha: its strength, in the spec's unit (0: bit-identical to no steering); the only per-row part.
+        steered: whether it asked for steering (None in the response otherwise; then α is 0).
+        ignore_eos: generate ``max_tokens`` even past EOS (vLLM's extension; fixed-length benchmarks).
+    """
+
+    id: str
+    prompt: str | None
+    messages: tuple[Mapping[str, str], ...] | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    spec: SteeringSpec
+    alpha: float = 0.0
+    steered: bool = False
+    ignore_eos: bool = False
+
+    @property
+    def value_layer(self) -> int:
+        """The layer the per-token value is read at."""
+        assert self.spec.read_layer is not None, "parse_request sets every request's read layer"
+        return self.spec.read_layer
+
+    def steering(self) -> dict[str, Any] | None:
+        """The resolved steering the response echoes: None when the request asked for none."""
+        if not self.steered:
+            return None
+        layers = self.spec.layers
+        layer = layers[0] if isinstance(layers, tuple) else layers
+        return {
+            "alpha": self.alpha,
+            "unit": self.spec.unit.value,
+            "layer": layer,
+            "positions": self.spec.positions,
+        }
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One generated token as an engine streams it.
+
+    Attributes:
+        text: the text this token adds (may be empty while a multi-byte character is incomplete).
+        token_id: the token's id.
+        value: its σ-score (see `valueprobe.serve.engine` for where and when it is read).
+        finish_reason: set on the request's last chunk: ``stop`` (EOS or a stop string) or
+            ``length`` (``max_tokens`` reached); None before.
+        prompt_tokens: the prompt's length in tokens, if the engine knows it (then the response
+            carries OpenAI's ``usage``); optional.
+    """
+
+    text: str
+    token_id: int
+    value: float
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int | None = None
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What every request is checked against: the served model's id, the probe, the α cap."""
+    """What every request is checked against: the served model's id, the server's steering spec
+    (its probe, and the defaults of every request's steering), the α cap."""
 
     model: str
-    axis: ValueAxis
+    spec: SteeringSpec
     max_alpha: float | None = None
     max_tokens: int = 4096
 
@@ -86,9 +189,10 @@ def _flag(body: Mapping[str, Any], key: str) -> bool:
     return value
 
 
-def _layer(value: Any, axis: ValueAxis, param: str) -> int:
+def _layer(value: Any, limits: Limits, param: str, default: int | None) -> int:
+    axis = limits.spec.first_axis()
     if value is None:
-        return axis.best_layer
+        return axis.best_layer if default is None else default
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(param, f"must be an integer layer, got {value!r}")
     if value not in axis.layers:
@@ -96,8 +200,15 @@ def _layer(value: Any, axis: ValueAxis, param: str) -> int:
     return value
 
 
-def parse_steering(value: Any, limits: Limits) -> SteerSpec | None:
-    """The ``steering`` field: None, or an object with ``alpha`` and optional unit, layer, positions."""
+def _served_layer(spec: SteeringSpec) -> int | None:
+    """The server spec's steered layer, when it names exactly one (else each request's default is the best)."""
+    return spec.layers[0] if isinstance(spec.layers, tuple) and len(spec.layers) == 1 else None
+
+
+def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | None:
+    """The ``steering`` field: None, or an object with ``alpha`` and optional unit, layer, positions;
+    the request's spec (the server's, with these; its read layer is the request's ``value_layer``)
+    and its α."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -113,20 +224,22 @@ def parse_steering(value: Any, limits: Limits) -> SteerSpec | None:
         raise RequestError(
             "steering.alpha", f"|alpha| = {abs(alpha):g} is beyond this server's --max-alpha {cap:g}"
         )
-    unit = value.get("unit", "sigma")
-    if unit not in UNITS:
+    unit = value.get("unit")
+    if unit is None:
+        unit = limits.spec.unit.value  # the server's spec says it (sigma unless serve --spec says otherwise)
+    elif unit not in UNITS:
         raise RequestError("steering.unit", f"unknown unit {unit!r}: use one of {', '.join(UNITS)}")
-    positions = value.get("positions", "all")
+    positions = value.get("positions", limits.spec.positions)
     if positions not in POSITIONS:
         raise RequestError(
             "steering.positions", f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}"
         )
-    layer = _layer(value.get("layer"), limits.axis, "steering.layer")
+    layer = _layer(value.get("layer"), limits, "steering.layer", _served_layer(limits.spec))
     try:
-        check_unit(limits.axis, layer, unit)
+        limits.spec.first_axis().unit_size(layer, unit)
     except ValueprobeError as exc:
-        raise RequestError("steering.unit", str(exc)) from exc
-    return SteerSpec(alpha=alpha, unit=unit, layer=layer, positions=positions)
+        raise RequestError("steering.unit", str(exc)) from None
+    return replace(limits.spec, layers=(layer,), unit=Unit(unit), positions=positions), alpha
 
 
 def _prompt(body: Mapping[str, Any], chat: bool) -> tuple[str | None, tuple[Mapping[str, str], ...] | None]:
@@ -172,16 +285,24 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
     assert max_tokens is not None
     if max_tokens > limits.max_tokens:
         raise RequestError(tokens_key, f"at most {limits.max_tokens} new tokens, got {max_tokens}")
+    temperature = _number(body, "temperature", 1.0, lo=0.0, hi=2.0)
+    top_p = _number(body, "top_p", 1.0, lo=1e-9, hi=1.0)
+    seed = _integer(body, "seed", None, lo=0)
+    steering = parse_steering(body.get("steering"), limits)
+    value_layer = _layer(body.get("value_layer"), limits, "value_layer", limits.spec.read_layer)
+    # no steering: the server's spec at the value layer with α = 0, which adds nothing at all
+    spec, alpha = steering or (replace(limits.spec, layers=(value_layer,)), 0.0)
     return SteerRequest(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid4().hex[:24]}",
         prompt=prompt,
         messages=messages,
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
-        top_p=_number(body, "top_p", 1.0, lo=1e-9, hi=1.0),
-        seed=_integer(body, "seed", None, lo=0),
-        steering=parse_steering(body.get("steering"), limits),
-        value_layer=_layer(body.get("value_layer"), limits.axis, "value_layer"),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        spec=replace(spec, read_layer=value_layer),
+        alpha=alpha,
+        steered=steering is not None,
         ignore_eos=_flag(body, "ignore_eos"),
     )
 
@@ -193,7 +314,7 @@ def _header(req: SteerRequest, limits: Limits, *, chat: bool, stream: bool) -> d
         "object": kind,
         "created": int(time.time()),
         "model": limits.model,
-        "steering": None if req.steering is None else asdict(req.steering),
+        "steering": req.steering(),
         "value_layer": req.value_layer,
     }
 

@@ -2,28 +2,28 @@
 
     valueprobe serve --probe probes/smollm2-135m-value --engine vllm     # pip install 'valueprobe[vllm]'
 
-Each `SteerRequest` becomes one vLLM request whose ``extra_args`` carry its steering and readout
-(`valueprobe.engines.vllm_spec.VllmSteer`), so vLLM's continuous batching mixes requests of any
-α, unit, layer and positions, and the plugin steers each one in the workers and salts its prefix
+Each `SteerRequest` becomes one vLLM request whose ``extra_args`` carry its steering spec, its α
+and its readout key (`valueprobe.vllm.request.VllmArgs`), so vLLM's continuous batching mixes
+requests of any spec and α, and the plugin steers each one in the workers and salts its prefix
 cache. The stream comes back as vLLM's deltas; after each delta the engine takes that request's
-new per-token values from the workers (``collective_rpc``, see `valueprobe.engines.vllm_plugin`)
+new per-token values from the workers (``collective_rpc``, see `valueprobe.vllm.plugin`)
 and yields one `Chunk` per token. A client that leaves aborts only its own request.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator, Sequence
-from pathlib import Path
+from collections.abc import AsyncGenerator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
 
-from valueprobe.engines.vllm_generate import INSTALL, check_plugin, engine_kwargs
-from valueprobe.engines.vllm_spec import VllmSteer
 from valueprobe.errors import ValueprobeError
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.serve.engine import Chunk, FinishReason, RequestError, SteerRequest
-from valueprobe.steering.generation import encode_prompts
+from valueprobe.serve.protocol import Chunk, FinishReason, RequestError, SteerRequest
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vllm.generate import INSTALL, absolute, check_plugin, engine_kwargs
+from valueprobe.vllm.request import VllmArgs, check
 
 __all__ = ["VllmEngine", "make_engine"]
 
@@ -32,7 +32,7 @@ class VllmEngine:
     """The `valueprobe.serve.engine.Engine` on vLLM.
 
     Args:
-        probe: the probe folder (the workers read the axis from there); axis: that probe, read.
+        spec: the server's steering spec (its probe folder, which the workers read the axis from).
         model: the model spec (an alias, a folder or a hub id); its id is what ``/v1/models`` lists.
         enforce_eager: skip vLLM's torch.compile (faster start, slower steps).
         dtype: what vLLM runs the model in (``--model-dtype``; float32 as the HF route loads).
@@ -40,8 +40,7 @@ class VllmEngine:
 
     def __init__(
         self,
-        probe: str | Path,
-        axis: ValueAxis,
+        spec: SteeringSpec,
         model: str,
         *,
         enforce_eager: bool = False,
@@ -53,10 +52,10 @@ class VllmEngine:
         except ImportError:
             raise ValueprobeError(f"--engine vllm needs vLLM: {INSTALL}") from None
         check_plugin()  # before the engine starts: its workers load plugins as this process does
+        check(spec)  # what the vllm engine cannot steer (an operator but add...), in one line
+        axis = spec.first_axis()
         self.model = model
-        self.layers: Sequence[int] = list(axis.layers)
-        self.best_layer = axis.best_layer
-        self.probe = str(Path(probe).resolve())
+        self.probe = absolute(spec).probe
         args = AsyncEngineArgs(**engine_kwargs(model, enforce_eager=enforce_eager, dtype=dtype))
         self.llm = AsyncLLM.from_engine_args(args)
         config = self.llm.model_config
@@ -76,19 +75,9 @@ class VllmEngine:
     async def close(self) -> None:
         self.llm.shutdown()
 
-    def _spec(self, request: SteerRequest) -> VllmSteer:
-        s = request.steering
-        if s is None:
-            return VllmSteer(probe=self.probe, alpha=0.0, layer=request.value_layer, key=request.id)
-        return VllmSteer(
-            probe=self.probe,
-            alpha=s.alpha,
-            unit=s.unit,
-            layer=s.layer,
-            positions=s.positions,
-            key=request.id,
-            read_layer=request.value_layer,
-        )
+    def _args(self, request: SteerRequest) -> VllmArgs:
+        """The request's spec (its probe absolute, for the workers), α and readout key."""
+        return VllmArgs(replace(request.spec, probe=self.probe), alpha=request.alpha, key=request.id)
 
     def _ids(self, request: SteerRequest) -> list[int]:
         prompt: Any = request.prompt if request.messages is None else [dict(m) for m in request.messages]
@@ -112,7 +101,7 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         ids = self._ids(request)
-        spec = self._spec(request)
+        spec = self._args(request)
         params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -158,5 +147,5 @@ class VllmEngine:
 
 
 def make_engine(opts: Any) -> VllmEngine:
-    """The factory `valueprobe.cli.serve` calls with its ServeOptions (probe, axis, model)."""
-    return VllmEngine(opts.probe, opts.axis, opts.model, dtype=opts.model_dtype)
+    """The factory `valueprobe.cli.serve` calls with its ServeOptions (spec, model)."""
+    return VllmEngine(opts.spec, opts.model, dtype=opts.model_dtype)

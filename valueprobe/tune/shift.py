@@ -3,7 +3,7 @@
     valueprobe shift --probe probes/smollm2-135m-value --base smollm2-135m --tuned runs/dpo-ckpt \\
         --data data/preference_safety_prompts.jsonl --targeted harmful --out runs/shift-safety
 
-    >>> res = shift(axis, vp.load("smollm2-135m"), vp.load("runs/dpo-ckpt"), examples, targeted=["harmful"])
+    >>> res = shift(axis, vp.load("smollm2-135m"), vp.load("runs/dpo-ckpt"), examples, ShiftSettings(targeted=("harmful",)))
     >>> print(res.table()); res.write("runs/shift-safety")
 
 Both models read the examples as tokenized once by the base tokenizer (their vocabularies must be
@@ -48,6 +48,7 @@ __all__ = [
     "Models",
     "PairSeparation",
     "ShiftResult",
+    "ShiftSettings",
     "check_descendant",
     "check_groups",
     "group_by",
@@ -331,22 +332,43 @@ def read_both(
     return layer, read(base, progress=progress), read(tuned, progress=progress)
 
 
+@dataclass(frozen=True)
+class ShiftSettings:
+    """The options of one shift (`shift`), shared by every part of a sharded one.
+
+    Attributes:
+        by: how the examples were grouped (`group_by`: ``group``, ``label`` or ``meta.KEY``), recorded.
+        layers: layers for the by-layer curves (default: every axis layer).
+        layer: the headline layer (default: the axis's best layer).
+        tokens: ``mean`` over all tokens of each example, its ``last`` token, or ``spans`` (mean per span).
+        targeted: groups the tuning aimed at; the others form the second null.
+        contrast: report Cohen's d by label inside each group (needs groups holding both labels).
+        n_random: random unit directions in the first null (≥ 32 recommended).
+        refit: also fit diff-of-means axes on the data in both models; report cos per layer.
+        n_boot: bootstrap resamples for the CIs; seed: theirs and the null's.
+        batch_size: examples per forward.
+    """
+
+    by: str = "group"
+    layers: LayerSpec = None
+    layer: int | None = None
+    tokens: str = "mean"
+    targeted: tuple[str, ...] = ()
+    contrast: bool = False
+    n_random: int = 32
+    refit: bool = False
+    n_boot: int = 1000
+    seed: int = 0
+    batch_size: int = 8
+
+
 def shift(
     axis: ValueAxis,
     base: LoadedModel,
     tuned: LoadedModel,
     examples: Sequence[Example],
+    settings: ShiftSettings = ShiftSettings(),
     *,
-    layers: LayerSpec = None,
-    layer: int | None = None,
-    tokens: Positions = Positions.mean,
-    targeted: Sequence[str] = (),
-    contrast: bool = False,
-    n_random: int = 32,
-    refit: bool = False,
-    n_boot: int = 1000,
-    seed: int = 0,
-    batch_size: int = 8,
     force: bool = False,
     progress: bool = True,
 ) -> ShiftResult:
@@ -356,26 +378,19 @@ def shift(
         axis: a probe of the base model (its μ, σ are the unit of every score).
         base, tuned: the base model and its tuned descendant (same architecture and vocabulary).
         examples: the dataset; ``group`` defines the groups, ``label`` the contrast.
-        layers: layers for the by-layer curves (default: every axis layer).
-        layer: the headline layer (default: the axis's best layer).
-        tokens: ``mean`` over all tokens of each example, its ``last`` token, or ``spans`` (mean per span).
-        targeted: groups the tuning aimed at; the others form the second null.
-        contrast: report Cohen's d by label inside each group (needs groups holding both labels).
-        n_random: random unit directions in the first null (≥ 32 recommended).
-        refit: also fit diff-of-means axes on the data in both models; report cos per layer.
-        n_boot: bootstrap resamples for the CIs.
+        settings: layers, tokens, the targeted groups, contrast, nulls and bootstrap (`ShiftSettings`).
         force: read a probe of another architecture (d_model and layers are still checked).
+
+    >>> res = shift(axis, base, tuned, examples, ShiftSettings(targeted=("harmful",), n_random=64))
     """
-    check_groups(examples, targeted=targeted, contrast=contrast, refit=refit)
+    s = settings
+    check_groups(examples, targeted=s.targeted, contrast=s.contrast, refit=s.refit)
     layer, h_base, h_tuned = read_both(
-        axis, base, tuned, examples, layers=layers, layer=layer, tokens=tokens, batch_size=batch_size, force=force,
-        progress=progress,
+        axis, base, tuned, examples, layers=s.layers, layer=s.layer, tokens=Positions(s.tokens),
+        batch_size=s.batch_size, force=force, progress=progress,
     )  # fmt: skip
     models = Models(base.model_id, tuned.model_id, base.fingerprint, tuned.fingerprint)
-    return shift_of_reads(
-        axis, models, examples, layer, h_base, h_tuned, tokens=tokens, targeted=targeted, contrast=contrast,
-        n_random=n_random, refit=refit, n_boot=n_boot, seed=seed,
-    )  # fmt: skip
+    return shift_of_reads(axis, models, examples, layer, h_base, h_tuned, s)
 
 
 @dataclass(frozen=True)
@@ -402,17 +417,14 @@ def shift_of_reads(
     layer: int,
     h_base: dict[int, np.ndarray],
     h_tuned: dict[int, np.ndarray],
-    *,
-    tokens: Positions | str,
-    targeted: Sequence[str],
-    contrast: bool,
-    n_random: int,
-    refit: bool,
-    n_boot: int,
-    seed: int,
+    settings: ShiftSettings,
 ) -> ShiftResult:
     """The shift from each example's residuals in both models (:func:`read_both`, or the merged
     parts of a sharded shift): everything after the models ran."""
+    s = settings
+    tokens, targeted, contrast, n_random, refit, n_boot, seed = (
+        s.tokens, s.targeted, s.contrast, s.n_random, s.refit, s.n_boot, s.seed,
+    )  # fmt: skip
     groups = _groups(examples, targeted=targeted, contrast=contrast, refit=refit)
     keep = sorted(h_base)
     by_layer_base = {x: np.asarray(axis.score(h_base[x], x), dtype=np.float64) for x in keep}

@@ -31,31 +31,22 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text, mmap_safetensors
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.tune.shift import Models, ShiftResult, check_groups, group_by, read_both, shift_of_reads
-from valueprobe.vocab import LayerSpec, Positions, ShardSpec, check_split
+from valueprobe.tune.shift import (
+    Models,
+    ShiftResult,
+    ShiftSettings,
+    check_groups,
+    group_by,
+    read_both,
+    shift_of_reads,
+)
+from valueprobe.vocab import Positions, ShardSpec, check_split
 
-__all__ = ["MARKER", "ShiftSettings", "merge_shifts", "shift_part"]
+__all__ = ["MARKER", "merge_shifts", "shift_part"]
 
 MARKER = "shift-part.json"
 READS = "reads.safetensors"
 FORMAT = "valueprobe.shift.part"
-
-
-@dataclass(frozen=True)
-class ShiftSettings:
-    """The options of one shift, shared by every part of a sharded one (as `shift` takes them)."""
-
-    by: str = "group"
-    layers: LayerSpec = None
-    layer: int | None = None
-    tokens: str = "mean"
-    targeted: tuple[str, ...] = ()
-    contrast: bool = False
-    n_random: int = 32
-    refit: bool = False
-    n_boot: int = 1000
-    seed: int = 0
-    batch_size: int = 8
 
 
 def shift_part(
@@ -189,8 +180,9 @@ def merge_shifts(parts: Sequence[str | Path]) -> ShiftResult:
         for kind in ("base", "tuned")
     }
     s = first.head["settings"]
-    return shift_of_reads(
-        ValueAxis.load(first.path / "probe"), Models(**first.head["models"]), examples, int(first.head["layer"]),
-        h["base"], h["tuned"], tokens=s["tokens"], targeted=tuple(s["targeted"]), contrast=s["contrast"],
-        n_random=s["n_random"], refit=s["refit"], n_boot=s["n_boot"], seed=s["seed"],
+    settings = ShiftSettings(
+        tokens=s["tokens"], targeted=tuple(s["targeted"]), contrast=s["contrast"], n_random=s["n_random"],
+        refit=s["refit"], n_boot=s["n_boot"], seed=s["seed"],
     )  # fmt: skip
+    axis, models = ValueAxis.load(first.path / "probe"), Models(**first.head["models"])
+    return shift_of_reads(axis, models, examples, int(first.head["layer"]), h["base"], h["tuned"], settings)

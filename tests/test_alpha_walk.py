@@ -1,0 +1,62 @@
+"""α crosses at most six modules, none twice, from where it is read to the hook (issue 29).
+
+The walk is measured, not declared: `alpha_walk` traces a real ``steer --alphas`` and a real served
+request on a tiny model (its module doc gives the rule); docs/ARCHITECTURE.md shows both walks.
+"""
+
+from __future__ import annotations
+
+import pytest
+from alpha_walk import ALPHAS, ROOT, Tracer, entered_twice, serve_walk, steer_walk, tiny_model_and_probe
+
+from valueprobe.files import jsonable
+from valueprobe.model.load import load
+from valueprobe.stats.null import null_range
+
+MAX_MODULES = 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[str, str]:
+    return tiny_model_and_probe(tmp_path_factory.mktemp("walk"))
+
+
+def test_steer_alphas_reach_the_operator_through_six_modules_each_once(tiny, tmp_path):
+    model, probe = tiny
+    walk = steer_walk(model, probe, ROOT / "data" / "steer_open.jsonl", tmp_path / "steer").walk()
+    assert walk == [
+        "valueprobe/cli/steer.py",
+        "valueprobe/steering/experiment/settings.py",
+        "valueprobe/steering/experiment/sweep.py",
+        "valueprobe/steering/decode/generation.py",
+        "valueprobe/steering/hook/handle.py",
+        "valueprobe/steering/hook/operators.py",
+    ]
+    assert len(walk) <= MAX_MODULES and not entered_twice(walk)
+
+
+def test_a_served_requests_alpha_reaches_the_operator_through_six_modules_each_once(tiny):
+    model, probe = tiny
+    walk = serve_walk(load(model), probe).walk()
+    assert walk == [
+        "valueprobe/serve/app.py",
+        "valueprobe/serve/protocol.py",
+        "valueprobe/serve/hf_engine.py",
+        "valueprobe/steering/decode/rows.py",
+        "valueprobe/steering/hook/handle.py",
+        "valueprobe/steering/hook/operators.py",
+    ]
+    assert len(walk) <= MAX_MODULES and not entered_twice(walk)
+
+
+def test_the_tracer_sees_alpha_handed_back_and_forth():
+    """The measure can fail: α handed to files.py, then stats/null.py, then files.py again (real
+    calls, under the same tracer) is a walk of three entries with files.py entered twice."""
+    with Tracer() as tracer:
+        jsonable({"alpha": ALPHAS[1]})
+        null_range([ALPHAS[0], ALPHAS[1]])
+        jsonable([ALPHAS[1]])
+        jsonable([0.5])  # no α: not a step of the walk
+    walk = tracer.walk()
+    assert walk == ["valueprobe/files.py", "valueprobe/stats/null.py", "valueprobe/files.py"], walk
+    assert entered_twice(walk) == ["valueprobe/files.py"]

@@ -1,0 +1,325 @@
+"""A whole steering sweep as batched generation: prompts × samples × strengths, one row each.
+
+    >>> gens = generate(lm, axis, ["Is 7 prime?", "Write a haiku."], alphas=[-2, 0, 2],
+    ...                 decoding=Decoding(samples=2, max_new_tokens=48, temperature=0.7))
+    >>> gens[0].to_dict()      # {"prompt": 0, "sample": 0, "alpha": -2.0, "seed": ..., "text": ...}
+
+What is steered is one `valueprobe.steering.hook.spec.SteeringSpec` (an axis means every default);
+α is the per-row part. Rows are left padded and run in chunks of ``batch_size``, each chunk one
+`valueprobe.hooks.decode.Decode` carrying one `valueprobe.steering.hook.handle.Steering` (the
+spec and the chunk's α), handed to the route's ``generate`` (plain hooks, or nnsight for NDIF):
+this module never asks which route it has. Sampling uses common random numbers
+(`valueprobe.steering.decode.sampling`): the seed of a row depends only on (seed, prompt,
+sample), so every strength and direction of one (prompt, sample) draws the same uniforms, and a
+row draws the same numbers whatever chunk it lands in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import GenerationConfig, LogitsProcessorList
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import record_from_dict
+from valueprobe.hooks.padding import pad_id_for, pad_rows
+from valueprobe.hooks.route import Decode, Point, Route, route_for
+from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
+from valueprobe.steering.hook.handle import AlphaSource, Specified, Steering
+from valueprobe.steering.hook.spec import SteeringSpec, as_spec
+from valueprobe.vocab import HookSite, RouteName
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+
+__all__ = ["Generation", "Trace", "encode_prompts", "generate"]
+
+Prompt = str | Sequence[dict[str, str]]  # raw text, or a chat (rendered with the chat template)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-token readout of one row: σ-scores by layer, and the α applied, for every token fed.
+
+    ``values[name]`` has one entry per token of ``tokens`` (prompt then generated); the last
+    generated token is never fed back, so its entries are NaN. Names are ``"resid_post[21]"``;
+    at the steered point the value is read *before* the addition.
+    """
+
+    tokens: tuple[str, ...]
+    n_prompt: int
+    values: dict[str, tuple[float, ...]]
+    alpha: tuple[float, ...]
+    steered: str  # the name in ``values`` of the steered point
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Trace:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated row of a sweep.
+
+    Attributes:
+        prompt: index into the prompts given; sample: the sample index of that prompt.
+        alpha: the strength, in ``unit``; direction: the name of the steered direction.
+        seed: the row's sampling seed (None under greedy decoding).
+        text: the generated text (no prompt, no EOS); token_ids: its token ids.
+        finished: whether the row stopped on EOS before ``max_new_tokens``.
+        trace: the per-token readout, when asked for.
+        op: the steering operator (`valueprobe.steering.hook.operators.Operator.describe`), e.g. ``ablate``.
+    """
+
+    prompt: int
+    sample: int
+    alpha: float
+    unit: str
+    direction: str
+    seed: int | None
+    text: str
+    token_ids: tuple[int, ...]
+    finished: bool
+    trace: Trace | None = field(default=None, compare=False)
+    op: str = "add"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["trace"] = None if self.trace is None else self.trace.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
+        """The record again from its ``to_dict()`` (or the JSON of it)."""
+        return record_from_dict(cls, d)
+
+
+def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt: text as is, a chat list through the chat template (with the
+    assistant turn opened)."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            text, special = p, True
+        else:
+            text = lm.tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)
+            special = False
+        ids = lm.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if not ids:
+            raise ValueprobeError(f"prompt {i} is empty: give at least one token of text")
+        out.append(list(ids))
+    return out
+
+
+@dataclass(frozen=True)
+class _Row:
+    prompt: int
+    sample: int
+    alpha: float
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every chunk of one `generate` call shares."""
+
+    config: GenerationConfig
+    decoding: Decoding
+    spec: SteeringSpec
+    read_layers: Sequence[int]
+    trace: bool
+
+
+def _check_sizes(
+    prompts: Sequence[Prompt], alphas: Sequence[float], decoding: Decoding, batch_size: int
+) -> None:
+    if decoding.max_new_tokens < 1:
+        raise ValueprobeError(f"max_new_tokens must be >= 1, got {decoding.max_new_tokens}")
+    if decoding.samples < 1 or batch_size < 1:
+        raise ValueprobeError(f"samples and batch_size must be >= 1, got {decoding.samples} and {batch_size}")
+    if not prompts:
+        raise ValueprobeError("no prompts to generate from")
+    if not alphas:
+        raise ValueprobeError("no strengths (alphas) given")
+
+
+def _rows(n_prompts: int, samples: int, alphas: Sequence[float], *, seed: int, greedy: bool) -> list[_Row]:
+    """Every (prompt, sample, α) row in that nested order, each with its common-random-numbers seed."""
+    return [
+        _Row(p, s, float(a), None if greedy else row_seed(seed, p, s))
+        for p in range(n_prompts)
+        for s in range(samples)
+        for a in alphas
+    ]
+
+
+def _config(lm: LoadedModel, *, max_new_tokens: int, min_new_tokens: int) -> GenerationConfig:
+    """Greedy at the model (a `RowSampler` samples), with the pad and EOS ids of the tokenizer."""
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id_for(lm.tokenizer),
+        eos_token_id=None if eos is None else int(eos),
+    )
+
+
+def _chunks(rows: Sequence[_Row], size: int) -> Iterator[list[_Row]]:
+    for i in range(0, len(rows), size):
+        yield list(rows[i : i + size])
+
+
+def _point_name(p: Point) -> str:
+    return f"{HookSite(str(p.site)).value}[{p.layer}]"
+
+
+def generate(
+    lm: LoadedModel,
+    spec: Specified,
+    prompts: Sequence[Prompt],
+    *,
+    alphas: Sequence[float] = (0.0,),
+    decoding: Decoding = Decoding(),
+    trace: bool = False,
+    read_layers: Sequence[int] = (),
+    batch_size: int = 32,
+    route: RouteName | str = RouteName.hooks,
+    source: Callable[[int], AlphaSource] | None = None,
+    progress: bool = True,
+) -> list[Generation]:
+    """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
+
+    Args:
+        lm: the loaded model.
+        spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`); an axis (``-axis``
+            flips it) or a list of axes means every default. An operator but ``add``, a site off
+            the residual stream, a window or a condition run on the hooks route only.
+        prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
+        alphas: strengths in the spec's unit, one row each per (prompt, sample).
+        decoding: samples, seed, lengths, greedy or temperature and top-p
+            (`valueprobe.steering.decode.sampling.Decoding`); row seeds are ``row_seed(seed, prompt, sample)``.
+        trace: return a per-token `Trace` with each row.
+        read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
+        batch_size: rows per ``generate`` call (memory grows with it, time falls).
+        route: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
+            ``nnsight`` (open loop only, no trace: the NDIF route).
+        source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count,
+            returns the hook's α source. Hooks route only.
+
+    Each `Generation` records the spec's unit, operator and ``direction_name`` (default ``axis``).
+
+    >>> gens = generate(lm, SteeringSpec(axis, unit="norm"), prompts, alphas=[-50, 0, 50],
+    ...                 decoding=Decoding(greedy=True))
+    """
+    spec = as_spec(spec)
+    _check_sizes(prompts, alphas, decoding, batch_size)
+    impl = route_for(route)
+    spec.points(lm)  # every check of the spec against the model, before any work
+    encoded = encode_prompts(lm, prompts)
+    rows = _rows(len(prompts), decoding.samples, alphas, seed=decoding.seed, greedy=decoding.greedy)
+    config = _config(lm, max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens)
+    run = _Run(config=config, decoding=decoding, spec=spec, read_layers=read_layers, trace=trace)
+    out: list[Generation] = []
+    with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
+        for chunk in _chunks(rows, batch_size):
+            alpha_source = None if source is None else source(len(chunk))
+            out.extend(_run_chunk(impl, lm, chunk, encoded, run, alpha_source))
+            bar.update(len(chunk))
+    return out
+
+
+def _reads(steering: Steering) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
+    """A chunk's traces by point name, and the α applied."""
+    values, applied = steering.traced()
+    return {_point_name(p): v for p, v in values.items()}, applied
+
+
+def _run_chunk(
+    impl: Route,
+    lm: LoadedModel,
+    chunk: list[_Row],
+    encoded: list[list[int]],
+    run: _Run,
+    source: AlphaSource | None,
+) -> list[Generation]:
+    """Left pad the chunk, hand it to the route as one `Decode`, and read each row back."""
+    ids, mask = pad_rows([encoded[r.prompt] for r in chunk], pad_id=run.config.pad_token_id, side="left")
+    processors = LogitsProcessorList()
+    if chunk[0].seed is not None:
+        seeds = [int(r.seed or 0) for r in chunk]
+        processors.append(RowSampler(seeds, temperature=run.decoding.temperature, top_p=run.decoding.top_p))
+    steering = Steering(
+        lm,
+        run.spec,
+        torch.tensor([r.alpha for r in chunk]),
+        prompt_length=ids.shape[1],
+        trace=run.trace,
+        source=source,
+        read_layers=run.read_layers,
+    )
+    seqs = impl.generate(Decode(lm, ids, mask, config=run.config, processors=processors, steering=steering))
+    reads, applied = _reads(steering) if run.trace else (None, [])
+    steered = _point_name(steering.points[0].point)
+    return [
+        _row_result(lm, i, r, seqs[i].cpu(), ids.shape[1], mask[i], run, reads, applied, steered)
+        for i, r in enumerate(chunk)
+    ]
+
+
+def _row_result(
+    lm: LoadedModel,
+    i: int,
+    row: _Row,
+    seq: Tensor,
+    width: int,
+    prompt_mask: Tensor,
+    run: _Run,
+    reads: dict[str, list[Tensor]] | None,
+    applied: list[Tensor],
+    steered: str,
+) -> Generation:
+    new = seq[width:].tolist()
+    eos = run.config.eos_token_id
+    finished = eos is not None and eos in new
+    kept = new[: new.index(eos)] if finished else new
+    text = lm.tokenizer.decode(kept, skip_special_tokens=True)
+    trace = None
+    if reads is not None:
+        n_prompt = int(prompt_mask.sum())
+        cols = list(range(width - n_prompt, width + len(kept)))
+        pieces = [lm.tokenizer.decode([t]) for t in seq[width - n_prompt : width + len(kept)].tolist()]
+
+        def per_token(parts: list[Tensor]) -> tuple[float, ...]:
+            full = torch.cat(parts, dim=1)[i] if parts else torch.empty(0)
+            return tuple(float(full[c]) if c < full.numel() else float("nan") for c in cols)
+
+        trace = Trace(
+            tokens=tuple(pieces),
+            n_prompt=n_prompt,
+            values={name: per_token(parts) for name, parts in reads.items()},
+            alpha=per_token(applied),
+            steered=steered,
+        )
+    return Generation(
+        prompt=row.prompt,
+        sample=row.sample,
+        alpha=row.alpha,
+        unit=run.spec.unit.value,
+        direction=run.spec.name(),
+        seed=row.seed,
+        text=text,
+        token_ids=tuple(kept),
+        finished=finished,
+        trace=trace,
+        op=run.spec.op.describe(),
+    )

@@ -1,0 +1,224 @@
+"""One request per row: each row of a batched, steered ``generate`` has its own α, sampling and
+length, and every step is reported as it ends (``valueprobe serve --engine hf``).
+
+    >>> rows = [RowSpec(ids, max_new_tokens=20) for _ in range(3)]
+    >>> outs = generate_rows(lm, SteeringSpec(axis, read_layer=14), rows, alphas=[-2.0, 0.0, 2.0])
+    >>> outs[2].token_ids, outs[2].values          # the +2σ row's tokens and per-token σ-scores
+
+Where `valueprobe.steering.decode.generation.generate` runs a sweep (prompts × strengths, one
+sampler), this runs whatever rows arrived together. The rows share one `SteeringSpec` (serving
+batches requests by their spec) and each has its own α, the spec's only per-row part: one
+`Steering` handle on the route's own ``generate``, so rows with α = 0 are passed through bit for
+bit and rows never see each other's steering.
+
+A token's value is the σ-score at the spec's read layer (the first axis's site) in the forward
+that produced the token, read in that forward: at the first steered point before the addition
+(the handle's trace), elsewhere after any steering upstream (a recording at that point).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.padding import pad_rows
+from valueprobe.hooks.route import Decode, Point, Recording, record, route_for
+from valueprobe.model.load import LoadedModel
+from valueprobe.steering.decode.generation import _config
+from valueprobe.steering.decode.sampling import RowSampler
+from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.spec import as_spec
+from valueprobe.vocab import RouteName
+
+__all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
+
+Finish = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """How one row is decoded: its prompt's token ids and its sampling and length (its α is given
+    beside it, `generate_rows`).
+
+    Attributes:
+        ids: the prompt, tokenized (`valueprobe.steering.decode.generation.encode_prompts`).
+        max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
+        ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).
+    """
+
+    ids: tuple[int, ...]
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """One row's token at one step: its id, its value (σ), and why the row ends here, if it does."""
+
+    token_id: int
+    value: float
+    finish: Finish | None
+
+
+@dataclass
+class RowOutput:
+    """A row's whole run: tokens (EOS not included), one value per token, and how it ended."""
+
+    token_ids: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    finish: Finish | None = None  # None: cancelled by the caller
+
+
+# Called after every step with the step index and one RowStep per row (None for a row already
+# done); returns the rows to cancel (a client that left): they stop at once, the others go on.
+OnStep = Callable[[int, list[RowStep | None]], Collection[int]]
+
+
+class _RowSampling:
+    """Per-row decoding as a logits processor: argmax where temperature is 0, else the row's own
+    `RowSampler` (its seed, temperature and top-p). Hands ``generate`` a one-hot score."""
+
+    def __init__(self, rows: Sequence[RowSpec]) -> None:
+        self.samplers = [
+            None
+            if r.temperature == 0
+            else RowSampler(
+                [secrets.randbits(62) if r.seed is None else r.seed], temperature=r.temperature, top_p=r.top_p
+            )
+            for r in rows
+        ]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        out = torch.full_like(scores, float("-inf"))
+        for i, sampler in enumerate(self.samplers):
+            token = scores[i].argmax() if sampler is None else sampler.sample(scores[i : i + 1])[0]
+            out[i, int(token)] = 0.0
+        return out
+
+
+class _Steps(StoppingCriteria):
+    """After every step: each live row's token and value, its end (EOS, its own length), and the
+    caller's cancellations. Returns the rows that are done, so ``generate`` stops each on time."""
+
+    def __init__(
+        self,
+        rows: Sequence[RowSpec],
+        width: int,
+        eos: int | None,
+        read: Callable[[], Tensor],
+        on_step: OnStep,
+    ) -> None:
+        self.rows = rows
+        self.width = width
+        self.eos = eos
+        self.read = read
+        self.on_step = on_step
+        self.done = [False] * len(rows)
+        self.outputs = [RowOutput() for _ in rows]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
+        k = input_ids.shape[1] - self.width - 1
+        tokens = input_ids[:, -1].tolist()
+        values = self.read().tolist()
+        steps: list[RowStep | None] = []
+        for i, (row, token, value) in enumerate(zip(self.rows, tokens, values, strict=True)):
+            if self.done[i]:
+                steps.append(None)
+                continue
+            finish: Finish | None = (
+                "stop"
+                if token == self.eos and not row.ignore_eos
+                else ("length" if k + 1 >= row.max_new_tokens else None)
+            )
+            steps.append(RowStep(int(token), float(value), finish))
+            out = self.outputs[i]
+            if finish != "stop":
+                out.token_ids.append(int(token))
+                out.values.append(float(value))
+            out.finish = finish
+            self.done[i] = finish is not None
+        for i in self.on_step(k, steps):
+            self.done[i] = True
+        return torch.tensor(self.done, device=input_ids.device)  # type: ignore[return-value]
+
+
+def _value_reader(
+    lm: LoadedModel, steering: Steering, value_layer: int
+) -> tuple[Recording | None, Callable[[], Tensor]]:
+    """Where the per-token value comes from: the steering handle's own trace at the first steered
+    point (before its addition), or a recording of the σ-score at another layer."""
+    first = steering.points[0]
+    if value_layer == first.layer:
+        return None, lambda: steering.reads[first.point][-1][:, -1]
+    axis = steering.axis
+    point = Point(value_layer, axis.site)
+    rec = record(lm, [point], reduce=lambda h: torch.as_tensor(axis.score(h.float(), value_layer)).cpu())
+    return rec, lambda: rec[point][:, -1]
+
+
+def generate_rows(
+    lm: LoadedModel,
+    spec: Specified,
+    rows: Sequence[RowSpec],
+    alphas: Sequence[float],
+    *,
+    on_step: OnStep | None = None,
+    route: RouteName | str = RouteName.hooks,
+) -> list[RowOutput]:
+    """Run every row in one batch; report each step through ``on_step``; return each row's run.
+
+    Args:
+        lm: the loaded model.
+        spec: what the batch steers, and where values are read (``read_layer``: default the
+            first steered layer, a layer the axis has).
+        rows: one `RowSpec` per request, in any mix of sampling and length.
+        alphas: one strength per row, in the spec's unit (0: the row is untouched).
+        on_step: called after every step (see `OnStep`); it may cancel rows.
+        route: the route; only ``hooks`` runs Python at every step.
+    """
+    spec = as_spec(spec)
+    if not rows:
+        raise ValueprobeError("no rows to generate")
+    if len(alphas) != len(rows):
+        raise ValueprobeError(f"{len(rows)} rows but {len(alphas)} strengths: give one α per row")
+    value_layer = spec.read_at(lm.n_layers)
+    if value_layer not in spec.first_axis().layers:
+        raise ValueprobeError(
+            f"the axis has no layer {value_layer}: pick one of its layers {list(spec.first_axis().layers)}"
+        )
+    config = _config(lm, max_new_tokens=max(r.max_new_tokens for r in rows), min_new_tokens=0)
+    # EOS ends each row in _Steps, as the row asks: generate gets an empty EOS list, since None
+    # would be filled in from the model's own generation config and stop every row at EOS
+    eos, config.eos_token_id = config.eos_token_id, []
+    ids, mask = pad_rows([list(r.ids) for r in rows], pad_id=config.pad_token_id, side="left")
+    width = ids.shape[1]
+    alpha = torch.tensor([float(a) for a in alphas], dtype=torch.float32)
+    first_layer = spec.steered_layers(lm.n_layers)[0]
+    steering = Steering(lm, spec, alpha, prompt_length=width, trace=value_layer == first_layer)
+    recording, read = _value_reader(lm, steering, value_layer)
+    steps = _Steps(rows, width, eos, read, on_step or (lambda k, s: ()))
+    decode = Decode(
+        lm,
+        ids,
+        mask,
+        config=config,
+        processors=LogitsProcessorList([_RowSampling(rows)]),
+        steering=steering,
+        stopping=StoppingCriteriaList([steps]),
+    )
+    try:
+        route_for(route).generate(decode)
+    finally:
+        if recording is not None:
+            recording.remove()
+    return steps.outputs

@@ -1,0 +1,269 @@
+"""A sharded steering sweep: each job steers its shard's prompts; ``merge`` joins the rows and summarises.
+
+    valueprobe steer --probe probes/value --prompts data/steer_code.jsonl --shard 0/2 --out runs/steer.part0
+    valueprobe steer --probe probes/value --prompts data/steer_code.jsonl --shard 1/2 --out runs/steer.part1
+    valueprobe merge runs/steer runs/steer.part0 runs/steer.part1
+
+A part folder is a sweep folder (``settings.json``, ``generations.jsonl``, resumable the same
+way) plus ``part.json`` (shard, the steered model's fingerprint, the steered directions in order,
+the bootstrap size for the summary). Shard I takes a contiguous run of whole blocks of
+``chunk_prompts`` prompts (:meth:`ShardSpec.examples`), keeping each block's global index, and a
+block's sampling seed depends only on (seed, block index) and each row's on (block seed, prompt,
+sample) (`valueprobe.steering.decode.sampling.row_seed`): a row draws the same random numbers, so gives
+the same tokens, whichever shard and batch run it. The merge puts the rows in the order one
+process writes them (prompt condition, direction, then prompt, sample and α) and writes the summary one process
+writes; a part has no summary, since the dose slopes need every prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import atomic_write_dir, atomic_write_text
+from valueprobe.model.fingerprint import Fingerprint
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.experiment.dose import SteerSweep, SweepRow
+from valueprobe.steering.experiment.prompting import NONE
+from valueprobe.steering.experiment.sweep import (
+    GENERATIONS,
+    PART,
+    SETTINGS,
+    SweepSettings,
+    check_settings,
+    read_rows,
+    start_sweep,
+    summarise_sweep,
+    sweep_blocks,
+    sweep_directions,
+    sweep_rows,
+)
+from valueprobe.vocab import ShardSpec, check_split
+
+__all__ = ["SweepPart", "check_part_out", "merge_sweeps", "run_sweep_part"]
+
+FORMAT = "valueprobe.steer.part"
+
+
+@dataclass(frozen=True)
+class SweepPart:
+    """What ``part.json`` records: which shard, from which model, along which directions."""
+
+    shard: ShardSpec
+    fingerprint: str  # the steered model's
+    directions: tuple[str, ...]  # in the order the sweep steers them
+    bootstrap: int  # the summary's resamples, used by the merge
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "shard": {"index": self.shard.index, "count": self.shard.count},
+            "fingerprint": self.fingerprint,
+            "directions": list(self.directions),
+            "bootstrap": self.bootstrap,
+        }
+
+    @classmethod
+    def read(cls, path: Path) -> SweepPart:
+        """``path/part.json`` again; one error line naming the part if it is not one."""
+        try:
+            head = json.loads((path / PART).read_text(encoding="utf-8"))
+            if head.get("format") != FORMAT:
+                raise ValueError(f"format {head.get('format')!r}")
+            shard = ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
+            Fingerprint.parse(str(head["fingerprint"]))
+            part = cls(
+                shard, str(head["fingerprint"]), tuple(map(str, head["directions"])), int(head["bootstrap"])
+            )
+        except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
+            raise ValueprobeError(
+                f"part {path} is not a readable steering part ({PART}: {exc}); rerun its `valueprobe steer --shard`"
+            ) from None
+        return part
+
+
+def check_part_out(out: Path, shard: ShardSpec) -> None:
+    """``out`` is new, empty, or this shard's part of a sweep (to resume): checked before a model loads."""
+    if (out / PART).is_file():
+        have = SweepPart.read(out).shard
+        if have != shard:
+            raise ValueprobeError(
+                f"--out {out} holds shard {have} of a sharded sweep, not {shard}: give each shard its own folder"
+            )
+    elif (out / SETTINGS).is_file():
+        raise ValueprobeError(f"--out {out} holds a whole (unsharded) sweep: give shard {shard} a new folder")
+
+
+def run_sweep_part(
+    lm: LoadedModel,
+    examples: Sequence[Example],
+    out: str | Path,
+    settings: SweepSettings,
+    *,
+    shard: ShardSpec,
+    other: ValueAxis | None = None,
+    batch_size: int = 32,
+    n_boot: int = 1000,
+    force: bool = False,
+    progress: bool = True,
+) -> int:
+    """Run (or resume) shard ``shard`` of the sweep into ``out``; the rows it holds when done.
+
+    Arguments as `valueprobe.steering.experiment.sweep.run_sweep`; :func:`merge_sweeps` joins the N parts.
+    """
+    out = Path(out)
+    check_settings(settings, out, examples, part=True)
+    check_part_out(out, shard)
+    if (out / PART).is_file() and (had := SweepPart.read(out).fingerprint) != lm.fingerprint:
+        raise ValueprobeError(
+            f"--out {out} holds rows steered on another model (fingerprint {had}, not {lm.fingerprint}):"
+            " give this model a new folder"
+        )
+    start_sweep(lm, out, settings, force=force)
+    directions = sweep_directions(settings, other, lm.n_layers)
+    names = tuple(name for name, _ in directions)
+    atomic_write_text(
+        out / PART, json.dumps(SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1) + "\n"
+    )
+    size = settings.chunk_prompts
+    blocks = sweep_blocks(len(examples), size, shard.examples(len(examples), block=size))
+    sweep_rows(lm, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress)
+    return len(read_rows(out / GENERATIONS))
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    path: Path
+    part: SweepPart
+    settings: SweepSettings
+    lines: tuple[tuple[SweepRow, str], ...]  # each row with its line as written (merged byte for byte)
+
+
+def _load(path: Path) -> _Loaded:
+    part = SweepPart.read(path)
+    try:
+        settings = SweepSettings.from_dict(json.loads((path / SETTINGS).read_text(encoding="utf-8")))
+        read_rows(path / GENERATIONS)  # drops a line cut by an interruption
+        text = (path / GENERATIONS).read_text(encoding="utf-8") if (path / GENERATIONS).is_file() else ""
+        lines = tuple((SweepRow.from_dict(json.loads(line)), line) for line in text.splitlines() if line)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueprobeError(
+            f"part {path} (shard {part.shard}) does not read back ({exc}); rerun its `valueprobe steer --shard {part.shard}`"
+        ) from None
+    return _Loaded(path, part, settings, lines)
+
+
+def _check_together(loaded: Sequence[_Loaded]) -> None:
+    """Every part from the first part's model, directions and settings; each shard 0..N-1 once."""
+    first = loaded[0]
+    want = first.settings.to_dict()
+    for p in loaded:
+        if p.part.fingerprint != first.part.fingerprint:
+            raise ValueprobeError(
+                f"part {p.path} was steered on another model (fingerprint {p.part.fingerprint}, not"
+                f" {first.part.fingerprint} as {first.path}): steer every part with the same --model"
+            )
+        have = p.settings.to_dict()
+        if (key := next((k for k in {**want, **have} if have.get(k) != want.get(k)), None)) is not None:
+            raise ValueprobeError(
+                f"part {p.path} was steered with {key}={have.get(key)!r}, not {want.get(key)!r} as"
+                f" {first.path}: steer every part alike"
+            )
+        for what, a, b in (
+            ("directions", p.part.directions, first.part.directions),
+            ("--bootstrap", p.part.bootstrap, first.part.bootstrap),
+        ):
+            if a != b:
+                raise ValueprobeError(
+                    f"part {p.path} has other {what} than {first.path}: steer every part alike"
+                )
+    check_split([(p.path, p.part.shard) for p in loaded])
+
+
+def _prompts(first: _Loaded) -> list[Example]:
+    """The sweep's prompts again (groups for the summary, ids for the order), checked by sha256."""
+    s = first.settings
+    path = Path(s.prompts)
+    if not path.is_file() or sha256_file(path) != s.prompts_sha256:
+        raise ValueprobeError(
+            f"part {first.path} was steered on {path} (sha256 {s.prompts_sha256[:12]}), which is not there"
+            " or has changed: merge where that file is, from the folder the sweep ran in"
+        )
+    examples = read_jsonl(path)
+    return examples[: s.limit] if s.limit else examples
+
+
+def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[str]:
+    """Every part's lines in one process's order, after checking each part holds exactly its rows."""
+    s, names = loaded[0].settings, loaded[0].part.directions
+    prompt = {ex.id: i for i, ex in enumerate(examples)}
+    alpha = {float(a): i for i, a in enumerate(s.alphas)}
+    direction = {name: i for i, name in enumerate(names)}
+    condition = {c: i for i, c in enumerate((NONE, *s.conditions))}
+    keyed: list[tuple[tuple[int, int, int, int, int], str]] = []
+    for p in loaded:
+        todo = p.part.shard.examples(len(examples), block=s.chunk_prompts)
+        want = {
+            (examples[i].id, float(a), d, k, c)
+            for i in todo
+            for a in s.alphas
+            for d in names
+            for k in range(s.samples)
+            for c in condition
+        }
+        have = {row.key() for row, _ in p.lines}
+        if have != want or len(p.lines) != len(want):
+            raise ValueprobeError(
+                f"part {p.path} (shard {p.part.shard}) is partial or holds other rows: {len(have & want)} of"
+                f" {len(want)} rows; rerun its `valueprobe steer --shard {p.part.shard}` to finish it"
+            )
+        keyed += [
+            (
+                (
+                    condition[r.condition],
+                    direction[r.direction],
+                    prompt[r.prompt_id],
+                    r.sample,
+                    alpha[r.alpha],
+                ),
+                line,
+            )
+            for r, line in p.lines
+        ]
+    return [line for _, line in sorted(keyed, key=lambda kl: kl[0])]
+
+
+def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
+    """Join the N parts of a sharded sweep into the folder one process writes: ``settings.json``,
+    ``generations.jsonl`` (the same rows in the same order) and the summary (``metrics.json``,
+    ``metrics.csv``).
+
+    Raises:
+        ValueprobeError: parts that do not belong together, a partial part, the prompts file gone
+            or changed, or an ``out`` that is a part or holds something else.
+    """
+    out, paths = Path(out), [Path(p) for p in parts]
+    if any(out.resolve() == p.resolve() for p in paths) or (out / PART).exists():
+        raise ValueprobeError(f"merge OUT {out} is a part: write the merged sweep to a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueprobeError(f"merge OUT {out} exists and is not an empty folder: choose a new folder")
+    loaded = [_load(p) for p in paths]
+    _check_together(loaded)
+    first = loaded[0]
+    examples = _prompts(first)
+    lines = _in_order(loaded, examples)
+    got: list[SteerSweep] = []
+
+    def write(tmp: Path) -> None:
+        (tmp / SETTINGS).write_text(json.dumps(first.settings.to_dict(), indent=2) + "\n", encoding="utf-8")
+        (tmp / GENERATIONS).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        got.append(summarise_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
+
+    atomic_write_dir(out, write)
+    return got[0]

@@ -1,0 +1,213 @@
+"""Steer along an axis: apply a `SteeringSpec` at every forward, α·v̂ added by default.
+
+    >>> import valueprobe as vp
+    >>> lm = vp.load("smollm2-135m"); axis = vp.ValueAxis.load("probes/value-smollm2", lm=lm)
+    >>> with vp.steer(lm, axis, 2.0):                     # +2 σ at the axis's own layer and site
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
+    >>> spec = vp.SteeringSpec(axis, positions="generated", unit="norm")
+    >>> with vp.steer(lm, spec, torch.tensor([-25.0, 0.0, 25.0]), prompt_length=ids.shape[1]):
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=30)
+
+Strength units (`valueprobe.vocab.Unit`, sized by `valueprobe.probe.axis.ValueAxis.unit_size`):
+``sigma`` moves the projection on the axis by exactly α σ of its reference set (adds α·σ·v̂);
+``norm`` adds α % of the layer's mean residual norm (the paper's unit: α = 25 is 8.4% on Qwen3-8B's
+layer 21 in their table); ``raw`` adds α·v̂. ``k * axis`` multiplies every strength by k.
+
+Exactness: the addition runs in a hook on the decoder block at every forward, and under the KV
+cache a forward carries only the new columns (`valueprobe.hooks.route.Step`), so each position gets
+one addition once, the prompt pass included (which is what steers the first generated token).
+Pad cells are never touched, and cells with α = 0 are passed through bit for bit.
+
+A `Steering` is one batch's steering: made (the spec resolved on the model, α per row), then
+attached (`Steering.attach`, which `steer` calls), then removed. A route receives it unattached
+(`valueprobe.hooks.decode.Plan`): the hooks route attaches it around ``generate``, a graph route
+reads it as data (`Steering.as_additions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.decode import Additions
+from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.hook.condition import Gate
+from valueprobe.steering.hook.spec import SteeringSpec, SteerPoint, as_spec, check_phase
+from valueprobe.vocab import Op, Site
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+
+__all__ = ["AlphaSource", "Steering", "steer"]
+
+# What a steering hook asks for α: (target, pre-intervention hidden state, step, cells it may touch)
+AlphaSource = Callable[[SteerPoint, Tensor, Step, Tensor], Float[Tensor, "batch new"]]
+Specified = SteeringSpec | ValueAxis | Sequence[ValueAxis]
+
+
+class Steering(Handle):
+    """One batch's steering: ``spec`` resolved on ``lm``, α per row; ``.alpha`` may change between calls.
+
+    Args:
+        lm: the loaded model.
+        spec: what to steer (`SteeringSpec`; an axis means every default).
+        alpha: ``[batch]`` strengths in the spec's unit (a scalar broadcasts).
+        prompt_length: the (padded) prompt width; columns at or past it are generated tokens
+            (needed by positions other than ``all`` and by a window).
+        trace: keep, per target point, one ``[batch, new]`` σ-score per forward of the residual
+            *before* the addition (``reads``), and the α applied (``applied``).
+        source: closed-loop α (`AlphaSource`), asked at every forward instead of ``alpha``.
+        read_layers: also record the σ-score of the residual (resid_post, after any steering
+            upstream) at these layers at every forward; `traced` returns them with ``reads``.
+    """
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        spec: Specified,
+        alpha: float | Tensor = 1.0,
+        *,
+        prompt_length: int | None = None,
+        trace: bool = False,
+        source: AlphaSource | None = None,
+        read_layers: Sequence[int] = (),
+    ) -> None:
+        super().__init__()
+        self.lm = lm
+        self.spec = as_spec(spec)
+        check_phase(self.spec.positions, self.spec.window, prompt_length)
+        self.points = self.spec.points(lm)
+        self.axis = self.spec.first_axis()
+        self.alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
+        self.prompt_length = prompt_length
+        self.trace = trace
+        self.source = source
+        self.read_layers = tuple(dict.fromkeys(read_layers))
+        self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
+        self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
+        self.recordings: dict[Point, Recording] = {}
+
+    def attach(self) -> Steering:
+        """Put the hooks on the model (one per steered point, a recorder per read layer); returns
+        this handle, which removes them on ``.remove()`` or on leaving ``with``."""
+        if self._handles:
+            raise ValueprobeError("this steering is attached already: remove it before attaching it again")
+        condition = self.spec.condition
+        gates = [None if condition is None else condition.gate(self.axis, t.layer) for t in self.points]
+        try:
+            # hooks on one point run newest first: register in reverse, so the points act in order
+            for t, gate in reversed(list(zip(self.points, gates, strict=True))):
+                self.join(intervene(self.lm, t.point, self._hook(t, gate)))
+            for layer in self.read_layers:
+                p = Point(layer, Site.resid_post)
+                self.recordings[p] = record(self.lm, [p], reduce=partial(_score, self.axis, layer))
+                self.join(self.recordings[p])
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def as_additions(self) -> Additions:
+        """The steering as data, for a route that builds its run as a graph (nnsight, NDIF)."""
+        live = self.trace or bool(self.read_layers) or self.source is not None
+        return Additions(self.points, self.alpha, self.spec.positions, live=live, beyond=self._beyond())
+
+    def _beyond(self) -> str:
+        """What the hooks steer beyond the additions data can say (empty: nothing)."""
+        spec = self.spec
+        sites = {str(t.point.site) for t in self.points} - {Site.resid_pre.value, Site.resid_post.value}
+        why = [
+            *([f"--op {spec.op.op.value}"] if spec.op.op != Op.add else []),
+            *[f"site {s}" for s in sorted(sites)],
+            *(["a window of generated tokens"] if spec.window is not None else []),
+            *(["a condition"] if spec.condition is not None else []),
+        ]
+        return " with ".join(why)
+
+    def traced(self) -> tuple[dict[Point, list[Tensor]], list[Tensor]]:
+        """Per point, one ``[batch, new]`` σ-score per forward (the first steered point before its
+        addition, then each read layer); and the α applied at the first steered point."""
+        main = self.points[0].point
+        values = {main: self.reads[main]} | {p: r.values[p] for p, r in self.recordings.items()}
+        return values, self.applied[main]
+
+    def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
+        """The cells of this forward steering may touch: not padding, and in the spec's phase:
+        every column (``all``), prompt columns (< ``prompt_length``), generated ones (>= it), or the
+        generated tokens ``a <= column − prompt_length < b`` of a ``window``."""
+        ok = ~step.pad
+        where, window = self.spec.positions, self.spec.window
+        if where == "all" and window is None:
+            return ok
+        assert self.prompt_length is not None
+        generated = step.columns() - self.prompt_length  # < 0 in the prompt
+        if window is not None:
+            keep = (generated >= window[0]) & (generated < window[1])
+        else:
+            keep = generated < 0 if where == "prompt" else generated >= 0
+        return ok & keep[None, :]
+
+    def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
+        def fn(h: Tensor, step: Step) -> Tensor | None:
+            cells = self.cells(step)
+            if gate is not None:
+                cells = cells & gate(h, step).to(cells.device)
+            if self.trace and target is self.points[0]:
+                self.reads[target.point].append(target.score(self.axis, h.detach()).cpu())
+            if self.source is not None:
+                alpha = self.source(target, h, step, cells).to(h.device)
+            else:
+                a = self.alpha.to(h.device)
+                if a.numel() not in (1, h.shape[0]):
+                    raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
+                alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
+            alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
+            if self.trace:
+                self.applied[target.point].append(alpha.detach().cpu())
+            touch = alpha != 0
+            if not bool(touch.any()):
+                return None
+            return torch.where(touch[..., None], self.spec.op(h, alpha, target), h)
+
+        return fn
+
+    def __enter__(self) -> Steering:
+        return self
+
+
+def _score(axis: ValueAxis, layer: int, h: Tensor) -> Tensor:
+    return torch.as_tensor(axis.score(h.float(), layer)).cpu()
+
+
+def steer(
+    lm: LoadedModel,
+    spec: Specified,
+    alpha: float | Float[Tensor, " batch"] = 1.0,
+    *,
+    prompt_length: int | None = None,
+    trace: bool = False,
+) -> Steering:
+    """Apply ``spec`` at every forward until removed: a handle and a context manager.
+
+    Args:
+        lm: the loaded model.
+        spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`: layers, site, unit,
+            operator, positions or window, condition, a direction); an axis (``-axis``, ``2 * axis``)
+            or a list of axes (each at its own strength) means the spec with every default: α·v̂ at
+            the axis's best layer and site, on every position, α in σ.
+        alpha: one strength, or one per batch row (``[batch]``), in the spec's unit.
+        prompt_length: the padded prompt width, for positions ``prompt`` / ``generated`` or a window.
+        trace: keep the σ-score of the residual before the addition at each forward.
+
+    >>> with steer(lm, SteeringSpec(axis, positions="generated"), torch.tensor([-2.0, 0.0, 2.0]),
+    ...            prompt_length=ids.shape[1]):
+    ...     out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=20)
+    """
+    return Steering(lm, spec, alpha, prompt_length=prompt_length, trace=trace).attach()
