@@ -34,6 +34,7 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.steering.decode.generation import _config
 from valueprobe.steering.decode.sampling import RowSampler
 from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import as_spec
 from valueprobe.vocab import RouteName
 
@@ -99,10 +100,17 @@ class _RowSampling:
         ]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        # every pick stays on the device: no host read or copy per step (tests/test_sync.py)
+        tokens = torch.stack(
+            [
+                scores[i].argmax()
+                if sampler is None
+                else sampler.sample(scores[i : i + 1], sampler.next_uniforms(scores.device))[0]
+                for i, sampler in enumerate(self.samplers)
+            ]
+        )
         out = torch.full_like(scores, float("-inf"))
-        for i, sampler in enumerate(self.samplers):
-            token = scores[i].argmax() if sampler is None else sampler.sample(scores[i : i + 1])[0]
-            out[i, int(token)] = 0.0
+        out.scatter_(1, tokens[:, None], 0.0)
         return out
 
 
@@ -125,11 +133,13 @@ class _Steps(StoppingCriteria):
         self.on_step = on_step
         self.done = [False] * len(rows)
         self.outputs = [RowOutput() for _ in rows]
+        self._flags: tuple[tuple[bool, ...], Tensor] | None = None  # `done` on the device, as last sent
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
         k = input_ids.shape[1] - self.width - 1
-        tokens = input_ids[:, -1].tolist()
-        values = self.read().tolist()
+        # one copy to the host per step for the whole batch: tokens and values together
+        # (float64 holds every token id exactly)
+        tokens, values = torch.stack([input_ids[:, -1].double(), self.read().double()]).tolist()
         steps: list[RowStep | None] = []
         for i, (row, token, value) in enumerate(zip(self.rows, tokens, values, strict=True)):
             if self.done[i]:
@@ -149,7 +159,14 @@ class _Steps(StoppingCriteria):
             self.done[i] = finish is not None
         for i in self.on_step(k, steps):
             self.done[i] = True
-        return torch.tensor(self.done, device=input_ids.device)  # type: ignore[return-value]
+        return self._done_on(input_ids.device)
+
+    def _done_on(self, device: torch.device) -> torch.BoolTensor:
+        """``done`` as a device tensor, copied there only when a row's state changed."""
+        key = tuple(self.done)
+        if self._flags is None or self._flags[0] != key:
+            self._flags = (key, torch.tensor(key, device=device))
+        return self._flags[1]  # type: ignore[return-value]
 
 
 def _value_reader(
@@ -162,7 +179,8 @@ def _value_reader(
         return None, lambda: steering.reads[first.point][-1][:, -1]
     axis = steering.axis
     point = Point(value_layer, axis.site)
-    rec = record(lm, [point], reduce=lambda h: torch.as_tensor(axis.score(h.float(), value_layer)).cpu())
+    scorer = Scorer(axis, value_layer)
+    rec = record(lm, [point], reduce=lambda h: scorer(h.detach()))
     return rec, lambda: rec[point][:, -1]
 
 
