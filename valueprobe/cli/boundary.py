@@ -89,6 +89,11 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
             EXIT_BAD_INPUT,
             f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
         )
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch loads lazily)
+        return (
+            EXIT_BAD_INPUT,
+            "out of device memory: rerun with a smaller --batch-size (half the one used) or fewer --max-new-tokens",
+        )
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:
             return EXIT_BAD_INPUT, "no space left on device: free space and rerun"

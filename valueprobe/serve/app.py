@@ -75,6 +75,22 @@ def _sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
+def _out_of_memory(exc: Exception) -> Response:
+    """HTTP 503 for a request the device ran out of memory on (it alone fails; the server goes on);
+    any other exception goes on to the app's 500 handler."""
+    if type(exc).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
+        raise exc
+    log.warning("request ran out of device memory: %s", one_line_of(exc))
+    body = error_body(
+        "out of device memory for this request: retry later, or ask for fewer tokens", kind="server_error"
+    )
+    return JSONResponse(body, status_code=503)
+
+
+def one_line_of(exc: Exception) -> str:
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
 def _handler(engine: Engine, limits: Limits, *, chat: bool) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         try:
@@ -92,10 +108,15 @@ def _handler(engine: Engine, limits: Limits, *, chat: bool) -> Callable[[Request
             return _error(exc)
         except StopAsyncIteration:
             return JSONResponse(completion(req, [], limits, chat=chat))
+        except Exception as exc:
+            return _out_of_memory(exc)
         if not stream:
             got = [first]
-            async for c in chunks:
-                got.append(c)
+            try:
+                async for c in chunks:
+                    got.append(c)
+            except Exception as exc:
+                return _out_of_memory(exc)
             return JSONResponse(completion(req, got, limits, chat=chat))
 
         async def events() -> AsyncIterator[str]:
