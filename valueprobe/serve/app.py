@@ -17,7 +17,7 @@ import hmac
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,14 +28,9 @@ from starlette.routing import Route
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.engine import Engine
-from valueprobe.serve.protocol import (
-    Limits,
-    RequestError,
-    completion,
-    error_body,
-    parse_request,
-    stream_chunk,
-)
+from valueprobe.serve.errors import RequestError, error_body
+from valueprobe.serve.protocol import Chunk, Limits, SteerRequest, completion, parse_request, stream_chunk
+from valueprobe.serve.streams import first_chunks, merged, until_stop
 
 __all__ = ["LOCAL_HOSTS", "bind", "build_app", "check_host", "serve"]
 
@@ -75,6 +70,14 @@ def _sse(obj: dict[str, Any] | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
+async def _run(
+    engine: Engine, req: SteerRequest
+) -> tuple[list[AsyncGenerator[Chunk, None]], list[Chunk | None]]:
+    """Every choice of ``req`` submitted, each through the stop layer, and each one's first chunk."""
+    streams = [until_stop(r, engine.submit(r)) for r in req.choices()]
+    return streams, await first_chunks(streams)
+
+
 def _handler(engine: Engine, limits: Limits, *, chat: bool) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         try:
@@ -86,36 +89,39 @@ def _handler(engine: Engine, limits: Limits, *, chat: bool) -> Callable[[Request
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise RequestError("stream", f"must be true or false, got {stream!r}")
-            chunks = engine.submit(req)
-            first = await anext(chunks)
+            streams, firsts = await _run(engine, req)
         except RequestError as exc:
             return _error(exc)
-        except StopAsyncIteration:
-            return JSONResponse(completion(req, [], limits, chat=chat))
         if not stream:
-            got = [first]
-            async for c in chunks:
-                got.append(c)
+            got: list[list[Chunk]] = [[] for _ in streams]
+            async for i, c in merged(streams, firsts):
+                got[i].append(c)
             return JSONResponse(completion(req, got, limits, chat=chat))
-
-        async def events() -> AsyncIterator[str]:
-            try:
-                yield _sse(stream_chunk(req, first, limits, chat=chat, first=True))
-                if first.finish_reason is None:
-                    async for c in chunks:
-                        yield _sse(stream_chunk(req, c, limits, chat=chat, first=False))
-                yield _sse("[DONE]")
-            except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, keep serving
-                log.exception("stream %s failed", req.id)
-                yield _sse(error_body(f"generation failed: {exc}", kind="server_error"))
-            finally:
-                await chunks.aclose()
-
         return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            _events(req, limits, merged(streams, firsts), chat=chat),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
         )
 
     return handle
+
+
+async def _events(
+    req: SteerRequest, limits: Limits, chunks: AsyncIterator[tuple[int, Chunk]], *, chat: bool
+) -> AsyncIterator[str]:
+    """The SSE stream of a request's choices, ``data: [DONE]`` last; an error after the headers
+    went out is reported in-band, and the server keeps serving."""
+    sent: dict[int, int] = {}  # characters of each started choice's text so far (completions' text_offset)
+    try:
+        async for i, c in chunks:
+            yield _sse(stream_chunk(req, i, c, limits, chat=chat, first=i not in sent, offset=sent.get(i, 0)))
+            sent[i] = sent.get(i, 0) + len(c.text)
+        yield _sse("[DONE]")
+    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, keep serving
+        log.exception("stream %s failed", req.id)
+        yield _sse(error_body(f"generation failed: {exc}", kind="server_error"))
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def build_app(engine: Engine, limits: Limits, *, api_key: str | None = None) -> Starlette:
