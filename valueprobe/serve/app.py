@@ -29,7 +29,15 @@ from starlette.routing import Route
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.engine import Engine
 from valueprobe.serve.errors import RequestError, error_body
-from valueprobe.serve.protocol import Chunk, Limits, SteerRequest, completion, parse_request, stream_chunk
+from valueprobe.serve.protocol import (
+    Chunk,
+    Limits,
+    SteerRequest,
+    completion,
+    parse_request,
+    probe_card,
+    stream_chunk,
+)
 from valueprobe.serve.streams import first_chunks, merged, until_stop
 
 __all__ = ["LOCAL_HOSTS", "bind", "build_app", "check_host", "serve"]
@@ -129,7 +137,7 @@ def build_app(engine: Engine, limits: Limits, *, api_key: str | None = None) -> 
 
     async def models(request: Request) -> Response:
         card = {"id": limits.model, "object": "model", "created": 0, "owned_by": "valueprobe"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card | {"valueprobe": probe_card(limits)}]})
 
     async def internal(request: Request, exc: Exception) -> Response:
         log.exception("request failed", exc_info=exc)

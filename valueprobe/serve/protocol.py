@@ -64,6 +64,11 @@ ALPHA_RULE = (
     " no addition larger than the residual it is added to"
 )
 MAX_LOGPROBS = 20
+VALUE_MEANING = (
+    "each token's (h.v - mu)/sigma at the value layer in the forward that produced it; at the steered"
+    " layer read after the addition (value_at: after, the default: it shows the steering) or before it;"
+    " at a later layer it is after the steering, at an earlier one before it"
+)
 
 
 @dataclass(frozen=True)
@@ -410,6 +415,31 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
         n=n,
     )
+
+
+def probe_card(limits: Limits) -> dict[str, Any]:
+    """What ``/v1/models`` says of the probe: its layers, the steering and value defaults, where
+    the value is read relative to the steering, and the α caps with their rule."""
+    spec = limits.spec
+    axis = spec.first_axis()
+    return {
+        "probe": str(spec.probe) if spec.probe is not None else axis.model_id,
+        "layers": list(axis.layers),
+        "best_layer": axis.best_layer,
+        "steering_defaults": {
+            "layer": _served_layer(spec) or axis.best_layer,
+            "unit": spec.unit.value,
+            "positions": spec.positions,
+        },
+        "value": {
+            "unit": "sigma",
+            "default_layer": spec.read_layer if spec.read_layer is not None else axis.best_layer,
+            "default_at": "after",
+            "value_at": list(VALUE_AT),
+            "meaning": VALUE_MEANING,
+        },
+        "max_alpha": limits.caps(),
+    }
 
 
 def _header(req: SteerRequest, limits: Limits, *, chat: bool, stream: bool) -> dict[str, Any]:
