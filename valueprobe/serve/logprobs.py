@@ -13,10 +13,9 @@ temperature (vLLM's default ``raw_logprobs``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from valueprobe.serve.protocol import Chunk
+Chunk = Any  # valueprobe.serve.protocol.Chunk, which imports this module: read by its fields
 
 __all__ = ["chat_logprobs", "completion_logprobs"]
 

@@ -57,6 +57,6 @@ def chat_messages(messages: Any) -> tuple[Mapping[str, str], ...]:
                 f"messages[{i}].role", f"unknown role {role!r}: the chat template knows {', '.join(ROLES)}"
             )
         out.append(
-            {"role": _AS.get(role, role), "content": _text(m.get("content"), f"messages[{i}].content")}
+            {"role": str(_AS.get(role, role)), "content": _text(m.get("content"), f"messages[{i}].content")}
         )
     return tuple(out)
