@@ -2,8 +2,8 @@
 
     >>> import valueprobe as vp
     >>> lm = vp.load("smollm2-135m")
-    >>> axis = vp.ValueAxis.load("probes/smollm2-135m-value", lm=lm)
-    >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("data/code.jsonl")[:50])
+    >>> axis = vp.ValueAxis.load("smollm2-135m-value", lm=lm)      # a shipped axis, or a probe folder
+    >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("code")[:50])  # a shipped dataset, or a JSONL path
     >>> gens = vp.generate(lm, vp.SteeringSpec(axis, unit="norm"), ["Is 7 prime?"], alphas=[-25, 0, 25])
 
 The names below are what the notebooks and the README use, plus the result types they return;

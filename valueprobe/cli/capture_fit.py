@@ -20,6 +20,7 @@ from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.activations.ranks import capture_ranks, rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     AllowPartialOpt,
     ChatTemplateOpt,
     ForceOpt,
@@ -28,6 +29,9 @@ from valueprobe.cli.app import (
     ShardOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     replicate_app,
     run_sharded,
     table,
@@ -198,9 +202,7 @@ def _capture_ranked(
 @app.command()
 @grouped
 def capture(
-    data: Annotated[
-        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
-    ],
+    data: Annotated[Path, data_option("dataset, one example per line (format: valueprobe/datasets/io.py)")],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     run: CaptureOptions = CaptureOptions(),
@@ -325,8 +327,8 @@ class ScoreOptions(OptionGroup):
 @app.command()
 @grouped
 def score(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    data: Annotated[Path, typer.Option(help="dataset JSONL")],
+    probe: Annotated[Path, probe_option("the axis read")],
+    data: Annotated[Path, data_option("the examples scored")],
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
     reading: ScoreOptions = ScoreOptions(),
@@ -361,9 +363,9 @@ def score(
 @replicate_app.command("axis")
 @grouped
 def replicate_axis(
-    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("probes/smollm2-135m-value"),
+    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("runs/replicate-axis"),
     model: ModelOpt = "smollm2-135m",
-    data: Annotated[Path, typer.Option(help="folder with the committed datasets")] = Path("data"),
+    data: Annotated[Path, data_dir_option("folder with the contrast datasets")] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the activation stores go (resumable)")] = Path(
         "runs/axis-smollm2-135m"
     ),

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, table
+from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, data_option, table
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import DecodingOptions, SpecOptions
@@ -110,7 +110,7 @@ class PolicyOptions(OptionGroup):
 @app.command("guide")
 @grouped
 def guide_command(
-    prompts: Annotated[Path, typer.Option(help="prompts JSONL (text or chat rows)")],
+    prompts: Annotated[Path, data_option("prompts (text or chat rows)")],
     out: Annotated[Path, typer.Option(help="output folder: guide.jsonl and summary.json")],
     model: ModelOpt = "smollm2-135m",
     policy: PolicyOptions = PolicyOptions(),

@@ -15,7 +15,15 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import LoadOptions, ModelOpt, console, replicate_app, table
+from valueprobe.cli.app import (
+    SHIPPED_DATA,
+    LoadOptions,
+    ModelOpt,
+    console,
+    data_dir_option,
+    replicate_app,
+    table,
+)
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.answers import read_tasks
@@ -23,6 +31,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.registry import probe_path
 from valueprobe.replicate.guide import TASK_FILES, GuideRun, replicate_guide
 
 __all__ = ["replicate_guide_command"]
@@ -92,12 +101,13 @@ class GuideRunOptions(OptionGroup):
 @replicate_app.command("guide")
 @grouped
 def replicate_guide_command(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/guide-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-guide"),
     model: ModelOpt = "smollm2-135m",
     probes: Annotated[
-        str, typer.Option(help="comma list of probe folders; the first is read while generating")
-    ] = ("probes/smollm2-135m-value,probes/smollm2-135m-reward-history"),
-    data: Annotated[Path, typer.Option(help="folder with data/task_*.jsonl")] = Path("data"),
+        str,
+        typer.Option(help="comma list of shipped axes or probe folders; the first is read while generating"),
+    ] = "smollm2-135m-value,smollm2-135m-reward-history",
+    data: Annotated[Path, data_dir_option("folder with task_*.jsonl")] = SHIPPED_DATA,
     tasks: Annotated[str, typer.Option(help="comma list of arithmetic, code")] = "arithmetic",
     sampling: GuideRunOptions = GuideRunOptions(),
     timeout: Annotated[float, typer.Option(help="code tasks: seconds before an answer is killed")] = 5.0,
@@ -109,7 +119,7 @@ def replicate_guide_command(
     run = sampling.run(batch_size)
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueprobeError(f"--timeout {timeout} must be a positive number of seconds")
-    paths = [Path(p.strip()) for p in probes.split(",") if p.strip()]
+    paths = [probe_path(p.strip()) for p in probes.split(",") if p.strip()]
     if not paths:
         raise ValueprobeError("--probes: give at least one probe folder")
     axes = {p.name: ValueAxis.load(p) for p in paths}

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 
+from valueprobe.cli.app import probe_option
 from valueprobe.cli.groups import OptionGroup
 from valueprobe.errors import ValueprobeError
 from valueprobe.steering.decode.sampling import Decoding
@@ -35,7 +36,7 @@ SpecFileOpt = Annotated[
         help="a steering spec JSON file (SteeringSpec.save writes one): replaces --probe and the steering options",
     ),
 ]
-ProbeOpt = Annotated[Path | None, typer.Option(help="probe folder (probes/NAME): the axis steered and read")]
+ProbeOpt = Annotated[Path | None, probe_option("the axis steered and read")]
 LayersOpt = Annotated[
     str | None,
     typer.Option(
@@ -99,7 +100,9 @@ class SpecOptions(OptionGroup):
                 )
             return spec
         if self.probe is None:
-            raise ValueprobeError("--probe: give the probe folder (probes/NAME) of the axis, or --spec FILE")
+            raise ValueprobeError(
+                "--probe: give a shipped axis by name or a probe folder (probes/NAME), or --spec FILE"
+            )
         if self.steer_layer is not None and self.layers is not None:
             raise ValueprobeError("--steer-layer is the old name of --layers: give --layers only")
         layers = str(self.steer_layer) if self.steer_layer is not None else self.layers

@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     ControlsOpt,
     ForceOpt,
     LoadOptions,
@@ -30,6 +31,9 @@ from valueprobe.cli.app import (
     ShardOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     renamed,
     replicate_app,
     run_sharded,
@@ -41,6 +45,7 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import DecodingOptions, SpecOptions
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import check_output_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import (
     ReplicateSteerSettings,
@@ -75,8 +80,10 @@ def _read_prompts(path: Path, limit: int | None):
     return examples[:limit] if limit else examples
 
 
-def _check_numbers(*, batch_size: int, bootstrap: int, limit: int | None) -> None:
-    """The numeric options `check_settings` does not see, refused before any work."""
+def _check_numbers(out: Path, *, batch_size: int, bootstrap: int, limit: int | None) -> None:
+    """``--out`` (a folder it can write) and the numeric options `check_settings` does not see,
+    refused before any work."""
+    check_output_dir(out, holds="steering sweep")
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
     check_at_least("--limit", limit, 1)
@@ -103,7 +110,7 @@ def parse_alphas(text: str) -> tuple[float, ...]:
 
 
 EngineOpt = Annotated[
-    str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+    str, typer.Option(help="hf (transformers hooks) or vllm (the vllm extra: one request per row)")
 ]
 
 
@@ -118,7 +125,7 @@ class SweepOptions(OptionGroup):
     samples: Annotated[int, typer.Option(help="samples per (prompt, α, direction)")] = 1
     random_directions: RandomDirectionsOpt = 8
     controls: ControlsOpt = None
-    other_probe: Annotated[Path | None, typer.Option(help="another axis, steered as a control")] = None
+    other_probe: Annotated[Path | None, probe_option("another axis, steered as a control")] = None
     metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None
     limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None
     chunk_prompts: Annotated[int, typer.Option(help="prompts per resumable chunk")] = 8
@@ -129,7 +136,7 @@ class SweepOptions(OptionGroup):
 @grouped
 def steer_command(
     ctx: typer.Context,
-    prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_code.jsonl")],
+    prompts: Annotated[Path, data_option("prompts, e.g. steer_code")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     steering: SpecOptions = SpecOptions(),
@@ -149,7 +156,7 @@ def steer_command(
     _check_engine(engine, spec=spec, shard=shard, device_map=load.device_map)
     how = load.check()
     decoding.check()
-    _check_numbers(batch_size=batch_size, bootstrap=sweep.bootstrap, limit=sweep.limit)
+    _check_numbers(out, batch_size=batch_size, bootstrap=sweep.bootstrap, limit=sweep.limit)
     spec = spec.check()
     axis = spec.first_axis()
     other = ValueAxis.load(sweep.other_probe) if sweep.other_probe is not None else None
@@ -263,6 +270,12 @@ def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, .
     return chosen
 
 
+def _check_outputs(out: Path, runs: Path) -> None:
+    """``--out`` and ``--runs`` of `replicate steer`, folders it can write, before the model loads."""
+    check_output_dir(out, holds="steering results")
+    check_output_dir(runs, holds="steering sweeps", option="--runs")
+
+
 def _check_tokens(tokens: float) -> None:
     if not (math.isfinite(tokens) and tokens > 0):
         raise ValueprobeError(
@@ -284,11 +297,11 @@ class ReplicateSteerOptions(OptionGroup):
 
     panel = "Benchmarks"
 
-    probe: Annotated[Path, typer.Option(help="the axis steered")] = Path("probes/smollm2-135m-value")
-    other_probe: Annotated[Path, typer.Option(help="the other shipped axis (a control)")] = Path(
-        "probes/smollm2-135m-reward-history"
+    probe: Annotated[Path, probe_option("the axis steered")] = Path("smollm2-135m-value")
+    other_probe: Annotated[Path, probe_option("the other axis (a control)")] = Path(
+        "smollm2-135m-reward-history"
     )
-    data: Annotated[Path, typer.Option(help="folder with data/steer_*.jsonl")] = Path("data")
+    data: Annotated[Path, data_dir_option("folder with steer_*.jsonl")] = SHIPPED_DATA
     runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
         "runs/steer-smollm2-135m"
     )
@@ -333,7 +346,7 @@ class ReplicateSteerOptions(OptionGroup):
 @grouped
 def replicate_steer_command(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/steering-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-steer"),
     model: ModelOpt = "smollm2-135m",
     run: ReplicateSteerOptions = ReplicateSteerOptions(),
     batch_size: int = 32,
@@ -344,6 +357,7 @@ def replicate_steer_command(
     settings = run.settings(ctx)
     how = load.check()
     check_at_least("--batch-size", batch_size, 1)
+    _check_outputs(out, settings.runs_dir)
     axis, other = ValueAxis.load(settings.probe), ValueAxis.load(settings.other_probe)
     for sweep in plan(settings, axis=axis, model=model):  # every check before the model loads
         check_settings(sweep.settings, sweep.folder, _read_prompts(sweep.prompts, settings.prompts))

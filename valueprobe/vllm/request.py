@@ -31,7 +31,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from jaxtyping import Float
@@ -125,9 +124,11 @@ def _key(raw: Mapping[str, Any]) -> str | None:
 
 @lru_cache(maxsize=64)
 def _axis(probe: str) -> ValueAxis:
-    if not Path(probe).is_dir():
-        raise ValueprobeError(f"{EXTRA_KEY}.spec.probe: {probe} is not a probe folder")
-    return ValueAxis.load(probe)
+    """A probe folder, or a shipped axis by name (`valueprobe.probe.registry`)."""
+    try:
+        return ValueAxis.load(probe)
+    except ValueprobeError as e:
+        raise ValueprobeError(f"{EXTRA_KEY}.spec.probe: {e}") from None
 
 
 def check(spec: SteeringSpec) -> None:
