@@ -23,6 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 FILES = (
     "icrl",
     "icrl_control",
+    "icrl_pairs",
     "code",
     "backtracking",
     "confidence",
