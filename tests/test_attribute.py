@@ -199,8 +199,14 @@ def test_exact_patching_equals_patching_the_whole_sequence(tiny_lm_factory, arch
         else:
             got = _whole_sequence(lm, read, pair, Point(c.layer, "mlp_out"))
         assert torch.allclose(effects[i], got - dest, atol=1e-6), c.name
+    read_at = pair.clean.selections[0][1][0]
     for j, layer in enumerate(plan.resid_layers):
-        for p in range(pair.first_diff, pair.n_tokens):
+        for p in (
+            pair.first_diff,
+            pair.first_diff + 1,
+            read_at,
+            pair.n_tokens - 1,
+        ):  # a few cells: each is 2 forwards
             got = _whole_sequence(lm, read, pair, Point(layer, "resid_post"), pos=p)
             assert torch.allclose(grid[j, p - pair.first_diff], got - dest, atol=1e-6)
     # the read is linear in the read layer's cells: their effects add up to clean minus corrupt
@@ -313,3 +319,36 @@ def test_patchable_components_are_every_head_and_mlp_up_to_the_layer(tiny_lm_fac
     assert "L0.attn_bias" in [c.name for c in direct_terms(lm, 1)]  # GPT-2's c_proj has a bias
     for c in direct_terms(lm, 1):
         assert Component.parse(c.name) == c
+
+
+@pytest.mark.slow
+def test_default_model_terms_sum_to_the_axis_and_match_transformer_lens(default_lm):
+    """SmolLM2 through TransformerBridge: its per-head results and decompose_resid at the
+    reward-history axis's layer give valueprobe's terms, and the terms sum to h_L·v̂."""
+    from pathlib import Path
+
+    from valueprobe.datasets.io import read_jsonl
+    from valueprobe.probe.axis import ValueAxis
+
+    root = Path(__file__).resolve().parents[1]
+    axis = ValueAxis.load(root / "probes" / "smollm2-135m-reward-history", lm=default_lm)
+    layer = axis.best_layer
+    ex = read_jsonl(root / "data" / "icrl_pairs.jsonl")[:2]
+    proj = Projector.build(default_lm, axis.direction(layer), layer=layer, random=random_directions(576, 2))
+    enc = encode(default_lm, ex, positions="spans", span_labels=["post"])
+    got = direct_rows(default_lm, proj, enc, batch_size=2)
+    scale = float(got.total[:, 0].abs().max())
+    assert float((got.contributions.sum(1) - got.total).abs().max()) <= 1e-5 * scale
+    names = [c.name for c in direct_terms(default_lm, layer)]
+    toks = enc[0].selections[0][1]
+    with torch.no_grad():
+        _, cache = bridge(default_lm).run_with_cache(torch.tensor([enc[0].input_ids]))
+        heads, labels = cache.stack_head_results(layer=layer + 1, return_labels=True)
+        mlps, mlp_labels = cache.decompose_resid(
+            layer=layer + 1, mode="mlp", incl_embeds=False, return_labels=True
+        )
+    v = proj.directions[0]
+    tl = (heads[:, 0, toks].double().mean(1) @ v).tolist() + (mlps[:, 0, toks].double().mean(1) @ v).tolist()
+    ours = [got.contributions[0, names.index(n), 0].item() for n in labels]
+    ours += [got.contributions[0, names.index(f"L{n.split('_')[0]}.mlp"), 0].item() for n in mlp_labels]
+    assert np.allclose(ours, tl, atol=1e-4 * scale)

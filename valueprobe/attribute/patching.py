@@ -28,6 +28,7 @@ from functools import partial
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from valueprobe.attribute.components import Component, patchable
@@ -211,6 +212,7 @@ def patch_pair(
     *,
     dest: int,
     batch_size: int = 16,
+    progress: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Patch every component and residual cell of ``plan`` from the other row into row ``dest``.
 
@@ -223,12 +225,14 @@ def patch_pair(
     rows: list[Component | None] = [None, *plan.components, *cells]
     cache = _prefix_cache(lm, pair, read)
     reads, behaviours = [], []
-    for start in range(0, len(rows), batch_size):
-        sigma, beh = _run_rows(
-            lm, read, pair, plan, runs, rows[start : start + batch_size], dest=dest, cache=cache
-        )
-        reads.append(sigma)
-        behaviours.append(torch.full_like(sigma, float("nan")) if beh is None else beh)
+    what = f"{pair.name} {'denoising' if dest else 'noising'}"
+    with tqdm(total=len(rows), desc=what, unit="run", leave=False, disable=not progress) as bar:
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            sigma, beh = _run_rows(lm, read, pair, plan, runs, chunk, dest=dest, cache=cache)
+            reads.append(sigma)
+            behaviours.append(torch.full_like(sigma, float("nan")) if beh is None else beh)
+            bar.update(len(chunk))
     value = torch.stack([torch.cat(reads), torch.cat(behaviours)], dim=1)  # [rows, 2]
     effect = value[1:] - value[0]
     k = len(plan.components)

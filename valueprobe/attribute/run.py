@@ -15,6 +15,7 @@ are mean-ablated on the held-out half against random sets (`valueprobe.attribute
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -139,7 +140,13 @@ def limited(examples: Sequence[Example], s: AttributeSettings) -> list[Example]:
 
 
 def prepare(
-    lm: LoadedModel, axis: ValueAxis, examples: Sequence[Example], s: AttributeSettings, source: Source
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: Sequence[Example],
+    s: AttributeSettings,
+    source: Source,
+    *,
+    progress: bool = False,
 ) -> tuple[Work, dict[str, Any], Readout]:
     """The run's work and its identity (settings, model, sources, what the summary needs)."""
     block_parts(lm)  # a family without a per-head split is refused here, naming those that have one
@@ -167,7 +174,7 @@ def prepare(
         plan = PatchPlan.of(lm, layer=layer, resid_layers=resid)
         # a patched row runs only the tokens after the shared prefix (a few dozen): 4 x the batch of whole examples
         pairs = tuple(read_pairs(lm, examples, **enc_kw))
-        work = PairWork(lm, read, pairs, plan, s.method == "patch", 4 * s.batch_size)
+        work = PairWork(lm, read, pairs, plan, s.method == "patch", 4 * s.batch_size, progress)
         components = patchable(lm, layer)
     header = dict(
         method=s.method, model_id=lm.model_id, fingerprint=lm.fingerprint, probe=source.probe, layer=layer,
@@ -269,7 +276,7 @@ def run_attribution(
             beyond the components, or an ``out`` holding another run.
     """
     out = Path(out)
-    work, identity, read = prepare(lm, axis, examples, settings.check(), source)
+    work, identity, read = prepare(lm, axis, examples, settings.check(), source, progress=progress)
     n_components = len(patchable(lm, read.layer))
     if ablate_top is not None and not 1 <= ablate_top <= n_components:
         raise ValueprobeError(
@@ -336,3 +343,32 @@ def _ablation(
             steer_sigma=steer_sigma,
             progress=bar.update,
         )
+
+
+def attribution(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    examples: Sequence[Example],
+    settings: AttributeSettings | None = None,
+    *,
+    out: str | Path | None = None,
+    ablate_top: int | None = None,
+    n_draws: int | None = None,
+    progress: bool = True,
+) -> Attribution:
+    """Where the axis's value comes from on ``examples``: `run_attribution` into ``out`` (a temporary
+    folder when None, so nothing is kept), with its summary returned.
+
+    >>> res = vp.attribution(lm, axis, vp.read_jsonl("data/icrl_pairs.jsonl")[:16],
+    ...                      vp.AttributeSettings(positions="spans", span_labels=("post",)))
+    >>> res.top(5), vp.attribution_figures(res)[0].show()
+    """
+    settings = settings or AttributeSettings()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "attribution" if out is None else Path(out)
+        res = run_attribution(
+            lm, axis, examples, folder, settings, source=Source("(in memory)", "", ()), ablate_top=ablate_top,
+            n_draws=n_draws, progress=progress,
+        )  # fmt: skip
+    assert res is not None
+    return res

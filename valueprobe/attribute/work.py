@@ -94,6 +94,7 @@ class PairWork:
     plan: PatchPlan
     exact: bool
     batch_size: int
+    progress: bool = False  # a bar over each pair's patched runs (exact patching takes minutes a pair)
 
     @property
     def n_items(self) -> int:
@@ -110,7 +111,14 @@ class PairWork:
             if self.exact:
                 out.append(
                     patch_pair(
-                        self.lm, self.read, pair, self.plan, runs, dest=dest, batch_size=self.batch_size
+                        self.lm,
+                        self.read,
+                        pair,
+                        self.plan,
+                        runs,
+                        dest=dest,
+                        batch_size=self.batch_size,
+                        progress=self.progress,
                     )
                 )
             else:

@@ -69,17 +69,20 @@ class Job:
 # read on the post span of the post-discovery paragraph; the classes are the rewarded and flipped rows
 _POST = AttributeSettings(positions=Positions.spans, span_labels=("post",), target=Target.label)
 JOBS: tuple[Job, ...] = (
-    Job("reward-history-direct", HISTORY, replace(_POST, method="direct", limit=96, n_random=64), 8),
-    # exact patching: every head and MLP, and the residual cells of three layers, of the first 3 pairs
-    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=3, resid_layers="::11")),
+    Job(
+        "reward-history-direct", HISTORY, replace(_POST, method="direct", limit=96, n_random=64), 8, draws=12
+    ),
+    # exact patching: every head and MLP, and the residual cells of three layers, of the first 2 pairs
+    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=2, resid_layers="::11")),
     Job("reward-history-attrib", HISTORY, replace(_POST, method="attrib-patch", limit=16)),
     Job(
         "value-direct",
         VALUE,
         AttributeSettings(
-            method="direct", positions=Positions.span_tokens, target=Target.span, limit=96, n_random=32
+            method="direct", positions=Positions.span_tokens, target=Target.span, limit=64, n_random=32
         ),
         8,
+        draws=12,
     ),
     Job("value-attrib", VALUE, replace(_POST, method="attrib-patch", limit=16)),
 )
