@@ -352,3 +352,56 @@ def test_default_model_terms_sum_to_the_axis_and_match_transformer_lens(default_
     ours = [got.contributions[0, names.index(n), 0].item() for n in labels]
     ours += [got.contributions[0, names.index(f"L{n.split('_')[0]}.mlp"), 0].item() for n in mlp_labels]
     assert np.allclose(ours, tl, atol=1e-4 * scale)
+
+
+def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
+    """The held-out read (prefix in a KV cache, the last token three times) equals whole forwards:
+    the read σ of each row, and the steering slope from α = ±s σ added at the last token."""
+    from valueprobe.attribute.ablation import _read_example
+
+    lm = tiny_lm_factory("llama")
+    read = _read(lm, 1, behaviour=True)
+    (enc,) = encode(lm, pair_examples(1)[:1], positions="spans")
+    sigma, slope = _read_example(lm, read, enc, 2.0)
+    ids = torch.tensor([enc.input_ids])
+    at = Point(1, "resid_post")
+    with record(lm, [at]) as rec, torch.no_grad():
+        lm.model(ids)
+    proj = rec[at][0].double() @ read.direction.double()
+    want = torch.stack([read.sigma_of(proj[toks].mean()) for _, toks in enc.selections])
+    assert torch.allclose(sigma, want, atol=1e-6)
+    got = []
+    for alpha in (-2.0, 2.0):
+
+        def add(h, step, a=alpha):
+            h = h.clone()
+            h[:, -1] += a * read.sigma * read.direction.to(h)
+            return h
+
+        with intervene(lm, at, add), torch.no_grad():
+            got.append(read.yes_no(lm.model(ids).logits[:, -1])[0])
+    assert slope == pytest.approx(float((got[1] - got[0]) / 4.0), abs=1e-5)
+
+
+def test_the_random_sets_match_the_top_sets_kinds(tiny_lm_factory, monkeypatch):
+    from valueprobe.attribute import ablation
+    from valueprobe.attribute.summary import row_classes
+
+    lm = tiny_lm_factory("llama")
+    read = _read(lm, 1, behaviour=False)
+    enc = encode(lm, pair_examples(2), positions="spans", span_labels=["post"])
+    held = ablation.held_out(lm, enc, ["p0", "p0", "p1", "p1"], lambda r, u: row_classes(r, u, "label"))
+    means = ablation.mean_outputs(lm, enc, layer=1)
+    seen = []
+    real = ablation.ablation_hooks
+
+    def spy(lm_, components, means_):
+        seen.append(sorted(c.kind for c in components))
+        return real(lm_, components, means_)
+
+    monkeypatch.setattr(ablation, "ablation_hooks", spy)
+    top = [Component("head", 1, head=0), Component("head", 0, head=3), Component("mlp", 1)]
+    res = ablation.ablate(lm, read, held, top, means, n_draws=4, seed=1)
+    assert seen[0] == [] and seen[1] == ["head", "head", "mlp"]
+    assert all(kinds == ["head", "head", "mlp"] for kinds in seen[2:]) and len(seen) == 6
+    assert res.components == ("L1H0", "L0H3", "L1.mlp") and len(res.auroc.null) == 4 and res.steer is None

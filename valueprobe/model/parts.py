@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -27,7 +26,7 @@ from valueprobe.errors import ValueprobeError
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["BLOCK_PARTS", "BlockParts", "block_parts", "head_weights", "n_heads"]
+__all__ = ["BLOCK_PARTS", "BlockParts", "block_parts", "head_weights", "n_heads", "out_proj"]
 
 
 @dataclass(frozen=True)
@@ -104,14 +103,3 @@ def head_weights(
     bias = getattr(proj, "bias", None)
     b = None if bias is None else bias.detach()
     return w.reshape(heads, w.shape[0] // heads, w.shape[1]), b
-
-
-def d_head(lm: LoadedModel) -> int:
-    """The width of one head's output (``z``) in ``lm``."""
-    w, _ = head_weights(lm, 0)
-    return int(w.shape[1])
-
-
-def to_float(t: Tensor) -> Tensor:
-    """A weight as float32 on the CPU (attribution sums in float32 whatever the model's dtype)."""
-    return t.to(device="cpu", dtype=torch.float32)
