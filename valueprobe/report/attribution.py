@@ -201,6 +201,19 @@ def attribution_caption(res: Attribution) -> str:
             for m in ab.metrics
         ]
         text += f" Ablating the top {ab.k} on {ab.n_units} held-out units: " + "; ".join(verdicts) + "."
+    if res.agreement is not None:
+        a = res.agreement
+        text += (
+            f" Attribution patching on the same {a.n_pairs} pairs agrees with it at Spearman {a.spearman_components:+.2f}"
+            f" (heads and MLPs) and {a.spearman_cells:+.2f} (residual cells), top-{a.k} overlap {a.top_k_overlap:.2f}"
+        )
+        wrong = [f"misses {', '.join(a.missed)}"] if a.missed else []
+        wrong += [f"gives the other sign to {', '.join(a.sign_flips)}"] if a.sign_flips else []
+        text += (
+            f"; where they disagree, the estimate {' and '.join(wrong)}."
+            if wrong
+            else "; it misses none of the top components."
+        )
     return text + "".join(f" {n}" for n in res.notes)
 
 
