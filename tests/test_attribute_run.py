@@ -246,3 +246,27 @@ def test_replicate_writes_each_job_the_sections_and_the_agreement(tiny_lm_factor
     assert loaded.sections["attribution_patch"].agreement == agree
     summary = (out / "summary.md").read_text()
     assert "Spearman" in summary and "Ablating the top 2" in summary
+
+
+def test_a_finished_run_keeps_its_ablation_and_redoes_it_only_when_its_sizes_change(
+    tiny_lm_factory, tmp_path, monkeypatch
+):
+    from valueprobe.attribute import run as run_module
+
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm, sigma=0.05)
+    s = AttributeSettings(positions="spans", span_labels=("post",), n_random=3, bootstrap=50)
+    first = run_attribution(
+        lm, axis, pair_examples(4), tmp_path / "a", s, source=SRC, ablate_top=2, progress=False
+    )
+    real = run_module._ablation
+    calls = []
+    monkeypatch.setattr(run_module, "_ablation", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = run_attribution(
+        lm, axis, pair_examples(4), tmp_path / "a", s, source=SRC, ablate_top=2, progress=False
+    )
+    assert again is not None and first is not None and again.to_dict() == first.to_dict() and not calls
+    other = run_attribution(
+        lm, axis, pair_examples(4), tmp_path / "a", s, source=SRC, ablate_top=3, progress=False
+    )
+    assert calls and other is not None and other.ablation is not None and other.ablation.k == 3

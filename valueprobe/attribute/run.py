@@ -18,7 +18,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from valueprobe.attribute.folder import RunFile, open_run, read_chunk, write_chu
 from valueprobe.attribute.pairs import read_pairs
 from valueprobe.attribute.patching import PatchPlan
 from valueprobe.attribute.readout import Readout, wants_behaviour
-from valueprobe.attribute.records import Attribution
+from valueprobe.attribute.records import Ablation, Attribution
 from valueprobe.attribute.summary import row_classes
 from valueprobe.attribute.work import DirectWork, PairWork, Work, summarize
 from valueprobe.datasets.io import Example
@@ -44,7 +44,7 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.model.parts import block_parts
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
-from valueprobe.vocab import ChatTemplate, LayerSelection, Positions, ShardSpec, Target
+from valueprobe.vocab import ChatTemplate, LayerSelection, Positions, ShardSpec, Target, layer_out_of_range
 
 __all__ = [
     "METHODS",
@@ -52,6 +52,8 @@ __all__ = [
     "Behaviour",
     "Method",
     "Source",
+    "attribution",
+    "limited",
     "run_attribution",
     "summarize_run",
     "write_result",
@@ -108,7 +110,10 @@ class Source:
 
 
 def _layer(axis: ValueAxis, settings: AttributeSettings, lm: LoadedModel) -> int:
-    layer = axis.best_layer if settings.layer is None else settings.layer % lm.n_layers
+    n = lm.n_layers
+    if settings.layer is not None and not -n <= settings.layer < n:
+        raise layer_out_of_range(settings.layer, n)
+    layer = axis.best_layer if settings.layer is None else settings.layer % n
     if layer not in axis.layers:
         raise ValueprobeError(
             f"--layer {settings.layer}: the axis has no direction there (it has {axis.layers[0]}..{axis.layers[-1]})"
@@ -294,11 +299,28 @@ def run_attribution(
     res = summarize_run(out, run)
     if ablate_top is not None:
         draws = settings.n_random if n_draws is None else n_draws
-        res = res.with_ablation(
-            _ablation(lm, read, examples, out, run, settings, ablate_top, draws, steer_sigma, progress)
+        ablation = _saved_ablation(out, res, ablate_top, draws, steer_sigma) or _ablation(
+            lm, read, examples, out, run, settings, ablate_top, draws, steer_sigma, progress
         )
+        res = res.with_ablation(ablation)
     write_result(out, res)
     return res
+
+
+def _saved_ablation(out: Path, res: Attribution, k: int, draws: int, steer_sigma: float) -> Ablation | None:
+    """The ablation a finished run already saved with these sizes (a rerun does not redo an hour of it)."""
+    try:
+        saved = Attribution.from_dict(json.loads((out / RESULT).read_text(encoding="utf-8")))
+    except (OSError, ValueError, ValueprobeError):
+        return None
+    ab = saved.ablation
+    same = (
+        replace(saved, ablation=None, agreement=None).to_dict()
+        == replace(res, ablation=None, agreement=None).to_dict()
+    )
+    if ab is None or not same or (ab.k, ab.n_draws, ab.steer_sigma) != (k, draws, steer_sigma):
+        return None
+    return ab
 
 
 def _ablation(
