@@ -8,6 +8,8 @@ prefix and must give the same numbers), and closed forms on planted data.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -405,3 +407,18 @@ def test_the_random_sets_match_the_top_sets_kinds(tiny_lm_factory, monkeypatch):
     assert seen[0] == [] and seen[1] == ["head", "head", "mlp"]
     assert all(kinds == ["head", "head", "mlp"] for kinds in seen[2:]) and len(seen) == 6
     assert res.components == ("L1H0", "L0H3", "L1.mlp") and len(res.auroc.null) == 4 and res.steer is None
+
+
+def test_position_share_counts_the_gap_of_terms_that_track_position():
+    from report_data import attribution_record
+
+    res = attribution_record("direct")
+    terms = tuple(
+        replace(t, gap=g, position_r=r)
+        for t, g, r in zip(
+            res.terms, [0.0, 3.0, -1.0, 0.5] + [0.0] * 10, [0.1, 0.9, -0.6, 0.2] + [0.0] * 10, strict=False
+        )
+    )
+    assert replace(res, terms=terms).position_share() == pytest.approx(4.0 / 4.5)
+    nan = tuple(replace(t, position_r=float("nan")) for t in res.terms)
+    assert np.isnan(replace(res, terms=nan).position_share())

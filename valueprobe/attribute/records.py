@@ -225,6 +225,15 @@ class Attribution:
     def top(self, k: int) -> list[str]:
         return [c.name for c in self.ranked()[:k]]
 
+    def position_share(self, *, threshold: float = 0.5) -> float:
+        """Of the direct terms' summed |gap|, the share written by terms that track token position
+        (|``position_r``| >= ``threshold``); NaN when no term's correlation was measured."""
+        terms = [t for t in self.terms if math.isfinite(t.position_r)]
+        total = sum(abs(t.gap) for t in terms)
+        if not terms or total == 0:
+            return math.nan
+        return sum(abs(t.gap) for t in terms if abs(t.position_r) >= threshold) / total
+
     def table(self, n: int = 12) -> tuple[list[str], list[list[str]]]:
         """The ``n`` components that move the read most, as printed by the CLI."""
         if self.terms:

@@ -23,6 +23,7 @@ Each job runs in ``work/JOB`` (resumable: rerun the command after an interruptio
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -166,6 +167,11 @@ def summary_lines(results: dict[str, Attribution]) -> list[str]:
             f" AUROC {res.axis_auroc:.3f}{' (within pairs)' if res.paired else ''}.",
             "",
         ]
+        if res.terms and math.isfinite(res.position_share()):
+            lines += [
+                f"Terms that track token position (|r| >= 0.5 within a text) write {res.position_share():.0%} of the summed |gap|.",
+                "",
+            ]
         headers, rows = res.table(10)
         lines += (
             ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

@@ -185,6 +185,11 @@ def attribution_caption(res: Attribution) -> str:
         f" layer {res.layer} separates the classes by {res.axis_gap:+.3f}σ [{lo:+.3f}, {hi:+.3f}] (AUROC"
         f" {res.axis_auroc:.3f}{', within pairs' if res.paired else ''}). Largest components: {_top_text(res)}."
     )
+    if res.terms and math.isfinite(res.position_share()):
+        text += (
+            f" Terms that track token position (|r| >= 0.5 within a text) write {res.position_share():.0%} of the"
+            " summed |gap|."
+        )
     if res.terms:
         beyond = sum(t.beyond_null for t in res.terms)
         text += f" {beyond} of {len(res.terms)} terms leave their random-direction null; the terms sum to h·v̂ within {res.closure or 0:.1e}σ."
