@@ -280,6 +280,11 @@ def test_mean_ablation_holds_each_ablated_output_at_its_mean_and_leaves_the_mode
     assert torch.equal(rec[points[1]][0], means.mlp[1].expand(z.shape[0], -1))
     with torch.no_grad():
         assert torch.equal(lm.model(ids).logits, before)
+    with pytest.raises(RuntimeError), ablation_hooks(lm, [Component("mlp", 1)], means), torch.no_grad():
+        lm.model(ids)
+        raise RuntimeError("an exception inside the ablated forward")
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids).logits, before)  # the hooks came off in finally
 
 
 def test_a_set_is_necessary_only_when_its_drop_leaves_the_random_sets():

@@ -101,23 +101,26 @@ def _fill(h: Tensor, step: object, *, cols: Tensor, value: Tensor) -> Tensor:
 
 def ablation_hooks(lm: LoadedModel, components: Sequence[Component], means: Means) -> ExitStack:
     """Mean-ablate ``components`` (heads and MLPs) until the returned stack closes."""
-    stack = ExitStack()
     d_head = int(head_weights(lm, 0)[0].shape[1])
     heads: dict[int, Tensor] = {}
+    mlps: list[int] = []
     for c in components:
         if c.kind == "head":
             cols = heads.setdefault(c.layer, torch.zeros(means.z[c.layer].shape[0], dtype=torch.bool))
             cols[c.head * d_head : (c.head + 1) * d_head] = True
         elif c.kind == "mlp":
-            every = torch.ones(means.mlp[c.layer].shape[0], dtype=torch.bool)
-            fn = partial(_fill, cols=every, value=means.mlp[c.layer])
-            stack.enter_context(intervene(lm, Point(c.layer, HookSite.mlp_out), fn))
+            mlps.append(c.layer)
         else:
             raise ValueprobeError(f"cannot mean-ablate {c.name}: ablation takes heads and MLPs")
-    for block, cols in heads.items():
-        fn = partial(_fill, cols=cols, value=means.z[block])
-        stack.enter_context(intervene(lm, Point(block, PartSite.attn_z), fn))
-    return stack
+    with ExitStack() as stack:  # a failure while attaching takes off what was attached
+        for block in mlps:
+            every = torch.ones(means.mlp[block].shape[0], dtype=torch.bool)
+            fn = partial(_fill, cols=every, value=means.mlp[block])
+            stack.enter_context(intervene(lm, Point(block, HookSite.mlp_out), fn))
+        for block, cols in heads.items():
+            fn = partial(_fill, cols=cols, value=means.z[block])
+            stack.enter_context(intervene(lm, Point(block, PartSite.attn_z), fn))
+        return stack.pop_all()
 
 
 def _row_weights(enc: Encoded) -> Tensor:

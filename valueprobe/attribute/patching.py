@@ -164,12 +164,13 @@ def _patch_hooks(
         "mlp": (HookSite.mlp_out, runs.mlp),
         "resid": (HookSite.resid_post, runs.resid),
     }
-    for (kind, block), mask in masks.items():
-        site, acts = sites[kind]
-        stack.enter_context(
-            intervene(lm, Point(block, site), partial(_swap, mask=mask, src=acts[block][src]))
-        )
-    return stack
+    with stack:  # a failure while attaching takes off what was attached
+        for (kind, block), mask in masks.items():
+            site, acts = sites[kind]
+            stack.enter_context(
+                intervene(lm, Point(block, site), partial(_swap, mask=mask, src=acts[block][src]))
+            )
+        return stack.pop_all()
 
 
 def _run_rows(
