@@ -362,32 +362,43 @@ def test_default_model_terms_sum_to_the_axis_and_match_transformer_lens(default_
 
 
 def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
-    """The held-out read (prefix in a KV cache, the last token three times) equals whole forwards:
-    the read σ of each row, and the steering slope from α = ±s σ added at the last token."""
-    from valueprobe.attribute.ablation import _read_example
+    """The held-out read (a left-padded batch, the rest in a KV cache, each last token three times)
+    equals whole forwards of each example alone: the read σ of each row, and the steering slope from
+    α = ±s σ added at the last token."""
+    from valueprobe.attribute.ablation import _read_batch
 
     lm = tiny_lm_factory("llama")
+    rows = pair_examples(2)
+    rows[2] = Example(
+        **{**rows[2].__dict__, "messages": (*rows[2].messages[:-1], {"role": "user", "content": "Correct?"})}
+    )
+    encs = encode(lm, rows[1:3], positions="spans")  # two lengths: the shorter is padded
+    assert len(encs[0].input_ids) != len(encs[1].input_ids)
     read = _read(lm, 1, behaviour=True)
-    (enc,) = encode(lm, pair_examples(1)[:1], positions="spans")
-    sigma, slope = _read_example(lm, read, enc, 2.0)
-    ids = torch.tensor([enc.input_ids])
+    sigma, slopes = _read_batch(lm, read, encs, 2.0)
     at = Point(1, "resid_post")
-    with record(lm, [at]) as rec, torch.no_grad():
-        lm.model(ids)
-    proj = rec[at][0].double() @ read.direction.double()
-    want = torch.stack([read.sigma_of(proj[toks].mean()) for _, toks in enc.selections])
-    assert torch.allclose(sigma, want, atol=1e-6)
-    got = []
-    for alpha in (-2.0, 2.0):
+    want, want_slopes = [], []
+    for enc in encs:
+        ids = torch.tensor([enc.input_ids])
+        with record(lm, [at]) as rec, torch.no_grad():
+            lm.model(ids)
+        proj = rec[at][0].double() @ read.direction.double()
+        want += [read.sigma_of(proj[toks].mean()) for _, toks in enc.selections]
+        got = []
+        for alpha in (-2.0, 2.0):
 
-        def add(h, step, a=alpha):
-            h = h.clone()
-            h[:, -1] += a * read.sigma * read.direction.to(h)
-            return h
+            def add(h, step, a=alpha):
+                h = h.clone()
+                h[:, -1] += a * read.sigma * read.direction.to(h)
+                return h
 
-        with intervene(lm, at, add), torch.no_grad():
-            got.append(read.yes_no(lm.model(ids).logits[:, -1])[0])
-    assert slope == pytest.approx(float((got[1] - got[0]) / 4.0), abs=1e-5)
+            with intervene(lm, at, add), torch.no_grad():
+                got.append(read.yes_no(lm.model(ids).logits[:, -1])[0])
+        want_slopes.append(float((got[1] - got[0]) / 4.0))
+    assert torch.allclose(sigma, torch.stack(want), atol=1e-5)
+    assert slopes.tolist() == pytest.approx(want_slopes, abs=1e-5)
+    no_behaviour, none = _read_batch(lm, _read(lm, 1, behaviour=False), encs, 2.0)
+    assert torch.allclose(no_behaviour, torch.stack(want), atol=1e-5) and torch.isnan(none).all()
 
 
 def test_the_random_sets_match_the_top_sets_kinds(tiny_lm_factory, monkeypatch):

@@ -34,7 +34,8 @@ from valueprobe.attribute.readout import Readout, cache_kwargs
 from valueprobe.attribute.records import AblatedMetric, Ablation
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.hooks.padding import pad_id_for
+from valueprobe.hooks.forward import position_ids_from_mask
+from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.patch import Point, StopForward, intervene, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.model.parts import head_weights
@@ -123,46 +124,76 @@ def ablation_hooks(lm: LoadedModel, components: Sequence[Component], means: Mean
         return stack.pop_all()
 
 
-def _row_weights(enc: Encoded) -> Tensor:
-    """[rows, pos]: each read row's tokens share its weight equally."""
-    w = torch.zeros(len(enc.selections), len(enc.input_ids), dtype=torch.float64)
-    for r, (_, toks) in enumerate(enc.selections):
-        w[r, toks] = 1.0 / len(toks)
-    return w
-
-
 def _steer_last(h: Tensor, step: object, *, delta: Tensor) -> Tensor:
     return h + delta.to(h)[:, None, :]
 
 
-def _read_example(lm: LoadedModel, read: Readout, enc: Encoded, steer_sigma: float) -> tuple[Tensor, float]:
-    """Per-row read σ of one example and, with a behaviour, the steering slope at its last token."""
-    device, at = lm.device, Point(read.layer, HookSite.resid_post)
-    ids = torch.tensor([enc.input_ids], device=device)
-    n = ids.shape[1]
-    w = _row_weights(enc)
-    if not read.behaviour:
-        with record(lm, [at], stop=True) as rec, torch.no_grad(), suppress(StopForward):
-            lm.model(input_ids=ids, use_cache=False)
-        return read.sigma_of(w @ (rec[at][0].double().cpu() @ read.direction.double())), float("nan")
-    cache = DynamicCache(config=lm.model.config)
-    with record(lm, [at]) as rec, torch.no_grad():
+def _prefix(
+    lm: LoadedModel, at: Point, ids: Tensor, mask: Tensor, *, stop: bool, cache: DynamicCache | None
+) -> Tensor:
+    """``resid_post`` at ``at`` of a left-padded batch [batch, pos, d_model]; with a cache, it is filled."""
+    device = lm.device
+    kwargs = {"use_cache": False} if cache is None else cache_kwargs(lm, cache)
+    with record(lm, [at], stop=stop) as rec, torch.no_grad(), suppress(StopForward):
         lm.model(
-            input_ids=ids[:, : n - 1],
-            position_ids=torch.arange(n - 1, device=device)[None],
-            **cache_kwargs(lm, cache),
-        )
-    cache.batch_repeat_interleave(3)
-    alphas = torch.tensor([0.0, -steer_sigma, steer_sigma]) * read.sigma
-    delta = alphas[:, None] * read.direction[None, :]
-    with intervene(lm, at, partial(_steer_last, delta=delta)), record(lm, [at]) as last, torch.no_grad():
-        out = lm.model(
-            input_ids=ids[:, n - 1 :].expand(3, 1), position_ids=torch.full((3, 1), n - 1, device=device),
-            attention_mask=torch.ones(3, n, dtype=torch.long, device=device), logits_to_keep=1, **cache_kwargs(lm, cache),
+            input_ids=ids.to(device), attention_mask=mask.to(device),
+            position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1, **kwargs,
         )  # fmt: skip
-    h = torch.cat([rec[at][0], last[at][0]]).double().cpu()  # the unsteered row's last token
-    b = read.yes_no(out.logits[:, -1].float().cpu())
-    return read.sigma_of(w @ (h @ read.direction.double())), float((b[2] - b[1]) / (2 * steer_sigma))
+    return rec[at].double().cpu()
+
+
+def _last_token(
+    lm: LoadedModel,
+    read: Readout,
+    at: Point,
+    ids: Tensor,
+    mask: Tensor,
+    cache: DynamicCache,
+    steer_sigma: float,
+) -> tuple[Tensor, Tensor]:
+    """Each row's last token three times over the cache of the rest, with α = 0, −s, +s σ of the axis
+    added there: the unsteered rows' ``resid_post`` [batch, d_model] and the slopes [batch]."""
+    b, device = ids.shape[0], lm.device
+    cache.batch_repeat_interleave(3)  # rows 3i, 3i+1, 3i+2 are row i's α = 0, −s, +s
+    alphas = torch.tensor([0.0, -steer_sigma, steer_sigma]).repeat(b) * read.sigma
+    full = torch.cat([mask.repeat_interleave(3, 0), torch.ones(3 * b, 1, dtype=mask.dtype)], dim=1)
+    with (
+        intervene(lm, at, partial(_steer_last, delta=alphas[:, None] * read.direction[None, :])),
+        record(lm, [at]) as rec,
+        torch.no_grad(),
+    ):
+        out = lm.model(
+            input_ids=ids.repeat_interleave(3, 0).to(device), attention_mask=full.to(device),
+            position_ids=mask.sum(1, keepdim=True).repeat_interleave(3, 0).to(device), logits_to_keep=1,
+            **cache_kwargs(lm, cache),
+        )  # fmt: skip
+    yes_no = read.yes_no(out.logits[:, -1].float().cpu()).reshape(b, 3)
+    return rec[at][::3, 0].double().cpu(), (yes_no[:, 2] - yes_no[:, 1]) / (2 * steer_sigma)
+
+
+def _read_batch(
+    lm: LoadedModel, read: Readout, encoded: Sequence[Encoded], steer_sigma: float
+) -> tuple[Tensor, Tensor]:
+    """Per-row read σ of a batch of examples (left-padded) and, with a behaviour, each example's
+    steering slope at its last token (the rest run once into a KV cache); NaN slopes without one."""
+    at = Point(read.layer, HookSite.resid_post)
+    behaviour = read.behaviour
+    rows = [e.input_ids[:-1] if behaviour else e.input_ids for e in encoded]
+    ids, mask = pad_rows(rows, pad_id=pad_id_for(lm.tokenizer), side="left")
+    cache = DynamicCache(config=lm.model.config) if behaviour else None
+    h = _prefix(lm, at, ids, mask, stop=not behaviour, cache=cache)  # [batch, width, d]
+    slopes = torch.full((len(encoded),), float("nan"), dtype=torch.float64)
+    if cache is not None:
+        last_h, slopes = _last_token(
+            lm, read, at, torch.tensor([[e.input_ids[-1]] for e in encoded]), mask, cache, steer_sigma
+        )
+        h = torch.cat([h, last_h[:, None]], dim=1)  # each row's tokens now end in the last column
+    proj = h @ read.direction.double()
+    sigmas = []
+    for i, e in enumerate(encoded):
+        p = proj[i, proj.shape[1] - len(e.input_ids) :]  # left padding: the row's tokens are the last columns
+        sigmas += [read.sigma_of(p[toks].mean()) for _, toks in e.selections]
+    return torch.stack(sigmas), slopes
 
 
 @dataclass(frozen=True)
@@ -175,11 +206,17 @@ class HeldOut:
     classes: Classes
 
 
-def _measure(lm: LoadedModel, read: Readout, held: HeldOut, steer_sigma: float) -> tuple[float, float, float]:
+def _measure(
+    lm: LoadedModel, read: Readout, held: HeldOut, steer_sigma: float, batch_size: int
+) -> tuple[float, float, float]:
     """AUROC, gap and mean steering slope on the held-out half under the hooks now attached."""
-    got = [_read_example(lm, read, enc, steer_sigma) for enc in held.encoded]
+    enc = held.encoded
+    got = [
+        _read_batch(lm, read, enc[i : i + batch_size], steer_sigma) for i in range(0, len(enc), batch_size)
+    ]
     s = torch.cat([g[0] for g in got]).numpy()[held.keep]
-    return held.classes.auroc(s), float(held.classes.gap(s[:, None])[0]), float(np.mean([g[1] for g in got]))
+    slope = float(torch.cat([g[1] for g in got]).mean())
+    return held.classes.auroc(s), float(held.classes.gap(s[:, None])[0]), slope
 
 
 def held_out(
@@ -218,6 +255,7 @@ def ablate(
     n_draws: int = 32,
     seed: int = 0,
     steer_sigma: float = 2.0,
+    batch_size: int = 8,
     progress: Callable[[int], object] | None = None,
 ) -> Ablation:
     """Ablate nothing, the ``top`` components, then ``n_draws`` random sets of as many heads and
@@ -234,7 +272,7 @@ def ablate(
     results = []
     for components in sets:
         with ablation_hooks(lm, components, means):
-            results.append(_measure(lm, read, held, steer_sigma))
+            results.append(_measure(lm, read, held, steer_sigma, batch_size))
         if progress is not None:
             progress(1)
     cols = list(zip(*results, strict=True))

@@ -363,6 +363,7 @@ def _ablation(
             n_draws=n_draws,
             seed=s.seed,
             steer_sigma=steer_sigma,
+            batch_size=s.batch_size,
             progress=bar.update,
         )
 
