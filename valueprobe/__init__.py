@@ -2,8 +2,8 @@
 
     >>> import valueprobe as vp
     >>> lm = vp.load("smollm2-135m")
-    >>> axis = vp.ValueAxis.load("probes/smollm2-135m-value", lm=lm)
-    >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("data/code.jsonl")[:50])
+    >>> axis = vp.ValueAxis.load("smollm2-135m-value", lm=lm)      # a shipped axis, or a probe folder
+    >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("code")[:50])  # a shipped dataset, or a JSONL path
 
 The names below are what the notebooks and the README use, plus the result types they return;
 everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).

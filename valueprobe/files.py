@@ -47,9 +47,13 @@ __all__ = [
     "mmap_safetensors",
     "read_safetensors_header",
     "record_from_dict",
+    "resolve_shipped",
     "sha256_file",
     "write_summary",
 ]
+
+# The installed package: shipped axes and datasets live inside it, and no command writes there.
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 # What each artifact folder is recognised by: a folder holding one artifact's marker file is never
 # reused for another (a probe written into a store folder would look like neither).
@@ -205,6 +209,35 @@ def _check_writable(folder: Path, what: str, option: str) -> None:
         raise ValueprobeError(f"{what} ({exc.strerror or exc}); choose another {option}") from None
 
 
+def _check_outside_package(path: Path, option: str) -> None:
+    """Nothing is written inside the installed package (its shipped axes and datasets are read-only data)."""
+    if path.resolve().is_relative_to(PACKAGE_DIR):
+        raise ValueprobeError(
+            f"{option} {path} is inside the installed valueprobe package ({PACKAGE_DIR}):"
+            f" choose a folder of your own, e.g. runs/{path.name}"
+        )
+
+
+def resolve_shipped(spec: str | os.PathLike[str], shipped: Mapping[str, Path], *, what: str) -> Path:
+    """The path ``spec`` stands for: a shipped ``what`` by its name (``shipped``: name → path), or a path.
+
+    A ``str`` equal to a shipped name is that name; any other string, and any ``Path``, is a path
+    (not checked here: its reader says what is wrong with it). A name that is also a file or folder
+    in the current directory is refused in one line naming both, so neither is read by mistake.
+
+    >>> resolve_shipped("smollm2-135m-value", {"smollm2-135m-value": Path("/pkg/axes/x")}, what="axis")
+    PosixPath('/pkg/axes/x')
+    """
+    if not isinstance(spec, str) or spec not in shipped:
+        return Path(spec)
+    if Path(spec).exists():
+        raise ValueprobeError(
+            f"{spec!r} is both a shipped {what} ({shipped[spec]}) and ./{spec} in this folder:"
+            f" write ./{spec} for the local one, or run from another folder for the shipped {what}"
+        )
+    return shipped[spec]
+
+
 def check_output_dir(path: str | Path, *, holds: str, option: str = "--out") -> Path:
     """Fail now, before any work, if ``path`` cannot become the ``holds`` artifact folder.
 
@@ -221,6 +254,7 @@ def check_output_dir(path: str | Path, *, holds: str, option: str = "--out") -> 
     PosixPath('runs/icrl')
     """
     path = Path(path)
+    _check_outside_package(path, option)
     if path.exists() and not path.is_dir():
         raise ValueprobeError(f"{option} {path} is a file, not a folder; choose a folder path for {option}")
     if not path.exists():
@@ -238,6 +272,7 @@ def check_output_dir(path: str | Path, *, holds: str, option: str = "--out") -> 
 def check_output_file(path: str | Path, *, option: str = "--out") -> Path:
     """Fail now, before any work, if the file ``path`` cannot be written (a folder, or no write access)."""
     path = Path(path)
+    _check_outside_package(path, option)
     if path.is_dir():
         raise ValueprobeError(f"{option} {path} is a folder; give a file path for {option}")
     if path.exists():

@@ -1,10 +1,12 @@
-"""The installed valueprobe version, read in this one place (``valueprobe.__version__``)."""
+"""valueprobe's version: written here once, read by the build (pyproject ``dynamic``), ``valueprobe
+--version`` and every artifact it writes (``valueprobe_version`` in probe.json and store manifests).
+
+    >>> from valueprobe.version import __version__
+    valueprobe --version
+
+Bump it in this line and add the release's section to CHANGELOG.md.
+"""
 
 from __future__ import annotations
 
-from importlib import metadata
-
-try:
-    __version__ = metadata.version("valueprobe")
-except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0.0.0+local"
+__version__ = "0.1.0"

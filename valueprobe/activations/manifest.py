@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, Dtype, LayerKey, Positions, ShardSpec, Site
 
 FORMAT = "valueprobe.activations.store"
@@ -126,14 +127,22 @@ class StoreManifest:
             del body["part"]
         if self.model_dtype is None:
             del body["model_dtype"]
-        return {"format": FORMAT, "version": FORMAT_VERSION, **body}
+        # "version" is the key stores were first written with (readers before 0.1.0 check it);
+        # "format_version" is the name every valueprobe artifact uses (probe.json too).
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "version": FORMAT_VERSION, **body}
 
     @classmethod
     def from_dict(cls, raw: Mapping, *, where: Path) -> StoreManifest:
         """Parse ``manifest.json``; unknown keys are ignored, missing or malformed ones are one error."""
-        if raw.get("format") != FORMAT or raw.get("version") != FORMAT_VERSION:
+        version = raw.get("format_version", raw.get("version"))
+        if raw.get("format") == FORMAT and isinstance(version, int) and version > FORMAT_VERSION:
             raise ValueprobeError(
-                f"{where}: store format {raw.get('format')!r} v{raw.get('version')} is not "
+                f"{where}: store format_version {version} is newer than this valueprobe"
+                f" {__version__} reads ({FORMAT_VERSION}): upgrade valueprobe (pip install -U valueprobe)"
+            )
+        if raw.get("format") != FORMAT or version != FORMAT_VERSION:
+            raise ValueprobeError(
+                f"{where}: store format {raw.get('format')!r} v{version} is not "
                 f"{FORMAT} v{FORMAT_VERSION}: capture it again with this valueprobe"
             )
         try:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import plotly.graph_objects as go
 import typer
@@ -20,9 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from valueprobe.activations.ranks import rank_device, run_ranks
+from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text
 from valueprobe.model.load import LoadedModel, check_device, load
+from valueprobe.probe.registry import resolve_name, shipped_axes
+from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
 
 app = typer.Typer(
@@ -33,6 +36,24 @@ app = typer.Typer(
 )
 datasets_app = typer.Typer(no_args_is_help=True, help="Build the contrast datasets.")
 app.add_typer(datasets_app, name="datasets")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"valueprobe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Find, read and steer the value axis of language models."""
+
+
 replicate_app = typer.Typer(no_args_is_help=True, help="Rebuild the paper's results on a model.")
 app.add_typer(replicate_app, name="replicate")
 # Piped output (CI logs, files) gets a width that fits the transfer table instead of 80 columns.
@@ -83,6 +104,41 @@ ShardOpt = Annotated[
     ),
 ]
 
+
+def probe_option(help: str) -> Any:
+    """A ``--probe``-like option: a shipped axis by name (`valueprobe.probe.registry`) or a probe folder."""
+    names = ", ".join(shipped_axes())
+    return typer.Option(
+        parser=_probe, metavar="NAME|FOLDER", help=f"{help}: a shipped axis ({names}) or a folder"
+    )
+
+
+def data_option(help: str) -> Any:
+    """A dataset option: a shipped dataset by name (`valueprobe.datasets.shipped`, e.g. ``code``) or a JSONL path."""
+    return typer.Option(
+        parser=_dataset, metavar="NAME|JSONL", help=f"{help}: a shipped dataset's name or a path"
+    )
+
+
+# On the command line every value is text as typed (a default given as a Path too): a name is a
+# name, ``./NAME`` the folder here. A probe is only resolved here; `ValueAxis.load` says what is
+# wrong with a missing one (listing the shipped names) when the command reads it, after its
+# checks; `read_jsonl` does the same for a dataset.
+def _probe(text: str | Path) -> Path:
+    return resolve_name(str(text))
+
+
+def _dataset(text: str | Path) -> Path:
+    return shipped.resolve_name(str(text))
+
+
+def data_dir_option(help: str) -> Any:
+    """A folder of datasets, by default the shipped ones (`valueprobe.datasets.shipped.DATA_DIR`)."""
+    return typer.Option(help=f"{help} (default: the shipped datasets)", show_default=False)
+
+
+# What a folder of datasets defaults to: the package's own copy of data/, readable from any folder.
+SHIPPED_DATA = shipped.DATA_DIR
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="alias (smollm2-135m), model folder, .gguf, or hub id")

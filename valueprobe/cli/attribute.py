@@ -24,6 +24,7 @@ from valueprobe.attribute.parts import merge_runs
 from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import AttributeSettings, Behaviour, Method, Source, run_attribution
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     ChatTemplateOpt,
     DeviceMapOpt,
     DeviceOpt,
@@ -37,6 +38,9 @@ from valueprobe.cli.app import (
     TrustOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     replicate_app,
     run_sharded,
     table,
@@ -63,9 +67,9 @@ BehaviourOpt = Annotated[
 ]
 
 
-ProbeOpt = Annotated[Path, typer.Option(help="probe folder (probes/NAME)")]
+ProbeOpt = Annotated[Path, probe_option("the axis attributed")]
 DataOpt = Annotated[
-    list[Path], typer.Option(help="dataset JSONL (repeat for several): a contrast, or matched pairs")
+    list[Path], data_option("dataset (repeat for several): a contrast, or matched pairs (icrl_pairs)")
 ]
 OutOpt = Annotated[
     Path, typer.Option(help="output folder: attribution.json, components.csv, attribution.html")
@@ -217,14 +221,12 @@ def attribute(
 
 @replicate_app.command("attribute")
 def replicate_attribute_command(
-    out: Annotated[Path, typer.Option(help="results folder (committed)")] = Path(
-        "probes/attribution-smollm2-135m"
-    ),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-attribute"),
     work: Annotated[Path, typer.Option(help="where the runs resume from")] = Path(
         "runs/attribution-smollm2-135m"
     ),
     model: ModelOpt = "smollm2-135m",
-    data: Annotated[Path, typer.Option(help="folder with icrl_pairs.jsonl")] = Path("data"),
+    data: Annotated[Path, data_dir_option("folder with icrl_pairs.jsonl")] = SHIPPED_DATA,
     device: DeviceOpt = "cpu",
     device_map: DeviceMapOpt = None,
     model_dtype: ModelDtypeOpt = ModelDtype.float32,

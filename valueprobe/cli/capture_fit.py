@@ -18,6 +18,7 @@ from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.activations.ranks import capture_ranks, rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     AllowPartialOpt,
     ChatTemplateOpt,
     DeviceMapOpt,
@@ -32,6 +33,9 @@ from valueprobe.cli.app import (
     TrustOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     replicate_app,
     run_sharded,
     table,
@@ -140,9 +144,7 @@ def _capture_ranked(
 
 @app.command()
 def capture(
-    data: Annotated[
-        Path, typer.Option(help="dataset JSONL, one example per line (format: valueprobe/datasets/io.py)")
-    ],
+    data: Annotated[Path, data_option("dataset, one example per line (format: valueprobe/datasets/io.py)")],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     layers: Annotated[
@@ -276,8 +278,8 @@ def fit(
 
 @app.command()
 def score(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    data: Annotated[Path, typer.Option(help="dataset JSONL")],
+    probe: Annotated[Path, probe_option("the axis read")],
+    data: Annotated[Path, data_option("the examples scored")],
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
     model: ModelOpt = "smollm2-135m",
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
@@ -345,9 +347,9 @@ def score(
 
 @replicate_app.command("axis")
 def replicate_axis(
-    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("probes/smollm2-135m-value"),
+    out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("runs/replicate-axis"),
     model: ModelOpt = "smollm2-135m",
-    data: Annotated[Path, typer.Option(help="folder with the committed datasets")] = Path("data"),
+    data: Annotated[Path, data_dir_option("folder with the contrast datasets")] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the activation stores go (resumable)")] = Path(
         "runs/axis-smollm2-135m"
     ),

@@ -30,6 +30,8 @@ from valueprobe.cli.app import (
     OffloadFolderOpt,
     app,
     console,
+    data_option,
+    probe_option,
     table,
 )
 from valueprobe.cli.boundary import check_at_least
@@ -81,8 +83,8 @@ PolicyOpt = Annotated[str, typer.Option(help=f"{' | '.join(POLICIES)}")]
 
 @app.command("guide")
 def guide_command(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    prompts: Annotated[Path, typer.Option(help="prompts JSONL (text or chat rows)")],
+    probe: Annotated[Path, probe_option("the axis that guides")],
+    prompts: Annotated[Path, data_option("prompts (text or chat rows)")],
     out: Annotated[Path, typer.Option(help="output folder: guide.jsonl and summary.json")],
     model: ModelOpt = "smollm2-135m",
     policy: PolicyOpt = "best-of-n",

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, table
+from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, probe_option, table
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
 from valueprobe.model.load import check_model_folder, load
@@ -43,7 +43,7 @@ _STRENGTH = {
 
 @app.command("export")
 def export_command(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    probe: Annotated[Path, probe_option("the axis exported")],
     to: Annotated[str, typer.Option(help=f"{' | '.join(FORMATS)}")],
     out: Annotated[Path, typer.Option(help="file to write (.gguf, or .safetensors for steering-vectors)")],
     model: ModelOpt = "smollm2-135m",

@@ -2,10 +2,13 @@
 
     valueprobe demo
     valueprobe datasets build --family all --out data --seed 0
-    valueprobe capture --model smollm2-135m --data data/icrl.jsonl --layers all --positions spans --out runs/icrl
-    valueprobe fit --store runs/icrl --method span_diff --out probes/smollm2-135m-value
-    valueprobe score --probe probes/smollm2-135m-value --model smollm2-135m --data data/code.jsonl --out runs/score-code
+    valueprobe capture --model smollm2-135m --data icrl --layers all --positions spans --out runs/icrl
+    valueprobe fit --store runs/icrl --method span_diff --out runs/my-axis
+    valueprobe score --probe smollm2-135m-value --model smollm2-135m --data code --out runs/score-code
     valueprobe report --from runs/demo
+
+``--probe`` takes a shipped axis's name or a folder, ``--data``/``--prompts`` a shipped dataset's
+name or a JSONL path (`valueprobe.probe.registry`, `valueprobe.datasets.shipped`).
 
 Every command prints a short summary table and writes JSON/CSV next to any HTML. Every command
 checks its output path and parameters before it loads a model or reads data. Any failure ends in
@@ -44,8 +47,9 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least, run_app
 from valueprobe.datasets import build
-from valueprobe.files import check_output_dir, check_output_file
+from valueprobe.files import PACKAGE_DIR, check_output_dir, check_output_file
 from valueprobe.model.load import check_device, check_model_folder
+from valueprobe.probe.registry import resolve_name
 from valueprobe.replicate.demo import run_demo
 from valueprobe.report.page import SECTIONS, load_results, write_report
 
@@ -109,15 +113,32 @@ def datasets_build(
 # --- report ---
 
 
+def _results_folder(text: str | Path) -> Path:
+    """``--from``: a folder, or a shipped axis by name (`valueprobe.probe.registry`)."""
+    return resolve_name(str(text))
+
+
 @app.command()
 def report(
     from_: Annotated[
-        Path, typer.Option("--from", help="folder with results.json (valueprobe demo) or a probe folder")
+        Path,
+        typer.Option(
+            "--from",
+            parser=_results_folder,
+            metavar="FOLDER|NAME",
+            help="folder with results.json (valueprobe demo), a probe folder, or a shipped axis's name",
+        ),
     ],
-    out: Annotated[Path | None, typer.Option(help="HTML file to write (default: FROM/report.html)")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="HTML file to write (default: FROM/report.html; runs/NAME/report.html for a shipped axis)"
+        ),
+    ] = None,
 ) -> None:
     """Rebuild one self-contained HTML report (plotly inlined, opens offline) from saved results."""
-    target = check_output_file(out or from_ / "report.html")
+    shipped = from_.resolve().is_relative_to(PACKAGE_DIR)  # never write into the installed package
+    target = check_output_file(out or (Path("runs") / from_.name if shipped else from_) / "report.html")
     results = load_results(from_)
     path = write_report(results, target)
     present = {s.key for s in SECTIONS if s.key in results.sections}

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     DeviceMapOpt,
     DeviceOpt,
     LoadOptions,
@@ -22,6 +23,7 @@ from valueprobe.cli.app import (
     ModelOpt,
     OffloadFolderOpt,
     console,
+    data_dir_option,
     replicate_app,
     table,
 )
@@ -31,6 +33,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.registry import probe_path
 from valueprobe.replicate.guide import TASK_FILES, GuideRun, replicate_guide
 from valueprobe.vocab import ModelDtype
 
@@ -53,12 +56,13 @@ def _task_files(data: Path, tasks: str) -> dict[str, Path]:
 
 @replicate_app.command("guide")
 def replicate_guide_command(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/guide-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-guide"),
     model: ModelOpt = "smollm2-135m",
     probes: Annotated[
-        str, typer.Option(help="comma list of probe folders; the first is read while generating")
-    ] = ("probes/smollm2-135m-value,probes/smollm2-135m-reward-history"),
-    data: Annotated[Path, typer.Option(help="folder with data/task_*.jsonl")] = Path("data"),
+        str,
+        typer.Option(help="comma list of shipped axes or probe folders; the first is read while generating"),
+    ] = "smollm2-135m-value,smollm2-135m-reward-history",
+    data: Annotated[Path, data_dir_option("folder with task_*.jsonl")] = SHIPPED_DATA,
     tasks: Annotated[str, typer.Option(help="comma list of arithmetic, code")] = "arithmetic",
     prompts: Annotated[int, typer.Option(help="prompts per task, spread over its groups")] = 24,
     samples: Annotated[int, typer.Option(help="N: samples per prompt")] = 8,
@@ -97,7 +101,7 @@ def replicate_guide_command(
     policies: list[Policy] = [prune, *rollbacks]
     for policy in policies:
         as_policy(policy)  # checked before the model loads: a quantile outside (0, 1), τ not a number...
-    paths = [Path(p.strip()) for p in probes.split(",") if p.strip()]
+    paths = [probe_path(p.strip()) for p in probes.split(",") if p.strip()]
     if not paths:
         raise ValueprobeError("--probes: give at least one probe folder")
     axes = {p.name: ValueAxis.load(p) for p in paths}

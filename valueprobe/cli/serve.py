@@ -32,6 +32,7 @@ from valueprobe.cli.app import (
     TrustOpt,
     app,
     console,
+    probe_option,
     table,
 )
 from valueprobe.errors import ValueprobeError
@@ -79,7 +80,7 @@ ENGINES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[ServeOptions], E
 
 @app.command("serve")
 def serve_cmd(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME): the axis requests steer along")],
+    probe: Annotated[Path, probe_option("the axis requests steer along")],
     model: ModelOpt = "smollm2-135m",
     engine: Annotated[str, typer.Option(help="hf (transformers, batched per-row α) or vllm")] = "hf",
     host: Annotated[

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     ControlsOpt,
     DeviceMapOpt,
     DeviceOpt,
@@ -33,6 +34,9 @@ from valueprobe.cli.app import (
     ShardOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     renamed,
     replicate_app,
     run_sharded,
@@ -43,6 +47,7 @@ from valueprobe.cli.boundary import check_at_least
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.engines.vllm_generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import check_output_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer import parse_benchmarks, parse_rows, plan, replicate_steer
 from valueprobe.report.effects import dose_response_figure
@@ -70,9 +75,11 @@ def _read_prompts(path: Path, limit: int | None):
 
 
 def _check_numbers(
-    *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
+    out: Path, *, batch_size: int, bootstrap: int, limit: int | None, temperature: float, greedy: bool
 ) -> None:
-    """The numeric options `check_settings` does not see, refused before any work."""
+    """``--out`` (a folder it can write) and the numeric options `check_settings` does not see,
+    refused before any work."""
+    check_output_dir(out, holds="steering sweep")
     check_at_least("--batch-size", batch_size, 1)
     check_at_least("--bootstrap", bootstrap, 0)
     check_at_least("--limit", limit, 1)
@@ -107,7 +114,7 @@ OpOpt = Annotated[
     ),
 ]
 EngineOpt = Annotated[
-    str, typer.Option(help="hf (transformers hooks) or vllm (the [vllm] extra: one request per row)")
+    str, typer.Option(help="hf (transformers hooks) or vllm (the vllm extra: one request per row)")
 ]
 SiteOpt = Annotated[
     HookSite | None, typer.Option(help="resid_post | resid_pre | attn_out | mlp_out; default the probe's")
@@ -117,8 +124,8 @@ SiteOpt = Annotated[
 @app.command("steer")
 def steer_command(
     ctx: typer.Context,
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
-    prompts: Annotated[Path, typer.Option(help="prompts JSONL, e.g. data/steer_code.jsonl")],
+    probe: Annotated[Path, probe_option("the axis steered")],
+    prompts: Annotated[Path, data_option("prompts, e.g. steer_code")],
     out: Annotated[Path, typer.Option(help="output folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
     alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-2,-1,0,1,2",
@@ -127,7 +134,7 @@ def steer_command(
     max_new_tokens: int = 48,
     random_directions: RandomDirectionsOpt = 8,
     controls: ControlsOpt = None,
-    other_probe: Annotated[Path | None, typer.Option(help="another axis, steered as a control")] = None,
+    other_probe: Annotated[Path | None, probe_option("another axis, steered as a control")] = None,
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None,
     metrics: Annotated[str | None, typer.Option(help="comma list; default by prompt set")] = None,
     limit: Annotated[int | None, typer.Option(help="only the first N prompts")] = None,
@@ -155,7 +162,7 @@ def steer_command(
     _check_engine(engine, op=op, site=site, shard=shard, device_map=device_map)
     how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     _check_numbers(
-        batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
+        out, batch_size=batch_size, bootstrap=bootstrap, limit=limit, temperature=temperature, greedy=greedy
     )
     axis = ValueAxis.load(probe)
     other = ValueAxis.load(other_probe) if other_probe is not None else None
@@ -273,6 +280,12 @@ def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, .
     return chosen
 
 
+def _check_outputs(out: Path, runs: Path) -> None:
+    """``--out`` and ``--runs`` of `replicate steer`, folders it can write, before the model loads."""
+    check_output_dir(out, holds="steering results")
+    check_output_dir(runs, holds="steering sweeps", option="--runs")
+
+
 def _check_tokens(tokens: float) -> None:
     if not (math.isfinite(tokens) and tokens > 0):
         raise ValueprobeError(
@@ -291,13 +304,13 @@ RowsOpt = Annotated[
 @replicate_app.command("steer")
 def replicate_steer_command(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/steering-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-steer"),
     model: ModelOpt = "smollm2-135m",
-    probe: Annotated[Path, typer.Option(help="the axis steered")] = Path("probes/smollm2-135m-value"),
-    other_probe: Annotated[Path, typer.Option(help="the other shipped axis (a control)")] = Path(
-        "probes/smollm2-135m-reward-history"
+    probe: Annotated[Path, probe_option("the axis steered")] = Path("smollm2-135m-value"),
+    other_probe: Annotated[Path, probe_option("the other axis (a control)")] = Path(
+        "smollm2-135m-reward-history"
     ),
-    data: Annotated[Path, typer.Option(help="folder with data/steer_*.jsonl")] = Path("data"),
+    data: Annotated[Path, data_dir_option("folder with steer_*.jsonl")] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
         "runs/steer-smollm2-135m"
     ),
@@ -329,6 +342,7 @@ def replicate_steer_command(
     _check_tokens(tokens)
     chosen = parse_rows(rows)
     names = parse_benchmarks(benchmarks)
+    _check_outputs(out, runs)
     axis, other = ValueAxis.load(probe), ValueAxis.load(other_probe)
     shared: dict[str, Any] = {
         "rows": chosen,

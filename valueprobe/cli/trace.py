@@ -24,6 +24,7 @@ from valueprobe.cli.app import (
     TrustOpt,
     app,
     console,
+    probe_option,
     table,
 )
 from valueprobe.errors import ValueprobeError
@@ -38,7 +39,7 @@ __all__ = ["trace_cmd"]
 
 @app.command("trace")
 def trace_cmd(
-    probe: Annotated[Path, typer.Option(help="probe folder (probes/NAME)")],
+    probe: Annotated[Path, probe_option("the axis read and steered")],
     prompt: Annotated[str, typer.Option(help="the text to read (sent as a user turn with --chat)")],
     out: Annotated[Path, typer.Option(help="output folder: trace.html, trace.csv")],
     model: ModelOpt = "smollm2-135m",

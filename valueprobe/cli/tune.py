@@ -18,6 +18,7 @@ import typer
 
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.cli.app import (
+    SHIPPED_DATA,
     DeviceMapOpt,
     DeviceOpt,
     ForceOpt,
@@ -29,6 +30,9 @@ from valueprobe.cli.app import (
     TrustOpt,
     app,
     console,
+    data_dir_option,
+    data_option,
+    probe_option,
     replicate_app,
     run_sharded,
     table,
@@ -39,6 +43,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.registry import probe_path
 from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
 from valueprobe.replicate.dpo_words import write_report as write_words
 from valueprobe.replicate.safety import replicate_safety as run_safety
@@ -73,9 +78,7 @@ def tune(
         TuneMethod,
         typer.Argument(help="dpo: TRL's DPOTrainer (sigmoid loss) | sft: SFTTrainer on prompt + chosen"),
     ],
-    data: Annotated[
-        Path, typer.Option(help="pairs JSONL: prompt/chosen/rejected, or data/preference_*.jsonl rows")
-    ],
+    data: Annotated[Path, data_option("pairs: prompt/chosen/rejected rows, or preference_* dataset rows")],
     out: Annotated[Path, typer.Option(help="checkpoint folder (written as OUT.partial, renamed when done)")],
     model: ModelOpt = "smollm2-135m",
     lora: Annotated[
@@ -125,13 +128,13 @@ def tune(
 
 
 ShippedAxes = Annotated[
-    str, typer.Option(help="probe folders, comma separated (each read at its best layer)")
+    str, typer.Option(help="shipped axes or probe folders, comma separated (each read at its best layer)")
 ]
-SHIPPED = "probes/smollm2-135m-value,probes/smollm2-135m-reward-history"
+SHIPPED = "smollm2-135m-value,smollm2-135m-reward-history"
 
 
 def _axes(spec: str) -> dict[str, ValueAxis]:
-    paths = [Path(p.strip()) for p in spec.split(",") if p.strip()]
+    paths = [probe_path(p.strip()) for p in spec.split(",") if p.strip()]
     return {p.name: ValueAxis.load(p) for p in paths}
 
 
@@ -165,10 +168,10 @@ def _replicate(run: Callable[..., R], inputs: _Inputs, **options: object) -> R:
 
 @replicate_app.command("dpo-words")
 def replicate_dpo_words(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/dpo-words-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-dpo-words"),
     model: ModelOpt = "smollm2-135m",
     probes: ShippedAxes = SHIPPED,
-    data: Annotated[Path, typer.Option(help="folder with preference_words*.jsonl")] = Path("data"),
+    data: Annotated[Path, data_dir_option("folder with preference_words*.jsonl")] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the tuned checkpoints go (reused on rerun)")] = Path(
         "runs/dpo-words-smollm2-135m"
     ),
@@ -200,12 +203,12 @@ def replicate_dpo_words(
 
 @replicate_app.command("safety")
 def replicate_safety(
-    out: Annotated[Path, typer.Option(help="results folder")] = Path("probes/safety-smollm2-135m"),
+    out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-safety"),
     model: ModelOpt = "smollm2-135m",
     probes: ShippedAxes = SHIPPED,
     data: Annotated[
-        Path, typer.Option(help="folder with preference_safety, refusal, sensitive JSONL")
-    ] = Path("data"),
+        Path, data_dir_option("folder with preference_safety, refusal, sensitive JSONL")
+    ] = SHIPPED_DATA,
     runs: Annotated[Path, typer.Option(help="where the tuned checkpoint goes (reused on rerun)")] = Path(
         "runs/safety-smollm2-135m"
     ),
@@ -236,10 +239,10 @@ def replicate_safety(
 
 @app.command("shift")
 def shift_cmd(
-    probe: Annotated[Path, typer.Option(help="probe folder of the base model (probes/NAME)")],
+    probe: Annotated[Path, probe_option("the base model's axis")],
     base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
     tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
-    data: Annotated[Path, typer.Option(help="dataset JSONL; its groups are compared")],
+    data: Annotated[Path, data_option("the examples; their groups are compared")],
     out: Annotated[Path, typer.Option(help="new folder: shift.json, examples.csv, shift.html")],
     by: Annotated[str, typer.Option(help="group examples by: group | label | meta.KEY")] = "group",
     targeted: Annotated[str, typer.Option(help="comma-separated groups the tuning aimed at")] = "",

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from valueprobe.datasets.shipped import resolve_name, shipped_datasets
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_bytes, sha256_file
 
@@ -206,14 +207,22 @@ def example_from_dict(d: dict, *, where: str) -> Example:
 def read_jsonl(path: str | Path) -> list[Example]:
     """Read and validate a dataset file; any problem raises :class:`ValueprobeError` naming ``file:line``.
 
-    Blank lines are skipped; a file with no examples, duplicate ids, bad JSON, missing fields and
-    spans outside their text are all errors.
+    ``path`` may also name a shipped dataset (``read_jsonl("code")``, see
+    :mod:`valueprobe.datasets.shipped`). Blank lines are skipped; a file with no examples, duplicate
+    ids, bad JSON, missing fields and spans outside their text are all errors.
     """
-    path = Path(path)
+    path = resolve_name(path)
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise ValueprobeError(f"{path}: cannot read dataset ({e.strerror or e}); check the path") from None
+        names = (
+            f", or give a shipped dataset's name ({', '.join(shipped_datasets())})"
+            if not path.exists()
+            else ""
+        )
+        raise ValueprobeError(
+            f"{path}: cannot read dataset ({e.strerror or e}); check the path{names}"
+        ) from None
     try:
         content = raw.decode("utf-8-sig")  # a leading BOM (Windows editors) is not part of the data
     except UnicodeDecodeError as e:

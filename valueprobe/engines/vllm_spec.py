@@ -1,6 +1,6 @@
 """One request's steering as it travels to vLLM's workers: ``SamplingParams.extra_args["valueprobe"]``.
 
-    >>> spec = VllmSteer(probe="/abs/probes/smollm2-135m-value", alpha=2.0, layer=20)
+    >>> spec = VllmSteer(probe="smollm2-135m-value", alpha=2.0, layer=20)   # a shipped name, or an absolute path
     >>> SamplingParams(max_tokens=32, extra_args=spec.extra_args())     # the offline LLM
     >>> {"model": ..., "prompt": ..., "vllm_xargs": {"valueprobe": json.dumps(spec.to_dict())}}   # over HTTP
 
@@ -24,7 +24,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +45,7 @@ class VllmSteer:
     """One request's steering and readout, as plain JSON values.
 
     Attributes:
-        probe: the probe folder (an absolute path every worker can read).
+        probe: a shipped axis's name, or the probe folder (an absolute path every worker can read).
         alpha: strength in ``unit``; 0 adds nothing (bit-identical to no steering).
         unit: ``sigma``, ``norm`` or ``raw`` (`valueprobe.vocab.Unit`).
         layer: the axis layer steered (and read, unless ``read_layer``); None: the probe's best.
@@ -182,9 +181,11 @@ class Resolved:
 
 @lru_cache(maxsize=64)
 def _axis(probe: str) -> ValueAxis:
-    if not Path(probe).is_dir():
-        raise ValueprobeError(f"{EXTRA_KEY}.probe: {probe} is not a probe folder")
-    return ValueAxis.load(probe)
+    """A probe folder, or a shipped axis by name (`valueprobe.probe.registry`)."""
+    try:
+        return ValueAxis.load(probe)
+    except ValueprobeError as e:
+        raise ValueprobeError(f"{EXTRA_KEY}.probe: {e}") from None
 
 
 def _block(axis: ValueAxis, layer: int, site: str, field: str) -> int:

@@ -4,7 +4,7 @@ Fitted by :func:`valueprobe.probe.layer_sweep.fit_store` / :func:`valueprobe.pro
 folder (``axis.safetensors`` + ``probe.json``), and read back checked against the model::
 
     from valueprobe.probe.axis import ValueAxis
-    axis = ValueAxis.load("probes/value-smollm2", lm=lm)        # checks d_model + fingerprint
+    axis = ValueAxis.load("smollm2-135m-value", lm=lm)          # a shipped axis; checks d_model + fingerprint
     axis.score(h, layer=18)                                     # (h·v̂ − μ)/σ
     (axis_a - axis_b).save("probes/diff")                       # μ, σ uncalibrated until calibrate()
 
@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, atomic_write_text, jsonable, record_from_dict
 from valueprobe.model.fingerprint import check_model, check_records
+from valueprobe.probe.registry import probe_path
 from valueprobe.version import __version__
 from valueprobe.vocab import Site, Unit, choice, layer_ranges
 
@@ -93,7 +94,7 @@ class ValueAxis:
     the operation, the layers and the `provenance` of both axes. ``axis[18]`` keeps one layer.
     Readouts (``project``, ``score``) ignore ``scale``.
 
-    >>> axis = ValueAxis.load("probes/value-smollm2", lm=lm)
+    >>> axis = ValueAxis.load("smollm2-135m-value", lm=lm)
     >>> (-axis).score(h, layer=18) == -axis.score(h, layer=18)
     """
 
@@ -361,20 +362,27 @@ class ValueAxis:
 
     @classmethod
     def load(cls, path: str | Path, *, lm: LoadedModel | None = None, force: bool = False) -> ValueAxis:
-        """Read a probe folder; with ``lm``, also :meth:`check` it against the model."""
-        path = Path(path)
+        """Read a probe folder, or a shipped axis by name; with ``lm``, also :meth:`check` it against the model.
+
+        >>> ValueAxis.load("smollm2-135m-value").best_layer      # a shipped axis (valueprobe.probe.registry)
+        20
+        >>> ValueAxis.load("probes/my-axis", lm=lm)                # a folder written by fit or save
+        """
+        path = probe_path(path)
         meta_path, tensor_path = path / "probe.json", path / "axis.safetensors"
         if not meta_path.is_file() or not tensor_path.is_file():
             raise ValueprobeError(f"{path} is not a probe folder: it needs probe.json and axis.safetensors")
         try:
             info = json.loads(meta_path.read_text(encoding="utf-8"))
             version = int(info["format_version"])
-            tensors = load_file(str(tensor_path))
+            # a newer format is named as such before its tensors are read (their layout may have changed)
+            tensors = load_file(str(tensor_path)) if version <= FORMAT_VERSION else {}
         except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
             raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
         if version > FORMAT_VERSION:
             raise ValueprobeError(
-                f"{meta_path}: format_version {version} is newer than this valueprobe reads ({FORMAT_VERSION}); upgrade"
+                f"{meta_path}: format_version {version} is newer than this valueprobe {__version__} reads"
+                f" ({FORMAT_VERSION}): upgrade valueprobe (pip install -U valueprobe)"
             )
         try:
             axis = cls(

@@ -1,16 +1,17 @@
 """Where value comes from, on the shipped axes: direct attribution, patching and ablation, with nulls.
 
     valueprobe replicate attribute --out probes/attribution-smollm2-135m --work runs/attribution-smollm2-135m
+    valueprobe replicate attribute        # writes runs/replicate-attribute, reads the shipped axes and data
 
 On the reward-flip pairs (``data/icrl_pairs.jsonl``: one conversation, its rule-satisfying round
 scored +1 or -1), read on the ``post`` span of the post-discovery paragraph:
 
-* **reward-history axis** (``probes/smollm2-135m-reward-history``): which heads and MLPs write the
+* **reward-history axis** (``smollm2-135m-reward-history``): which heads and MLPs write the
   rewarded-vs-flipped gap (direct attribution, random-direction null, ablation of the top k against
   random sets of the same kinds); which carry it from the flipped token to the read (exact patching
   of the first pairs, heads, MLPs and residual cells, both directions); attribution patching of more
   pairs, and its agreement with exact patching on the pairs both ran;
-* **pre/post axis** (``probes/smollm2-135m-value``): which components write its post-vs-pre gap,
+* **pre/post axis** (``smollm2-135m-value``): which components write its post-vs-pre gap,
   read on every token of the paragraph (so each term's correlation with token position is
   measured): do position-tracking components dominate? Attribution patching of the pairs shows
   how much of the reward history reaches it.
@@ -44,15 +45,18 @@ from valueprobe.attribute.run import (
     write_result,
 )
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.shipped import DATA_DIR
 from valueprobe.files import atomic_write_text, jsonable
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.registry import probe_path
 from valueprobe.vocab import Positions, Target
 
 __all__ = ["JOBS", "Job", "replicate_attribute", "summary_lines"]
 
 PAIRS = "icrl_pairs.jsonl"
-HISTORY, VALUE = "probes/smollm2-135m-reward-history", "probes/smollm2-135m-value"
+# shipped axes by name (`valueprobe.probe.registry`): the same bytes as probes/NAME, from any folder
+HISTORY, VALUE = "smollm2-135m-reward-history", "smollm2-135m-value"
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,9 @@ def _run(
 ) -> Attribution:
     examples = read_jsonl(data)
     axis = ValueAxis.load(job.probe, lm=lm)
-    probe = Path(job.probe)
+    probe = probe_path(job.probe)
     source = Source(
-        str(probe),
+        job.probe,
         sha256_file(probe / "axis.safetensors"),
         (DatasetInfo(str(data), sha256_file(data), len(examples)),),
     )
@@ -126,7 +130,7 @@ def replicate_attribute(
     out: str | Path,
     *,
     work: str | Path,
-    data_dir: str | Path = "data",
+    data_dir: str | Path = DATA_DIR,
     jobs: Sequence[Job] = JOBS,
     progress: bool = True,
     announce: Callable[[str], object] = lambda line: None,

@@ -28,6 +28,7 @@ import numpy as np
 
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.shipped import DATA_DIR
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
@@ -158,7 +159,7 @@ def matched_control(
 def replicate_axis(
     lm: LoadedModel,
     *,
-    data_dir: str | Path = "data",
+    data_dir: str | Path = DATA_DIR,
     runs_dir: str | Path = "runs/axis",
     out: str | Path | None = None,
     n_splits: int = 5,
@@ -172,6 +173,7 @@ def replicate_axis(
 
     Returns the :class:`valueprobe.probe.fit.FitReport` of the main axis (its axis carries every
     metric); with ``history_out`` also fits and saves the matched-control axis (see module doc).
+    ``data_dir`` defaults to the shipped datasets (`valueprobe.datasets.shipped`).
     """
     for spec in FAMILIES.values():
         if not (Path(data_dir) / spec.file).exists():

@@ -1,7 +1,7 @@
 """Preference pairs: the data that ``valueprobe tune`` trains on, and its provenance record.
 
     >>> from valueprobe.tune.pairs import read_pairs
-    >>> pairs = read_pairs("data/preference_words.jsonl", groups=["preference_words/dolphin"])
+    >>> pairs = read_pairs("preference_words", groups=["preference_words/dolphin"])  # shipped, or a path
     >>> pairs[0].chosen, len(pairs)   # doctest: +SKIP
 
 A pairs file is JSONL in TRL's form (prompt/chosen/rejected) or valueprobe's dataset rows
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from valueprobe.datasets.shipped import resolve_name
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import sha256_file
 
@@ -47,7 +48,7 @@ def read_pairs(
 
     - TRL's: ``{"prompt": str | [messages], "chosen": str, "rejected": str}``;
     - valueprobe's dataset rows: ``{"messages": [...], "meta": {"chosen": ..., "rejected": ...}}``
-      (``data/preference_*.jsonl``).
+      (``data/preference_*.jsonl``; the shipped ones by name: ``read_pairs("preference_words")``).
 
     Args:
         groups: keep rows whose ``group`` is one of these.
@@ -56,7 +57,7 @@ def read_pairs(
     Raises:
         ValueprobeError: ``file:line`` for a line that is not JSON or lacks prompt/chosen/rejected.
     """
-    path = Path(path)
+    path = resolve_name(path)
     if not path.is_file():
         raise ValueprobeError(f"pairs file {path} not found: pass a JSONL of prompt/chosen/rejected rows")
     pairs: list[Pair] = []
@@ -118,9 +119,9 @@ def read_pairs(
 
 
 def data_record(path: str | Path, **selection: Any) -> dict[str, Any]:
-    """Provenance of a pairs file and the rows taken from it."""
+    """Provenance of a pairs file (a path, or a shipped dataset's name) and the rows taken from it."""
     return {
         "path": str(path),
-        "sha256": sha256_file(path),
+        "sha256": sha256_file(resolve_name(path)),
         **{k: v for k, v in selection.items() if v is not None},
     }

@@ -1,0 +1,81 @@
+"""The documentation says only what is here: the README stays short, every repo-relative link in the
+README and the docs resolves, every page is in the site's nav, and the README's set-up commands are
+the ones CI runs. ``.ci/docs`` builds the site itself (``mkdocs build --strict``, no network).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = sorted(
+    [README, ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")],
+    key=lambda p: p.relative_to(ROOT).as_posix(),
+)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:")
+
+
+def links(path: Path) -> list[str]:
+    """The relative link targets of a markdown file (code blocks left out, anchors cut off)."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    targets = (m.group(1).split("#")[0] for m in LINK.finditer(text))
+    return [t for t in targets if t and not SCHEME.match(t)]
+
+
+def test_the_readme_is_at_most_200_lines():
+    n = len(README.read_text(encoding="utf-8").splitlines())
+    assert n <= 200, f"README.md has {n} lines: move detail to a page under docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_every_relative_link_resolves_inside_the_repository(page):
+    found = links(page)
+    for target in found:
+        assert not target.startswith("/"), f"{page.name}: {target} is absolute; link relative to the page"
+        path = (page.parent / target).resolve()
+        assert path.is_relative_to(ROOT), f"{page.name}: {target} leaves the repository"
+        assert path.exists(), f"{page.name}: {target} does not exist"
+
+
+def test_the_link_check_sees_links_and_fails_on_a_broken_one(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("[a](x.md) ![b](img/y.png#top) [c](https://e.org) [d](#here)\n```\n[e](z.md)\n```\n")
+    assert links(page) == ["x.md", "img/y.png"]
+    assert not (tmp_path / "x.md").exists()  # so the test above would fail on this page
+
+
+def _nav_entries(nav) -> list[str]:
+    out = []
+    for item in nav:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            for value in item.values():
+                out += _nav_entries(value) if isinstance(value, list) else [value]
+    return out
+
+
+def test_every_docs_page_and_notebook_is_in_the_nav():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    nav = set(_nav_entries(config["nav"]))
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    notebooks = {p.relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("*.ipynb")}
+    missing = sorted((pages | notebooks) - nav)
+    assert not missing, f"not in mkdocs.yml's nav (one line each): {missing}"
+    for entry in nav - pages - notebooks:  # the rest are repository files the docs link to
+        assert (ROOT / entry).is_file(), f"mkdocs.yml's nav names {entry}, which does not exist"
+
+
+def test_the_readme_set_up_commands_are_what_ci_runs():
+    readme, ci = README.read_text(encoding="utf-8"), (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    test_command = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -m "not gpu"'
+    assert test_command in readme and test_command in ci
+    assert "pip install torch==2.13.0 && pip install -e . && valueprobe demo" in readme
+    assert "bash .ci/wheel-check" in ci and "bash .ci/docs" in ci
