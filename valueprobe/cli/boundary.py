@@ -54,7 +54,7 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
         with command.make_context("valueprobe", args) as ctx:
             command.invoke(ctx)
     except KeyboardInterrupt:
-        fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun `capture` to resume it)")
+        fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun the same command to resume)")
     except typer.Exit as exc:  # --help and friends
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
