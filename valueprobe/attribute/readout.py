@@ -9,7 +9,7 @@ The read is the mean, over an example's read rows (the token rows capture select
 a span's tokens...), of the σ-score ``(h_L·v̂ − μ)/σ``: a fixed weighted sum of per-token
 projections, so a run that recomputes only some positions adds the rest as a constant. The
 behaviour is ``log P(yes) − log P(no)`` at the last token, each word's single-token forms pooled
-(`valueprobe.steering.yes_no.answer_tokens`): the yes/no logit difference, for data whose rows end
+(`valueprobe.steering.experiment.yes_no.answer_tokens`): the yes/no logit difference, for data whose rows end
 on a yes/no question (``meta.behaviour = "yes_no"``).
 """
 
@@ -29,7 +29,7 @@ from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.yes_no import answer_tokens
+from valueprobe.steering.experiment.yes_no import answer_tokens
 
 __all__ = ["Readout", "cache_kwargs", "wants_behaviour"]
 

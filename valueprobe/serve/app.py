@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -153,14 +153,6 @@ class _Exchange:
         )
 
 
-async def _run(
-    engine: Engine, req: SteerRequest
-) -> tuple[list[AsyncGenerator[Chunk, None]], list[Chunk | None]]:
-    """Every choice of ``req`` submitted, each through the stop layer, and each one's first chunk."""
-    streams = [until_stop(r, engine.submit(r)) for r in req.choices()]
-    return streams, await first_chunks(streams)
-
-
 def _handler(ctx: _Context, *, chat: bool) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         ex = _Exchange(ctx, Tally("chat" if chat else "completions", time.monotonic()))
@@ -196,7 +188,10 @@ async def _answer(ex: _Exchange, request: Request, *, chat: bool) -> Response:
         if not isinstance(stream, bool):
             raise RequestError("stream", f"must be true or false, got {stream!r}")
         async with asyncio.timeout(ctx.ops.request_timeout):
-            streams, firsts = await _run(ctx.engine, req)
+            # each choice through the stop layer, which takes the stops alone (α's walk: app, protocol,
+            # engine, rows, handle, operators; tests/test_alpha_walk.py)
+            streams = [until_stop(r.stop, r.stop_token_ids, ctx.engine.submit(r)) for r in req.choices()]
+            firsts = await first_chunks(streams)
             if not stream:
                 got: list[list[Chunk]] = [[] for _ in streams]
                 async for i, c in merged(streams, firsts):

@@ -1,7 +1,7 @@
 """The request layer every engine shares between its token stream and the response: ``stop``
 strings and token ids, and ``n`` choices run side by side.
 
-    >>> streams = [until_stop(r, engine.submit(r)) for r in request.choices()]
+    >>> streams = [until_stop(r.stop, r.stop_token_ids, engine.submit(r)) for r in request.choices()]
     >>> firsts = await first_chunks(streams)              # a refusal here is still a 400
     >>> async for index, chunk in merged(streams, firsts): ...
 
@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import replace
 
-from valueprobe.serve.protocol import Chunk, SteerRequest
+from valueprobe.serve.protocol import Chunk
 
 __all__ = ["first_chunks", "merged", "until_stop"]
 
@@ -26,9 +26,9 @@ __all__ = ["first_chunks", "merged", "until_stop"]
 class _Stops:
     """The text a choice has made, how much of it was sent, and where a stop string falls."""
 
-    def __init__(self, request: SteerRequest) -> None:
-        self.strings = request.stop
-        self.ids = set(request.stop_token_ids)
+    def __init__(self, strings: Sequence[str], ids: Sequence[int]) -> None:
+        self.strings = tuple(strings)
+        self.ids = set(ids)
         self.hold = max((len(s) for s in self.strings), default=1) - 1
         self.text = ""
         self.sent = 0
@@ -51,14 +51,16 @@ class _Stops:
 
 
 async def until_stop(
-    request: SteerRequest, chunks: AsyncGenerator[Chunk, None]
+    stop: Sequence[str], stop_token_ids: Sequence[int], chunks: AsyncGenerator[Chunk, None]
 ) -> AsyncGenerator[Chunk, None]:
-    """``chunks`` up to the request's first stop (or its own end)."""
-    if not (request.stop or request.stop_token_ids):
+    """``chunks`` up to the first of a request's ``stop`` strings or ``stop_token_ids`` (or their
+    own end). It takes the stops alone, not the request: α never passes through this module
+    (tests/test_alpha_walk.py)."""
+    if not (stop or stop_token_ids):
         async for chunk in chunks:
             yield chunk
         return
-    stops = _Stops(request)
+    stops = _Stops(stop, stop_token_ids)
     try:
         async for chunk in chunks:
             out = stops.take(chunk)

@@ -38,7 +38,7 @@ from valueprobe.hooks.decode import Additions
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.hook.condition import Gate
-from valueprobe.steering.hook.resident import OnDevice, Scorer
+from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import SteeringSpec, SteerPoint, as_spec, check_phase
 from valueprobe.vocab import Op, Site
 
@@ -97,14 +97,24 @@ class Steering(Handle):
     @property
     def alpha(self) -> Tensor:
         """``[batch]`` (or one) strengths on the host; setting it drops the device copies."""
-        return self._alpha.host
+        return self._alpha_host
 
     @alpha.setter
     def alpha(self, value: float | Tensor) -> None:
         host = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
-        self._alpha = OnDevice(host)
+        # α's copies per device, kept here (not in an `OnDevice`): α crosses no module it need not
+        # (tests/test_alpha_walk.py); the first forward on a device pays the copy, later steps reuse it
+        self._alpha_host = host
+        self._alpha_on: dict[torch.device, Tensor] = {host.device: host}
         # known on the host, so no step asks the device: all-zero α leaves every forward alone
         self._idle = host.device.type == "cpu" and not bool(host.any())
+
+    def _alpha_at(self, device: torch.device) -> Tensor:
+        """α on ``device``, copied there the first time only."""
+        copy = self._alpha_on.get(device)
+        if copy is None:
+            copy = self._alpha_on[device] = self._alpha_host.to(device)
+        return copy
 
     def attach(self) -> Steering:
         """Put the hooks on the model (one per steered point, a recorder per read layer); returns
@@ -189,7 +199,7 @@ class Steering(Handle):
             if self.source is not None:
                 alpha = self.source(target, h, step, cells)
             else:
-                a = self._alpha.on(h.device)
+                a = self._alpha_at(h.device)
                 if a.numel() not in (1, h.shape[0]):
                     raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
