@@ -12,6 +12,7 @@ from test_attribute import contrast, pair_examples
 from test_cli import one_line_error
 from test_steer import planted_axis
 
+from valueprobe.attribute import run as run_module
 from valueprobe.attribute import work as work_module
 from valueprobe.attribute.folder import RUN, read_run
 from valueprobe.attribute.run import AttributeSettings, Source, run_attribution
@@ -92,17 +93,9 @@ def test_an_interrupted_run_resumes_to_the_same_result(tiny_lm_factory, tmp_path
         return real(self, pair)
 
     monkeypatch.setattr(work_module.PairWork, "one", flaky)
+    monkeypatch.setattr(run_module, "CHECKPOINT_SECONDS", 0.0)
     with pytest.raises(Interrupted):
-        run_attribution(
-            lm,
-            axis,
-            pair_examples(4),
-            tmp_path / "cut",
-            settings,
-            source=SRC,
-            progress=False,
-            checkpoint_seconds=0,
-        )
+        run_attribution(lm, axis, pair_examples(4), tmp_path / "cut", settings, source=SRC, progress=False)
     assert read_run(tmp_path / "cut").done == 2  # the two finished pairs are on disk
     monkeypatch.setattr(work_module.PairWork, "one", real)
     resumed = run_attribution(

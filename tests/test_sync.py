@@ -171,7 +171,12 @@ def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_f
     assert not problems, "\n".join(problems)
     with SyncCount() as count:
         call(LONG)
-    per_step = [f"{w}: {what}" for (w, what), n in count.counts.items() if n >= LONG - 1]
+    # the CPU-only shortlist's nonzero (a GPU takes the full sort) is not a copy a GPU would make
+    per_step = [
+        f"{w}: {what}"
+        for (w, what), n in count.counts.items()
+        if n >= LONG - 1 and not any(name in f"{w}: {what}" for name in CPU_ONLY)
+    ]
     assert len(per_step) == 1 and "in __call__: Tensor.tolist" in per_step[0], per_step
 
 

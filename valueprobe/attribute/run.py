@@ -258,6 +258,10 @@ def write_result(out: Path, res: Attribution) -> None:
     atomic_write_text(out / CSV, res.csv())
 
 
+# a direct run writes a chunk at least this often (seconds of work), so Ctrl-C loses at most that
+CHECKPOINT_SECONDS = 60.0
+
+
 def run_attribution(
     lm: LoadedModel,
     axis: ValueAxis,
@@ -270,7 +274,6 @@ def run_attribution(
     ablate_top: int | None = None,
     n_draws: int | None = None,
     steer_sigma: float = 2.0,
-    checkpoint_seconds: float = 60.0,
     progress: bool = True,
     announce: Callable[[str], object] = lambda line: None,
 ) -> Attribution | None:
@@ -292,7 +295,7 @@ def run_attribution(
     if not run.complete:
         announce(_announce(work, settings))
     # a pair takes minutes: each is its own chunk, so an interruption loses at most the pair under way
-    every = checkpoint_seconds if settings.method == "direct" else 0.0
+    every = CHECKPOINT_SECONDS if settings.method == "direct" else 0.0
     run = run_items(out, work, run, checkpoint_seconds=every, progress=progress)
     if shard is not None:
         return None

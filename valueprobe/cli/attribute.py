@@ -13,6 +13,7 @@ part that ``valueprobe merge`` joins.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, cast
 
@@ -29,13 +30,11 @@ from valueprobe.cli.app import (
     DeviceMapOpt,
     DeviceOpt,
     ForceOpt,
-    LayersPathOpt,
     LoadOptions,
     ModelDtypeOpt,
     ModelOpt,
     OffloadFolderOpt,
     ShardOpt,
-    TrustOpt,
     app,
     console,
     data_dir_option,
@@ -46,6 +45,7 @@ from valueprobe.cli.app import (
     table,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
@@ -147,53 +147,64 @@ def _check(
         )
 
 
+@dataclass(frozen=True)
+class AttributionOptions(OptionGroup):
+    """What ``valueprobe attribute`` computes: the method, the rows read, the null and the ablation
+    (an option group, `valueprobe.cli.groups.grouped`)."""
+
+    panel = "Attribution"
+
+    method: MethodOpt = "direct"
+    layer: Annotated[int | None, typer.Option(help="read layer; default the probe's best")] = None
+    positions: Annotated[Positions, typer.Option(help="token rows the axis is read on")] = Positions.last
+    span_labels: SpanLabelsOpt = None
+    target: Annotated[Target, typer.Option(help="the classes: span (post vs pre), label, auto")] = Target.auto
+    behaviour: BehaviourOpt = "auto"
+    resid_layers: ResidLayersOpt = "all"
+    ablate_top: AblateTopOpt = None
+    random: RandomOpt = 32
+    draws: DrawsOpt = None
+    steer_sigma: SteerSigmaOpt = 2.0
+    limit: Annotated[int | None, typer.Option(help="the first N examples (direct) or pairs (patching)")] = (
+        None
+    )
+    batch_size: Annotated[int, typer.Option(help="examples per forward")] = 8
+    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples of each class difference")] = 1000
+    seed: Annotated[int, typer.Option(help="seed of the random directions, sets and resamples")] = 0
+    max_length: Annotated[int | None, typer.Option(help="truncate longer texts (with a warning)")] = None
+    chat_template: ChatTemplateOpt = ChatTemplate.model
+
+    def settings(self) -> AttributeSettings:
+        """The run's settings record (its identity on disk)."""
+        labels = (
+            tuple(x.strip() for x in self.span_labels.split(",") if x.strip()) if self.span_labels else None
+        )
+        if self.behaviour not in ("auto", "yes-no", "none"):
+            raise ValueprobeError(f"unknown --behaviour {self.behaviour!r}: use auto, yes-no or none")
+        return AttributeSettings(
+            method=cast(Method, self.method), layer=self.layer, positions=self.positions, span_labels=labels,
+            target=self.target, behaviour=cast(Behaviour, self.behaviour), resid_layers=self.resid_layers,
+            n_random=self.random, seed=self.seed, batch_size=self.batch_size, bootstrap=self.bootstrap,
+            max_length=self.max_length, chat_template=self.chat_template, limit=self.limit,
+        )  # fmt: skip
+
+
 @app.command()
+@grouped
 def attribute(
     probe: ProbeOpt,
     data: DataOpt,
     out: OutOpt,
-    method: MethodOpt = "direct",
     model: ModelOpt = "smollm2-135m",
-    layer: Annotated[int | None, typer.Option(help="read layer; default the probe's best")] = None,
-    positions: Annotated[Positions, typer.Option(help="token rows the axis is read on")] = Positions.last,
-    span_labels: SpanLabelsOpt = None,
-    target: Annotated[
-        Target, typer.Option(help="the classes: span (post vs pre), label, auto")
-    ] = Target.auto,
-    behaviour: BehaviourOpt = "auto",
-    resid_layers: ResidLayersOpt = "all",
-    ablate_top: AblateTopOpt = None,
-    random: RandomOpt = 32,
-    draws: DrawsOpt = None,
-    steer_sigma: SteerSigmaOpt = 2.0,
-    limit: Annotated[
-        int | None, typer.Option(help="the first N examples (direct) or pairs (patching)")
-    ] = None,
-    batch_size: int = 8,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    max_length: Annotated[int | None, typer.Option(help="truncate longer texts (with a warning)")] = None,
-    chat_template: ChatTemplateOpt = ChatTemplate.model,
     force: ForceOpt = False,
     shard: ShardOpt = None,
-    layers_path: LayersPathOpt = None,
-    trust_remote_code: TrustOpt = False,
-    device: DeviceOpt = "cpu",
-    device_map: DeviceMapOpt = None,
-    model_dtype: ModelDtypeOpt = ModelDtype.float32,
-    offload_folder: OffloadFolderOpt = None,
+    attribution: AttributionOptions = AttributionOptions(),
+    load: LoadOptions = LoadOptions(),
 ) -> None:
     """Where value comes from: split the axis reading into heads and MLPs, patch matched pairs, ablate."""
-    how = LoadOptions(device, device_map, model_dtype, offload_folder, layers_path, trust_remote_code)
-    labels = tuple(x.strip() for x in span_labels.split(",") if x.strip()) if span_labels else None
-    if behaviour not in ("auto", "yes-no", "none"):
-        raise ValueprobeError(f"unknown --behaviour {behaviour!r}: use auto, yes-no or none")
-    settings = AttributeSettings(
-        method=cast(Method, method), layer=layer, positions=positions, span_labels=labels, target=target,
-        behaviour=cast(Behaviour, behaviour),
-        resid_layers=resid_layers, n_random=random, seed=seed, batch_size=batch_size, bootstrap=bootstrap,
-        max_length=max_length, chat_template=chat_template, limit=limit,
-    )  # fmt: skip
+    how, opts = load, attribution
+    settings = opts.settings()
+    ablate_top, draws, steer_sigma, device = opts.ablate_top, opts.draws, opts.steer_sigma, load.device
     _check(out, settings, ablate_top, draws, shard, steer_sigma)
     how.check()
     examples, infos = _data(data)
