@@ -24,7 +24,7 @@ import os
 import time
 from pathlib import Path
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.encode import encode
 from valueprobe.attribute.agreement import agreement
 from valueprobe.attribute.direct import Projector, direct_rows
@@ -46,15 +46,10 @@ def cost_ratio(lm, axis, examples, args) -> dict:
     direct, plain = [], []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        capture(
-            lm,
-            examples,
-            layers=[layer],
-            positions="spans",
-            span_labels=["post"],
-            batch_size=8,
-            progress=False,
+        settings = CaptureSettings(
+            layers=[layer], positions=Positions.spans, span_labels=("post",), batch_size=8
         )
+        capture(lm, examples, settings, progress=False)
         plain.append(time.perf_counter() - t)
         t = time.perf_counter()
         direct_rows(lm, proj, enc, batch_size=8)
