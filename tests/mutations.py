@@ -48,6 +48,7 @@ class Fault:
 
 
 S = "tests/test_steer.py::"
+A = "tests/test_attribute.py::"
 SAMPLING = "tests/test_sampling.py::"
 FAULTS: tuple[Fault, ...] = (
     # --- steering: sampling with common random numbers ---------------------------------------------
@@ -373,6 +374,35 @@ FAULTS: tuple[Fault, ...] = (
         "within = [c for c in candidates if c.kl <= max_kl and math.isfinite(c.val_effect)]",
         "within = [c for c in candidates if math.isfinite(c.val_effect)]",
         ("tests/test_tune_steer.py::test_choice_is_the_best_validation_move_within_the_bound",),
+    ),
+    # --- attribute: direct terms, patching, ablation --------------------------------------------------
+    Fault(
+        "direct attribution drops the output bias",
+        "valueprobe/attribute/direct.py",
+        "cols.append(bias.expand(z.shape[0], -1))",
+        "pass",
+        (A + "test_terms_sum_to_the_projection_of_the_residual[last-gpt2]",),
+    ),
+    Fault(
+        "heads split W_O along the wrong axis (the sum still holds)",
+        "valueprobe/model/parts.py",
+        "return w.reshape(heads, w.shape[0] // heads, w.shape[1]), b",
+        "return w.reshape(w.shape[0] // heads, heads, w.shape[1]).transpose(0, 1), b",
+        (A + "test_terms_match_transformer_lens_per_head_results_and_decompose_resid[llama]",),
+    ),
+    Fault(
+        "exact patching takes the destination's own activations",
+        "valueprobe/attribute/patching.py",
+        "_patch_hooks(lm, plan, rows, runs, 1 - dest, f)",
+        "_patch_hooks(lm, plan, rows, runs, dest, f)",
+        (A + "test_exact_patching_equals_patching_the_whole_sequence[llama]",),
+    ),
+    Fault(
+        "ablation drop ignores a separation below chance",
+        "valueprobe/attribute/ablation.py",
+        "sign = 1.0 if none >= center else -1.0",
+        "sign = 1.0",
+        (A + "test_a_set_is_necessary_only_when_its_drop_leaves_the_random_sets",),
     ),
 )
 

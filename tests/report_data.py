@@ -5,6 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from valueprobe.attribute.records import (
+    AblatedMetric,
+    Ablation,
+    Agreement,
+    Attribution,
+    Baselines,
+    DirectTerm,
+    GridView,
+    PatchTerm,
+    ResidGrid,
+)
 from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, MethodCurve, Separation
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
@@ -150,6 +161,57 @@ def _guide() -> GuideReplication:
     return GuideReplication({"arithmetic": budget}, ("value",), "tiny")
 
 
+def _ablation() -> Ablation:
+    def metric(name: str, none: float, top: float, null: tuple[float, ...]) -> AblatedMetric:
+        return AblatedMetric(name, none, top, null, none - top, (-0.01, 0.02), none - top > 0.02)
+
+    return Ablation(
+        k=2, components=("L1H0", "L0.mlp"), n_draws=3, n_units=6, steer_sigma=2.0,
+        auroc=metric("AUROC", 0.9, 0.7, (0.9, 0.88, 0.91)), gap=metric("gap σ", 0.4, 0.1, (0.4, 0.39, 0.41)),
+        steer=metric("steering slope (yes-no per σ)", 0.2, 0.19, (0.2, 0.21, 0.2)),
+    )  # fmt: skip
+
+
+def attribution_record(method: str = "direct") -> Attribution:
+    """An attribution of a 2-layer, 2-head model: direct (terms, ablation) or patching (grid, agreement)."""
+    names = [("embed", "embed", -1, -1)] + [
+        (f"L{b}H{h}" if kind == "head" else f"L{b}.mlp", kind, b, h if kind == "head" else -1)
+        for b in range(2) for kind, h in (("head", 0), ("head", 1), ("mlp", 0))
+    ]  # fmt: skip
+    common = dict(
+        model_id="tiny", fingerprint="f-g", probe="probes/tiny", layer=1, sigma=0.5, data=("data/icrl_pairs.jsonl",),
+        read="spans (post)", n_units=6, n_rows=12, paired=True, axis_gap=0.3, axis_gap_ci=(0.2, 0.4), axis_auroc=0.9,
+    )  # fmt: skip
+    if method == "direct":
+        terms = tuple(
+            DirectTerm(n, k, b, h, 0.1 * i, 0.05 * i, 0.05 * i - 0.1, (0.05 * i - 0.15, 0.05 * i - 0.05), (-0.02, 0.02),
+                       True, 0.1)
+            for i, (n, k, b, h) in enumerate(names)
+        )  # fmt: skip
+        return Attribution(
+            method="direct", n_random=8, closure=1e-7, terms=terms, ablation=_ablation(), **common
+        )  # type: ignore[arg-type]
+    patches = tuple(
+        PatchTerm(n, k, b, h, 0.02 * i, (0.01 * i, 0.03 * i), -0.02 * i, (-0.03 * i, -0.01 * i), 0.1, -0.1)
+        for i, (n, k, b, h) in enumerate(names[1:])
+    )  # fmt: skip
+    views = (
+        GridView("first difference", 0, ("+", "1"), ((0.3, 0.1), (0.0, 0.2)), ((-0.3, -0.1), (0.0, -0.2))),
+        GridView(
+            "read",
+            -1,
+            ("a", "b", "c"),
+            ((0.0, 0.0, 0.1), (0.0, 0.1, 0.2)),
+            ((0.0, 0.0, -0.1), (0.0, -0.1, -0.2)),
+        ),
+    )
+    grid = ResidGrid(layers=(0, 1), views=views)
+    return Attribution(
+        method="patch", patches=patches, baselines=Baselines(0.2, -0.1, 1.0, 0.5), grid=grid,
+        agreement=Agreement(6, 0.8, 0.9, 3, 0.67, ("L1H0",), ()), **common,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def all_sections() -> dict:
     """A ``results.json`` object with every section the report draws."""
     trace = Trace(
@@ -181,6 +243,9 @@ def all_sections() -> dict:
         "steer": _steer(),
         "shift": _shift(),
         "guide": _guide(),
+        "attribution": attribution_record("direct"),
+        "attribution_patch": attribution_record("patch"),
+        "attribution_position": attribution_record("direct"),
     }
     return {
         "model": "tiny",

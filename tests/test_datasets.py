@@ -23,6 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 FILES = (
     "icrl",
     "icrl_control",
+    "icrl_pairs",
     "code",
     "backtracking",
     "confidence",
@@ -147,6 +148,55 @@ def test_icrl_control_matches_paragraph_and_never_rewards(data: dict[str, list])
         assert ex.messages[2 * d]["content"].replace("Score: ", "").startswith("+1")
         different = [i for i, (m, c) in enumerate(zip(ex.messages, ctrl.messages, strict=True)) if m != c]
         assert different == [2 * d - 1, 2 * d]  # only the discovery attempt and its feedback
+
+
+def test_icrl_pairs_differ_in_one_character_the_rule_rounds_score(data: dict[str, list]) -> None:
+    rows = data["icrl_pairs"]
+    assert len(rows) == 192 and len({r.meta["rule"] for r in rows}) == 48
+    main = {ex.id for ex in data["icrl"]}
+    for rewarded, flipped in zip(rows[::2], rows[1::2], strict=True):
+        assert rewarded.meta["pair"] == flipped.meta["pair"] and (rewarded.label, flipped.label) == (1, 0)
+        assert rewarded.meta["construction"] == "reward-flip" and "+1" in rewarded.meta["construction_note"]
+        assert rewarded.spans == flipped.spans and rewarded.group == flipped.group
+        assert (
+            icrl_mod.check_example(
+                rewarded.__class__(**{**rewarded.__dict__, "messages": rewarded.messages[:-1]})
+            )
+            == []
+        )
+        k, at = rewarded.meta["flipped_message"], rewarded.meta["flipped_char"]
+        a, b = json.dumps(rewarded.messages), json.dumps(flipped.messages)
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        assert len(diff) == 1 and a[diff[0]] == "+" and b[diff[0]] == "-"
+        assert (
+            rewarded.messages[k]["content"][at : at + 2]
+            == "+1"
+            == flipped.messages[k]["content"][at : at + 2].replace("-", "+")
+        )
+        assert rewarded.messages[-1]["role"] == "user" and rewarded.messages[-1]["content"].endswith(
+            "Answer yes or no."
+        )
+        assert rewarded.meta["behaviour"] == "yes_no" and rewarded.id.removesuffix("-rewarded") not in main
+
+
+@pytest.mark.slow
+def test_icrl_pairs_are_equal_length_under_the_default_tokenizer(data: dict[str, list]) -> None:
+    """What patching needs: each pair's rows tokenize to the same length, differing at one position."""
+    from transformers import AutoTokenizer
+
+    from valueprobe.model.gguf import alias_dir
+    from valueprobe.model.load import cache_dir
+
+    tok = AutoTokenizer.from_pretrained(alias_dir("smollm2-135m", cache_dir()))
+    rows = data["icrl_pairs"]
+    for rewarded, flipped in zip(rows[::2], rows[1::2], strict=True):
+        texts = [
+            tok.apply_chat_template(list(r.messages), tokenize=False, add_generation_prompt=True)
+            for r in (rewarded, flipped)
+        ]
+        a, b = (tok(t, add_special_tokens=False)["input_ids"] for t in texts)
+        assert len(a) == len(b), rewarded.meta["pair"]
+        assert sum(x != y for x, y in zip(a, b, strict=True)) == 1, rewarded.meta["pair"]
 
 
 def test_icrl_spans_split_the_final_turn(data: dict[str, list]) -> None:

@@ -12,6 +12,12 @@ EXPECTED = {
     "01_find_the_value_axis.ipynb": ("held-out-rule AUROC", "promoted:"),
     "02_steering.ipynb": ("'yes' rate along the axis", "along a random direction", "trace points:"),
     "03_tuning_shift.ipynb": ("shift along the axis", "random directions"),
+    "04_where_value_comes_from.ipynb": (
+        "terms sum to h.v within",
+        "leave their random-direction null",
+        "attribution vs exact patching",
+        "position r",
+    ),
 }
 
 

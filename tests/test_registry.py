@@ -212,6 +212,34 @@ def test_steering_checks_its_out_before_loading_a_model(command, tmp_path, capsy
     assert code == 2 and err.startswith("error: --out") and "is a file, not a folder" in err, err
 
 
+@pytest.mark.parametrize("by", ["options", "spec file"])
+def test_the_steering_spec_takes_shipped_names(by, tmp_path, capsys):
+    """The spec group's --probe, steer's --other-probe and a spec file's probe read a shipped name: the
+    run gets past every probe check to the prompts (a name not resolved stops at the probe)."""
+    if by == "options":
+        given = ["--probe", NAMES[0]]
+    else:
+        vp.SteeringSpec(probe=NAMES[0], unit="norm").save(tmp_path / "spec.json")
+        given = ["--spec", str(tmp_path / "spec.json")]
+    argv = [
+        "steer",
+        *given,
+        "--other-probe",
+        NAMES[1],
+        "--prompts",
+        str(tmp_path / "missing.jsonl"),
+        "--model",
+        str(tmp_path / "no-model"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.startswith("error: --prompts") and "missing.jsonl" in err, err
+    argv[argv.index(NAMES[1])] = "no-such-axis"
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and "no-such-axis" in err and "--prompts" not in err, err
+
+
 def test_nothing_is_written_inside_the_package(tmp_path):
     with pytest.raises(ValueprobeError, match="inside the installed valueprobe package"):
         check_output_dir(AXES_DIR / "mine", holds="probe")

@@ -32,6 +32,7 @@ from valueprobe.hooks.route import position_ids_from_mask
 from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.ops import Operations
 from valueprobe.serve.protocol import Limits
 from valueprobe.steering.decode.generation import encode_prompts, generate
 from valueprobe.steering.decode.sampling import Decoding
@@ -47,12 +48,14 @@ PROMPT = "The capital of France is"
 class Server:
     """uvicorn on a free loopback port in a thread, serving ``build_app``; stopped by ``close``."""
 
-    def __init__(self, engine: HFEngine, limits: Limits, *, api_key: str | None = None) -> None:
+    def __init__(
+        self, engine: HFEngine, limits: Limits, *, api_key: str | None = None, ops: Operations | None = None
+    ) -> None:
         self.engine = engine
         self.sock = bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(
-            build_app(engine, limits, api_key=api_key), log_level="warning", lifespan="on"
+            build_app(engine, limits, api_key=api_key, ops=ops), log_level="warning", lifespan="on"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
+from valueprobe.attribute.records import Attribution
+from valueprobe.attribute.run import AttributeSettings, attribution
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.records import Guided
@@ -25,6 +27,7 @@ from valueprobe.probe.layer_sweep import SweepResult
 from valueprobe.probe.transfer import TransferResult
 from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
+from valueprobe.report.attribution import attribution_figures
 from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
 from valueprobe.steering.decode.generation import Generation, generate
@@ -62,8 +65,13 @@ __all__ = [
     "generate",
     "steer",
     "guide",
+    # where value comes from: attribution, patching, ablation
+    "attribution",
+    "AttributeSettings",
+    "attribution_figures",
     # result and record types
     "ActivationStore",
+    "Attribution",
     "Example",
     "FitReport",
     "Generation",

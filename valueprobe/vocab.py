@@ -37,6 +37,7 @@ __all__ = [
     "ModelDtype",
     "Op",
     "PaddingSide",
+    "PartSite",
     "Positions",
     "ShardSpec",
     "Site",
@@ -70,6 +71,14 @@ class HookSite(StrEnum):
     resid_post = "resid_post"
     attn_out = "attn_out"
     mlp_out = "mlp_out"
+
+
+class PartSite(StrEnum):
+    """A place inside a block that attribution reads and patches, never a steering site: ``attn_z``
+    is the input of the attention's output projection, every head's output side by side
+    (TransformerLens's ``hook_z``: head h holds columns ``h*d_head .. (h+1)*d_head``)."""
+
+    attn_z = "attn_z"
 
 
 class Op(StrEnum):

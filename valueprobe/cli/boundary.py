@@ -54,7 +54,7 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
         with command.make_context("valueprobe", args) as ctx:
             command.invoke(ctx)
     except KeyboardInterrupt:
-        fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun `capture` to resume it)")
+        fail(EXIT_INTERRUPTED, "interrupted; finished files are kept (rerun the same command to resume)")
     except typer.Exit as exc:  # --help and friends
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
@@ -88,6 +88,11 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
         return (
             EXIT_BAD_INPUT,
             f"invalid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): fix or rewrite the file",
+        )
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch loads lazily)
+        return (
+            EXIT_BAD_INPUT,
+            "out of device memory: rerun with a smaller --batch-size (half the one used) or fewer --max-new-tokens",
         )
     if isinstance(exc, OSError):
         if exc.errno == errno.ENOSPC:

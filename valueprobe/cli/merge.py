@@ -4,8 +4,8 @@ valueprobe capture --data data/icrl.jsonl --shard 0/2 --out runs/icrl.part0
 valueprobe capture --data data/icrl.jsonl --shard 1/2 --out runs/icrl.part1
 valueprobe merge runs/icrl runs/icrl.part0 runs/icrl.part1
 
-The same for `score --shard` (scores.csv), `steer --shard` (generations.jsonl) and `shift --shard`
-(shift-part.json) parts.
+The same for `score --shard` (scores.csv), `steer --shard` (generations.jsonl), `shift --shard`
+(shift-part.json) and `attribute --shard` (attribution-run.json) parts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import typer
 
 from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import MANIFEST
+from valueprobe.attribute.folder import RUN as ATTRIBUTION_RUN
 from valueprobe.cli.app import app, console
+from valueprobe.cli.attribute import print_merged_attribution
 from valueprobe.cli.capture_fit import print_merged_scores, print_store
 from valueprobe.cli.steer import print_merged_sweeps
 from valueprobe.cli.tune import print_merged_shifts
@@ -36,6 +38,7 @@ MERGERS = {
     "scores.csv": print_merged_scores,
     GENERATIONS: print_merged_sweeps,
     SHIFT_PART: print_merged_shifts,
+    ATTRIBUTION_RUN: print_merged_attribution,
 }
 
 

@@ -12,7 +12,9 @@ layer, unit and positions; everything else (operator, site, window, condition) i
 Checked before any model loads, each in one line: the host (beyond this machine only with
 ``--api-key``), the port (bound here, so a port in use fails at once), the probe, ``--max-alpha``,
 and that the engine's packages are installed. Then the probe is checked against the model (its
-fingerprint, as ``score`` does) and the server runs until Ctrl-C.
+fingerprint, as ``score`` does) and the server runs until Ctrl-C, or SIGTERM, which drains it
+(`valueprobe.serve.ops`: --max-queue, --request-timeout, --drain-seconds, --log-prompts).
+With no ``--max-alpha`` the α cap is the probe's (`valueprobe.serve.protocol.Limits.alpha_cap`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import importlib
 import importlib.util
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from valueprobe.cli.app import LoadOptions, ModelOpt, app, console, table
-from valueprobe.cli.groups import grouped
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.engine import ServeOptions
@@ -61,6 +64,38 @@ def _vllm(opts: ServeOptions) -> Engine:
     return make(opts)
 
 
+@dataclass(frozen=True)
+class OperatorOptions(OptionGroup):
+    """How the server behaves under load and on shutdown (`valueprobe.serve.ops`)."""
+
+    panel = "Operating the server"
+
+    max_queue: Annotated[
+        int | None, typer.Option(help="requests admitted at once; one more gets 429 with Retry-After")
+    ] = None
+    request_timeout: Annotated[
+        float | None, typer.Option(help="seconds a request may take; longer gets 504")
+    ] = None
+    drain_seconds: Annotated[
+        float, typer.Option(help="on SIGTERM, seconds in-flight requests get to finish (new ones: 503)")
+    ] = 30.0
+    log_prompts: Annotated[bool, typer.Option(help="put each request's prompt in its log line")] = False
+
+    def check(self) -> OperatorOptions:
+        """Refuse, in one line, a setting that cannot work; returns these options."""
+        if self.max_queue is not None and self.max_queue < 1:
+            raise ValueprobeError(f"--max-queue {self.max_queue}: give at least 1, or leave it out")
+        if self.request_timeout is not None and not (
+            math.isfinite(self.request_timeout) and self.request_timeout > 0
+        ):
+            raise ValueprobeError(
+                f"--request-timeout {self.request_timeout}: give seconds > 0, or leave it out"
+            )
+        if not (math.isfinite(self.drain_seconds) and self.drain_seconds >= 0):
+            raise ValueprobeError(f"--drain-seconds {self.drain_seconds}: give seconds >= 0")
+        return self
+
+
 # engine name -> (what must be importable before anything loads, the factory)
 ENGINES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[ServeOptions], Engine]]] = {
     "hf": ((("starlette", "valueprobe[serve]"), ("uvicorn", "valueprobe[serve]")), _hf),
@@ -84,11 +119,13 @@ def serve_cmd(
         str | None, typer.Option(help="require 'Authorization: Bearer KEY' on every request")
     ] = None,
     max_alpha: Annotated[
-        float | None, typer.Option(help="refuse (HTTP 400) any request with |alpha| above this")
+        float | None,
+        typer.Option(help="refuse (HTTP 400) |alpha| above this; default: the probe's cap (see /v1/models)"),
     ] = None,
     max_tokens: Annotated[int, typer.Option(help="refuse requests for more new tokens than this")] = 4096,
     steering: SpecOptions = SpecOptions(),
     load: LoadOptions = LoadOptions(),
+    operate: OperatorOptions = OperatorOptions(),
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) with steering and values."""
     if engine not in ENGINES:
@@ -98,6 +135,7 @@ def serve_cmd(
         _need(module, install, f"valueprobe serve --engine {engine}")
     # the serve extra (starlette, uvicorn): imported only once it is known to be installed
     from valueprobe.serve.app import bind, build_app, check_host, serve
+    from valueprobe.serve.ops import Operations
     from valueprobe.serve.protocol import Limits
 
     if max_alpha is not None and not (math.isfinite(max_alpha) and max_alpha > 0):
@@ -105,6 +143,7 @@ def serve_cmd(
     if max_tokens < 1:
         raise ValueprobeError(f"--max-tokens {max_tokens}: give at least 1")
     check_host(host, api_key)
+    operate.check()
     how = load.check()
     if engine == "vllm" and how.device_map is not None:
         raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
@@ -113,7 +152,9 @@ def serve_cmd(
     with bind(host, port) as sock:  # a port in use fails before the model loads
         served = factory(ServeOptions(spec, model, how.load, how.dtype.value))
         limits = Limits(model=served.model, spec=spec, max_alpha=max_alpha, max_tokens=max_tokens)
-        cap = "none" if max_alpha is None else f"{max_alpha:g}"
+        cap = f"{limits.alpha_cap(axis.best_layer, spec.unit.value):g}" + (
+            " (probe)" if max_alpha is None else ""
+        )
         layers = f"{min(axis.layers)}..{max(axis.layers)}"
         url = f"http://{host}:{port}/v1"
         table(
@@ -122,4 +163,19 @@ def serve_cmd(
             [[served.model, Path(str(spec.probe)).name, layers, axis.best_layer, cap, url]],
         )
         console.print("Ctrl-C stops it.")
-        serve(build_app(served, limits, api_key=api_key), sock)
+        ops = Operations(
+            operate.max_queue, operate.request_timeout, operate.drain_seconds, operate.log_prompts
+        )
+        _log_to_stderr()
+        serve(build_app(served, limits, api_key=api_key, ops=ops), sock)
+
+
+def _log_to_stderr() -> None:
+    """The server's one line per request, on stderr beside uvicorn's own."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("valueprobe.serve")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

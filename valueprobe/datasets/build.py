@@ -29,6 +29,7 @@ from valueprobe.datasets import (
     code_corruption,
     confidence,
     icrl,
+    icrl_pairs,
     preference,
     refusal,
     steering,
@@ -50,6 +51,7 @@ MANIFEST_VERSION = 1
 Generator = Callable[..., dict[str, list[Example]]]
 _GENERATORS: dict[str, Generator] = {
     "icrl": icrl.generate,
+    "icrl_pairs": icrl_pairs.generate,
     "code": code_corruption.generate,
     "backtracking": backtracking.generate,
     "confidence": confidence.generate,
@@ -63,6 +65,7 @@ FAMILIES: tuple[str, ...] = tuple(_GENERATORS)
 # What ``n`` counts in each family (documented in data/README.md).
 N_MEANING = {
     "icrl": "conversations (each with a matched control)",
+    "icrl_pairs": "reward-flip pairs (two rows each)",
     "code": "standard-library functions (each with 4 corruptions)",
     "backtracking": "problems (each a correct and a backtracking rollout)",
     "confidence": "questions (each 12 rows)",

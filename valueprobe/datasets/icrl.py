@@ -261,6 +261,70 @@ def _conversation(
     return msgs
 
 
+def conversation(i: int, rng: random.Random) -> tuple[Example, Example]:
+    """Conversation ``i`` (its rule is the ``i``-th, round-robin) and its matched control, drawn from ``rng``.
+
+    ``generate`` draws every conversation of ``icrl.jsonl`` from one ``random.Random("icrl:<seed>")``;
+    the reward-flip pairs (`valueprobe.datasets.icrl_pairs`) draw theirs from a generator of their own.
+    """
+    rule = RULES[RULE_IDS[i % len(RULE_IDS)]]
+    d = rng.randint(2, 6)  # discovery round, 1-based: rounds 1..d-1 fail, round d is rewarded
+    pool = [sp for sp in SENTENCES if not rule.check(f"{sp[0]} {sp[1]}.")]
+    sentences = rng.sample(pool, d + 1)
+    tried: list[str] = []
+    attempts = [_failed_attempt(rule, s, p, rng, tried) for s, p in sentences[: d - 1]]
+    attempts.append(rule.apply(*sentences[d - 1], rng).text)
+    final = rule.apply(*sentences[d], rng)
+    attempts.append(final.text)
+    control_attempts = [
+        *attempts[: d - 1],
+        _failed_attempt(rule, *sentences[d - 1], rng, tried),
+        final.text,
+    ]
+    first = rng.choice(FIRST_TURNS)
+    nexts = [rng.choice(NEXT_TURNS) for _ in range(d)]
+    leads = [rng.choice(LEAD_INS) for _ in range(d + 1)]
+    msgs = _conversation(
+        sentences, d, control=False, attempts=attempts, first=first, nexts=nexts, leads=leads
+    )
+    cmsgs = _conversation(
+        sentences, d, control=True, attempts=control_attempts, first=first, nexts=nexts, leads=leads
+    )
+    last = len(msgs) - 1
+    offset = len(leads[d]) + 1
+    spans = (
+        Span(0, offset + final.token_start, "pre", message=last),
+        Span(offset + final.token_start, len(msgs[last]["content"]), "post", message=last),
+    )
+    base_id = f"icrl-{i:04d}"
+    meta = {
+        "rule": rule.id,
+        "rule_kind": rule.kind,
+        "rule_description": rule.description,
+        "discovery_round": d,
+        "rounds": d + 1,
+        "rewrite_start": offset,
+        "token": final.text[final.token_start : final.token_end],
+    }
+    main = Example(
+        id=base_id,
+        label=1,
+        group=f"icrl/{rule.id}",
+        messages=tuple(msgs),
+        spans=spans,
+        meta={**meta, "control": False},
+    )
+    control = Example(
+        id=f"{base_id}-control",
+        label=0,
+        group=f"icrl/{rule.id}",
+        messages=tuple(cmsgs),
+        spans=spans,
+        meta={**meta, "control": True, "pair": base_id},
+    )
+    return main, control
+
+
 def generate(*, seed: int = 0, n: int | None = None) -> dict[str, list[Example]]:
     """Build ``n`` ICRL conversations (label 1) and their matched controls (label 0).
 
@@ -275,69 +339,8 @@ def generate(*, seed: int = 0, n: int | None = None) -> dict[str, list[Example]]
     if n > MAX_N:
         raise ValueprobeError(f"--n {n} is too large for icrl; use at most {MAX_N}")
     rng = random.Random(f"icrl:{seed}")
-    main: list[Example] = []
-    controls: list[Example] = []
-    for i in range(n):
-        rule = RULES[RULE_IDS[i % len(RULE_IDS)]]
-        d = rng.randint(2, 6)  # discovery round, 1-based: rounds 1..d-1 fail, round d is rewarded
-        pool = [sp for sp in SENTENCES if not rule.check(f"{sp[0]} {sp[1]}.")]
-        sentences = rng.sample(pool, d + 1)
-        tried: list[str] = []
-        attempts = [_failed_attempt(rule, s, p, rng, tried) for s, p in sentences[: d - 1]]
-        attempts.append(rule.apply(*sentences[d - 1], rng).text)
-        final = rule.apply(*sentences[d], rng)
-        attempts.append(final.text)
-        control_attempts = [
-            *attempts[: d - 1],
-            _failed_attempt(rule, *sentences[d - 1], rng, tried),
-            final.text,
-        ]
-        first = rng.choice(FIRST_TURNS)
-        nexts = [rng.choice(NEXT_TURNS) for _ in range(d)]
-        leads = [rng.choice(LEAD_INS) for _ in range(d + 1)]
-        msgs = _conversation(
-            sentences, d, control=False, attempts=attempts, first=first, nexts=nexts, leads=leads
-        )
-        cmsgs = _conversation(
-            sentences, d, control=True, attempts=control_attempts, first=first, nexts=nexts, leads=leads
-        )
-        last = len(msgs) - 1
-        offset = len(leads[d]) + 1
-        spans = (
-            Span(0, offset + final.token_start, "pre", message=last),
-            Span(offset + final.token_start, len(msgs[last]["content"]), "post", message=last),
-        )
-        base_id = f"icrl-{i:04d}"
-        meta = {
-            "rule": rule.id,
-            "rule_kind": rule.kind,
-            "rule_description": rule.description,
-            "discovery_round": d,
-            "rounds": d + 1,
-            "rewrite_start": offset,
-            "token": final.text[final.token_start : final.token_end],
-        }
-        main.append(
-            Example(
-                id=base_id,
-                label=1,
-                group=f"icrl/{rule.id}",
-                messages=tuple(msgs),
-                spans=spans,
-                meta={**meta, "control": False},
-            )
-        )
-        controls.append(
-            Example(
-                id=f"{base_id}-control",
-                label=0,
-                group=f"icrl/{rule.id}",
-                messages=tuple(cmsgs),
-                spans=spans,
-                meta={**meta, "control": True, "pair": base_id},
-            )
-        )
-    return {"icrl": main, "icrl_control": controls}
+    pairs = [conversation(i, rng) for i in range(n)]
+    return {"icrl": [m for m, _ in pairs], "icrl_control": [c for _, c in pairs]}
 
 
 def check_example(ex: Example) -> list[str]:

@@ -43,6 +43,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import Prompt, encode_prompts
 from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
 from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.resident import OnDevice
 from valueprobe.steering.hook.spec import SteeringSpec, as_spec
 
 __all__ = ["SCORES", "Score", "guide", "pick"]
@@ -64,13 +65,14 @@ class _Run:
     decoding: Decoding
 
 
-def _reading(direction: Tensor, mu: float, sigma: float, h: Tensor) -> Tensor:
-    """Per cell of ``h`` [batch, new, d_model]: (σ-score, cos) along the unit ``direction``."""
+def _reading(direction: OnDevice, mu: float, sigma: float, h: Tensor) -> Tensor:
+    """Per cell of ``h`` [batch, new, d_model]: (σ-score, cos) along the unit ``direction``, left
+    on h's device (the direction goes there once; `_read` takes the step's one copy)."""
     h = h.detach().float()
-    proj = h @ direction.to(h.device)
+    proj = h @ direction.on(h.device)
     norm = h.norm(dim=-1)
     cos = torch.where(norm > 0, proj / norm.clamp_min(1e-30), torch.zeros_like(proj))
-    return torch.stack([(proj - mu) / sigma, cos], dim=-1).cpu()
+    return torch.stack([(proj - mu) / sigma, cos], dim=-1)
 
 
 def _read_stats(axis: ValueAxis, layer: int, score: str, policy: Policy) -> tuple[float, float]:
@@ -157,7 +159,7 @@ def guide(
         eos=None if eos is None else int(eos),
         decoding=decoding,
     )
-    reduce = partial(_reading, vector / vector.norm(), mu, sigma)
+    reduce = partial(_reading, OnDevice(vector / vector.norm()), mu, sigma)
     per_chunk = max(1, batch_size // policy.n)
     out: list[Guided] = []
     with tqdm(total=len(encoded), desc=f"guide {policy.name}", unit="prompt", disable=not progress) as bar:
@@ -189,16 +191,21 @@ def _steering(lm: LoadedModel, spec: SteeringSpec, policy: Policy) -> Steering |
 
 def _sample(logits: Tensor, sampler: RowSampler | None) -> tuple[list[int], list[float]]:
     """One token per row (argmax, or the row's own draw) and its log-probability at T = 1."""
-    token = logits.argmax(-1) if sampler is None else sampler.sample(logits).to(logits.device)
+    token = logits.argmax(-1) if sampler is None else sampler.sample(logits)
     logp = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-    return token.tolist(), logp.tolist()
+    # one copy to the host for both (float64 holds every token id and float32 log-prob exactly)
+    tokens, logps = torch.stack([token.double(), logp.double()]).tolist()
+    return [int(t) for t in tokens], logps
 
 
 def _take(rows: list[Row], need: list[int], logits: Tensor, sampler: RowSampler | None, run: _Run) -> None:
     """Rows ``need`` (batch indices) sample their next token from their logits."""
     if not need:
         return
-    tokens, logps = _sample(logits[need], None if sampler is None else sampler.rows(need))
+    every = len(need) == logits.shape[0]  # the usual step: no index to send to the device
+    tokens, logps = _sample(
+        logits if every else logits[need], None if sampler is None else sampler.rows(need)
+    )
     for i, token, logp in zip(need, tokens, logps, strict=True):
         rows[i].take(token, logp, eos=run.eos, max_new_tokens=run.decoding.max_new_tokens)
 

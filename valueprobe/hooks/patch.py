@@ -38,7 +38,8 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.forward import Reduce
-from valueprobe.vocab import HookSite, Site, layer_out_of_range
+from valueprobe.model.parts import BLOCK_PARTS, out_proj
+from valueprobe.vocab import HookSite, PartSite, Site, layer_out_of_range
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -59,11 +60,13 @@ __all__ = [
 
 class Point(NamedTuple):
     """A place in decoder block ``layer`` (negative counts from the end), at ``site``: the residual
-    stream (``resid_pre``, ``resid_post``) or the output of the block's attention (``attn_out``) or
-    MLP (``mlp_out``) submodule, found by name per family (`SUBMODULES`)."""
+    stream (``resid_pre``, ``resid_post``), the output of the block's attention (``attn_out``) or
+    MLP (``mlp_out``) submodule, found by name per family (`SUBMODULES`), or the input of the
+    attention's output projection (``attn_z``: every head's output, for families with a row in
+    `valueprobe.model.parts.BLOCK_PARTS`)."""
 
     layer: int
-    site: Site | HookSite = Site.resid_post
+    site: Site | HookSite | PartSite = Site.resid_post
 
 
 @dataclass(frozen=True)
@@ -187,29 +190,40 @@ class Handle:
 
 
 # Where a site sits in a block's forward, for running reads in execution order.
-_ORDER = {HookSite.resid_pre: 0, HookSite.attn_out: 1, HookSite.mlp_out: 2, HookSite.resid_post: 3}
-# The names a decoder block gives its attention and MLP submodules, by family: Llama, Qwen, Gemma,
-# Mistral (self_attn, mlp); GPT-2 (attn, mlp); GPT-NeoX (attention, mlp); others (feed_forward...).
-SUBMODULES: dict[HookSite, tuple[str, ...]] = {
-    HookSite.attn_out: ("self_attn", "attn", "attention", "self_attention"),
-    HookSite.mlp_out: ("mlp", "feed_forward", "ffn"),
+_ORDER = {
+    HookSite.resid_pre: 0,
+    PartSite.attn_z: 1,
+    HookSite.attn_out: 2,
+    HookSite.mlp_out: 3,
+    HookSite.resid_post: 4,
 }
-Hooked = tuple[int, HookSite]  # (0-based block, site): one hook serves every point that resolves to it
+# The names a decoder block gives its attention and MLP submodules: those of the families with a
+# per-head split (`BLOCK_PARTS`: Llama, Qwen, Mistral self_attn; GPT-2 attn; GPT-NeoX attention),
+# then other families' (Gemma's self_attn, Falcon's self_attention, feed_forward, ffn), first match wins.
+SUBMODULES: dict[HookSite, tuple[str, ...]] = {
+    HookSite.attn_out: (*dict.fromkeys(p.attn for p in BLOCK_PARTS.values()), "self_attention"),
+    HookSite.mlp_out: (*dict.fromkeys(p.mlp for p in BLOCK_PARTS.values()), "feed_forward", "ffn"),
+}
+Hooked = tuple[int, HookSite | PartSite]  # (0-based block, site): one hook serves every point at it
 
 
 def _resolve(lm: LoadedModel, point: Point) -> Hooked:
     """(block, site) for a point; checks the layer and that the site is one the hook layer has."""
-    try:
-        site = HookSite(str(point.site))
-    except ValueError:
-        raise ValueprobeError(
-            f"unknown site {point.site!r}: use one of {', '.join(s.value for s in HookSite)}"
-        ) from None
+    site: HookSite | PartSite
+    if str(point.site) == PartSite.attn_z:
+        site = PartSite.attn_z
+    else:
+        try:
+            site = HookSite(str(point.site))
+        except ValueError:
+            raise ValueprobeError(
+                f"unknown site {point.site!r}: use one of {', '.join(s.value for s in HookSite)}"
+            ) from None
     n = lm.n_layers
     if not -n <= int(point.layer) < n:  # negative counts from the end, as Python indexes the blocks
         raise layer_out_of_range(int(point.layer), n)
     block = int(point.layer) % n
-    if site in SUBMODULES:
+    if site != HookSite.resid_pre and site != HookSite.resid_post:
         _module(lm, (block, site))  # a family without the submodule is refused here, before any hook
     return block, site
 
@@ -218,6 +232,8 @@ def _module(lm: LoadedModel, hooked: Hooked) -> tuple[torch.nn.Module, bool]:
     """The module a hook goes on and whether it hooks the module's input (resid_pre) or output."""
     block, site = hooked
     module = lm.layers[block]
+    if site == PartSite.attn_z:  # the heads side by side: the input of the output projection
+        return out_proj(lm, block), True
     if site not in SUBMODULES:
         return module, site == HookSite.resid_pre
     for name in SUBMODULES[site]:

@@ -208,6 +208,9 @@ MISSING_WHY = {
     "steer": "the steering sweep is not registered in this build",
     "shift": "the DPO shift stage is not registered in this build",
     "guide": "guided decoding is not a demo stage: `valueprobe replicate guide` writes it",
+    "attribution": "component attribution is not a demo stage: `valueprobe replicate attribute` writes it",
+    "attribution_patch": "activation patching is not a demo stage: `valueprobe replicate attribute` writes it",
+    "attribution_position": "the position share is not a demo stage: `valueprobe replicate attribute` writes it",
 }
 
 

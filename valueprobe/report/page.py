@@ -6,8 +6,9 @@
     from valueprobe.report.page import load_results, write_report
     write_report(load_results("runs/demo"), "runs/demo/report.html")
 
-The report reads ``results.json`` (``valueprobe demo`` writes it: one key per section) or a probe
-folder's ``probe.json`` (its metrics give the sweep, cosine, transfer and logit-lens sections).
+The report reads ``results.json`` (``valueprobe demo`` writes it: one key per section), a probe
+folder's ``probe.json`` (its metrics give the sweep, cosine, transfer and logit-lens sections) or
+an attribution folder's ``attribution.json`` (``valueprobe attribute``).
 Each section is read into its record first (`Results.from_dict`) and drawn from the record by
 the same figure functions a live result uses.
 plotly.js is inlined once, so the file opens offline and fetches nothing. A section whose
@@ -33,6 +34,7 @@ from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
+from valueprobe.report.attribution import attribution_caption, attribution_figures
 from valueprobe.report.budget import budget_caption, budget_figure
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -229,6 +231,13 @@ SECTIONS: tuple[Section, ...] = (
             lambda sec: [shift_distribution_figure(sec.result), shift_layers_figure(sec.result)], _shift_caption),
     Section("guide", "Guided decoding: accuracy against tokens spent", "`valueprobe replicate guide`",
             lambda g: [budget_figure(b) for b in g.tasks.values()], budget_caption),
+    Section("attribution", "Which components write value? Reward-history axis, direct attribution and ablation",
+            "`valueprobe attribute` or `valueprobe replicate attribute`", attribution_figures, attribution_caption),
+    Section("attribution_patch", "Which components carry the history to the read? Activation patching",
+            "`valueprobe attribute --method patch` or `valueprobe replicate attribute`", attribution_figures,
+            attribution_caption),
+    Section("attribution_position", "Which components write the pre/post axis? Position-tracking terms",
+            "`valueprobe replicate attribute`", attribution_figures, attribution_caption),
 )  # fmt: skip
 
 
@@ -239,7 +248,7 @@ def load_results(folder: str | Path) -> Results:
         ValueprobeError: the folder holds neither (one line saying which command writes them).
     """
     folder = Path(folder)
-    results, probe = folder / RESULTS_FILE, folder / "probe.json"
+    results, probe, attribution = folder / RESULTS_FILE, folder / "probe.json", folder / "attribution.json"
     try:
         if results.is_file():
             data = json.loads(results.read_text())
@@ -254,12 +263,16 @@ def load_results(folder: str | Path) -> Results:
             if "icrl_matched_control" in metrics:  # replicate axis stores it under this name
                 metrics["matched_control"] = metrics.pop("icrl_matched_control")
             return Results.from_dict({"model": meta.get("model_id"), "sections": metrics})
+        if attribution.is_file():  # a `valueprobe attribute` folder
+            meta = json.loads(attribution.read_text())
+            return Results.from_dict({"model": meta.get("model_id"), "sections": {"attribution": meta}})
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueprobeError(
             f"{folder}: result file is not valid JSON ({exc}); rerun the command that wrote it"
         ) from None
     raise ValueprobeError(
-        f"{folder} has no {RESULTS_FILE} or probe.json: run `valueprobe demo --out {folder}` (or give a probe folder)"
+        f"{folder} has no {RESULTS_FILE}, probe.json or attribution.json: run `valueprobe demo --out {folder}`"
+        " (or give a probe or attribution folder)"
     )
 
 

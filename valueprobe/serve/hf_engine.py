@@ -18,16 +18,18 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.serve.protocol import Chunk, RequestError, SteerRequest
 from valueprobe.steering.decode.generation import encode_prompts
-from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
+from valueprobe.steering.decode.rows import RowSpec, RowStep, ValueAt, generate_rows
 from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["HFEngine"]
+
+_Key = tuple[SteeringSpec, ValueAt]  # what the rows of one batch share
 
 
 @dataclass(eq=False)
@@ -89,7 +91,7 @@ class HFEngine:
                 (ids,) = encode_prompts(self.lm, [prompt])
         except ValueprobeError as exc:
             raise RequestError(field_name, str(exc)) from exc
-        except (ValueError, TypeError) as exc:  # no chat template, or a template that refuses the roles
+        except Exception as exc:  # noqa: BLE001 - no chat template, or one that refuses the turns (jinja)
             raise RequestError(field_name, f"the model's tokenizer cannot render it: {exc}") from exc
         if self.context and len(ids) + request.max_tokens > self.context:
             raise RequestError(
@@ -103,6 +105,9 @@ class HFEngine:
             top_p=request.top_p,
             seed=request.seed,
             ignore_eos=request.ignore_eos,
+            logprobs=request.logprobs,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
         )
 
     async def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
@@ -132,19 +137,19 @@ class HFEngine:
             for spec, batch in self._batches(jobs):
                 await loop.run_in_executor(self.worker, self._run, spec, batch)
 
-    def _batches(self, jobs: list[_Job]) -> list[tuple[SteeringSpec, list[_Job]]]:
-        """(spec, jobs) of each batch: steered jobs by their spec; an unsteered job joins any batch
-        that reads its value layer (α = 0 leaves it untouched)."""
-        groups: dict[SteeringSpec, list[_Job]] = {}
+    def _batches(self, jobs: list[_Job]) -> list[tuple[_Key, list[_Job]]]:
+        """(spec and value_at, jobs) of each batch: steered jobs by both; an unsteered job joins
+        any batch that reads its value layer (α = 0 leaves it untouched: before = after)."""
+        groups: dict[_Key, list[_Job]] = {}
         for job in sorted(jobs, key=lambda j: not j.request.steered):
-            spec = job.request.spec
+            key = (job.request.spec, job.request.value_at)
             if not job.request.steered:
-                spec = next((k for k in groups if k.read_layer == spec.read_layer), spec)
-            groups.setdefault(spec, []).append(job)
+                key = next((k for k in groups if k[0].read_layer == key[0].read_layer), key)
+            groups.setdefault(key, []).append(job)
         size = self.max_batch
         return [(k, g[i : i + size]) for k, g in groups.items() for i in range(0, len(g), size)]
 
-    def _run(self, spec: SteeringSpec, batch: list[_Job]) -> None:
+    def _run(self, spec: _Key, batch: list[_Job]) -> None:
         """Run one batch in the worker thread; on a failure before any token, each job alone."""
         batch = [j for j in batch if not j.cancelled]
         if not batch:
@@ -164,7 +169,7 @@ class HFEngine:
                 if not job.ended:
                     job.put(exc)
 
-    def _generate(self, spec: SteeringSpec, batch: list[_Job]) -> None:
+    def _generate(self, key: _Key, batch: list[_Job]) -> None:
         gone: set[int] = set()
 
         def on_step(k: int, steps: list[RowStep | None]) -> Collection[int]:
@@ -181,7 +186,8 @@ class HFEngine:
             return left
 
         alphas = [j.request.alpha for j in batch]
-        generate_rows(self.lm, spec, [j.row for j in batch], alphas, on_step=on_step)
+        spec, value_at = key
+        generate_rows(self.lm, spec, [j.row for j in batch], alphas, on_step=on_step, value_at=value_at)
 
     def _chunk(self, job: _Job, step: RowStep) -> Chunk:
         """The text this token adds: decode the row so far and send what is new, holding back an
@@ -195,4 +201,10 @@ class HFEngine:
         else:
             delta, job.sent = text[job.sent :], len(text)
         job.ended = step.finish is not None
-        return Chunk(delta, step.token_id, step.value, step.finish, prompt_tokens=len(job.row.ids))
+        chunk = Chunk(delta, step.token_id, step.value, step.finish, prompt_tokens=len(job.row.ids))
+        if step.logprob is None:
+            return chunk
+        with self.tokenizer_lock:
+            token = self.lm.tokenizer.decode([step.token_id])
+            top = tuple((self.lm.tokenizer.decode([t]), lp) for t, lp in step.top)
+        return replace(chunk, logprob=step.logprob, token=token, top=top)

@@ -33,6 +33,10 @@ from typing import Any, Literal
 from uuid import uuid4
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.serve.errors import RequestError, error_body
+from valueprobe.serve.logprobs import chat_logprobs, completion_logprobs
+from valueprobe.serve.messages import chat_messages
+from valueprobe.steering.decode.rows import ValueAt
 from valueprobe.steering.hook.spec import WHERE as POSITIONS
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Unit
@@ -53,20 +57,18 @@ FinishReason = Literal["stop", "length"]
 
 UNITS = ("sigma", "norm")
 STEERING_KEYS = ("alpha", "unit", "layer", "positions")
-
-
-class RequestError(ValueprobeError):
-    """A request the server refuses: HTTP 400 with ``{"error": {"message", "param": field}}``.
-
-    Args:
-        param: the request field at fault, dotted (``"steering.alpha"``, ``"messages"``).
-        message: one line saying what is wrong and what would be accepted.
-    """
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
+VALUE_AT = ("after", "before")
+NORM_MULTIPLE = 1.0
+ALPHA_RULE = (
+    f"|alpha| * unit size <= {NORM_MULTIPLE:g} x the layer's mean residual norm (the probe's mean_norm):"
+    " no addition larger than the residual it is added to"
+)
+MAX_LOGPROBS = 20
+VALUE_MEANING = (
+    "each token's (h.v - mu)/sigma at the value layer in the forward that produced it; at the steered"
+    " layer read after the addition (value_at: after, the default: it shows the steering) or before it;"
+    " at a later layer it is after the steering, at an earlier one before it"
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,13 @@ class SteerRequest:
         alpha: its strength, in the spec's unit (0: bit-identical to no steering); the only per-row part.
         steered: whether it asked for steering (None in the response otherwise; then α is 0).
         ignore_eos: generate ``max_tokens`` even past EOS (vLLM's extension; fixed-length benchmarks).
+        value_at: at the steered layer, read the value ``after`` the addition (the default: the
+            value shows the steering) or ``before`` it.
+        logprobs: None, or each token's log-probability with the ``logprobs`` likeliest (0: its own).
+        stop, stop_token_ids: end the choice at any of these strings (not included in the text)
+            or token ids (its token kept, its text not), as vLLM does.
+        presence_penalty, frequency_penalty: vLLM's and OpenAI's, over the generated tokens.
+        n: choices to generate; index: which choice this is (`SteerRequest.choices`).
     """
 
     id: str
@@ -96,12 +105,38 @@ class SteerRequest:
     alpha: float = 0.0
     steered: bool = False
     ignore_eos: bool = False
+    value_at: ValueAt = "after"
+    logprobs: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = 1
+    index: int = 0
+
+    def choices(self) -> list[SteerRequest]:
+        """One request per choice, each with its own seed (``seed + index``, as vLLM's n does)."""
+        return [
+            replace(self, index=i, seed=None if self.seed is None else self.seed + i) for i in range(self.n)
+        ]
 
     @property
     def value_layer(self) -> int:
         """The layer the per-token value is read at."""
         assert self.spec.read_layer is not None, "parse_request sets every request's read layer"
         return self.spec.read_layer
+
+    def value_read(self) -> dict[str, Any]:
+        """Where the value is read, stated in each response: the layer, and ``before`` or ``after``
+        the steering's addition (resolved: a layer past the steered one is after it, one before is before)."""
+        out: dict[str, Any] = {"layer": self.value_layer, "at": self.value_at}
+        if self.steered:
+            layers = self.spec.layers
+            steered = layers[0] if isinstance(layers, tuple) else layers
+            if isinstance(steered, int) and steered != self.value_layer:
+                out["at"] = "after" if self.value_layer > steered else "before"
+            out["steered_layer"] = steered
+        return out
 
     def steering(self) -> dict[str, Any] | None:
         """The resolved steering the response echoes: None when the request asked for none."""
@@ -129,6 +164,8 @@ class Chunk:
             ``length`` (``max_tokens`` reached); None before.
         prompt_tokens: the prompt's length in tokens, if the engine knows it (then the response
             carries OpenAI's ``usage``); optional.
+        logprob, token, top: when the request asked for logprobs, the token's log-probability,
+            its own text, and the likeliest tokens' ``(text, logprob)``.
     """
 
     text: str
@@ -136,6 +173,9 @@ class Chunk:
     value: float
     finish_reason: FinishReason | None = None
     prompt_tokens: int | None = None
+    logprob: float | None = None
+    token: str = ""
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,13 +187,32 @@ class Limits:
     spec: SteeringSpec
     max_alpha: float | None = None
     max_tokens: int = 4096
+    max_n: int = 16
 
+    def alpha_cap(self, layer: int, unit: str) -> float:
+        """The largest |α| served at ``layer`` in ``unit``: ``--max-alpha``, else the probe's rule
+        (`ALPHA_RULE`): the addition α·unit stays within ``NORM_MULTIPLE`` × the layer's mean
+        residual norm. No norm statistics and no ``--max-alpha``: nothing is served steered (0)."""
+        if self.max_alpha is not None:
+            return self.max_alpha
+        axis = self.spec.first_axis()
+        norm = float(axis.mean_norm[axis.layers.index(layer)])
+        if not (math.isfinite(norm) and norm > 0):
+            return 0.0
+        return NORM_MULTIPLE * norm / axis.unit_size(layer, unit)
 
-def error_body(
-    message: str, *, param: str | None = None, kind: str = "invalid_request_error"
-) -> dict[str, Any]:
-    """The OpenAI error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    def caps(self) -> dict[str, Any]:
+        """The α caps ``/v1/models`` states: the rule, and the cap per unit and layer."""
+        rule = "--max-alpha" if self.max_alpha is not None else ALPHA_RULE
+        layers = self.spec.first_axis().layers
+        per = {u: {str(layer): round(self._cap_or_nan(layer, u), 4) for layer in layers} for u in UNITS}
+        return {"rule": rule, "by_unit": per}
+
+    def _cap_or_nan(self, layer: int, unit: str) -> float:
+        try:
+            return self.alpha_cap(layer, unit)
+        except ValueprobeError:  # a unit the probe cannot express (no σ calibration)
+            return 0.0
 
 
 def _number(
@@ -170,15 +229,16 @@ def _number(
 
 
 def _integer(
-    body: Mapping[str, Any], key: str, default: int | None, *, lo: int, param: str = ""
+    body: Mapping[str, Any], key: str, default: int | None, *, lo: int, hi: int | None = None, param: str = ""
 ) -> int | None:
     value = body.get(key)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(param or key, f"must be an integer, got {value!r}")
-    if value < lo:
-        raise RequestError(param or key, f"must be >= {lo}, got {value}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise RequestError(param or key, f"must be {bound}, got {value}")
     return value
 
 
@@ -218,12 +278,7 @@ def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | N
             raise RequestError(f"steering.{key}", f"unknown steering field: use {', '.join(STEERING_KEYS)}")
     if "alpha" not in value:
         raise RequestError("steering.alpha", "missing: give the strength (positive is value up)")
-    cap = math.inf if limits.max_alpha is None else limits.max_alpha
     alpha = _number(value, "alpha", 0.0, lo=-math.inf, hi=math.inf, param="steering.alpha")
-    if abs(alpha) > cap:
-        raise RequestError(
-            "steering.alpha", f"|alpha| = {abs(alpha):g} is beyond this server's --max-alpha {cap:g}"
-        )
     unit = value.get("unit")
     if unit is None:
         unit = limits.spec.unit.value  # the server's spec says it (sigma unless serve --spec says otherwise)
@@ -236,31 +291,85 @@ def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | N
         )
     layer = _layer(value.get("layer"), limits, "steering.layer", _served_layer(limits.spec))
     try:
-        limits.spec.first_axis().unit_size(layer, unit)
+        cap = limits.alpha_cap(layer, unit)
     except ValueprobeError as exc:
         raise RequestError("steering.unit", str(exc)) from None
+    if abs(alpha) > cap:
+        why = "--max-alpha" if limits.max_alpha is not None else "cap (see /v1/models: " + ALPHA_RULE + ")"
+        raise RequestError(
+            "steering.alpha",
+            f"|alpha| = {abs(alpha):g} {unit} at layer {layer} is beyond this server's {why} of {cap:g}",
+        )
     return replace(limits.spec, layers=(layer,), unit=Unit(unit), positions=positions), alpha
 
 
 def _prompt(body: Mapping[str, Any], chat: bool) -> tuple[str | None, tuple[Mapping[str, str], ...] | None]:
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError("messages", "must be a non-empty list of {role, content} objects")
-        for i, m in enumerate(messages):
-            if not (
-                isinstance(m, Mapping)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-            ):
-                raise RequestError(f"messages[{i}]", 'must be {"role": str, "content": str}')
-        return None, tuple({"role": m["role"], "content": m["content"]} for m in messages)
+        return None, chat_messages(body.get("messages"))
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise RequestError("prompt", "must be one non-empty string")
     return prompt, None
+
+
+def _stops(body: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``stop`` (a string or a list of them) and vLLM's ``stop_token_ids`` (a list of ids)."""
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop", f"must be a non-empty string or a list of them, got {body.get('stop')!r}")
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise RequestError(
+            "stop_token_ids", f"must be a list of token ids, got {body.get('stop_token_ids')!r}"
+        )
+    return tuple(stop), tuple(ids)
+
+
+def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
+    """Chat: ``logprobs: true`` with ``top_logprobs: k``; completions: ``logprobs: k``. None: none."""
+    if not chat:
+        return _integer(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    top = _integer(body, "top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    if not _flag(body, "logprobs"):
+        if top is not None:
+            raise RequestError("top_logprobs", "needs logprobs: true")
+        return None
+    return top or 0
+
+
+# fields OpenAI clients may send that this server does not do: refused unless at their no-op value
+UNSERVED: dict[str, tuple[Any, ...]] = {
+    "logit_bias": (None, {}),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "repetition_penalty": (None, 1, 1.0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "use_beam_search": (None, False),
+}
+
+
+def _unserved(body: Mapping[str, Any]) -> None:
+    for key, fine in UNSERVED.items():
+        if key in body and not any(body[key] == f and type(body[key]) is type(f) for f in fine):
+            raise RequestError(key, f"{key} is not served here: leave it out")
+    kind = body.get("response_format") or {"type": "text"}
+    if not isinstance(kind, Mapping) or kind.get("type") != "text":
+        raise RequestError("response_format", 'only {"type": "text"} is served: leave it out')
+
+
+def _value_at(body: Mapping[str, Any]) -> ValueAt:
+    at = body.get("value_at", "after")
+    if at not in VALUE_AT:
+        raise RequestError("value_at", f"must be one of {', '.join(VALUE_AT)}, got {at!r}")
+    return "before" if at == "before" else "after"
 
 
 def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
@@ -273,38 +382,64 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
     model = body.get("model")
     if model != limits.model:
         raise RequestError("model", f"this server serves {limits.model!r}, not {model!r} (see /v1/models)")
-    if _integer(body, "n", 1, lo=1) != 1:
-        raise RequestError("n", "only n = 1 is served: send one request per completion")
-    if body.get("stop"):
-        raise RequestError("stop", "stop sequences are not supported: stop on max_tokens or EOS")
+    _unserved(body)
+    n = _integer(body, "n", 1, lo=1, hi=limits.max_n)
     prompt, messages = _prompt(body, chat)
     tokens_key = (
         "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     )
-    max_tokens = _integer(body, tokens_key, 16 if not chat else 256, lo=1)
-    assert max_tokens is not None
-    if max_tokens > limits.max_tokens:
-        raise RequestError(tokens_key, f"at most {limits.max_tokens} new tokens, got {max_tokens}")
-    temperature = _number(body, "temperature", 1.0, lo=0.0, hi=2.0)
-    top_p = _number(body, "top_p", 1.0, lo=1e-9, hi=1.0)
-    seed = _integer(body, "seed", None, lo=0)
+    max_tokens = _integer(body, tokens_key, 16 if not chat else 256, lo=1, hi=limits.max_tokens)
+    stop, stop_token_ids = _stops(body)
     steering = parse_steering(body.get("steering"), limits)
     value_layer = _layer(body.get("value_layer"), limits, "value_layer", limits.spec.read_layer)
     # no steering: the server's spec at the value layer with α = 0, which adds nothing at all
     spec, alpha = steering or (replace(limits.spec, layers=(value_layer,)), 0.0)
+    assert max_tokens is not None and n is not None
     return SteerRequest(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid4().hex[:24]}",
         prompt=prompt,
         messages=messages,
         max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
+        temperature=_number(body, "temperature", 1.0, lo=0.0, hi=2.0),
+        top_p=_number(body, "top_p", 1.0, lo=1e-9, hi=1.0),
+        seed=_integer(body, "seed", None, lo=0, hi=2**62),
         spec=replace(spec, read_layer=value_layer),
         alpha=alpha,
         steered=steering is not None,
         ignore_eos=_flag(body, "ignore_eos"),
+        value_at=_value_at(body),
+        logprobs=_logprobs(body, chat),
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        presence_penalty=_number(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        n=n,
     )
+
+
+def probe_card(limits: Limits) -> dict[str, Any]:
+    """What ``/v1/models`` says of the probe: its layers, the steering and value defaults, where
+    the value is read relative to the steering, and the α caps with their rule."""
+    spec = limits.spec
+    axis = spec.first_axis()
+    return {
+        "probe": str(spec.probe) if spec.probe is not None else axis.model_id,
+        "layers": list(axis.layers),
+        "best_layer": axis.best_layer,
+        "steering_defaults": {
+            "layer": _served_layer(spec) or axis.best_layer,
+            "unit": spec.unit.value,
+            "positions": spec.positions,
+        },
+        "value": {
+            "unit": "sigma",
+            "default_layer": spec.read_layer if spec.read_layer is not None else axis.best_layer,
+            "default_at": "after",
+            "value_at": list(VALUE_AT),
+            "meaning": VALUE_MEANING,
+        },
+        "max_alpha": limits.caps(),
+    }
 
 
 def _header(req: SteerRequest, limits: Limits, *, chat: bool, stream: bool) -> dict[str, Any]:
@@ -316,42 +451,50 @@ def _header(req: SteerRequest, limits: Limits, *, chat: bool, stream: bool) -> d
         "model": limits.model,
         "steering": req.steering(),
         "value_layer": req.value_layer,
+        "value_read": req.value_read(),
     }
 
 
-def completion(req: SteerRequest, chunks: Sequence[Chunk], limits: Limits, *, chat: bool) -> dict[str, Any]:
-    """The whole response of a non-streamed request from all its chunks."""
-    text = "".join(c.text for c in chunks)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "finish_reason": chunks[-1].finish_reason if chunks else "length",
-        "logprobs": None,
+def _choice(
+    req: SteerRequest, index: int, chunks: Sequence[Chunk], *, chat: bool, offset: int = 0
+) -> dict[str, Any]:
+    """One choice's fields shared by whole responses and stream chunks (not its text)."""
+    logprobs: dict[str, Any] | None = None
+    if req.logprobs is not None:
+        logprobs = chat_logprobs(chunks) if chat else completion_logprobs(chunks, offset)
+    return {
+        "index": index,
+        "finish_reason": chunks[-1].finish_reason if chunks else None,
+        "logprobs": logprobs,
         "values": [c.value for c in chunks],
         "token_ids": [c.token_id for c in chunks],
     }
-    choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-    out = _header(req, limits, chat=chat, stream=False) | {"choices": [choice]}
-    prompt = chunks[0].prompt_tokens if chunks else None
+
+
+def completion(
+    req: SteerRequest, choices: Sequence[Sequence[Chunk]], limits: Limits, *, chat: bool
+) -> dict[str, Any]:
+    """The whole response of a non-streamed request from all its choices' chunks."""
+    out = _header(req, limits, chat=chat, stream=False) | {"choices": []}
+    for i, chunks in enumerate(choices):
+        text = "".join(c.text for c in chunks)
+        choice = _choice(req, i, chunks, chat=chat)
+        choice["finish_reason"] = choice["finish_reason"] or "length"
+        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        out["choices"].append(choice)
+    prompt = next((c[0].prompt_tokens for c in choices if c), None)
     if prompt is not None:
-        out["usage"] = {
-            "prompt_tokens": prompt,
-            "completion_tokens": len(chunks),
-            "total_tokens": prompt + len(chunks),
-        }
+        done = sum(len(c) for c in choices)
+        out["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
     return out
 
 
 def stream_chunk(
-    req: SteerRequest, chunk: Chunk, limits: Limits, *, chat: bool, first: bool
+    req: SteerRequest, index: int, chunk: Chunk, limits: Limits, *, chat: bool, first: bool, offset: int = 0
 ) -> dict[str, Any]:
-    """One SSE event's object for one token."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "finish_reason": chunk.finish_reason,
-        "logprobs": None,
-        "values": [chunk.value],
-        "token_ids": [chunk.token_id],
-    }
+    """One SSE event's object for one token of choice ``index`` (``offset``: the characters of
+    that choice's text already sent, for completions' ``text_offset``)."""
+    choice = _choice(req, index, [chunk], chat=chat, offset=offset)
     if chat:
         choice["delta"] = {"content": chunk.text} | ({"role": "assistant"} if first else {})
     else:

@@ -11,12 +11,23 @@ last-token contrasts of fixed words ("Yes" vs "No") random directions reach AURO
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.stats.metrics import auroc, cohens_d
 
-__all__ = ["direction_null", "mean_ci", "null_range", "percentile_in", "random_directions"]
+__all__ = [
+    "diff_cis",
+    "direction_null",
+    "mean_ci",
+    "mean_cis",
+    "null_range",
+    "percentile_in",
+    "random_directions",
+    "random_subsets",
+]
 
 
 def random_directions(d_model: int, n: int, *, seed: int = 0) -> np.ndarray:
@@ -80,6 +91,66 @@ def mean_ci(x: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int
     lo, hi = m + (np.percentile(a[idx].mean(axis=1), [tail, 100 - tail]) - m) * np.sqrt(a.size / (a.size - 1))
     # the widening must not reach means no resample can have (an accuracy's CI stays within [0, 1])
     return float(max(lo, a.min())), float(min(hi, a.max()))
+
+
+def mean_cis(
+    x: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """`mean_ci` of every column of ``x`` [n, k] at once (the same interval, the same draws of row
+    indices for every column, so columns that are parts of one sum keep their covariance).
+
+    >>> lo, hi = mean_cis(per_pair_effects)      # [pairs, components] -> two [components] arrays
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.shape[0] < 2 or n_boot < 1:
+        return np.full(a.shape[1], np.nan), np.full(a.shape[1], np.nan)
+    idx = np.random.default_rng(seed).integers(0, a.shape[0], size=(n_boot, a.shape[0]))
+    tail = (1 - level) / 2 * 100
+    m = a.mean(axis=0)
+    boots = np.stack([a[row].mean(axis=0) for row in idx])  # [n_boot, k]
+    q = np.percentile(boots, [tail, 100 - tail], axis=0)
+    lo, hi = m + (q - m) * np.sqrt(a.shape[0] / (a.shape[0] - 1))
+    # the widening must not reach means no resample can have (an accuracy's CI stays within [0, 1])
+    return np.maximum(lo, a.min(axis=0)), np.minimum(hi, a.max(axis=0))
+
+
+def diff_cis(
+    a: np.ndarray, b: np.ndarray, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI of ``mean(a) − mean(b)`` per column, ``a`` [n_a, k] and ``b`` [n_b, k]
+    resampled separately (two independent groups, e.g. the examples of two classes).
+
+    >>> lo, hi = diff_cis(scores[y == 1], scores[y == 0])
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    k = a.shape[1]
+    if min(a.shape[0], b.shape[0]) < 2 or n_boot < 1:
+        return np.full(k, np.nan), np.full(k, np.nan)
+    rng = np.random.default_rng(seed)
+    ia = rng.integers(0, a.shape[0], size=(n_boot, a.shape[0]))
+    ib = rng.integers(0, b.shape[0], size=(n_boot, b.shape[0]))
+    boots = np.stack([a[i].mean(axis=0) - b[j].mean(axis=0) for i, j in zip(ia, ib, strict=True)])
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(boots, [tail, 100 - tail], axis=0)
+    return lo, hi
+
+
+def random_subsets(
+    pools: Sequence[tuple[int, int]], n_draws: int, *, seed: int = 0
+) -> list[list[np.ndarray]]:
+    """``n_draws`` random draws, each one subset of ``k`` items (without replacement) from each pool
+    of ``size`` items given as ``(size, k)``: the null of a chosen set of components (k random
+    heads and k' random MLPs per draw, say). Seed scheme: one ``numpy.random.default_rng(seed)``
+    (PCG64) draws, draw by draw and pool by pool, ``rng.choice(size, k, replace=False)``.
+
+    >>> random_subsets([(270, 3), (30, 2)], 2, seed=0)    # two draws of 3 heads and 2 MLPs
+    [[array([...]), array([...])], [array([...]), array([...])]]
+    """
+    for size, k in pools:
+        if not 0 <= k <= size:
+            raise ValueprobeError(f"cannot draw {k} of {size} items without replacement")
+    rng = np.random.default_rng(seed)
+    return [[np.sort(rng.choice(size, k, replace=False)) for size, k in pools] for _ in range(n_draws)]
 
 
 def direction_null(proj: np.ndarray, labels: np.ndarray, *, auroc_axis: float, d_axis: float) -> dict:

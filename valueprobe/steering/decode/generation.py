@@ -300,8 +300,8 @@ def _row_result(
         pieces = [lm.tokenizer.decode([t]) for t in seq[width - n_prompt : width + len(kept)].tolist()]
 
         def per_token(parts: list[Tensor]) -> tuple[float, ...]:
-            full = torch.cat(parts, dim=1)[i] if parts else torch.empty(0)
-            return tuple(float(full[c]) if c < full.numel() else float("nan") for c in cols)
+            full = torch.cat(parts, dim=1)[i].tolist() if parts else []  # one host read per row
+            return tuple(float(full[c]) if c < len(full) else float("nan") for c in cols)
 
         trace = Trace(
             tokens=tuple(pieces),

@@ -13,7 +13,8 @@ bit and rows never see each other's steering.
 
 A token's value is the σ-score at the spec's read layer (the first axis's site) in the forward
 that produced the token, read in that forward: at the first steered point before the addition
-(the handle's trace), elsewhere after any steering upstream (a recording at that point).
+(the handle's trace) or after it (``value_at="after"``), elsewhere after any steering upstream
+(a recording at that point). Rows may ask for log-probabilities and vLLM's penalties too.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.steering.decode.generation import _config
 from valueprobe.steering.decode.sampling import RowSampler
 from valueprobe.steering.hook.handle import Specified, Steering
+from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import as_spec
 from valueprobe.vocab import RouteName
 
-__all__ = ["RowSpec", "RowStep", "RowOutput", "generate_rows"]
+__all__ = ["RowOutput", "RowSpec", "RowStep", "ValueAt", "generate_rows"]
 
 Finish = Literal["stop", "length"]
+ValueAt = Literal["before", "after"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class RowSpec:
         ids: the prompt, tokenized (`valueprobe.steering.decode.generation.encode_prompts`).
         max_new_tokens: >= 1; temperature: 0 is greedy; top_p in (0, 1]; seed: None draws one.
         ignore_eos: run to ``max_new_tokens`` past EOS (fixed-length benchmarks; vLLM's option).
+        logprobs: None, or report each token's log-probability and the ``logprobs`` likeliest
+            tokens' (0: the token's own only), from the model's logits before any penalty.
+        presence_penalty, frequency_penalty: subtracted from a token's logit once it has been
+            generated (presence) and per time it was (frequency), as vLLM and OpenAI do; 0: none.
     """
 
     ids: tuple[int, ...]
@@ -59,15 +66,21 @@ class RowSpec:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True)
 class RowStep:
-    """One row's token at one step: its id, its value (σ), and why the row ends here, if it does."""
+    """One row's token at one step: its id, its value (σ), and why the row ends here, if it does;
+    with its log-probability and the likeliest tokens' ``(id, logprob)`` when the row asked."""
 
     token_id: int
     value: float
     finish: Finish | None
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -85,10 +98,13 @@ OnStep = Callable[[int, list[RowStep | None]], Collection[int]]
 
 
 class _RowSampling:
-    """Per-row decoding as a logits processor: argmax where temperature is 0, else the row's own
-    `RowSampler` (its seed, temperature and top-p). Hands ``generate`` a one-hot score."""
+    """Per-row decoding as a logits processor: the row's penalties, then argmax where temperature
+    is 0, else the row's own `RowSampler` (its seed, temperature and top-p). Hands ``generate`` a
+    one-hot score, and keeps each row's log-probabilities of this step (``last``) for `_Steps`."""
 
-    def __init__(self, rows: Sequence[RowSpec]) -> None:
+    def __init__(self, rows: Sequence[RowSpec], width: int) -> None:
+        self.rows = rows
+        self.width = width
         self.samplers = [
             None
             if r.temperature == 0
@@ -97,13 +113,50 @@ class _RowSampling:
             )
             for r in rows
         ]
+        self.last: list[tuple[float, tuple[tuple[int, float], ...]] | None] = [None] * len(rows)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        # every pick stays on the device: no host read or copy per step (tests/test_sync.py),
+        # unless a row asked for log-probabilities
+        logits = [_penalized(scores[i], input_ids[i, self.width :], row) for i, row in enumerate(self.rows)]
+        tokens = torch.stack(
+            [
+                logits[i].argmax()
+                if sampler is None
+                else sampler.sample(logits[i][None], sampler.next_uniforms(scores.device))[0]
+                for i, sampler in enumerate(self.samplers)
+            ]
+        )
         out = torch.full_like(scores, float("-inf"))
-        for i, sampler in enumerate(self.samplers):
-            token = scores[i].argmax() if sampler is None else sampler.sample(scores[i : i + 1])[0]
-            out[i, int(token)] = 0.0
+        logprobs = self._logprobs(scores)
+        out.scatter_(1, tokens[:, None], 0.0)
+        if logprobs is not None:  # asked for: one read of this step's picks (only then)
+            picks = tokens.tolist()
+            for i, row in enumerate(self.rows):
+                self.last[i] = None if row.logprobs is None else _top(logprobs[i], picks[i], row)
         return out
+
+    def _logprobs(self, scores: Tensor) -> Tensor | None:
+        """The step's log-probabilities (only when some row asked for them)."""
+        if all(r.logprobs is None for r in self.rows):
+            return None
+        return torch.log_softmax(scores.float(), dim=-1)
+
+
+def _penalized(logits: Tensor, generated: Tensor, row: RowSpec) -> Tensor:
+    """vLLM's presence and frequency penalties over the row's generated tokens (not the prompt)."""
+    if not (row.presence_penalty or row.frequency_penalty) or generated.numel() == 0:
+        return logits
+    counts = torch.bincount(generated.long(), minlength=logits.shape[-1])[: logits.shape[-1]].to(logits)
+    return logits - row.frequency_penalty * counts - row.presence_penalty * (counts > 0).to(logits)
+
+
+def _top(logprobs: Tensor, token: int, row: RowSpec) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """The token's log-probability and the row's ``logprobs`` likeliest ``(id, logprob)``."""
+    k = min(row.logprobs or 0, logprobs.shape[-1])
+    top = torch.topk(logprobs, k) if k else None
+    pairs = () if top is None else tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    return float(logprobs[token]), pairs
 
 
 class _Steps(StoppingCriteria):
@@ -117,19 +170,23 @@ class _Steps(StoppingCriteria):
         eos: int | None,
         read: Callable[[], Tensor],
         on_step: OnStep,
+        sampling: _RowSampling,
     ) -> None:
         self.rows = rows
         self.width = width
         self.eos = eos
         self.read = read
         self.on_step = on_step
+        self.sampling = sampling
         self.done = [False] * len(rows)
         self.outputs = [RowOutput() for _ in rows]
+        self._flags: tuple[tuple[bool, ...], Tensor] | None = None  # `done` on the device, as last sent
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
         k = input_ids.shape[1] - self.width - 1
-        tokens = input_ids[:, -1].tolist()
-        values = self.read().tolist()
+        # one copy to the host per step for the whole batch: tokens and values together
+        # (float64 holds every token id exactly)
+        tokens, values = torch.stack([input_ids[:, -1].double(), self.read().double()]).tolist()
         steps: list[RowStep | None] = []
         for i, (row, token, value) in enumerate(zip(self.rows, tokens, values, strict=True)):
             if self.done[i]:
@@ -140,7 +197,8 @@ class _Steps(StoppingCriteria):
                 if token == self.eos and not row.ignore_eos
                 else ("length" if k + 1 >= row.max_new_tokens else None)
             )
-            steps.append(RowStep(int(token), float(value), finish))
+            logprob, top = self.sampling.last[i] or (None, ())
+            steps.append(RowStep(int(token), float(value), finish, logprob, top))
             out = self.outputs[i]
             if finish != "stop":
                 out.token_ids.append(int(token))
@@ -149,20 +207,29 @@ class _Steps(StoppingCriteria):
             self.done[i] = finish is not None
         for i in self.on_step(k, steps):
             self.done[i] = True
-        return torch.tensor(self.done, device=input_ids.device)  # type: ignore[return-value]
+        return self._done_on(input_ids.device)
+
+    def _done_on(self, device: torch.device) -> torch.BoolTensor:
+        """``done`` as a device tensor, copied there only when a row's state changed."""
+        key = tuple(self.done)
+        if self._flags is None or self._flags[0] != key:
+            self._flags = (key, torch.tensor(key, device=device))
+        return self._flags[1]  # type: ignore[return-value]
 
 
 def _value_reader(
-    lm: LoadedModel, steering: Steering, value_layer: int
+    lm: LoadedModel, steering: Steering, value_layer: int, value_at: ValueAt
 ) -> tuple[Recording | None, Callable[[], Tensor]]:
     """Where the per-token value comes from: the steering handle's own trace at the first steered
-    point (before its addition), or a recording of the σ-score at another layer."""
+    point (``before`` its addition), or a recording of the σ-score at the value layer, which runs
+    after the steering hooks there (they go first, `valueprobe.hooks.patch.intervene`): ``after``."""
     first = steering.points[0]
-    if value_layer == first.layer:
+    if value_layer == first.layer and value_at == "before":
         return None, lambda: steering.reads[first.point][-1][:, -1]
     axis = steering.axis
     point = Point(value_layer, axis.site)
-    rec = record(lm, [point], reduce=lambda h: torch.as_tensor(axis.score(h.float(), value_layer)).cpu())
+    scorer = Scorer(axis, value_layer)
+    rec = record(lm, [point], reduce=lambda h: scorer(h.detach()))
     return rec, lambda: rec[point][:, -1]
 
 
@@ -174,6 +241,7 @@ def generate_rows(
     *,
     on_step: OnStep | None = None,
     route: RouteName | str = RouteName.hooks,
+    value_at: ValueAt = "before",
 ) -> list[RowOutput]:
     """Run every row in one batch; report each step through ``on_step``; return each row's run.
 
@@ -185,6 +253,8 @@ def generate_rows(
         alphas: one strength per row, in the spec's unit (0: the row is untouched).
         on_step: called after every step (see `OnStep`); it may cancel rows.
         route: the route; only ``hooks`` runs Python at every step.
+        value_at: at the first steered layer, read the value before the addition or after it
+            (elsewhere the read is after any steering upstream either way).
     """
     spec = as_spec(spec)
     if not rows:
@@ -204,15 +274,17 @@ def generate_rows(
     width = ids.shape[1]
     alpha = torch.tensor([float(a) for a in alphas], dtype=torch.float32)
     first_layer = spec.steered_layers(lm.n_layers)[0]
-    steering = Steering(lm, spec, alpha, prompt_length=width, trace=value_layer == first_layer)
-    recording, read = _value_reader(lm, steering, value_layer)
-    steps = _Steps(rows, width, eos, read, on_step or (lambda k, s: ()))
+    trace = value_layer == first_layer and value_at == "before"
+    steering = Steering(lm, spec, alpha, prompt_length=width, trace=trace)
+    recording, read = _value_reader(lm, steering, value_layer, value_at)
+    sampling = _RowSampling(rows, width)
+    steps = _Steps(rows, width, eos, read, on_step or (lambda k, s: ()), sampling)
     decode = Decode(
         lm,
         ids,
         mask,
         config=config,
-        processors=LogitsProcessorList([_RowSampling(rows)]),
+        processors=LogitsProcessorList([sampling]),
         steering=steering,
         stopping=StoppingCriteriaList([steps]),
     )

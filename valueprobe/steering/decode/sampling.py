@@ -27,7 +27,9 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 
-__all__ = ["Decoding", "RowSampler", "row_seed"]
+__all__ = ["BLOCK", "Decoding", "RowSampler", "row_seed"]
+
+BLOCK = 32  # uniforms drawn per row at a time for `RowSampler.__call__` (one host copy per block)
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,18 @@ class RowSampler:
         self.top_p = top_p
         self.shortlist = shortlist
         self.full_sorts = 0  # rows that needed the full sort, for benchmarks and tests
+        # `__call__`'s uniforms, drawn BLOCK per row at a time and copied to the device once per
+        # block (a host copy every step makes a GPU wait; issue 27). rand(k) on a CPU generator
+        # is k single draws in order, so the numbers are the same as one draw per step.
+        self._block: Tensor | None = None
+        self._used = 0
 
     def rows(self, index: Sequence[int]) -> RowSampler:
         """A sampler over some of these rows (in ``index`` order) sharing their generators, so each
-        kept row's draws go on as if nothing had left (guided decoding drops rows mid-run)."""
+        kept row's draws go on as if nothing had left (guided decoding drops rows mid-run). For
+        `sample`'s one-draw-per-call use: `next_uniforms` draws ahead, so do not mix the two."""
         out = copy.copy(self)
+        out._block, out._used = None, 0
         out.generators = [self.generators[i] for i in index]
         return out
 
@@ -105,28 +114,53 @@ class RowSampler:
         """One uniform per row, from the row's own generator."""
         return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
 
-    def sample(self, scores: Float[Tensor, "batch vocab"]) -> Int[Tensor, " batch"]:
-        """The token each row draws from its distribution, by inverse CDF at its uniform."""
+    def sample(
+        self, scores: Float[Tensor, "batch vocab"], uniform: Float[Tensor, " batch"] | None = None
+    ) -> Int[Tensor, " batch"]:
+        """The token each row draws from its distribution, by inverse CDF at its uniform (the
+        next one of each row's generator, or ``uniform`` when given, on the scores' device)."""
         if scores.shape[0] != len(self.generators):
             raise ValueprobeError(f"{scores.shape[0]} rows but {len(self.generators)} seeds")
         probs = torch.softmax(scores.double() / self.temperature, dim=-1)
-        uniform = self.draw().to(probs.device)
+        if uniform is None:
+            uniform = self.draw().to(probs.device)
         # CPU only: there the running sum is a sequential loop, so a prefix of it is bit-identical
         # to the prefix of the full one. A CUDA scan associates by row length (and sorts fast).
         if probs.device.type != "cpu" or probs.shape[1] <= self.shortlist:
             return _by_full_sort(probs, uniform, self.top_p)
-        token, exact = _by_shortlist(probs, uniform, self.top_p, self.shortlist)
-        rest = (~exact).nonzero().squeeze(1)
-        if rest.numel():
-            token[rest] = _by_full_sort(probs[rest], uniform[rest], self.top_p)
-            self.full_sorts += int(rest.numel())
+        token, full_sorts = _cpu_shortlist_pick(probs, uniform, self.top_p, self.shortlist)
+        self.full_sorts += full_sorts
         return token
 
+    def next_uniforms(self, device: torch.device, *, block: int = BLOCK) -> Float[Tensor, " batch"]:
+        """Each row's next uniform on ``device``, from a block of ``block`` draws per row copied
+        there once per block: the same numbers as `draw`, without a host copy every step."""
+        if self._block is None or self._used == self._block.shape[1]:
+            draws = [torch.rand(block, generator=g, dtype=torch.float64) for g in self.generators]
+            self._block, self._used = torch.stack(draws).to(device), 0
+        elif self._block.device != device:
+            self._block = self._block.to(device)
+        self._used += 1
+        return self._block[:, self._used - 1]
+
     def __call__(self, input_ids: Int[Tensor, "batch pos"], scores: Float[Tensor, "batch vocab"]) -> Tensor:
-        token = self.sample(scores)
+        token = self.sample(scores, self.next_uniforms(scores.device))
         out = torch.full_like(scores, float("-inf"))
-        out.scatter_(1, token[:, None].to(out.device), 0.0)
+        out.scatter_(1, token[:, None], 0.0)
         return out
+
+
+def _cpu_shortlist_pick(
+    probs: Float[Tensor, "batch vocab"], uniform: Float[Tensor, " batch"], top_p: float, k: int
+) -> tuple[Int[Tensor, " batch"], int]:
+    """`_by_full_sort`'s tokens, by `_by_shortlist` where that is exact and the full sort for the
+    rest; and how many rows needed the full sort. CPU tensors only (its ``nonzero`` would make a
+    GPU wait; on a GPU the full sort runs for every row)."""
+    token, exact = _by_shortlist(probs, uniform, top_p, k)
+    rest = (~exact).nonzero().squeeze(1)
+    if rest.numel():
+        token[rest] = _by_full_sort(probs[rest], uniform[rest], top_p)
+    return token, int(rest.numel())
 
 
 def _by_full_sort(

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.hook.resident import Scorer
 
 if TYPE_CHECKING:
     from valueprobe.hooks.route import Step
@@ -101,17 +102,18 @@ class Gate:
         self.axis = axis
         self.layer = layer
         self.latched: Tensor | None = None
+        self.scorer = Scorer(axis, layer)
 
     def __call__(self, h: Float[Tensor, "batch new d_model"], step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward where the condition holds (never a pad cell)."""
-        score = torch.as_tensor(self.axis.score(h.detach().float(), self.layer))
+        score = self.scorer(h.detach())  # no host read or copy per step (tests/test_sync.py)
         c = self.condition
-        hit = (score > c.threshold if c.when == "above" else score < c.threshold) & ~step.pad.to(score.device)
+        hit = (score > c.threshold if c.when == "above" else score < c.threshold) & ~step.pad
         if not c.latch:
             return hit
         if step.offset == 0 or self.latched is None or self.latched.shape[0] != hit.shape[0]:
             self.latched = torch.zeros(hit.shape[0], dtype=torch.bool, device=hit.device)
-        run = (hit.cumsum(dim=1) > 0) | self.latched.to(hit.device)[:, None]
+        run = (hit.cumsum(dim=1) > 0) | self.latched[:, None]
         self.latched = run[:, -1]
         return run
 

@@ -27,7 +27,6 @@ reads it as data (`Steering.as_additions`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,6 +38,7 @@ from valueprobe.hooks.decode import Additions
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.hook.condition import Gate
+from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import SteeringSpec, SteerPoint, as_spec, check_phase
 from valueprobe.vocab import Op, Site
 
@@ -85,7 +85,7 @@ class Steering(Handle):
         check_phase(self.spec.positions, self.spec.window, prompt_length)
         self.points = self.spec.points(lm)
         self.axis = self.spec.first_axis()
-        self.alpha = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
+        self.alpha = alpha
         self.prompt_length = prompt_length
         self.trace = trace
         self.source = source
@@ -93,6 +93,28 @@ class Steering(Handle):
         self.reads: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
         self.applied: dict[Point, list[Tensor]] = {t.point: [] for t in self.points}
         self.recordings: dict[Point, Recording] = {}
+
+    @property
+    def alpha(self) -> Tensor:
+        """``[batch]`` (or one) strengths on the host; setting it drops the device copies."""
+        return self._alpha_host
+
+    @alpha.setter
+    def alpha(self, value: float | Tensor) -> None:
+        host = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
+        # α's copies per device, kept here (not in an `OnDevice`): α crosses no module it need not
+        # (tests/test_alpha_walk.py); the first forward on a device pays the copy, later steps reuse it
+        self._alpha_host = host
+        self._alpha_on: dict[torch.device, Tensor] = {host.device: host}
+        # known on the host, so no step asks the device: all-zero α leaves every forward alone
+        self._idle = host.device.type == "cpu" and not bool(host.any())
+
+    def _alpha_at(self, device: torch.device) -> Tensor:
+        """α on ``device``, copied there the first time only."""
+        copy = self._alpha_on.get(device)
+        if copy is None:
+            copy = self._alpha_on[device] = self._alpha_host.to(device)
+        return copy
 
     def attach(self) -> Steering:
         """Put the hooks on the model (one per steered point, a recorder per read layer); returns
@@ -107,7 +129,7 @@ class Steering(Handle):
                 self.join(intervene(self.lm, t.point, self._hook(t, gate)))
             for layer in self.read_layers:
                 p = Point(layer, Site.resid_post)
-                self.recordings[p] = record(self.lm, [p], reduce=partial(_score, self.axis, layer))
+                self.recordings[p] = record(self.lm, [p], reduce=_detached(Scorer(self.axis, layer)))
                 self.join(self.recordings[p])
         except BaseException:
             self.remove()
@@ -133,10 +155,17 @@ class Steering(Handle):
 
     def traced(self) -> tuple[dict[Point, list[Tensor]], list[Tensor]]:
         """Per point, one ``[batch, new]`` σ-score per forward (the first steered point before its
-        addition, then each read layer); and the α applied at the first steered point."""
+        addition, then each read layer); and the α applied at the first steered point. The hooks
+        keep them on the device; they come to the host here, in one copy."""
         main = self.points[0].point
         values = {main: self.reads[main]} | {p: r.values[p] for p, r in self.recordings.items()}
-        return values, self.applied[main]
+        lists = [*values.values(), self.applied[main]]
+        host = to_host([t for parts in lists for t in parts])
+        out, at = [], 0
+        for parts in lists:
+            out.append(host[at : at + len(parts)])
+            at += len(parts)
+        return dict(zip(values, out[:-1], strict=True)), out[-1]
 
     def cells(self, step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward steering may touch: not padding, and in the spec's phase:
@@ -155,26 +184,31 @@ class Steering(Handle):
         return ok & keep[None, :]
 
     def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
+        # Nothing in here reads a device value on the host or copies a host tensor per step:
+        # α, v̂ and the scorer's direction reach the device on the first forward (tests/test_sync.py).
+        scorer = Scorer(self.axis, target.layer) if self.trace and target is self.points[0] else None
+
         def fn(h: Tensor, step: Step) -> Tensor | None:
+            if self._idle and not self.trace and self.source is None:
+                return None
             cells = self.cells(step)
             if gate is not None:
-                cells = cells & gate(h, step).to(cells.device)
-            if self.trace and target is self.points[0]:
-                self.reads[target.point].append(target.score(self.axis, h.detach()).cpu())
+                cells = cells & gate(h, step)
+            if scorer is not None:
+                self.reads[target.point].append(scorer(h.detach()))
             if self.source is not None:
-                alpha = self.source(target, h, step, cells).to(h.device)
+                alpha = self.source(target, h, step, cells)
             else:
-                a = self.alpha.to(h.device)
+                a = self._alpha_at(h.device)
                 if a.numel() not in (1, h.shape[0]):
                     raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
             alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
             if self.trace:
-                self.applied[target.point].append(alpha.detach().cpu())
-            touch = alpha != 0
-            if not bool(touch.any()):
+                self.applied[target.point].append(alpha.detach())
+            if self._idle and self.source is None:
                 return None
-            return torch.where(touch[..., None], self.spec.op(h, alpha, target), h)
+            return torch.where((alpha != 0)[..., None], self.spec.op(h, alpha, target), h)
 
         return fn
 
@@ -182,8 +216,24 @@ class Steering(Handle):
         return self
 
 
-def _score(axis: ValueAxis, layer: int, h: Tensor) -> Tensor:
-    return torch.as_tensor(axis.score(h.float(), layer)).cpu()
+def _detached(scorer: Scorer) -> Callable[[Tensor], Tensor]:
+    return lambda h: scorer(h.detach())
+
+
+def to_host(parts: Sequence[Tensor]) -> list[Tensor]:
+    """Tensors from the device in one copy per device (same shapes and dtypes; CPU ones as they are)."""
+    out = list(parts)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(parts):
+        if p.device.type != "cpu":
+            by_device.setdefault(p.device, []).append(i)
+    for index in by_device.values():
+        group = [parts[i] for i in index]
+        flat = torch.cat([p.reshape(-1).double() for p in group]).cpu()
+        pieces = flat.split([p.numel() for p in group])
+        for i, p, piece in zip(index, group, pieces, strict=True):
+            out[i] = piece.reshape(p.shape).to(p.dtype)
+    return out
 
 
 def steer(

@@ -51,6 +51,8 @@ class Target(Protocol):
     @property
     def direction(self) -> Float[Tensor, " d_model"]: ...  # unit vector, float32
 
+    def direction_on(self, device: torch.device) -> Float[Tensor, " d_model"]: ...  # kept there after
+
     @property
     def unit_size(self) -> float: ...
 
@@ -140,7 +142,7 @@ class Operator:
         self, h: Float[Tensor, "batch new d_model"], alpha: Float[Tensor, "batch new"], target: Target
     ) -> Float[Tensor, "batch new d_model"]:
         """The operator applied at every cell with its α (callers keep α = 0 cells as they were)."""
-        v = target.direction.to(h.device)
+        v = target.direction_on(h.device)  # copied to the device once per run, not per step
         if self.op in (Op.add, Op.add_norm):
             step = (alpha * target.unit_size)[..., None] * v
             if self.op == Op.add:

@@ -85,6 +85,14 @@ class SteerPoint:
     layer: int  # the axis layer this target reads its statistics from
     mu: float = math.nan  # the axis's mean projection at that layer (set and clamp read it)
     sigma: float = math.nan  # its σ there (NaN when uncalibrated: set and clamp refuse)
+    _resident: dict[torch.device, Tensor] = field(default_factory=dict, init=False, repr=False)
+
+    def direction_on(self, device: torch.device) -> Float[Tensor, " d_model"]:
+        """``direction`` on ``device``, copied there the first time only (no host copy per step)."""
+        copy = self._resident.get(device)
+        if copy is None:
+            copy = self._resident[device] = self.direction.to(device)
+        return copy
 
     def score(self, axis: ValueAxis, h: Tensor) -> Tensor:
         """The projection of ``h`` on the axis at this layer, in σ (float32)."""

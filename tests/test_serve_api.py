@@ -1,0 +1,274 @@
+# ruff: noqa: F811 - the fixtures imported from test_serve are parameters here
+"""``valueprobe serve``'s request layer as OpenAI clients use it (issue 30): content parts, roles,
+logprobs, stop, n, seed, penalties, value_at and the α cap, through the official ``openai`` client.
+
+Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_serve_api.py``
+References: the model's own logits (log_softmax) for logprobs; a hand-written greedy loop with
+vLLM's penalty formula; the same request alone (n's choices = single requests with seed + i, stops =
+the unstopped text cut); and a closed form for value_at: with a unit axis steered in σ at the read
+layer, the value after the addition is the value before it plus α.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+from test_serve import MODEL, PROMPT, STEER_LAYER, VALUE_LAYER, Server, axis, lm, server  # noqa: F401 - fixtures
+
+from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.protocol import Limits
+from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.hook.spec import SteeringSpec
+
+CHAT = [{"role": "user", "content": "Is 7 prime?"}]
+
+
+def _text(client: openai.OpenAI, **kw):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0} | kw
+    return client.completions.create(**body)
+
+
+def _chat(client: openai.OpenAI, **kw):
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 6, "temperature": 0} | kw
+    return client.chat.completions.create(**body)
+
+
+def _refused(server: Server, path: str, body: dict) -> dict:
+    r = httpx.post(f"{server.url}/{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    return error
+
+
+def test_content_parts_are_joined_text_and_other_parts_are_refused_by_name(server):
+    client = server.client()
+    parts = [{"type": "text", "text": "Is 7"}, {"type": "text", "text": "prime?"}]
+    got = _chat(client, messages=[{"role": "user", "content": parts}])
+    same = _chat(client, messages=[{"role": "user", "content": "Is 7\nprime?"}])
+    assert got.choices[0].model_extra["token_ids"] == same.choices[0].model_extra["token_ids"]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as exc:
+        _chat(client, messages=[{"role": "user", "content": [parts[0], image]}])
+    assert exc.value.body["param"] == "messages[0].content[1]" and "image_url" in exc.value.body["message"]
+
+
+@pytest.mark.parametrize("role", ["wizard", "tool", "function", ""])
+def test_a_role_the_template_does_not_know_is_a_400(server, role):
+    body = {"model": MODEL, "messages": [{"role": role, "content": "hi"}]}
+    assert _refused(server, "chat/completions", body)["param"] == "messages[0].role"
+
+
+def _reference_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """log_softmax of the model's logits at each position that produced a token (no steering)."""
+    full = torch.tensor([prompt_ids + token_ids[:-1]])
+    with torch.no_grad():
+        logits = lm.model(input_ids=full).logits[0, len(prompt_ids) - 1 :]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def test_chat_logprobs_are_the_models_own(server, lm):
+    got = _chat(server.client(), logprobs=True, top_logprobs=3).choices[0]
+    ids = got.model_extra["token_ids"]
+    (prompt,) = encode_prompts(lm, [CHAT])
+    ref = _reference_logprobs(lm, prompt, ids)
+    content = got.logprobs.content
+    assert len(content) == len(ids)
+    for i, entry in enumerate(content):
+        assert entry.logprob == pytest.approx(float(ref[i, ids[i]]), abs=1e-4)
+        top = torch.topk(ref[i], 3)
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-6)  # greedy: the top one
+        assert entry.token == lm.tokenizer.decode([ids[i]]) and entry.bytes == list(entry.token.encode())
+
+
+def test_completion_logprobs_streamed_equal_whole(server, lm):
+    client = server.client()
+    whole = _text(client, logprobs=2).choices[0]
+    (prompt,) = encode_prompts(lm, [PROMPT])
+    ref = _reference_logprobs(lm, prompt, whole.model_extra["token_ids"])
+    ids = whole.model_extra["token_ids"]
+    assert whole.logprobs.token_logprobs == pytest.approx(
+        [float(ref[i, t]) for i, t in enumerate(ids)], abs=1e-4
+    )
+    assert all(len(top) == 2 for top in whole.logprobs.top_logprobs)
+    streamed = [c.choices[0].logprobs.token_logprobs[0] for c in _text(client, logprobs=2, stream=True)]
+    assert streamed == pytest.approx(whole.logprobs.token_logprobs, abs=1e-6)
+    assert _chat(client).choices[0].logprobs is None  # not asked, not given
+
+
+def _stop_string(text: str) -> str:
+    """A stop string from the middle of ``text`` that first occurs there."""
+    for start in range(1, len(text) - 2):
+        s = text[start : start + 2]
+        if s.strip() and text.find(s) == start:
+            return s
+    pytest.skip(f"no usable stop string in {text!r}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_ends_the_text_before_it(server, stream):
+    client = server.client()
+    free = _text(client, max_tokens=12).choices[0].text
+    stop = _stop_string(free)
+    if stream:
+        chunks = [c.choices[0] for c in _text(client, max_tokens=12, stop=[stop, "never-seen"], stream=True)]
+        text, reason = "".join(c.text for c in chunks), chunks[-1].finish_reason
+        assert all(stop not in c.text for c in chunks)
+    else:
+        got = _text(client, max_tokens=12, stop=[stop, "never-seen"]).choices[0]
+        text, reason = got.text, got.finish_reason
+    assert text == free[: free.find(stop)] and reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_token_id_keeps_its_id_and_value_not_its_text(server, lm, stream):
+    client = server.client()
+    free = _text(client, max_tokens=8).choices[0]
+    ids = free.model_extra["token_ids"]
+    k = next((i for i in range(1, len(ids)) if ids[i] not in ids[:i]), None)
+    if k is None:
+        pytest.skip("the greedy run repeats one token")
+    extra = {"stop_token_ids": [ids[k]]}
+    if stream:
+        chunks = [c.choices[0] for c in _text(client, max_tokens=8, stream=True, extra_body=extra)]
+        got_ids = [i for c in chunks for i in c.model_extra["token_ids"]]
+        text, reason = "".join(c.text for c in chunks), chunks[-1].finish_reason
+    else:
+        got = _text(client, max_tokens=8, extra_body=extra).choices[0]
+        got_ids, text, reason = got.model_extra["token_ids"], got.text, got.finish_reason
+    assert got_ids == ids[: k + 1] and reason == "stop"
+    # the text before the stop token, less a trailing incomplete character (never sent half, as vLLM)
+    assert text == lm.tokenizer.decode(ids[:k], skip_special_tokens=True).rstrip("\ufffd")
+
+
+def test_n_choices_are_each_the_request_alone_with_seed_plus_index(server):
+    client = server.client()
+    got = _text(client, n=3, seed=11, temperature=1.0, max_tokens=5)
+    assert [c.index for c in got.choices] == [0, 1, 2] and got.usage.completion_tokens == 15
+    for i, choice in enumerate(got.choices):
+        alone = _text(client, seed=11 + i, temperature=1.0, max_tokens=5).choices[0]
+        assert choice.model_extra["token_ids"] == alone.model_extra["token_ids"]
+        assert choice.model_extra["values"] == pytest.approx(alone.model_extra["values"], abs=1e-5)
+    assert len({tuple(c.model_extra["token_ids"]) for c in got.choices}) > 1, "every choice drew the same"
+    streamed: dict[int, list[int]] = {}
+    for chunk in _chat(client, n=2, seed=5, temperature=1.0, max_tokens=4, stream=True):
+        for c in chunk.choices:
+            streamed.setdefault(c.index, []).extend(c.model_extra["token_ids"])
+    whole = _chat(client, n=2, seed=5, temperature=1.0, max_tokens=4)
+    assert streamed == {c.index: c.model_extra["token_ids"] for c in whole.choices}
+
+
+def test_seed_repeats_a_sample(server):
+    client = server.client()
+    a, b = (_text(client, seed=3, temperature=1.0).choices[0].model_extra["token_ids"] for _ in range(2))
+    assert a == b
+
+
+def test_penalties_are_vllms(server, lm):
+    """Greedy with frequency 1.5 and presence 0.5 equals a hand loop: logit - f·count - p·[count > 0]
+    over the generated tokens."""
+    got = _text(server.client(), frequency_penalty=1.5, presence_penalty=0.5, max_tokens=8).choices[0]
+    (ids,) = encode_prompts(lm, [PROMPT])
+    out: list[int] = []
+    for _ in range(8):
+        with torch.no_grad():
+            logits = lm.model(input_ids=torch.tensor([ids + out])).logits[0, -1].float()
+        counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[0]).float()
+        out.append(int((logits - 1.5 * counts - 0.5 * (counts > 0).float()).argmax()))
+    assert got.model_extra["token_ids"] == out
+    plain = _text(server.client(), max_tokens=8).choices[0].model_extra["token_ids"]
+    assert plain != out, "the penalties changed nothing: pick a prompt that repeats"
+
+
+def test_value_at_the_steered_layer_shows_the_steering(server):
+    """A unit axis steered α σ at the read layer: after = before + α, token for token; the default
+    is after, and the response says where it read."""
+    client = server.client()
+    alpha = 3.0
+
+    def run(**extra):
+        body = {"steering": {"alpha": alpha}, "value_layer": STEER_LAYER} | extra
+        return _text(client, extra_body=body)
+
+    default, before = run(), run(value_at="before")
+    assert default.choices[0].model_extra["token_ids"] == before.choices[0].model_extra["token_ids"]
+    after = torch.tensor(default.choices[0].model_extra["values"])
+    assert after.sub(torch.tensor(before.choices[0].model_extra["values"])).tolist() == pytest.approx(
+        [alpha] * len(after), abs=1e-4
+    )
+    assert default.model_extra["value_read"] == {
+        "layer": STEER_LAYER,
+        "at": "after",
+        "steered_layer": STEER_LAYER,
+    }
+    assert before.model_extra["value_read"]["at"] == "before"
+    later = _text(client, extra_body={"steering": {"alpha": alpha}, "value_layer": VALUE_LAYER})
+    assert later.model_extra["value_read"] == {
+        "layer": VALUE_LAYER,
+        "at": "after",
+        "steered_layer": STEER_LAYER,
+    }
+    assert _refused(server, "completions", {"model": MODEL, "prompt": PROMPT, "value_at": "during"})[
+        "param"
+    ] == ("value_at")
+
+
+@pytest.fixture(scope="module")
+def capped(lm, axis):
+    """A server with no --max-alpha: the cap is the probe's (planted: σ 0.5, mean norm 8)."""
+    s = Server(HFEngine(lm, model=MODEL), Limits(MODEL, SteeringSpec(axis)))
+    yield s
+    s.close()
+
+
+def test_default_alpha_cap_is_the_probes_and_stated_in_models(capped):
+    card = httpx.get(f"{capped.url}/models", timeout=30).json()["data"][0]["valueprobe"]
+    # the addition α·unit stays within 1 × the layer's mean norm: 8 / 0.5 = 16 σ, 100 % of the norm
+    assert card["max_alpha"]["by_unit"]["sigma"][str(STEER_LAYER)] == pytest.approx(16.0)
+    assert card["max_alpha"]["by_unit"]["norm"][str(STEER_LAYER)] == pytest.approx(100.0)
+    assert "mean residual norm" in card["max_alpha"]["rule"]
+    assert card["value"]["default_at"] == "after" and card["layers"] == [0, 1, 2, 3]
+    client = capped.client()
+    assert _text(client, max_tokens=2, extra_body={"steering": {"alpha": -16}}).choices[0].text is not None
+    for alpha, unit in [(16.5, "sigma"), (1e9, "sigma"), (101, "norm")]:
+        body = {"model": MODEL, "prompt": PROMPT, "steering": {"alpha": alpha, "unit": unit}}
+        assert _refused(capped, "completions", body)["param"] == "steering.alpha"
+
+
+@pytest.mark.parametrize(
+    ("path", "patch", "param"),
+    [
+        ("chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"text": "x"}]}]},
+            "messages[0].content[0]",
+        ),
+        ("chat/completions", {"messages": "hi"}, "messages"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("completions", {"logprobs": -1}, "logprobs"),
+        ("completions", {"stop": [""]}, "stop"),
+        ("completions", {"stop": 3}, "stop"),
+        ("completions", {"stop_token_ids": ["a"]}, "stop_token_ids"),
+        ("completions", {"n": 0}, "n"),
+        ("completions", {"n": 17}, "n"),
+        ("completions", {"seed": -1}, "seed"),
+        ("completions", {"presence_penalty": 3}, "presence_penalty"),
+        ("completions", {"frequency_penalty": "x"}, "frequency_penalty"),
+        ("completions", {"logit_bias": {"1": 5}}, "logit_bias"),
+        ("completions", {"echo": True}, "echo"),
+        ("completions", {"best_of": 3}, "best_of"),
+        ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+    ],
+)
+def test_every_refusal_is_an_openai_error_naming_the_field(server, path, patch, param):
+    base = {"model": MODEL, "max_tokens": 2} | (
+        {"messages": CHAT} if path.startswith("chat") else {"prompt": PROMPT}
+    )
+    assert _refused(server, path, base | patch)["param"] == param
+    assert _text(server.client(), max_tokens=1).choices[0].model_extra["values"]

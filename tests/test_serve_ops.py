@@ -1,0 +1,132 @@
+# ruff: noqa: F811 - the fixtures imported from test_serve are parameters here
+"""``valueprobe serve`` under an operator (issue 30): /health, /metrics, a full queue (429 with
+Retry-After), a request timeout (504), one log line per request, and SIGTERM's drain (503 for new
+requests, in-flight ones finish, exit 0).
+
+Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_serve_ops.py``
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_serve import MODEL, PROMPT, Server, axis, lm, probe_dir, server  # noqa: F401 - fixtures
+
+from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.ops import Operations
+from valueprobe.serve.protocol import Limits
+from valueprobe.steering.hook.spec import SteeringSpec
+
+
+def _samples(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_health_and_metrics_count_what_was_served(server):
+    base = server.url.removesuffix("/v1")
+    assert httpx.get(f"{base}/health", timeout=30).json() == {"status": "ok", "in_flight": 0}
+    before = _samples(server.url)
+    server.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+    httpx.post(f"{server.url}/completions", json={"model": "nope", "prompt": PROMPT}, timeout=30)
+    after = _samples(server.url)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew("valueprobe_requests_total", route="completions", status="200") == 1
+    assert grew("valueprobe_requests_total", route="completions", status="400") == 1
+    assert grew("valueprobe_tokens_total", kind="completion") == 3
+    assert grew("valueprobe_tokens_total", kind="prompt") > 0
+    assert grew("valueprobe_time_to_first_token_seconds_count") == 1
+    assert grew("valueprobe_time_per_output_token_seconds_count") == 2
+    assert after[("valueprobe_queue_depth", ())] == 0
+    assert after[("valueprobe_batch_size_count", ())] >= 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"), [("get", "/v1/nothing", 404), ("get", "/v1/completions", 405)]
+)
+def test_unknown_route_and_method_are_openai_errors(server, method, path, status):
+    r = httpx.request(method.upper(), server.url.removesuffix("/v1") + path, timeout=30)
+    assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_one_log_line_per_request_without_the_prompt(server, caplog):
+    caplog.set_level(logging.INFO, logger="valueprobe.serve")
+    secret = "my secret prompt text"
+    got = server.client().completions.create(
+        model=MODEL, prompt=secret, max_tokens=2, extra_body={"steering": {"alpha": 1.5}}
+    )
+    lines = [r.getMessage() for r in caplog.records if got.id in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "status=200" in lines[0] and "alpha=1.5" in lines[0] and "completion_tokens=2" in lines[0]
+    assert secret not in caplog.text
+
+
+def _server(lm, axis, ops: Operations, window_s: float = 0.02):
+    s = Server(
+        HFEngine(lm, model=MODEL, window_s=window_s), Limits(MODEL, SteeringSpec(axis), max_alpha=8), ops=ops
+    )
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def guarded(lm, axis):
+    """One request at a time, each waiting 3 s for batch neighbours."""
+    yield from _server(lm, axis, Operations(max_queue=1), window_s=3.0)
+
+
+@pytest.fixture(scope="module")
+def timed(lm, axis):
+    """1.5 s per request at most, prompts logged."""
+    yield from _server(lm, axis, Operations(request_timeout=1.5, log_prompts=True))
+
+
+def test_a_full_queue_is_a_429_with_retry_after_and_serving_goes_on(guarded):
+    """The one slot is held by a request waiting in the engine's 3 s batch window."""
+    health = guarded.url.removesuffix("/v1") + "/health"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(guarded.client().completions.create, model=MODEL, prompt=PROMPT, max_tokens=1)
+        deadline = time.monotonic() + 30
+        while httpx.get(health, timeout=30).json()["in_flight"] != 1:
+            assert time.monotonic() < deadline, "the first request was never admitted"
+            time.sleep(0.02)
+        r = httpx.post(f"{guarded.url}/completions", json={"model": MODEL, "prompt": PROMPT}, timeout=30)
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.text
+        assert r.json()["error"]["type"] == "rate_limit_error" and "param" in r.json()["error"]
+        assert held.result(timeout=60).choices[0].text is not None
+    assert httpx.get(health, timeout=30).json()["in_flight"] == 0
+    assert (
+        guarded.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).choices[0].text
+        is not None
+    )
+
+
+def test_a_request_past_the_timeout_is_a_504_and_its_row_stops(timed, caplog):
+    guarded = timed
+    caplog.set_level(logging.INFO, logger="valueprobe.serve")
+    before = guarded.engine.cancelled_rows
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
+    r = httpx.post(f"{guarded.url}/completions", json=body, timeout=60)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout", r.text
+    deadline = time.monotonic() + 30
+    while guarded.engine.cancelled_rows == before:
+        assert time.monotonic() < deadline, "the timed-out row kept running"
+        time.sleep(0.05)
+    assert "status=504" in caplog.text and PROMPT in caplog.text  # --log-prompts puts it in
+    assert (
+        guarded.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).choices[0].text
+        is not None
+    )
