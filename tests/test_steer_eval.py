@@ -25,7 +25,7 @@ from valueprobe.cli import steer_eval as cli_eval
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.replicate import steer_eval
-from valueprobe.replicate.steer import replicate_steer
+from valueprobe.replicate.steer import ReplicateSteerSettings, replicate_steer
 from valueprobe.replicate.steer_eval import SteerEvaluation
 from valueprobe.report.browser import open_report
 from valueprobe.report.steering_eval import (
@@ -204,12 +204,14 @@ def test_replicate_steer_judges_its_sweeps(tiny_lm_factory, tmp_path, monkeypatc
         "code": ("task_code.jsonl", None, 1, 8),
     }
     monkeypatch.setattr(steer_eval, "TASKS", small)
-    report = replicate_steer(
-        lm, axis=tiny_axis(lm), other=tiny_axis(lm, seed=1), probe=Path("p/value"), other_probe=Path("p/history"),
-        data_dir=DATA, runs_dir=tmp_path / "runs", out=tmp_path / "out", prompts=4, alphas=(-1.0, 0.0, 1.0),
-        unit="sigma", controls=2, tokens=0.05, rows=("add",), benchmarks=("length", "confidence"),
-        conditions=("toward", "away", "reworded"), evaluate=True,
+    run = ReplicateSteerSettings(
+        probe=Path("p/value"), other_probe=Path("p/history"), data_dir=DATA, runs_dir=tmp_path / "runs",
+        prompts=4, alphas=(-1.0, 0.0, 1.0), unit="sigma", controls=2, tokens=0.05, rows=("add",),
+        benchmarks=("length", "confidence"), conditions=("toward", "away", "reworded"),
     )  # fmt: skip
+    report = replicate_steer(
+        lm, run, axis=tiny_axis(lm), other=tiny_axis(lm, seed=1), out=tmp_path / "out", evaluate=True
+    )
     assert set(report.sweeps) == {"confidence", "length"}
     ev = SteerEvaluation.from_dict(json.loads((tmp_path / "out" / "evaluation.json").read_text()))
     assert set(ev.benches) == {"confidence", "length"}

@@ -196,7 +196,7 @@ def _print(found: SteerSearch, out: Path, probe: Path) -> None:
           [[c.name, c.kl, c.test_effect, f"[{c.test_ci[0]:+.3f}, {c.test_ci[1]:+.3f}]", null, f"KL ≤ {front.max_random_kl:.3g}"]])  # fmt: skip
     console.print(f"on test the chosen α is {useful}")
     # the chosen setting as the one steering spec steer and serve read; α is not part of a spec
-    spec = SteeringSpec(probe=str(probe), layers=[c.layer], unit=found.unit, op=Operator(Op(c.op)),
+    spec = SteeringSpec(probe=str(probe), layers=[c.layer], unit=Unit(found.unit), op=Operator(Op(c.op)),
                         positions=cast(Where, c.positions))  # fmt: skip
     spec.save(out / "spec.json")
     write_html(

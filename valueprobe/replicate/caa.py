@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from valueprobe.activations.capture import capture
+from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.caa import BEHAVIOURS, CaaItem, read_caa
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
@@ -127,7 +127,8 @@ def fit_caa_vectors(
     answer letter's residual), μ and σ of the training rows' projections, mean residual norms, and
     the vectors' own lengths in ``metrics["caa_norm"]`` (one per layer)."""
     examples = [_answered(item, x) for item in train for x in ("A", "B")]
-    got = capture(lm, examples, layers="all", positions=Positions.last, batch_size=batch_size, progress=False)
+    settings = CaptureSettings(layers="all", positions=Positions.last, batch_size=batch_size)
+    got = capture(lm, examples, settings, progress=False)
     y = got.rows.label
     layers = sorted(k for k in got.acts if isinstance(k, int))
     units, mus, sigmas, norms, lengths = [], [], [], [], []

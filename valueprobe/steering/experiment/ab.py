@@ -31,6 +31,8 @@ from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.hook.handle import steer
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import Unit
 
 __all__ = ["ANSWER_OPEN", "ab_match", "answer_ids"]
 
@@ -89,8 +91,8 @@ def _batch(
     after = position[:, -1:] + 1 + torch.arange(len(opening))[None, :]
     out = np.empty((len(settings), n))
     for k, (layer, v, alpha) in enumerate(settings):
-        with torch.no_grad(), steer(lm, axis, alpha, layers=[layer], unit="raw", direction=v,
-                                    positions="generated", prompt_length=width):  # fmt: skip
+        with torch.no_grad(), steer(lm, SteeringSpec(axis, layers=[layer], unit=Unit.raw, direction=v,
+                                                 positions="generated"), alpha, prompt_length=width):  # fmt: skip
             logits = lm.model(input_ids=answer.to(device), attention_mask=full.to(device),
                               position_ids=after.to(device), use_cache=True, **{key: cache}).logits  # fmt: skip
         cache.crop(-len(opening))  # back to the question alone

@@ -51,6 +51,7 @@ from valueprobe.steering.experiment.sweep import sweep_directions
 from valueprobe.steering.hook.handle import steer
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec, Where
+from valueprobe.vocab import HookSite, Unit
 
 __all__ = ["PREFIX", "SideEffects", "SideMetric", "SteerPlan", "measure_side_effects", "sweep_plan"]
 
@@ -71,7 +72,8 @@ class SteerPlan:
 
     def spec(self, axis: ValueAxis, v: torch.Tensor | None) -> SteeringSpec:
         """What steers along ``v`` (None: the axis's own direction) at this plan's setting."""
-        return SteeringSpec(axis, layers=[self.layer], site=self.site, unit=self.unit, op=self.op,
+        return SteeringSpec(axis, layers=[self.layer], site=None if self.site is None else HookSite(self.site),
+                            unit=Unit(self.unit), op=self.op,
                             positions=self.positions, direction=v)  # fmt: skip
 
 
