@@ -150,8 +150,16 @@ def test_the_guard_names_the_line_of_a_sync_that_comes_back(tiny_lm_factory, mon
     assert f"test_sync.py:{line} in syncing: Tensor.__bool__ ×{LONG - SHORT} more" in problem, problem
 
 
+ASKS = {
+    "plain": {},
+    # log-probabilities come back in the step's one copy; penalties count tokens on the device
+    "logprobs-and-penalties": {"logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": 1.0},
+}
+
+
+@pytest.mark.parametrize("asks", list(ASKS))
 @pytest.mark.parametrize("read_layer", [1, 2], ids=["read-at-steered", "read-elsewhere"])
-def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_factory, read_layer):
+def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_factory, read_layer, asks):
     """A streaming server may copy once per step; one copy for the whole batch, nothing else."""
     lm = tiny_lm_factory("llama")
     spec = SteeringSpec(planted_axis(lm), layers=1, read_layer=read_layer)
@@ -159,7 +167,7 @@ def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_f
 
     def call(tokens: int) -> None:
         rows = [
-            RowSpec(tuple(ids), max_new_tokens=tokens, ignore_eos=True),
+            RowSpec(tuple(ids), max_new_tokens=tokens, ignore_eos=True, **ASKS[asks]),
             RowSpec(
                 tuple(ids[:3]), max_new_tokens=tokens, temperature=0.7, top_p=0.9, seed=4, ignore_eos=True
             ),
