@@ -376,15 +376,24 @@ def main() -> None:
         got = run()
         got |= {"seconds": time.perf_counter() - start, "peak_gpu_mb": peak_mb(args.device)}
         result["rows"][name] = got
+        _write(args.out, result)  # after every row: a run cut short keeps the rows it finished
         print(
             name,
             json.dumps(got, default=lambda x: round(x, 4) if isinstance(x, float) else str(x)),
             flush=True,
         )
     result["loadavg_before_after"] = [load_before, os.getloadavg()]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    _write(args.out, result)
     print_table(result)
+
+
+def _write(out: str, result: dict) -> None:
+    """The results so far, whole: written to a temporary name and renamed."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
 
 
 def print_table(result: dict) -> None:

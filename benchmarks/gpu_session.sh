@@ -34,7 +34,9 @@ start=$(date +%s)
 {
     echo "date: $(date -u)"
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
+    fi
     "$PY" - <<'EOF'
 import importlib, sys
 import torch, transformers
@@ -45,7 +47,7 @@ missing = [m for m in ("valueprobe", "jaxtyping", "typer", "tqdm", "sklearn", "s
 print("missing modules:", ", ".join(missing) or "none")
 EOF
 } 2>&1 | tee "$OUT/env.txt"
-if grep -q "missing modules: [a-z]" "$OUT/env.txt"; then
+if ! grep -q "missing modules: none" "$OUT/env.txt"; then
     echo "error: $(grep 'missing modules' "$OUT/env.txt" | head -1): install them (pip install --no-index --find-links <wheels> ...) and rerun" >&2
     exit 2
 fi
