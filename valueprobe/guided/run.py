@@ -339,7 +339,7 @@ def _checkpoint(
     batch.rows = [batch.rows[i] for i in live]
     batch.sampler = None if batch.sampler is None else batch.sampler.rows(live)
     state = [[index[id(r)], r.seq[r.fed], r.spent] for r in batch.rows]
-    ids, batch.token, batch.drawn = torch.tensor(state, device=decoder.device).unbind(1)
+    ids, batch.token, batch.drawn = torch.tensor(state, device=batch.ids.device).unbind(1)
     batch.ids = ids
     return True
 
