@@ -42,8 +42,14 @@ import importlib, sys
 import torch, transformers
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
 print(f"cuda available: {torch.cuda.is_available()}", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-missing = [m for m in ("valueprobe", "jaxtyping", "typer", "tqdm", "sklearn", "safetensors", "pytest", "psutil")
-           if importlib.util.find_spec(m) is None]
+missing = []
+# what the tests and the benchmark import (the CLI, for tests/test_steer.py's helpers), one by one
+for name in ("pytest", "valueprobe.cli.main", "valueprobe.guided.run", "valueprobe.steering.decode.rows",
+             "valueprobe.activations.store", "valueprobe.serve.app"):
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing.append(f"{exc.name} (for {name})")
 print("missing modules:", ", ".join(missing) or "none")
 EOF
 } 2>&1 | tee "$OUT/env.txt"
