@@ -51,7 +51,12 @@ def build(args):
 
     from valueprobe.model.load import load, wrap
 
-    tokenizer = load("smollm2-135m").tokenizer  # cached offline; only its tokenizer is used
+    if args.tokenizer:  # a saved tokenizer folder: a GPU machine without the model cache or network
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    else:
+        tokenizer = load("smollm2-135m").tokenizer  # cached offline; only its tokenizer is used
     hidden, layers, heads, kv, inter = SHAPES[args.shape]
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
@@ -280,23 +285,38 @@ def row_serve(lm, axis, args) -> dict:
 
 
 def row_compiled(lm, axis, prompts, args) -> dict:
-    """Static cache and torch.compile ÷ eager, plain and steered (a failure is reported, not hidden)."""
+    """Static cache and torch.compile ÷ eager, plain and steered (a failure is reported, not hidden).
+
+    The steered forward is compiled with the hooks on: dynamo does not guard module hooks, so hooks
+    added to an already compiled forward are silently skipped (tests/test_compiled.py)."""
     from valueprobe.steering.hook.handle import steer
     from valueprobe.steering.hook.spec import SteeringSpec
 
     plain = plain_generate(lm, prompts, args.tokens)
-    eager = best_of(plain, args.repeats, args.device)
+    spec = SteeringSpec(axis, layers=lm.n_layers // 2)
+    eager, eager_tokens = best_of(plain, args.repeats, args.device), plain()
+    with steer(lm, spec, 2.0):
+        eager_steered, steered_tokens = best_of(plain, args.repeats, args.device), plain()
     forward = lm.model.forward
+    static = lambda: plain(cache_implementation="static")  # noqa: E731
     try:
+        torch._dynamo.reset()
         lm.model.forward = torch.compile(forward, dynamic=False)
-        static = best_of(lambda: plain(cache_implementation="static"), args.repeats, args.device)
-        with steer(lm, SteeringSpec(axis, layers=lm.n_layers // 2), 2.0):
-            steered = best_of(lambda: plain(cache_implementation="static"), args.repeats, args.device)
-        return {"compiled_plain_ratio": static / eager, "compiled_steered_ratio": steered / eager}
+        compiled, tokens = best_of(static, args.repeats, args.device), static()
+        with steer(lm, spec, 2.0):
+            torch._dynamo.reset()
+            lm.model.forward = torch.compile(forward, dynamic=False)
+            compiled_steered, tokens_steered = best_of(static, args.repeats, args.device), static()
     except Exception as exc:  # noqa: BLE001 -- the row says why it could not run
         return {"compiled": f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     finally:
         lm.model.forward = forward
+        torch._dynamo.reset()
+    return {
+        "compiled_plain_ratio": compiled / eager, "compiled_steered_ratio": compiled_steered / eager_steered,
+        "compiled_plain_tokens_equal": bool(torch.equal(tokens, eager_tokens)),
+        "compiled_steered_tokens_equal": bool(torch.equal(tokens_steered, steered_tokens)),
+    }  # fmt: skip
 
 
 def peak_mb(device: str) -> float | None:
@@ -316,6 +336,11 @@ def main() -> None:
     p.add_argument("--loop-rows", type=int, default=8, help="one-per-call sweep rows timed (then scaled)")
     p.add_argument("--skip", default="", help="comma-separated rows to leave out: capture,exact,generate,...")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-gpu.json"))
+    p.add_argument(
+        "--tokenizer",
+        default="",
+        help="a saved tokenizer folder (default: the default model's, from its cache)",
+    )
     args = p.parse_args()
     from valueprobe.model.load import check_device, check_dtype
 
@@ -351,15 +376,24 @@ def main() -> None:
         got = run()
         got |= {"seconds": time.perf_counter() - start, "peak_gpu_mb": peak_mb(args.device)}
         result["rows"][name] = got
+        _write(args.out, result)  # after every row: a run cut short keeps the rows it finished
         print(
             name,
             json.dumps(got, default=lambda x: round(x, 4) if isinstance(x, float) else str(x)),
             flush=True,
         )
     result["loadavg_before_after"] = [load_before, os.getloadavg()]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    _write(args.out, result)
     print_table(result)
+
+
+def _write(out: str, result: dict) -> None:
+    """The results so far, whole: written to a temporary name and renamed."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
 
 
 def print_table(result: dict) -> None:
@@ -376,7 +410,7 @@ def print_table(result: dict) -> None:
         ("vp.guide best-of-8 ÷ vp.generate of the 8 samples", r.get("guide", {}).get("guide_best_of_8_ratio"), "≤ 1.05"),
         *[(f"serve hf engine rows, {n} at once: tokens/s", r.get("serve", {}).get(f"serve_rows_{n}_tokens_per_s"), "") for n in (1, 16, 64)],
         ("static cache + torch.compile ÷ eager, plain", r.get("compiled", {}).get("compiled_plain_ratio", r.get("compiled", {}).get("compiled")), ""),
-        ("static cache + torch.compile ÷ eager, steered", r.get("compiled", {}).get("compiled_steered_ratio"), ""),
+        ("static cache + torch.compile ÷ eager, steered (compiled ÷ eager steered)", r.get("compiled", {}).get("compiled_steered_ratio"), ""),
     ]  # fmt: skip
     print(
         f"\n{result['shape']} on {result['device']} in {result['dtype']} (scale {result['scale']}); random weights: speed and exactness only"

@@ -53,6 +53,29 @@ SAMPLING = "tests/test_sampling.py::"
 FAULTS: tuple[Fault, ...] = (
     # --- steering: sampling with common random numbers ---------------------------------------------
     Fault(
+        "guided checkpoint keeps a rolled-back row's later cells",
+        "valueprobe/guided/run.py",
+        "unfeed[i] = r.roll_back(policy.k, policy) + len(took) - 1 - j",
+        "unfeed[i] = r.roll_back(policy.k, policy)",
+        (
+            "tests/test_guide.py::test_the_host_looking_once_per_checkpoint_decides_as_it_would_every_step[rollback]",
+        ),
+    ),
+    Fault(
+        "guided checkpoint skips a draw",
+        "valueprobe/guided/run.py",
+        "state = [[index[id(r)], r.seq[r.fed], r.spent] for r in batch.rows]",
+        "state = [[index[id(r)], r.seq[r.fed], r.spent + 1] for r in batch.rows]",
+        ("tests/test_guide.py::test_candidates_are_the_rows_generate_samples",),
+    ),
+    Fault(
+        "serve penalties count a token twice",
+        "valueprobe/steering/decode/rows.py",
+        "            self.seen += new\n",
+        "            self.seen += new - 1\n",
+        ("tests/test_serve.py::test_penalties_counted_on_the_device_equal_vllms_formula_bit_for_bit",),
+    ),
+    Fault(
         "sampler stream depends on alpha",
         "valueprobe/steering/decode/generation.py",
         "seeds = [int(r.seed or 0) for r in chunk]",

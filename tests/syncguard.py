@@ -2,7 +2,7 @@
 valueprobe's own code makes, by the line that makes them.
 
 On a GPU a decode step that asks the host for a value (``.item()``, ``.tolist()``, ``.cpu()``,
-``bool(t)``, ``.numpy()``, a boolean-mask index, ``nonzero``) or copies host data to the device
+``bool(t)``, ``.numpy()``, a boolean-mask index, ``nonzero``, ``bincount``, ``unique``) or copies host data to the device
 (``.to(device)``, ``torch.tensor(..., device=)``) waits for the GPU to drain. On a CPU these
 cost nothing, so nothing would notice one coming back. `SyncCount` patches those calls and
 counts each one whose caller (the first frame outside torch) is a valueprobe source line.
@@ -133,8 +133,13 @@ class SyncCount:
         self._patch(torch.Tensor, "cuda", host("cuda"))
         self._patch(torch.Tensor, "__getitem__", getitem)
         self._patch(torch.Tensor, "__setitem__", setitem)
-        for name in ("tensor", "as_tensor", "nonzero"):
-            self._patch(torch, name, make_tensor(name) if name != "nonzero" else host("nonzero"))
+        for name in ("tensor", "as_tensor"):
+            self._patch(torch, name, make_tensor(name))
+        # output sizes known only from the data: the host waits for them on a GPU
+        for name in ("nonzero", "bincount", "unique", "masked_select"):
+            self._patch(torch, name, host(name))
+        for name in ("bincount", "unique", "masked_select"):
+            self._patch(torch.Tensor, name, host(name))
         return self
 
     def __exit__(self, *exc: object) -> None:

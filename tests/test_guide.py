@@ -254,6 +254,49 @@ def test_rollback_spends_the_tokens_it_takes_back_and_stops_at_its_cap(tiny_lm_f
             np.testing.assert_allclose(c.sigma, (axis.score(h, LAYER)).numpy(), atol=2e-4)
 
 
+def _decisions(records):
+    return [
+        (g.chosen, c.token_ids, c.finished, c.rollbacks, c.tokens_spent, c.pruned_at)
+        for g in records
+        for c in g.candidates
+    ]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [BestOfN(n=3), Rollback(n=2, k=3, tau=0.05, beta=0.5, max_rollbacks=3, alpha=2.0, steer_tokens=4)],
+    ids=["best-of-n", "rollback"],
+)
+def test_the_host_looking_once_per_checkpoint_decides_as_it_would_every_step(
+    tiny_lm_factory, monkeypatch, policy
+):
+    """Rows decode on the device between checkpoints; a row that ended or rolled back inside a chunk
+    is replayed as if the host had looked every step (CHECK_EVERY = 1): the same tokens, rollbacks,
+    ends and picks, readings equal within float32 rounding (the batch keeps ended rows longer)."""
+    from valueprobe.guided import run
+
+    lm = tiny_lm_factory("llama")
+    axis = planted(lm)
+    kw = {"decoding": Decoding(max_new_tokens=20, seed=4), "progress": False}
+    first = guide(lm, axis, PROMPTS, policy, **kw)
+    # a token the rows sample often, as EOS, so rows end inside chunks
+    counts = torch.bincount(torch.tensor([t for g in first for c in g.candidates for t in c.token_ids]))
+    eos, lm.tokenizer.eos_token_id = lm.tokenizer.eos_token_id, int(counts.argmax())
+    try:
+        chunked = guide(lm, axis, PROMPTS, policy, **kw)
+        monkeypatch.setattr(run, "CHECK_EVERY", 1)
+        stepwise = guide(lm, axis, PROMPTS, policy, **kw)
+    finally:
+        lm.tokenizer.eos_token_id = eos
+    assert _decisions(chunked) == _decisions(stepwise)
+    assert any(c.finished for g in chunked for c in g.candidates)
+    if isinstance(policy, Rollback):
+        assert sum(g.rollbacks for g in chunked) > 0
+    for g, h in zip(chunked, stepwise, strict=True):
+        for a, b in zip(g.candidates, h.candidates, strict=True):
+            np.testing.assert_allclose(a.sigma + a.logprobs, b.sigma + b.logprobs, atol=1e-5)
+
+
 def test_rollback_that_never_fires_is_best_of_n(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     axis = planted(lm)

@@ -471,3 +471,34 @@ def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
     assert (stops.token_ids, stops.finish) == (free.token_ids[:1], "stop")
     assert (runs.token_ids, runs.finish) == (free.token_ids, "length")
     assert runs.values == pytest.approx(free.values, abs=1e-5)
+
+
+def test_penalties_counted_on_the_device_equal_vllms_formula_bit_for_bit():
+    """The rows' penalties keep a count per token on the device (a scatter_add_ each step, no
+    bincount): the penalized logits equal vLLM's formula over a bincount of each row's generated
+    tokens exactly, and a row without penalties passes through untouched."""
+    from valueprobe.steering.decode.rows import RowSpec, _Penalties
+
+    rows = [
+        RowSpec((1, 2), presence_penalty=0.5, frequency_penalty=1.5),
+        RowSpec((1, 2)),
+        RowSpec((1, 2), presence_penalty=-0.25, frequency_penalty=0.0),
+    ]
+    g = torch.Generator().manual_seed(0)
+    vocab, width = 11, 2
+    ids = torch.randint(vocab, (3, width), generator=g)
+    penalties = _Penalties(rows)
+    for _ in range(12):
+        scores = torch.randn(3, vocab, generator=g)
+        got = penalties(ids, scores, width)
+        for i, row in enumerate(rows):
+            counts = torch.bincount(ids[i, width:], minlength=vocab).to(scores.dtype)
+            want = (
+                scores[i]
+                - row.frequency_penalty * counts
+                - row.presence_penalty * (counts > 0).to(scores.dtype)
+            )
+            assert torch.equal(got[i], want)
+        assert torch.equal(got[1], scores[1])
+        # a short vocabulary, so tokens repeat
+        ids = torch.cat([ids, torch.randint(vocab, (3, 1), generator=g)], dim=1)

@@ -16,7 +16,7 @@ from syncguard import SyncCount, grown
 from test_steer import PROMPTS, planted_axis
 
 from valueprobe import guide
-from valueprobe.guided.policy import BestOfN
+from valueprobe.guided.policy import BestOfN, Prune, Rollback
 from valueprobe.steering.decode.generation import generate
 from valueprobe.steering.decode.rows import RowSpec, generate_rows
 from valueprobe.steering.decode.sampling import Decoding, RowSampler
@@ -150,8 +150,16 @@ def test_the_guard_names_the_line_of_a_sync_that_comes_back(tiny_lm_factory, mon
     assert f"test_sync.py:{line} in syncing: Tensor.__bool__ ×{LONG - SHORT} more" in problem, problem
 
 
+ASKS = {
+    "plain": {},
+    # log-probabilities come back in the step's one copy; penalties count tokens on the device
+    "logprobs-and-penalties": {"logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": 1.0},
+}
+
+
+@pytest.mark.parametrize("asks", list(ASKS))
 @pytest.mark.parametrize("read_layer", [1, 2], ids=["read-at-steered", "read-elsewhere"])
-def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_factory, read_layer):
+def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_factory, read_layer, asks):
     """A streaming server may copy once per step; one copy for the whole batch, nothing else."""
     lm = tiny_lm_factory("llama")
     spec = SteeringSpec(planted_axis(lm), layers=1, read_layer=read_layer)
@@ -159,7 +167,7 @@ def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_f
 
     def call(tokens: int) -> None:
         rows = [
-            RowSpec(tuple(ids), max_new_tokens=tokens, ignore_eos=True),
+            RowSpec(tuple(ids), max_new_tokens=tokens, ignore_eos=True, **ASKS[asks]),
             RowSpec(
                 tuple(ids[:3]), max_new_tokens=tokens, temperature=0.7, top_p=0.9, seed=4, ignore_eos=True
             ),
@@ -180,30 +188,31 @@ def test_the_serve_engines_rows_copy_once_per_step_for_the_whole_batch(tiny_lm_f
     assert len(per_step) == 1 and "in __call__: Tensor.tolist" in per_step[0], per_step
 
 
-# Guided decoding still decides on the host every step (EOS, rollback, which rows go on); these
-# are the four copies a step makes, down from about nine (issue 27). Moving the decisions to
-# checkpoints of --every tokens is not done yet; any other per-step sync fails the test.
-GUIDED_PER_STEP = {
-    "cache.py:": LONG - SHORT,  # the fed tokens, host to device
-    "in _sample: Tensor.tolist": LONG - SHORT,  # sampled tokens and their log-probs, one copy
-    "in _read: Tensor.tolist": LONG - SHORT,  # the step's (σ-score, cos) readings, one copy
-    "in sample: Tensor.to(device)": LONG - SHORT,  # the rows' uniforms, host to device
-}
+# Guided decoding looks at its rows on the host once per checkpoint (issue 27): EOS, rollback and
+# prune every `--every` tokens (prune) or every CHECK_EVERY (best-of-n, rollback), the pick at
+# the end. Its lines may grow by the checkpoints in the extra steps, nothing per step.
+GUIDED = [
+    ("best-of-n", BestOfN(n=3), None),
+    ("best-of-n-every-3", BestOfN(n=3), 3),
+    ("prune-every-2", Prune(n=3, every=2, quantile=0.5), None),
+    # τ out of reach: the loop and the push are there, no rollback fires (each one is a look)
+    ("rollback-every-3", Rollback(n=2, k=2, tau=1e6, alpha=2.0, steer_tokens=2), 3),
+]
 
 
-def test_guided_decoding_makes_only_its_four_host_copies_per_step(tiny_lm_factory):
+@pytest.mark.parametrize(("policy", "every"), [g[1:] for g in GUIDED], ids=[g[0] for g in GUIDED])
+def test_guided_decoding_looks_on_the_host_once_per_checkpoint(tiny_lm_factory, monkeypatch, policy, every):
+    from valueprobe.guided import run
+
+    if every is not None:
+        monkeypatch.setattr(run, "CHECK_EVERY", every)
+    interval = policy.every if isinstance(policy, Prune) else run.CHECK_EVERY
     lm = tiny_lm_factory("llama")
     axis = planted_axis(lm)
 
     def call(tokens: int) -> None:
-        guide(
-            lm,
-            axis,
-            PROMPTS[:2],
-            BestOfN(n=3),
-            decoding=Decoding(max_new_tokens=tokens, seed=2),
-            progress=False,
-        )
+        guide(lm, axis, PROMPTS[:2], policy, decoding=Decoding(max_new_tokens=tokens, seed=2), progress=False)
 
-    problems = _growth(call, allowed=GUIDED_PER_STEP | CPU_ONLY)
+    checkpoints = -(-(LONG - SHORT) // interval)  # in the extra steps
+    problems = _growth(call, allowed={"valueprobe/guided/": checkpoints, **CPU_ONLY})
     assert not problems, "\n".join(problems)

@@ -59,10 +59,12 @@ class CachedDecoder:
         return self._forward(self.ids)
 
     def step(self, tokens: Int[Tensor, " rows"]) -> Float[Tensor, "rows vocab"]:
-        """Feed one token per row; the logits at it."""
+        """Feed one token per row (tokens on the model's device feed without a copy); the logits at it."""
         ones = torch.ones(len(self.rows), 1, dtype=self.mask.dtype, device=self.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
-        return self._forward(tokens.reshape(-1, 1).to(self.device))
+        if tokens.device != self.device:  # guided decoding's loop keeps them there: no copy a step
+            tokens = tokens.to(self.device)
+        return self._forward(tokens.reshape(-1, 1))
 
     def _forward(self, ids: Int[Tensor, "rows new"]) -> Float[Tensor, "rows vocab"]:
         # a cell's position counts the real cells before it: left padding and rolled-back holes add none

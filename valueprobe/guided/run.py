@@ -18,6 +18,10 @@ with one α per row, zero but in the ``steer_tokens`` after a rollback. Rows sam
 (`valueprobe.steering.decode.sampling`): row (prompt p, sample s) draws from its own generator seeded by
 ``row_seed(seed, p, s)``, so its tokens do not depend on which rows share its batch, and the same
 seed gives the axis, a null direction and the log-probability baseline the same candidates.
+Tokens, log-probabilities and readings stay on the device between checkpoints (prune's every
+``every`` tokens, `CHECK_EVERY` otherwise): the host looks at EOS, rollback and prune once per
+checkpoint, in one copy, and decides as it would have every step (`_checkpoint`); best-of-n picks
+at the end.
 """
 
 from __future__ import annotations
@@ -189,25 +193,62 @@ def _steering(lm: LoadedModel, spec: SteeringSpec, policy: Policy) -> Steering |
     return Steering(lm, spec, 0.0).attach()
 
 
-def _sample(logits: Tensor, sampler: RowSampler | None) -> tuple[list[int], list[float]]:
-    """One token per row (argmax, or the row's own draw) and its log-probability at T = 1."""
-    token = logits.argmax(-1) if sampler is None else sampler.sample(logits)
-    logp = torch.log_softmax(logits, dim=-1).gather(1, token[:, None]).squeeze(1)
-    # one copy to the host for both (float64 holds every token id and float32 log-prob exactly)
-    tokens, logps = torch.stack([token.double(), logp.double()]).tolist()
-    return [int(t) for t in tokens], logps
+CHECK_EVERY = 16  # best-of-n and rollback: decode steps between the host's looks at EOS and rollback
 
 
-def _take(rows: list[Row], need: list[int], logits: Tensor, sampler: RowSampler | None, run: _Run) -> None:
-    """Rows ``need`` (batch indices) sample their next token from their logits."""
-    if not need:
-        return
-    every = len(need) == logits.shape[0]  # the usual step: no index to send to the device
-    tokens, logps = _sample(
-        logits if every else logits[need], None if sampler is None else sampler.rows(need)
-    )
-    for i, token, logp in zip(need, tokens, logps, strict=True):
-        rows[i].take(token, logp, eos=run.eos, max_new_tokens=run.decoding.max_new_tokens)
+@dataclass
+class _Batch:
+    """The live rows and what the device holds for them between two checkpoints.
+
+    Attributes:
+        rows: the live rows, in batch order. sampler: their settings and generators (None: greedy).
+        uniforms: ``[all rows, draws]`` every row's uniforms, drawn and copied once per call.
+        ids: ``[batch]`` each batch row's index into ``uniforms``; drawn: ``[batch]`` how many it used.
+        token: ``[batch]`` the token each row feeds next.
+    """
+
+    rows: list[Row]
+    sampler: RowSampler | None
+    uniforms: Tensor | None
+    ids: Tensor
+    drawn: Tensor
+    token: Tensor
+
+    def pick(self, logits: Tensor) -> Tensor:
+        """Each row's next token (argmax, or its own next uniform) from its logits, left on the device;
+        returns ``[batch, 2]``: the token and its log-probability at T = 1, for the next checkpoint."""
+        if self.sampler is None or self.uniforms is None:
+            self.token = logits.argmax(-1)
+        else:
+            at = self.drawn.clamp(max=self.uniforms.shape[1] - 1)
+            self.token = self.sampler.sample(logits, self.uniforms[self.ids, at])
+        self.drawn = self.drawn + 1
+        logp = torch.log_softmax(logits, dim=-1).gather(1, self.token[:, None]).squeeze(1)
+        # float64 holds every token id and float32 log-prob exactly
+        return torch.stack([self.token.double(), logp.double()], dim=-1)
+
+
+def _draws(run: _Run) -> int:
+    """Uniforms a row can use: every token it may sample (rolled-back ones too), plus what one
+    chunk may draw past the row's end before the checkpoint sees it."""
+    policy = run.policy
+    again = policy.max_rollbacks * policy.k if isinstance(policy, Rollback) else 0
+    return run.decoding.max_new_tokens + again + _interval(policy) + 1
+
+
+def _interval(policy: Policy) -> int:
+    return policy.every if isinstance(policy, Prune) else CHECK_EVERY
+
+
+def _steps(rows: list[Row], run: _Run) -> int:
+    """Decode steps until the next checkpoint: prune's fall where every live row has a multiple of
+    ``every`` tokens (the rows stay in step), the others every `CHECK_EVERY`; none past the longest
+    row's ``max_new_tokens``."""
+    lengths = [len(r.tokens) for r in rows]
+    steps = CHECK_EVERY
+    if isinstance(run.policy, Prune):
+        steps = (-lengths[0]) % run.policy.every or run.policy.every
+    return max(1, min(steps, run.decoding.max_new_tokens - min(lengths)))
 
 
 def _decode(
@@ -218,55 +259,118 @@ def _decode(
     recording: Recording,
     steering: Steering | None,
 ) -> None:
-    """The loop: prefill, then feed one cell per live row per forward, read, act, sample."""
+    """The loop: prefill, then chunks of steps that feed one cell per row per forward, read and
+    sample on the device; the host looks once per checkpoint (`_checkpoint`): EOS, rollback, prune.
+
+    A row that ended or rolled back inside a chunk decodes on to its end; `_checkpoint` replays
+    the chunk as the per-step loop would have run it and drops those steps (their cache cells are
+    taken back, their uniforms drawn again), so the picks are those of a host decision every step."""
     decoder = CachedDecoder(lm, prompts, pad_id=pad_id_for(lm.tokenizer))
+    d = run.decoding
     sampler = (
         None
-        if run.decoding.greedy
-        else RowSampler(
-            [int(r.seed or 0) for r in rows], temperature=run.decoding.temperature, top_p=run.decoding.top_p
-        )
+        if d.greedy
+        else RowSampler([int(r.seed or 0) for r in rows], temperature=d.temperature, top_p=d.top_p)
     )
     logits = decoder.prefill()
-    recording.values[run.read].clear()
+    values = recording.values[run.read]
+    values.clear()
     if isinstance(run.policy, Rollback) and not decoder.croppable():
         decoder.unfeed(0, 0)  # refuses in one line, naming the cache that cannot be cropped
-    batch = list(rows)
-    _take(batch, list(range(len(batch))), logits, sampler, run)
-    while True:
-        live = [i for i, r in enumerate(batch) if not r.done]
-        if not live:
-            return
-        decoder.keep(live)
-        batch = [batch[i] for i in live]
-        sampler = None if sampler is None else sampler.rows(live)
-        if steering is not None:
-            assert isinstance(run.policy, Rollback)
-            steering.alpha = torch.tensor([run.policy.alpha if r.steer_left > 0 else 0.0 for r in batch])
-        logits = decoder.step(torch.tensor([r.seq[r.fed] for r in batch]))
-        _read(batch, recording, run)
-        if isinstance(run.policy, Rollback):
-            for i, r in enumerate(batch):
-                if rollback_due(r, run.policy):
-                    decoder.unfeed(i, r.roll_back(run.policy.k, run.policy))
-        _take(batch, [i for i, r in enumerate(batch) if r.needs_token()], logits, sampler, run)
-        if isinstance(run.policy, Prune):
-            _checkpoint(batch, run.policy, run.score)
+    first = torch.arange(len(rows), device=logits.device)
+    batch = _Batch(
+        rows=list(rows),
+        sampler=sampler,
+        uniforms=None if sampler is None else sampler.draws(_draws(run), logits.device),
+        ids=first,
+        drawn=torch.zeros_like(first),
+        token=first,
+    )
+    takes = [batch.pick(logits)]
+    index = {id(r): i for i, r in enumerate(rows)}
+    alpha: list[float] | None = None
+    while _checkpoint(batch, takes, values, run, decoder, index):
+        takes = []
+        for step in range(_steps(batch.rows, run)):
+            alpha = _steer(steering, batch.rows, step, run.policy, alpha)
+            takes.append(batch.pick(decoder.step(batch.token)))
 
 
-def _read(batch: list[Row], recording: Recording, run: _Run) -> None:
-    """Each row's reading of the cell it just fed, from the recorder on the read layer."""
-    values = recording.values[run.read]
-    reading = values[-1][:, -1]  # [rows, 2]: (σ-score, cos) of the one new cell
+def _steer(
+    steering: Steering | None, rows: list[Row], step: int, policy: Policy, last: list[float] | None
+) -> list[float] | None:
+    """Rollback's α per row for this step of the chunk: on for a row's first ``steer_left`` steps
+    (known at the checkpoint: a rollback later in the chunk drops the steps after it). Set only
+    when it changes, so α goes to the device once per change, not once per step."""
+    if steering is None:
+        return last
+    assert isinstance(policy, Rollback)
+    alpha = [policy.alpha if r.steer_left > step else 0.0 for r in rows]
+    if alpha != last:
+        steering.alpha = torch.tensor(alpha)
+    return alpha
+
+
+def _checkpoint(
+    batch: _Batch, takes: list[Tensor], values: list[Tensor], run: _Run, decoder: CachedDecoder, index: dict
+) -> bool:
+    """The host's look: the chunk's tokens, log-probs and readings in one copy, replayed row by
+    row as the per-step loop did (`_replay`); then rollbacks' cells taken back, prune's rows
+    dropped, the finished rows left; the live rows' next tokens and draw counts in one copy back.
+    False when no row is left."""
+    reads = [v[:, -1] for v in values]  # [rows, 2] per forward: (σ-score, cos) of the one new cell
     values.clear()
-    beta = run.policy.beta if isinstance(run.policy, Rollback) else 0.0
-    for r, (s, c) in zip(batch, reading.tolist(), strict=True):
-        r.fed += 1
-        r.read(s, c, beta)
+    host = torch.cat(
+        [torch.stack(takes).flatten(), *([torch.stack(reads).double().flatten()] if reads else [])]
+    )
+    flat = host.tolist()
+    n, rows = len(takes), len(batch.rows)
+    took = [flat[2 * rows * j : 2 * rows * (j + 1)] for j in range(n)]
+    read = [flat[2 * rows * (n + j) : 2 * rows * (n + j + 1)] for j in range(len(reads))]
+    unfeed = _replay(batch.rows, took, [None] * (n - len(reads)) + read, run)
+    for i, cells in unfeed.items():
+        decoder.unfeed(i, cells)
+    if isinstance(run.policy, Prune) and reads:
+        _prune(batch.rows, run.policy, run.score)
+    live = [i for i, r in enumerate(batch.rows) if not r.done]
+    if not live:
+        return False
+    decoder.keep(live)
+    batch.rows = [batch.rows[i] for i in live]
+    batch.sampler = None if batch.sampler is None else batch.sampler.rows(live)
+    state = [[index[id(r)], r.seq[r.fed], r.spent] for r in batch.rows]
+    ids, batch.token, batch.drawn = torch.tensor(state, device=batch.ids.device).unbind(1)
+    batch.ids = ids
+    return True
 
 
-def _checkpoint(batch: list[Row], policy: Prune, score: str) -> None:
-    """Every ``every`` tokens (rows of a prune run stay in step), drop rows below the quantile."""
+def _replay(
+    rows: list[Row], took: list[list[float]], read: list[list[float] | None], run: _Run
+) -> dict[int, int]:
+    """Each row through the chunk's steps as the per-step loop ran it: read the cell it fed (none
+    for the prefill), roll back if due, else take the sampled token. A row that ends or rolls back
+    skips the rest of the chunk; returns, per rolled-back row, the cells to take back (its own and
+    the chunk's later ones)."""
+    policy = run.policy
+    beta = policy.beta if isinstance(policy, Rollback) else 0.0
+    unfeed: dict[int, int] = {}
+    for i, r in enumerate(rows):
+        for j, (take, reading) in enumerate(zip(took, read, strict=True)):
+            if reading is not None:
+                r.fed += 1
+                r.read(reading[2 * i], reading[2 * i + 1], beta)
+                if isinstance(policy, Rollback) and rollback_due(r, policy):
+                    unfeed[i] = r.roll_back(policy.k, policy) + len(took) - 1 - j
+                    break
+            r.take(int(take[2 * i]), take[2 * i + 1], eos=run.eos, max_new_tokens=run.decoding.max_new_tokens)
+            if r.done:
+                break
+    return unfeed
+
+
+def _prune(batch: list[Row], policy: Prune, score: str) -> None:
+    """At a checkpoint where every live row has a multiple of ``every`` tokens (rows of a prune run
+    stay in step), drop the rows below the quantile."""
     lengths = {len(r.tokens) for r in batch if not r.done}
     if len(lengths) != 1 or next(iter(lengths)) % policy.every:
         return

@@ -100,7 +100,8 @@ OnStep = Callable[[int, list[RowStep | None]], Collection[int]]
 class _RowSampling:
     """Per-row decoding as a logits processor: the row's penalties, then argmax where temperature
     is 0, else the row's own `RowSampler` (its seed, temperature and top-p). Hands ``generate`` a
-    one-hot score, and keeps each row's log-probabilities of this step (``last``) for `_Steps`."""
+    one-hot score, and leaves on the device, for `_Steps`'s one copy of the step, each row's
+    log-probability of its token and the likeliest ones' (``asked``, when some row asked)."""
 
     def __init__(self, rows: Sequence[RowSpec], width: int) -> None:
         self.rows = rows
@@ -113,12 +114,15 @@ class _RowSampling:
             )
             for r in rows
         ]
-        self.last: list[tuple[float, tuple[tuple[int, float], ...]] | None] = [None] * len(rows)
+        self.top_k = max((r.logprobs or 0 for r in rows), default=0)
+        self.asked: Tensor | None = None  # [rows, 1 + 2·top_k]: logprob, top ids, top logprobs
+        self.penalties = (
+            _Penalties(rows) if any(r.presence_penalty or r.frequency_penalty for r in rows) else None
+        )
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        # every pick stays on the device: no host read or copy per step (tests/test_sync.py),
-        # unless a row asked for log-probabilities
-        logits = [_penalized(scores[i], input_ids[i, self.width :], row) for i, row in enumerate(self.rows)]
+        # every pick stays on the device: no host read or copy per step (tests/test_sync.py)
+        logits = scores if self.penalties is None else self.penalties(input_ids, scores, self.width)
         tokens = torch.stack(
             [
                 logits[i].argmax()
@@ -128,35 +132,51 @@ class _RowSampling:
             ]
         )
         out = torch.full_like(scores, float("-inf"))
-        logprobs = self._logprobs(scores)
         out.scatter_(1, tokens[:, None], 0.0)
-        if logprobs is not None:  # asked for: one read of this step's picks (only then)
-            picks = tokens.tolist()
-            for i, row in enumerate(self.rows):
-                self.last[i] = None if row.logprobs is None else _top(logprobs[i], picks[i], row)
+        if any(r.logprobs is not None for r in self.rows):
+            # from the model's logits before any penalty; read with the step's tokens, in one copy
+            logprobs = torch.log_softmax(scores.float(), dim=-1)
+            top = torch.topk(logprobs, min(self.top_k, logprobs.shape[-1]))
+            own = logprobs.gather(1, tokens[:, None])
+            self.asked = torch.cat([own, top.indices.to(own.dtype), top.values], dim=1)
         return out
 
-    def _logprobs(self, scores: Tensor) -> Tensor | None:
-        """The step's log-probabilities (only when some row asked for them)."""
-        if all(r.logprobs is None for r in self.rows):
-            return None
-        return torch.log_softmax(scores.float(), dim=-1)
+    def last(self, i: int, asked: list[float]) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+        """Row ``i``'s log-probability and its likeliest ``(id, logprob)`` from its row of ``asked``
+        (on the host), or nothing when it did not ask."""
+        row = self.rows[i]
+        if row.logprobs is None or not asked:
+            return None, ()
+        k, width = min(row.logprobs, self.top_k), self.top_k
+        return asked[0], tuple((int(asked[1 + j]), asked[1 + width + j]) for j in range(k))
 
 
-def _penalized(logits: Tensor, generated: Tensor, row: RowSpec) -> Tensor:
-    """vLLM's presence and frequency penalties over the row's generated tokens (not the prompt)."""
-    if not (row.presence_penalty or row.frequency_penalty) or generated.numel() == 0:
-        return logits
-    counts = torch.bincount(generated.long(), minlength=logits.shape[-1])[: logits.shape[-1]].to(logits)
-    return logits - row.frequency_penalty * counts - row.presence_penalty * (counts > 0).to(logits)
+class _Penalties:
+    """vLLM's presence and frequency penalties over each row's generated tokens (not the prompt),
+    from a count per row and vocabulary entry kept on the device: each step adds its one new token
+    (a ``scatter_add_``), where a ``bincount`` of the whole row would make a GPU wait every step."""
 
+    def __init__(self, rows: Sequence[RowSpec]) -> None:
+        self.frequency = [r.frequency_penalty for r in rows]
+        self.presence = [r.presence_penalty for r in rows]
+        self.counts: Tensor | None = None
+        self.seen = 0  # generated tokens counted so far
+        self.factors: tuple[Tensor, Tensor] | None = None  # the penalties on the device, sent once
 
-def _top(logprobs: Tensor, token: int, row: RowSpec) -> tuple[float, tuple[tuple[int, float], ...]]:
-    """The token's log-probability and the row's ``logprobs`` likeliest ``(id, logprob)``."""
-    k = min(row.logprobs or 0, logprobs.shape[-1])
-    top = torch.topk(logprobs, k) if k else None
-    pairs = () if top is None else tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-    return float(logprobs[token]), pairs
+    def __call__(self, input_ids: Tensor, scores: Tensor, width: int) -> Tensor:
+        if self.counts is None or self.factors is None:
+            self.counts = torch.zeros_like(scores)
+            penalties = torch.tensor([self.frequency, self.presence], dtype=scores.dtype)
+            frequency, presence = penalties.to(scores.device)[:, :, None].unbind(0)
+            self.factors = (frequency, presence)
+        new = input_ids.shape[1] - width - self.seen
+        if new > 0:
+            tokens = input_ids[:, -new:].long()
+            self.counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=self.counts.dtype))
+            self.seen += new
+        frequency, presence = self.factors
+        # a row without penalties subtracts exact zeros: its logits pass through bit for bit
+        return scores - frequency * self.counts - presence * (self.counts > 0).to(scores.dtype)
 
 
 class _Steps(StoppingCriteria):
@@ -184,11 +204,14 @@ class _Steps(StoppingCriteria):
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
         k = input_ids.shape[1] - self.width - 1
-        # one copy to the host per step for the whole batch: tokens and values together
-        # (float64 holds every token id exactly)
-        tokens, values = torch.stack([input_ids[:, -1].double(), self.read().double()]).tolist()
+        # one copy to the host per step for the whole batch: tokens, values and the log-probabilities
+        # rows asked for, together (float64 holds every token id and float32 value exactly)
+        parts = [input_ids[:, -1:].double(), self.read().double()[:, None]]
+        asked = self.sampling.asked
+        host = torch.cat([*parts, *([asked.double()] if asked is not None else [])], dim=1).tolist()
         steps: list[RowStep | None] = []
-        for i, (row, token, value) in enumerate(zip(self.rows, tokens, values, strict=True)):
+        for i, (row, line) in enumerate(zip(self.rows, host, strict=True)):
+            token, value = line[0], line[1]
             if self.done[i]:
                 steps.append(None)
                 continue
@@ -197,7 +220,7 @@ class _Steps(StoppingCriteria):
                 if token == self.eos and not row.ignore_eos
                 else ("length" if k + 1 >= row.max_new_tokens else None)
             )
-            logprob, top = self.sampling.last[i] or (None, ())
+            logprob, top = self.sampling.last(i, line[2:])
             steps.append(RowStep(int(token), float(value), finish, logprob, top))
             out = self.outputs[i]
             if finish != "stop":

@@ -114,6 +114,13 @@ class RowSampler:
         """One uniform per row, from the row's own generator."""
         return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
 
+    def draws(self, n: int, device: torch.device | str) -> Float[Tensor, "batch n"]:
+        """Each row's next ``n`` uniforms, ``[rows, n]`` on ``device`` in one copy: the numbers
+        ``n`` calls of `draw` would give (rand(n) on a CPU generator is n single draws in order)."""
+        return torch.stack([torch.rand(n, generator=g, dtype=torch.float64) for g in self.generators]).to(
+            device
+        )
+
     def sample(
         self, scores: Float[Tensor, "batch vocab"], uniform: Float[Tensor, " batch"] | None = None
     ) -> Int[Tensor, " batch"]:
