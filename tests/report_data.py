@@ -25,7 +25,11 @@ from valueprobe.read.readout import LogitLens
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.decode.generation import Trace
-from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep
+from valueprobe.steering.experiment.baseline import prompt_baseline
+from valueprobe.steering.experiment.caa_result import CaaBehaviour, CaaReplication
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow, summarise
+from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.reliability import item_reliability
 from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 
 
@@ -95,6 +99,30 @@ def _steer() -> SteerSection:
     return SteerSection(
         SteerSweep(unit="sigma", effects=(effect,), n_rows=45), headline="steering: slope +0.02"
     )
+
+
+def caa_record() -> CaaReplication:
+    """Two behaviours, 4 items each, summarised by the real functions from planted rows: the vector
+    raises p(match) with the multiplier, two random directions do not, and a toward prompt adds 0.1."""
+    rng = np.random.default_rng(0)
+    target = Target("p_match", "all", 1)
+    behaviours = {}
+    for b, slope in (("refusal", 0.2), ("sycophancy", 0.0)):
+        rows = [
+            SweepRow(f"{b}-{i}", b, m, d, 0, None, "", {"p_match": float(np.clip(base + lift, 0, 1))}, c)
+            for i in range(4)
+            for m in (-1.0, 0.0, 1.0)
+            for d in ("axis", "random-0", "random-1")
+            for c in ("none", "toward")
+            for base in [0.5 + 0.05 * rng.standard_normal()]
+            for lift in [(slope * m if d == "axis" else 0.0) + (0.1 if c == "toward" else 0.0)]
+        ]
+        plain = summarise(rows, unit="caa", metrics=("p_match",))
+        prompted = {"toward": summarise(rows, unit="caa", metrics=("p_match",), condition="toward").effects}
+        sweep = SteerSweep("caa", plain.effects, len(rows), prompted=prompted)
+        behaviours[b] = CaaBehaviour(b, 3.0, 0.5, 8, sweep, sweep, prompt_baseline(sweep, target),
+                                     item_reliability(rows, target), ())  # fmt: skip
+    return CaaReplication("tiny", 2, {1: 0.05, 2: 0.1}, behaviours, 2, 4)
 
 
 def _shift() -> ShiftSection:
@@ -246,6 +274,7 @@ def all_sections() -> dict:
         "attribution": attribution_record("direct"),
         "attribution_patch": attribution_record("patch"),
         "attribution_position": attribution_record("direct"),
+        "caa": caa_record(),
     }
     return {
         "model": "tiny",

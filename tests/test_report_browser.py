@@ -28,8 +28,8 @@ def test_report_draws_every_figure_offline(tmp_path):
     path = write_report(Results.from_dict(all_sections()), tmp_path / "report.html")
     shot = tmp_path / "report.png"
     check = open_report(path, screenshot=shot, height=900)
-    # one per section figure in tests/report_data.py, the guide budget and the 9 of attribution included
-    assert check.n_figures == 20
+    # one per section figure in tests/report_data.py, the guide budget, the 9 of attribution and CAA's included
+    assert check.n_figures == 21
     assert check.ok, check.problems()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

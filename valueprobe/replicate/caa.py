@@ -35,25 +35,26 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.caa import BEHAVIOURS, CaaItem, read_caa
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, markdown_table
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
 from valueprobe.stats.null import mean_ci, null_range, random_directions
 from valueprobe.steering.experiment.ab import Setting, ab_match
-from valueprobe.steering.experiment.baseline import PromptBaseline, prompt_baseline
+from valueprobe.steering.experiment.baseline import prompt_baseline
+from valueprobe.steering.experiment.caa_result import MULTIPLIERS, PUBLISHED, CaaBehaviour, CaaReplication
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
 from valueprobe.steering.experiment.prompting import NONE, PromptCondition, Target, read_conditions
-from valueprobe.steering.experiment.reliability import Reliability, item_reliability
+from valueprobe.steering.experiment.reliability import item_reliability
 from valueprobe.steering.experiment.side_effects import SideMetric
 from valueprobe.vocab import Positions, Site
 
@@ -67,22 +68,8 @@ __all__ = [
     "split_items",
 ]
 
-MULTIPLIERS = (-1.0, 0.0, 1.0)
 METRIC = "p_match"
 TARGET = Target(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
-# CAA's published Llama-2-7b-chat A/B p(match) at layer 13 with no system prompt, multipliers −1 / 0 / +1,
-# and at multiplier 0 under its positive / negative system prompts: the "None", "pos" and "neg" rows of
-# nrimsky/CAA analysis/<behaviour>/layer=13_behavior=<behaviour>_type=ab_use_base_model=False_model_size=7b.txt
-# (corrigible 0.26 / 0.71 / 0.84 and refusal 0.42 / 0.74 / 0.89 are also the paper's text).
-PUBLISHED: dict[str, tuple[tuple[float, float, float], tuple[float, float] | None]] = {
-    "coordinate-other-ais": ((0.160, 0.360, 0.580), (0.505, 0.469)),
-    "corrigible-neutral-HHH": ((0.263, 0.711, 0.843), (0.846, 0.543)),
-    "hallucination": ((0.480, 0.737, 0.880), (0.731, 0.699)),
-    "myopic-reward": ((0.407, 0.700, 0.763), (0.838, 0.560)),
-    "refusal": ((0.423, 0.744, 0.887), (0.861, 0.727)),
-    "survival-instinct": ((0.362, 0.417, 0.514), None),
-    "sycophancy": ((0.637, 0.757, 0.814), (0.669, 0.806)),
-}
 
 
 @dataclass(frozen=True)
@@ -149,58 +136,6 @@ def fit_caa_vectors(
         sigma_reference=f"{behaviour}: {len(train)} training items, both answers",
         metrics={"caa_norm": lengths, "train_items": [i.index for i in train]},
     )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class CaaBehaviour:
-    """One behaviour at the chosen layer: steering in CAA's units and in σ, with prompts and the null."""
-
-    behaviour: str
-    length: float  # the CAA vector's own length at the layer: one CAA unit
-    sigma: float  # σ of the training items' projections on it
-    n_train: int
-    caa: SteerSweep  # p(match) against the multiplier in CAA units (conditions in ``prompted``)
-    sigma_units: SteerSweep  # the same in σ
-    baseline: tuple[PromptBaseline, ...]
-    reliability: Reliability
-    off_target: tuple[SideMetric, ...]  # this vector on each other behaviour's items (CAA units)
-
-    def means(self, sweep: SteerSweep, condition: str = NONE) -> tuple[float, ...]:
-        effects = sweep.effects if condition == NONE else sweep.prompted.get(condition, ())
-        curve = effects[0].curves[AXIS] if effects else None
-        return tuple(
-            curve.means[curve.alphas.index(m)] if curve and m in curve.alphas else np.nan for m in MULTIPLIERS
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"behaviour": self.behaviour, "length": self.length, "sigma": self.sigma, "n_train": self.n_train,
-                "caa": self.caa.to_dict(), "sigma_units": self.sigma_units.to_dict(),
-                "baseline": [b.to_dict() for b in self.baseline], "reliability": self.reliability.to_dict(),
-                "off_target": [m.to_dict() for m in self.off_target]}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CaaBehaviour:
-        return record_from_dict(cls, d)
-
-
-@dataclass(frozen=True)
-class CaaReplication:
-    """Every behaviour at the layer chosen on validation items, and the validation curve by layer."""
-
-    model: str
-    layer: int
-    validation: dict[int, float]  # layer -> mean over behaviours of p(match) at +1 − at −1 (CAA units)
-    behaviours: dict[str, CaaBehaviour]
-    controls: int
-    n_test: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "layer": self.layer, "validation": self.validation, "controls": self.controls,
-                "n_test": self.n_test, "behaviours": {k: b.to_dict() for k, b in self.behaviours.items()}}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CaaReplication:
-        return record_from_dict(cls, d)
 
 
 def _settings(layer: int, lengths: Sequence[float], random: np.ndarray) -> list[tuple[str, Setting]]:
@@ -389,13 +324,19 @@ def replicate_caa(
     """  # fmt: skip
     splits = {b: split_items(read_caa(data_dir, b), sizes, seed=seed) for b in behaviours}
     conds = {b: (None, *read_conditions(data_dir / "conditions.jsonl", b, conditions)) for b in behaviours}
+    # three stages: fit every vector, choose the layer on validation, then each behaviour's test items
+    bar = tqdm(total=2 + len(behaviours), desc="CAA: fitting vectors", unit="stage", disable=not progress)
     axes = _axes(lm, {b: s[2] for b, s in splits.items()}, runs_dir / "axes", batch_size)
+    bar.set_description("CAA: choosing the layer")
+    bar.update()
     validation = choose_layer(lm, axes, {b: s[1] for b, s in splits.items()}, batch_size=batch_size)
+    bar.update()
     layer = max(validation, key=lambda x: validation[x])
     random = random_directions(lm.d_model, controls, seed=seed)
     off: dict[str, list[SideMetric]] = {b: [] for b in behaviours}
     results = {}
     for b in behaviours:
+        bar.set_description(f"CAA: {b}, test items")
         test = splits[b][0]
         caa_rows, sigma_rows = _behaviour_rows(lm, axes[b], test, layer, random, conds[b], batch_size)
         for v, metric in _off_target(lm, axes, b, test, layer, random, batch_size).items():
@@ -405,6 +346,8 @@ def replicate_caa(
         results[b] = CaaBehaviour(b, float(axes[b].metrics["caa_norm"][i]), float(axes[b].sigma[i]), len(splits[b][2]),
                                   caa, _summary(sigma_rows, "sigma", conditions, seed), prompt_baseline(caa, TARGET),
                                   item_reliability(caa_rows, TARGET), ())  # fmt: skip
+        bar.update()
+    bar.close()
     final = {b: CaaBehaviour(**{**r.__dict__, "off_target": tuple(off[b])}) for b, r in results.items()}
     rep = CaaReplication(lm.model_id, layer, validation, final, controls, sizes.test)
     out.mkdir(parents=True, exist_ok=True)

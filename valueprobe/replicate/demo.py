@@ -211,6 +211,7 @@ MISSING_WHY = {
     "attribution": "component attribution is not a demo stage: `valueprobe replicate attribute` writes it",
     "attribution_patch": "activation patching is not a demo stage: `valueprobe replicate attribute` writes it",
     "attribution_position": "the position share is not a demo stage: `valueprobe replicate attribute` writes it",
+    "caa": "CAA's behaviours are not a demo stage: `valueprobe replicate caa` writes them",
 }
 
 

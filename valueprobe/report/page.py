@@ -50,6 +50,7 @@ from valueprobe.report.effects import (
 from valueprobe.report.figures import logit_lens_figure, matched_control_figure
 from valueprobe.report.plots import layer_cosine_figure, sweep_figure, transfer_heatmap
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText, read_sections
+from valueprobe.report.steering_eval import caa_caption, caa_section
 from valueprobe.stats.metrics import MeanSd
 
 __all__ = ["RESULTS_FILE", "SECTIONS", "Results", "Section", "load_results", "render_report", "write_report"]
@@ -238,7 +239,13 @@ SECTIONS: tuple[Section, ...] = (
             attribution_caption),
     Section("attribution_position", "Which components write the pre/post axis? Position-tracking terms",
             "`valueprobe replicate attribute`", attribution_figures, attribution_caption),
+    Section("caa", "Beside the field: CAA's seven behaviours, against random directions and asking",
+            "`valueprobe replicate caa`", caa_section, caa_caption),
 )  # fmt: skip
+
+
+# a `valueprobe replicate caa` folder's results.json is one CaaReplication, not a sections object
+CAA_KEYS = frozenset({"behaviours", "layer", "validation", "controls", "n_test"})
 
 
 def load_results(folder: str | Path) -> Results:
@@ -252,6 +259,8 @@ def load_results(folder: str | Path) -> Results:
     try:
         if results.is_file():
             data = json.loads(results.read_text())
+            if isinstance(data, dict) and "sections" not in data and data.keys() >= CAA_KEYS:
+                return Results.from_dict({"model": data.get("model"), "sections": {"caa": data}})
             if not isinstance(data, dict) or not isinstance(data.get("sections"), dict):
                 raise ValueprobeError(
                     f"{results} has no 'sections' object: rerun `valueprobe demo --out {folder}`"

@@ -24,6 +24,7 @@ from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.steering.decode.generation import Trace
+from valueprobe.steering.experiment.caa_result import CaaReplication
 from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.tune.shift_records import ShiftResult
 
@@ -96,6 +97,7 @@ READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "attribution": Attribution.from_dict,
     "attribution_patch": Attribution.from_dict,
     "attribution_position": Attribution.from_dict,
+    "caa": CaaReplication.from_dict,
 }
 
 

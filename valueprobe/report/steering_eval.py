@@ -10,7 +10,8 @@
   (`valueprobe.steering.experiment.reliability`);
 - `side_effects_figure`: each side effect against α, the axis with its CI and the random band
   (`valueprobe.steering.experiment.side_effects`);
-- `caa_figure`: the CAA behaviours' p(match) against the multiplier beside CAA's 7B figures.
+- `caa_figure`: the CAA behaviours' p(match) against the multiplier beside CAA's 7B figures;
+  `caa_section` and `caa_caption` draw and describe a `CaaReplication` in the report.
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ from plotly.subplots import make_subplots
 from valueprobe.report.effects import CONDITION_COLORS
 from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.steering.experiment.baseline import Mean, PromptBaseline
+from valueprobe.steering.experiment.caa_result import PUBLISHED, CaaReplication
 from valueprobe.steering.experiment.dose import AXIS, SteerSweep
 from valueprobe.steering.experiment.front import Front
 from valueprobe.steering.experiment.reliability import Reliability
 from valueprobe.steering.experiment.side_effects import SideEffects
 
-__all__ = ["baseline_figure", "caa_figure", "front_figure", "reliability_figure", "side_effects_figure"]
+__all__ = [
+    "baseline_figure",
+    "caa_caption",
+    "caa_figure",
+    "caa_section",
+    "front_figure",
+    "reliability_figure",
+    "side_effects_figure",
+]
 
 GREY = "rgba(150,150,150,0.45)"
 
@@ -218,3 +228,32 @@ def caa_figure(
     fig.update_layout(title=f"CAA behaviours at layer {layer}: p(matching answer) against the multiplier",
                       height=330 * n_rows, **LAYOUT)  # fmt: skip
     return fig
+
+
+def caa_section(rep: CaaReplication) -> list[go.Figure]:
+    """The report's CAA block: every behaviour's p(match) against the multiplier, beside CAA's 7B figures."""
+    sweeps = {b: r.caa for b, r in rep.behaviours.items()}
+    published = {b: PUBLISHED[b][0] for b in sweeps if b in PUBLISHED}
+    return [caa_figure(sweeps, published, layer=rep.layer)]
+
+
+def caa_caption(rep: CaaReplication) -> str:
+    """What the CAA block shows, and per behaviour p(match) at −1 / 0 / +1 with the slope against its null."""
+    parts = []
+    for b, r in rep.behaviours.items():
+        e = r.caa.effects[0]
+        lo, hi = e.null_range
+        means = " / ".join("-" if not np.isfinite(x) else f"{x:.2f}" for x in r.means(r.caa))
+        verdict = "outside" if e.outside else "inside"
+        parts.append(f"{b} {means} (slope {e.axis.slope:+.3f}, null [{lo:+.3f}, {hi:+.3f}], {verdict})")
+    return (
+        f"CAA's A/B behaviours ({len(rep.behaviours)} of 7) on {rep.model}: a difference-of-means vector per"
+        f" behaviour at layer"
+        f" {rep.layer} (chosen on validation items), p(matching answer) on {rep.n_test} held-out items per"
+        f" behaviour at multipliers −1 / 0 / +1 in CAA's units (the vector's own length), 95% CI over items,"
+        f" beside {rep.controls} random directions of the same length (grey), CAA's own system prompts"
+        " asking for the behaviour or its opposite, and CAA's published Llama-2-7b-chat figures (black"
+        " diamonds; a 7B model at layer 13, not this model). p(match) at −1 / 0 / +1: "
+        + "; ".join(parts)
+        + "."
+    )
