@@ -228,3 +228,48 @@ def test_a_drain_past_drain_seconds_still_exits_0_in_time(probe_dir, tiny_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _neighbour(server: Server, alpha: float | None) -> dict:
+    """A greedy 24-token request (values read at the probe's layer), its choice as JSON."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    body |= {} if alpha is None else {"steering": {"alpha": alpha}}
+    r = httpx.post(f"{server.url}/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_a_client_leaving_mid_stream_leaves_its_batch_neighbours_as_if_alone(server):
+    """Four neighbours and one streamed request meet in one batch; the stream's client leaves
+    after two tokens; each neighbour's tokens and values equal the same request sent alone."""
+    alphas = [-3.0, 0.0, 3.0, None]
+    gate = threading.Barrier(len(alphas) + 1)
+    batches, cancelled = len(server.engine.batch_sizes), server.engine.cancelled_rows
+
+    def leaver() -> int:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        body["steering"] = {"alpha": 2.0}
+        gate.wait()
+        got = 0
+        with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                got += line.startswith("data: ")
+                if got == 2:
+                    break  # the client leaves mid-stream: the connection closes here
+        return got
+
+    def neighbour(alpha: float | None) -> dict:
+        gate.wait()
+        return _neighbour(server, alpha)
+
+    with ThreadPoolExecutor(len(alphas) + 1) as pool:
+        left = pool.submit(leaver)
+        together = list(pool.map(neighbour, alphas))
+        assert left.result(timeout=60) == 2
+    assert max(server.engine.batch_sizes[batches:]) == len(alphas) + 1, "the requests did not share a batch"
+    assert server.engine.cancelled_rows == cancelled + 1, "the leaver's row was not cancelled"
+    for alpha, got in zip(alphas, together, strict=True):
+        alone = _neighbour(server, alpha)
+        assert len(got["token_ids"]) == 24 and got["finish_reason"] == "length"
+        assert got["token_ids"] == alone["token_ids"] and got["text"] == alone["text"]
+        assert got["values"] == pytest.approx(alone["values"], abs=1e-5)
