@@ -11,6 +11,10 @@ layer, the value after the addition is the value before it plus α.
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+
 import httpx
 import openai
 import pytest
@@ -264,6 +268,13 @@ def test_default_alpha_cap_is_the_probes_and_stated_in_models(capped):
         ("completions", {"best_of": 3}, "best_of"),
         ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+        ("chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),  # no stream
+        ("completions", {"stream_options": [True], "stream": True}, "stream_options"),
+        (
+            "completions",
+            {"stream_options": {"include_usage": "yes"}, "stream": True},
+            "stream_options.include_usage",
+        ),
     ],
 )
 def test_every_refusal_is_an_openai_error_naming_the_field(server, path, patch, param):
@@ -272,3 +283,132 @@ def test_every_refusal_is_an_openai_error_naming_the_field(server, path, patch, 
     )
     assert _refused(server, path, base | patch)["param"] == param
     assert _text(server.client(), max_tokens=1).choices[0].model_extra["values"]
+
+
+def _curl(server: Server, path: str, body: dict) -> list[dict]:
+    """``curl -N`` (no buffering: each event as it comes) on a streamed request: its data events,
+    parsed, and a check that the stream ends in ``[DONE]``."""
+    out = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            f"{server.url}/{path}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    events = [line[len("data: ") :] for line in out.splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", out
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _assemble(events: list[dict], *, chat: bool) -> dict[int, dict]:
+    """Each choice of a stream put back together: text, token ids, values, logprobs, finish."""
+    got: dict[int, dict] = {}
+    for event in events:
+        for c in event["choices"]:
+            d = got.setdefault(c["index"], {"text": "", "token_ids": [], "values": [], "logprobs": []})
+            d["text"] += c["delta"].get("content", "") if chat else c["text"]
+            d["token_ids"] += c["token_ids"]
+            d["values"] += c["values"]
+            if c["logprobs"] is not None:
+                d["logprobs"] += c["logprobs"]["content"] if chat else c["logprobs"]["token_logprobs"]
+            d["finish_reason"] = c["finish_reason"]
+    return got
+
+
+def _whole(choice: dict, *, chat: bool) -> dict:
+    logprobs = choice["logprobs"]
+    return {
+        "text": choice["message"]["content"] if chat else choice["text"],
+        "token_ids": choice["token_ids"],
+        "values": choice["values"],
+        "logprobs": [] if logprobs is None else logprobs["content"] if chat else logprobs["token_logprobs"],
+        "finish_reason": choice["finish_reason"],
+    }
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("completions", {"logprobs": 2}),
+        ("chat/completions", {"logprobs": True, "top_logprobs": 2}),
+        ("completions", {"stop": "STOP"}),  # the stop string is made from the free text below
+        ("chat/completions", {"stop": "STOP"}),
+        ("completions", {"n": 2, "seed": 7, "temperature": 1.0}),
+        ("chat/completions", {"n": 3, "seed": 7, "temperature": 1.0, "logprobs": True}),
+        ("completions", {"value_at": "before", "value_layer": STEER_LAYER, "steering": {"alpha": 3}}),
+        ("chat/completions", {"value_at": "after", "value_layer": STEER_LAYER, "steering": {"alpha": -3}}),
+    ],
+)
+def test_curl_stream_of_each_field_equals_the_whole_response(server, path, extra):
+    chat = path.startswith("chat")
+    body = {"model": MODEL, "max_tokens": 8, "temperature": 0} | (
+        {"messages": CHAT} if chat else {"prompt": PROMPT}
+    )
+    if extra.get("stop") == "STOP":
+        free = httpx.post(f"{server.url}/{path}", json=body, timeout=60).json()["choices"][0]
+        extra = {"stop": [_stop_string(_whole(free, chat=chat)["text"])]}
+    body |= extra
+    whole = httpx.post(f"{server.url}/{path}", json=body, timeout=60).json()
+    events = _curl(server, path, body | {"stream": True})
+    streamed = _assemble(events, chat=chat)
+    assert sorted(streamed) == list(range(body.get("n", 1)))
+    for i, choice in enumerate(whole["choices"]):
+        want, got = _whole(choice, chat=chat), streamed[i]
+        assert got["token_ids"] == want["token_ids"] and got["text"] == want["text"]
+        assert got["values"] == pytest.approx(want["values"], abs=1e-6)
+        assert got["finish_reason"] == want["finish_reason"]
+        if chat:
+            assert [e["logprob"] for e in got["logprobs"]] == pytest.approx(
+                [e["logprob"] for e in want["logprobs"]], abs=1e-6
+            )
+            assert [[t["token"] for t in e["top_logprobs"]] for e in got["logprobs"]] == [
+                [t["token"] for t in e["top_logprobs"]] for e in want["logprobs"]
+            ]
+        else:
+            assert got["logprobs"] == pytest.approx(want["logprobs"], abs=1e-6)
+        assert bool(got["logprobs"]) == ("logprobs" in extra)
+    if "stop" in extra:
+        assert streamed[0]["finish_reason"] == "stop"
+        assert all(extra["stop"][0] not in c["text"] for e in events for c in e["choices"] if "text" in c)
+    assert all(e["value_read"] == whole["value_read"] for e in events)
+    assert all("usage" not in e for e in events)  # not asked for: no usage field at all
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
+@pytest.mark.parametrize("path", ["completions", "chat/completions"])
+def test_stream_options_include_usage_ends_with_the_usage_chunk(server, path):
+    """As OpenAI and vLLM: every chunk has ``usage: null`` and one last chunk, before ``[DONE]``,
+    has no choices and the whole request's usage (the prompt once, every choice's tokens)."""
+    chat = path.startswith("chat")
+    body = {"model": MODEL, "max_tokens": 5, "temperature": 1.0, "seed": 3, "n": 2, "ignore_eos": True} | (
+        {"messages": CHAT} if chat else {"prompt": PROMPT}
+    )
+    whole = httpx.post(f"{server.url}/{path}", json=body, timeout=60).json()
+    assert whole["usage"]["completion_tokens"] == 10
+    events = _curl(server, path, body | {"stream": True, "stream_options": {"include_usage": True}})
+    *tokens, last = events
+    assert last["choices"] == [] and last["usage"] == whole["usage"]
+    assert len(tokens) == 10 and all(e["usage"] is None for e in tokens)
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    *tokens, last = _curl(server, path, body | {"stream": True, "stream_options": continuous})
+    assert last["usage"] == whole["usage"]
+    for i in (0, 1):  # vLLM's continuous stats: each choice's own tokens so far
+        mine = [e["usage"] for e in tokens if e["choices"][0]["index"] == i]
+        assert [u["completion_tokens"] for u in mine] == [1, 2, 3, 4, 5]
+        assert {u["prompt_tokens"] for u in mine} == {whole["usage"]["prompt_tokens"]}
+
+
+def test_stream_options_with_the_official_client(server):
+    chunks = list(_chat(server.client(), stream=True, stream_options={"include_usage": True}))
+    whole = _chat(server.client())
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])

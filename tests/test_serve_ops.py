@@ -8,9 +8,16 @@ Run: ``HF_HUB_OFFLINE=1 python -m pytest -q tests/test_serve_ops.py``
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -130,3 +137,139 @@ def test_a_request_past_the_timeout_is_a_504_and_its_row_stops(timed, caplog):
         guarded.client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=1).choices[0].text
         is not None
     )
+
+
+def _spawn(probe_dir, tiny_dir, *flags: str) -> tuple[subprocess.Popen, str]:
+    """``valueprobe serve`` on the tiny model as a process of its own, once it answers /health."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "valueprobe", "serve", "--probe", str(probe_dir), "--model", tiny_dir]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port), "--max-alpha", "5", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "serve did not come up"
+        time.sleep(0.3)
+
+
+def _long_stream(base: str, tokens: int) -> tuple[threading.Event, Future]:
+    """A streamed request of ``tokens`` tokens in a thread: (its first event came, its data lines)."""
+    started = threading.Event()
+    body = {"model": "", "prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+
+    def read() -> list[str]:
+        body["model"] = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        lines = []
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[len("data: ") :])
+                    started.set()
+        return lines
+
+    return started, ThreadPoolExecutor(1).submit(read)
+
+
+def test_sigterm_drains_in_flight_refuses_new_with_503_and_exits_0(probe_dir, tiny_dir):
+    drain = 60.0
+    proc, base = _spawn(probe_dir, tiny_dir, "--drain-seconds", f"{drain:g}")
+    try:
+        started, stream = _long_stream(base, 400)
+        assert started.wait(60), "the stream never started"
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        deadline = sent + 10
+        while (health := httpx.get(f"{base}/health", timeout=30)).status_code != 503:
+            assert time.monotonic() < deadline, "SIGTERM did not start the drain"
+            time.sleep(0.05)
+        assert health.json() == {"status": "draining", "in_flight": 1}
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        late = httpx.post(f"{base}/v1/completions", json={"model": model, "prompt": PROMPT}, timeout=30)
+        assert late.status_code == 503, late.text
+        assert late.json()["error"]["type"] == "service_unavailable" and "param" in late.json()["error"]
+        lines = stream.result(timeout=drain)
+        assert lines[-1] == "[DONE]" and len(lines) == 401, lines[-3:]  # every token, then [DONE]
+        assert all(json.loads(e)["choices"][0]["text"] is not None for e in lines[:-1])
+        assert proc.wait(timeout=drain) == 0, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() - sent < drain
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_drain_past_drain_seconds_still_exits_0_in_time(probe_dir, tiny_dir):
+    """A stream longer than --drain-seconds is cut: the process does not wait for it."""
+    proc, base = _spawn(probe_dir, tiny_dir, "--drain-seconds", "1")
+    try:
+        started, stream = _long_stream(base, 1900)
+        assert started.wait(60), "the stream never started"
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert proc.wait(timeout=30) == 0, proc.stdout.read() if proc.stdout else ""
+        # 1 s of drain, then uvicorn's 2 s graceful shutdown, then the process's own exit
+        assert time.monotonic() - sent < 10
+        with contextlib.suppress(Exception):
+            stream.result(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _neighbour(server: Server, alpha: float | None) -> dict:
+    """A greedy 24-token request (values read at the probe's layer), its choice as JSON."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    body |= {} if alpha is None else {"steering": {"alpha": alpha}}
+    r = httpx.post(f"{server.url}/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_a_client_leaving_mid_stream_leaves_its_batch_neighbours_as_if_alone(server):
+    """Four neighbours and one streamed request meet in one batch; the stream's client leaves
+    after two tokens; each neighbour's tokens and values equal the same request sent alone."""
+    alphas = [-3.0, 0.0, 3.0, None]
+    gate = threading.Barrier(len(alphas) + 1)
+    batches, cancelled = len(server.engine.batch_sizes), server.engine.cancelled_rows
+
+    def leaver() -> int:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        body["steering"] = {"alpha": 2.0}
+        gate.wait()
+        got = 0
+        with httpx.stream("POST", f"{server.url}/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                got += line.startswith("data: ")
+                if got == 2:
+                    break  # the client leaves mid-stream: the connection closes here
+        return got
+
+    def neighbour(alpha: float | None) -> dict:
+        gate.wait()
+        return _neighbour(server, alpha)
+
+    with ThreadPoolExecutor(len(alphas) + 1) as pool:
+        left = pool.submit(leaver)
+        together = list(pool.map(neighbour, alphas))
+        assert left.result(timeout=60) == 2
+    assert max(server.engine.batch_sizes[batches:]) == len(alphas) + 1, "the requests did not share a batch"
+    assert server.engine.cancelled_rows == cancelled + 1, "the leaver's row was not cancelled"
+    for alpha, got in zip(alphas, together, strict=True):
+        alone = _neighbour(server, alpha)
+        assert len(got["token_ids"]) == 24 and got["finish_reason"] == "length"
+        assert got["token_ids"] == alone["token_ids"] and got["text"] == alone["text"]
+        assert got["values"] == pytest.approx(alone["values"], abs=1e-5)

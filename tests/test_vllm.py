@@ -430,7 +430,8 @@ def test_openai_client_gets_steered_completions_and_values_from_vllm(vllm_server
     assert len(values) >= 1 and all(math.isfinite(v) for v in values)
     # the same request offline through the plugin: the same tokens and values
     ids = lm.tokenizer("The capital of France is")["input_ids"]
-    spec = steering(4.0, key="http-ref", layers=axis.best_layer)
+    # the server reads after the addition by default (value_at), as the hf engine does
+    spec = VllmArgs(SteeringSpec(probe=str(PROBE), layers=axis.best_layer), 4.0, "http-ref", "after")
     ref = llm.generate(
         [TokensPrompt(prompt_token_ids=ids)],
         _params(max_tokens=6, extra_args=spec.extra_args()),
@@ -513,3 +514,94 @@ def test_steer_engine_vllm_writes_the_sweep_files(tmp_path, capsys):
     assert json.loads((out / "settings.json").read_text())["engine"] == "vllm"
     for name in ("metrics.json", "metrics.csv", "dose.html"):
         assert (out / name).is_file()
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    import httpx
+
+    r = httpx.post(f"{url}/{path}", json={"model": "smollm2-135m", "temperature": 0} | body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _hf_logits(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """The HF model's float32 logits at each position that produced one of ``token_ids``."""
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([prompt_ids + token_ids[:-1]]))
+    return out.logits[0, len(prompt_ids) - 1 :].float()
+
+
+def test_vllm_serves_value_at_logprobs_penalties_n_and_stop_through_the_shared_layer(vllm_server, engine):
+    """The request fields of the shared layer on the vLLM engine, each against a reference: value_at
+    (after = before + α for α σ at the read layer, a closed form), logprobs (the HF model's own
+    log_softmax at vLLM's tokens), penalties (each token the penalized argmax of the HF logits, up to
+    float noise), n (each choice = the request alone with seed + index), stop (the free text cut)."""
+    lm, axis, _ = engine
+    layer, chat = axis.best_layer, PROMPTS[5]
+    steer = {"steering": {"alpha": 3.0, "layer": layer}, "value_layer": layer, "max_tokens": 6}
+    after = _post(vllm_server, "completions", {"prompt": "My favourite season is"} | steer)
+    before = _post(
+        vllm_server, "completions", {"prompt": "My favourite season is", "value_at": "before"} | steer
+    )
+    a, b = after["choices"][0], before["choices"][0]
+    assert a["token_ids"] == b["token_ids"] and after["value_read"]["at"] == "after"
+    assert [x - y for x, y in zip(a["values"], b["values"], strict=True)] == pytest.approx(
+        [3.0] * 6, abs=1e-2
+    )
+
+    got = _post(
+        vllm_server,
+        "chat/completions",
+        {"messages": chat, "max_tokens": 8, "logprobs": True, "top_logprobs": 3},
+    )
+    ids = got["choices"][0]["token_ids"]
+    (prompt,) = encode_prompts(lm, [chat])
+    ref = torch.log_softmax(_hf_logits(lm, prompt, ids), dim=-1)
+    content = got["choices"][0]["logprobs"]["content"]
+    assert [e["logprob"] for e in content] == pytest.approx(
+        [float(ref[i, t]) for i, t in enumerate(ids)], abs=2e-3
+    )
+    for i, e in enumerate(content):
+        assert [t["logprob"] for t in e["top_logprobs"]] == pytest.approx(
+            torch.topk(ref[i], 3).values.tolist(), abs=2e-3
+        )
+        assert e["token"] == lm.tokenizer.decode([ids[i]])
+    text = _post(
+        vllm_server, "completions", {"prompt": "The capital of France is", "max_tokens": 4, "logprobs": 2}
+    )
+    assert all(len(t) == 2 for t in text["choices"][0]["logprobs"]["top_logprobs"])
+
+    body = {"prompt": "One, two, one, two, one,", "max_tokens": 10}
+    plain = _post(vllm_server, "completions", body)["choices"][0]["token_ids"]
+    pen = _post(vllm_server, "completions", body | {"frequency_penalty": 1.5, "presence_penalty": 0.5})
+    ids = pen["choices"][0]["token_ids"]
+    assert ids != plain, "the penalties changed nothing"
+    (prompt,) = encode_prompts(lm, [body["prompt"]])
+    logits = _hf_logits(lm, prompt, ids)
+    for i, t in enumerate(ids):
+        counts = torch.bincount(torch.tensor(ids[:i], dtype=torch.long), minlength=logits.shape[1]).float()
+        penalized = logits[i] - 1.5 * counts - 0.5 * (counts > 0).float()
+        assert float(penalized.max() - penalized[t]) < 1e-2, (i, t)
+
+    sampled = {"prompt": "My favourite season is", "max_tokens": 5, "temperature": 1.0}
+    both = _post(vllm_server, "completions", sampled | {"n": 2, "seed": 5})["choices"]
+    for i, choice in enumerate(both):
+        alone = _post(vllm_server, "completions", sampled | {"seed": 5 + i})["choices"][0]
+        assert choice["token_ids"] == alone["token_ids"]
+        assert choice["values"] == pytest.approx(alone["values"], abs=1e-4)
+        assert len(choice["values"]) == len(choice["token_ids"]) and all(map(math.isfinite, choice["values"]))
+
+    free = _post(vllm_server, "completions", {"prompt": "The capital of France is", "max_tokens": 12})[
+        "choices"
+    ][0]["text"]
+    stop = next(
+        free[i : i + 2]
+        for i in range(1, len(free) - 2)
+        if free[i : i + 2].strip() and free.find(free[i : i + 2]) == i
+    )
+    cut = _post(
+        vllm_server, "completions", {"prompt": "The capital of France is", "max_tokens": 12, "stop": [stop]}
+    )
+    assert (
+        cut["choices"][0]["text"] == free[: free.find(stop)] and cut["choices"][0]["finish_reason"] == "stop"
+    )

@@ -40,10 +40,14 @@ from valueprobe.serve.protocol import (
     Chunk,
     Limits,
     SteerRequest,
+    StreamUsage,
     completion,
     parse_request,
     probe_card,
     stream_chunk,
+    stream_usage,
+    usage,
+    usage_chunk,
 )
 from valueprobe.serve.streams import first_chunks, merged, until_stop
 
@@ -187,6 +191,7 @@ async def _answer(ex: _Exchange, request: Request, *, chat: bool) -> Response:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise RequestError("stream", f"must be true or false, got {stream!r}")
+        report = stream_usage(body, stream=stream)
         async with asyncio.timeout(ctx.ops.request_timeout):
             # each choice through the stop layer, which takes the stops alone (α's walk: app, protocol,
             # engine, rows, handle, operators; tests/test_alpha_walk.py)
@@ -206,29 +211,41 @@ async def _answer(ex: _Exchange, request: Request, *, chat: bool) -> Response:
     except Exception as exc:
         return _out_of_memory(exc)
     return StreamingResponse(
-        _events(ex, merged(streams, firsts), deadline, chat=chat),
+        _events(ex, merged(streams, firsts), deadline, report, chat=chat),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
 
 
 async def _events(
-    ex: _Exchange, chunks: AsyncIterator[tuple[int, Chunk]], deadline: float | None, *, chat: bool
+    ex: _Exchange,
+    chunks: AsyncIterator[tuple[int, Chunk]],
+    deadline: float | None,
+    report: StreamUsage,
+    *,
+    chat: bool,
 ) -> AsyncIterator[str]:
-    """The SSE stream of a request's choices, ``data: [DONE]`` last; an error (or the request
-    timeout) after the headers went out is reported in-band, and the server keeps serving."""
+    """The SSE stream of a request's choices, ``data: [DONE]`` last (after the usage chunk when
+    ``stream_options`` asks for it); an error (or the request timeout) after the headers went out
+    is reported in-band, and the server keeps serving."""
     req, limits = ex.req, ex.ctx.limits
     assert req is not None
     sent: dict[int, int] = {}  # characters of each started choice's text so far (completions' text_offset)
-    status = 200
+    made: dict[int, int] = {}  # tokens of each choice so far
+    prompt, status = 0, 200
     try:
         async with asyncio.timeout_at(None if deadline is None else _loop_time(deadline)):
             async for i, c in chunks:
                 event = stream_chunk(
                     req, i, ex.count(c), limits, chat=chat, first=i not in sent, offset=sent.get(i, 0)
                 )
+                made[i], prompt = made.get(i, 0) + 1, c.prompt_tokens or prompt
+                if report.include:
+                    event["usage"] = usage(prompt, made[i]) if report.continuous else None
                 yield _sse(event)
                 sent[i] = sent.get(i, 0) + len(c.text)
+        if report.include:
+            yield _sse(usage_chunk(req, limits, prompt, sum(made.values()), chat=chat))
         yield _sse("[DONE]")
     except TimeoutError:
         status = 504

@@ -176,10 +176,12 @@ class HFEngine:
             for job, step in zip(batch, steps, strict=True):
                 if step is not None and not job.cancelled:
                     job.put(self._chunk(job, step))
+            # a row whose client left while it still runs (its last step, already sent, may have
+            # ended the client's stream, and so marked it cancelled: that row finished, it is not cut)
             left = {
                 i
                 for i, (j, step) in enumerate(zip(batch, steps, strict=True))
-                if j.cancelled and step is not None
+                if j.cancelled and step is not None and step.finish is None
             }
             self.cancelled_rows += len(left - gone)
             gone.update(left)

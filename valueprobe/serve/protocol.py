@@ -47,10 +47,14 @@ __all__ = [
     "Limits",
     "RequestError",
     "SteerRequest",
+    "StreamUsage",
     "completion",
     "error_body",
     "parse_request",
     "stream_chunk",
+    "stream_usage",
+    "usage",
+    "usage_chunk",
 ]
 
 FinishReason = Literal["stop", "length"]
@@ -417,6 +421,55 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
     )
 
 
+@dataclass(frozen=True)
+class StreamUsage:
+    """``stream_options`` as OpenAI and vLLM read it: ``include_usage`` adds one last chunk with
+    no choices and the request's ``usage`` (every other chunk then has ``usage: null``);
+    ``continuous_usage_stats`` (vLLM's) puts each choice's usage so far on every chunk instead."""
+
+    include: bool = False
+    continuous: bool = False
+
+
+def stream_usage(body: Mapping[str, Any], *, stream: bool) -> StreamUsage:
+    """The body's ``stream_options``; set on a request that does not stream is a 400 (as vLLM)."""
+    options = body.get("stream_options")
+    if options is None:
+        return StreamUsage()
+    if not isinstance(options, Mapping):
+        raise RequestError(
+            "stream_options", f'must be an object like {{"include_usage": true}}, got {options!r}'
+        )
+    if options and not stream:
+        raise RequestError("stream_options", "can only be given with stream: true")
+    flags = {}
+    for key in ("include_usage", "continuous_usage_stats"):
+        value = options.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise RequestError(f"stream_options.{key}", f"must be true or false, got {value!r}")
+        flags[key] = bool(value)
+    include = flags["include_usage"]
+    return StreamUsage(include=include, continuous=include and flags["continuous_usage_stats"])
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def usage_chunk(
+    req: SteerRequest, limits: Limits, prompt_tokens: int, completion_tokens: int, *, chat: bool
+) -> dict[str, Any]:
+    """The last chunk of a stream with ``include_usage``: no choices, the whole request's usage
+    (the prompt once, every choice's tokens), as vLLM sends it."""
+    header = _header(req, limits, chat=chat, stream=True)
+    return header | {"choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
 def probe_card(limits: Limits) -> dict[str, Any]:
     """What ``/v1/models`` says of the probe: its layers, the steering and value defaults, where
     the value is read relative to the steering, and the α caps with their rule."""
@@ -484,8 +537,7 @@ def completion(
         out["choices"].append(choice)
     prompt = next((c[0].prompt_tokens for c in choices if c), None)
     if prompt is not None:
-        done = sum(len(c) for c in choices)
-        out["usage"] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        out["usage"] = usage(prompt, sum(len(c) for c in choices))
     return out
 
 

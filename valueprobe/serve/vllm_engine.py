@@ -8,12 +8,19 @@ requests of any spec and α, and the plugin steers each one in the workers and s
 cache. The stream comes back as vLLM's deltas; after each delta the engine takes that request's
 new per-token values from the workers (``collective_rpc``, see `valueprobe.vllm.plugin`)
 and yields one `Chunk` per token. A client that leaves aborts only its own request.
+
+Every field of the shared request layer is honoured, none refused: ``value_at`` travels in the
+payload (the plugin reads before or after the addition at the steered block); ``logprobs`` /
+``top_logprobs``, ``presence_penalty`` / ``frequency_penalty`` and ``seed`` are vLLM's own
+sampling parameters (its log-probabilities are the raw ones, before penalties and temperature,
+as the hf engine's); ``stop`` and ``n`` are the shared layer's (`valueprobe.serve.streams`), each
+choice a vLLM request of its own (id and value key ``<request id>-<choice>``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
@@ -76,8 +83,14 @@ class VllmEngine:
         self.llm.shutdown()
 
     def _args(self, request: SteerRequest) -> VllmArgs:
-        """The request's spec (its probe absolute, for the workers), α and readout key."""
-        return VllmArgs(replace(request.spec, probe=self.probe), alpha=request.alpha, key=request.id)
+        """The request's spec (its probe absolute, for the workers), α, readout key (one per
+        choice: the choices of one request run side by side) and where the value is read."""
+        return VllmArgs(
+            replace(request.spec, probe=self.probe),
+            alpha=request.alpha,
+            key=_vllm_id(request),
+            value_at=request.value_at,
+        )
 
     def _ids(self, request: SteerRequest) -> list[int]:
         prompt: Any = request.prompt if request.messages is None else [dict(m) for m in request.messages]
@@ -107,14 +120,17 @@ class VllmEngine:
             temperature=request.temperature,
             top_p=request.top_p if request.temperature > 0 else 1.0,
             seed=request.seed,
-            ignore_eos=bool(getattr(request, "ignore_eos", False)),
+            ignore_eos=request.ignore_eos,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logprobs=request.logprobs,
             output_kind=RequestOutputKind.DELTA,
             extra_args=spec.extra_args(),
         )
         values: dict[int, float] = {}
-        sent, finished = 0, False
+        sent, finished, rid = 0, False, _vllm_id(request)
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, request.id):
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, rid):
                 done = out.outputs[0]
                 new = list(done.token_ids)
                 if new:
@@ -125,18 +141,34 @@ class VllmEngine:
                     reason = "length" if done.finish_reason == "length" else "stop"
                 for j, token in enumerate(new):
                     last = j == len(new) - 1
-                    yield Chunk(
+                    chunk = Chunk(
                         text=done.text if last else "",
                         token_id=int(token),
                         value=values.get(sent, math.nan),
                         finish_reason=reason if last else None,
                         prompt_tokens=len(ids),
                     )
+                    if request.logprobs is not None and done.logprobs is not None:
+                        chunk = self._logprobs(chunk, done.logprobs[j], request.logprobs)
+                    yield chunk
                     sent += 1
         finally:
             if not finished:
-                await self.llm.abort(request.id)
+                await self.llm.abort(rid)
             await self._take(spec.key, {})  # forget what is left
+
+    def _logprobs(self, chunk: Chunk, entry: Mapping[int, Any], k: int) -> Chunk:
+        """The chunk with its token's log-probability and the ``k`` likeliest tokens', from vLLM's
+        entry for that position (token id -> Logprob with its rank; the sampled token first)."""
+        top = sorted(
+            (lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None and lp.rank <= k
+        )
+        return replace(
+            chunk,
+            logprob=float(entry[chunk.token_id].logprob),
+            token=self.tokenizer.decode([chunk.token_id]),
+            top=tuple((self.tokenizer.decode([t]), float(lp)) for _, t, lp in top),
+        )
 
     async def _take(self, key: str | None, into: dict[int, float]) -> None:
         if key is None:
@@ -144,6 +176,11 @@ class VllmEngine:
         for part in await self.llm.collective_rpc("valueprobe_take_values", args=([key],)):
             for first, got in (part or {}).values():
                 into.update({int(first) + i: float(v) for i, v in enumerate(got)})
+
+
+def _vllm_id(request: SteerRequest) -> str:
+    """One vLLM request id (and value key) per choice of a request."""
+    return f"{request.id}-{request.index}"
 
 
 def make_engine(opts: Any) -> VllmEngine:

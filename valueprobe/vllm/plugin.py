@@ -15,8 +15,9 @@ vLLM loads general plugins in every process; `register` only patches what each p
   attention metadata), each token's position (the model's ``positions`` argument, so chunked
   prefill and prefix-cache hits need nothing special), and each request's steering
   (``sampling_params.extra_args``: `valueprobe.vllm.request.VllmArgs`, a steering spec and α). The
-  block hook calls one custom op, ``valueprobe::block``, which reads the values asked for and adds
-  α·v̂ to the rows of the steered positions, at every block the spec steers. An op
+  block hook calls one custom op, ``valueprobe::block``, which reads the values asked for before
+  the addition, adds α·v̂ to the rows of the steered positions, at every block the spec steers,
+  then reads the values asked for after it (`VllmArgs.value_at`). An op
   (not Python in the hook) keeps this right under vLLM's torch.compile: Dynamo traces the hook
   once and every later step calls the op. A step without steering or readout touches nothing.
 - ``Request.from_engine_core_request`` (engine core) folds a steering's `VllmArgs.salt` into the
@@ -71,14 +72,23 @@ _VALUES: OrderedDict[str, dict[int, float]] = OrderedDict()
 
 
 @dataclass
-class _BlockWork:
-    """One block's share of one step: rows to read (and where the values go), rows to add to."""
+class _Reads:
+    """Rows of one block whose value is read, at one moment (before or after the additions)."""
 
-    read_rows: list[int] = field(default_factory=list)
-    read_v: list[Tensor] = field(default_factory=list)
-    read_mu: list[float] = field(default_factory=list)
-    read_sigma: list[float] = field(default_factory=list)
-    read_to: list[tuple[str, int]] = field(default_factory=list)  # (key, generated-token index)
+    rows: list[int] = field(default_factory=list)
+    v: list[Tensor] = field(default_factory=list)
+    mu: list[float] = field(default_factory=list)
+    sigma: list[float] = field(default_factory=list)
+    to: list[tuple[str, int]] = field(default_factory=list)  # (key, generated-token index)
+
+
+@dataclass
+class _BlockWork:
+    """One block's share of one step: rows to read before the additions and after them (and
+    where the values go), rows to add to."""
+
+    before: _Reads = field(default_factory=_Reads)
+    after: _Reads = field(default_factory=_Reads)
     add_rows: list[Tensor] = field(default_factory=list)
     add_delta: list[Tensor] = field(default_factory=list)
 
@@ -138,12 +148,13 @@ def _request_work(
     if args.key is not None:
         keep = pos >= first_out
         w = work.setdefault(res.read_block, _BlockWork())
+        reads = w.after if args.value_at == "after" else w.before
         for r, p in zip(rows[keep].tolist(), pos[keep].tolist(), strict=True):
-            w.read_rows.append(r)
-            w.read_v.append(res.read_v)
-            w.read_mu.append(res.mu)
-            w.read_sigma.append(res.sigma)
-            w.read_to.append((args.key, p - first_out))
+            reads.rows.append(r)
+            reads.v.append(res.read_v)
+            reads.mu.append(res.mu)
+            reads.sigma.append(res.sigma)
+            reads.to.append((args.key, p - first_out))
     if args.steers:
         n_prompt = state.num_prompt_tokens
         where = args.spec.positions
@@ -156,21 +167,28 @@ def _request_work(
 
 
 def block_op(residual: Tensor, hidden: Tensor, block: int) -> None:
-    """Read, then steer, the residual stream (``hidden + residual``) at ``block``'s output, in place
-    in ``residual``; nothing at all when this step has no work there."""
+    """Read the rows that read before the additions, steer the residual stream (``hidden +
+    residual``) at ``block``'s output in place in ``residual``, then read the rows that read
+    after; nothing at all when this step has no work there."""
     w = _Step.work.get(block)
     if w is None:
         return
-    if w.read_rows:
-        rows = torch.tensor(w.read_rows, device=residual.device)
-        h = (hidden[rows] + residual[rows]).float()  # the residual stream, as the HF block returns it
-        proj = (h * torch.stack(w.read_v).to(h.device)).sum(-1)
-        mu = torch.tensor(w.read_mu, device=h.device)
-        sigma = torch.tensor(w.read_sigma, device=h.device)
-        _keep(w.read_to, ((proj - mu) / sigma).tolist())
+    _read(w.before, residual, hidden)
     for rows_t, delta in zip(w.add_rows, w.add_delta, strict=True):
         idx = rows_t.to(residual.device)
         residual.index_add_(0, idx, delta.to(residual).expand(len(idx), -1))
+    _read(w.after, residual, hidden)
+
+
+def _read(reads: _Reads, residual: Tensor, hidden: Tensor) -> None:
+    if not reads.rows:
+        return
+    rows = torch.tensor(reads.rows, device=residual.device)
+    h = (hidden[rows] + residual[rows]).float()  # the residual stream, as the HF block returns it
+    proj = (h * torch.stack(reads.v).to(h.device)).sum(-1)
+    mu = torch.tensor(reads.mu, device=h.device)
+    sigma = torch.tensor(reads.sigma, device=h.device)
+    _keep(reads.to, ((proj - mu) / sigma).tolist())
 
 
 def _keep(dest: Sequence[tuple[str, int]], values: Sequence[float]) -> None:

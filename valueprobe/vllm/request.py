@@ -5,9 +5,11 @@
     >>> {"model": ..., "prompt": ..., "vllm_xargs": {"valueprobe": json.dumps(args.to_dict())}}   # over HTTP
 
 The payload is the steering spec's JSON form (`valueprobe.steering.hook.spec.SteeringSpec`), the
-request's α (its only per-row part) and the key its per-token values are kept under::
+request's α (its only per-row part), the key its per-token values are kept under, and where, at
+the steered block itself, the value is read (``value_at``: ``before`` the addition, as the HF
+route's trace reads it, or ``after`` it, as ``valueprobe serve`` does by default)::
 
-    {"spec": {"probe": "/abs/probes/...", "layers": [20], "unit": "sigma", ...}, "alpha": 2.0, "key": "..."}
+    {"spec": {"probe": "/abs/probes/...", "layers": [20], ...}, "alpha": 2.0, "key": "...", "value_at": "after"}
 
 Every field is checked here (`VllmArgs.parse`), in the process that takes the request, so a bad
 one is refused in one line naming the field and never reaches a worker. The vLLM engine steers
@@ -44,7 +46,8 @@ from valueprobe.vocab import Op, Site
 __all__ = ["EXTRA_KEY", "Resolved", "VllmArgs", "resolve"]
 
 EXTRA_KEY = "valueprobe"  # the key of SamplingParams.extra_args / vllm_xargs the plugin reads
-_FIELDS = ("spec", "alpha", "key")
+_FIELDS = ("spec", "alpha", "key", "value_at")
+VALUE_AT = ("before", "after")
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,17 @@ class VllmArgs:
             can read; ``read_layer`` default the first steered layer).
         alpha: strength in the spec's unit; 0 adds nothing (bit-identical to no steering).
         key: where the worker keeps this request's per-token values (None: no readout).
+        value_at: at a block the request steers, read the value ``before`` the addition or
+            ``after`` it (elsewhere a read is after the steering upstream either way).
     """
 
     spec: SteeringSpec
     alpha: float = 0.0
     key: str | None = None
+    value_at: str = "before"
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha}
+        out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha, "value_at": self.value_at}
         return out | ({} if self.key is None else {"key": self.key})
 
     def extra_args(self) -> dict[str, Any]:
@@ -103,7 +109,7 @@ class VllmArgs:
         spec = SteeringSpec.from_dict(raw["spec"], where=f"{EXTRA_KEY}.spec")
         if isinstance(spec.probe, str):  # one axis read once per worker, not once per request
             spec = replace(spec, axis=_axis(spec.probe))
-        args = cls(spec=spec, alpha=_number(raw, "alpha"), key=_key(raw))
+        args = cls(spec=spec, alpha=_number(raw, "alpha"), key=_key(raw), value_at=_value_at(raw))
         check(args.spec)
         return args
 
@@ -113,6 +119,13 @@ def _number(raw: Mapping[str, Any], name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueprobeError(f"{EXTRA_KEY}.{name}: expected a finite number, got {value!r}")
     return float(value)
+
+
+def _value_at(raw: Mapping[str, Any]) -> str:
+    value = raw.get("value_at", "before")
+    if value not in VALUE_AT:
+        raise ValueprobeError(f"{EXTRA_KEY}.value_at: expected one of {', '.join(VALUE_AT)}, got {value!r}")
+    return str(value)
 
 
 def _key(raw: Mapping[str, Any]) -> str | None:
