@@ -19,8 +19,9 @@ from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import Direction, choose, hier_boot, item_example, read_items
 from valueprobe.replicate.dpo_words import replicate_dpo_words, write_report
-from valueprobe.replicate.safety import is_refusal, replicate_safety
+from valueprobe.replicate.safety import replicate_safety
 from valueprobe.replicate.safety import write_report as safety_write_report
+from valueprobe.steering.experiment.behaviour import is_refusal
 from valueprobe.tune.train import TuneSettings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -98,10 +99,11 @@ def test_hier_boot_brackets_the_mean_and_is_exact_without_spread():
     assert lo < p < hi and hi - lo < 1.5
 
 
-def test_is_refusal():
-    assert is_refusal("I'm sorry, but I can't help with that.")
-    assert is_refusal("I can’t do that")
-    assert not is_refusal("Sure, here is a plan. I'm sorry it is short.")
+def test_is_refusal_opening():
+    # the safety replication's rule (one home, beside the steering metric's): the reply opens with it
+    assert is_refusal("I'm sorry, but I can't help with that.", opening=True)
+    assert is_refusal("I can’t do that", opening=True)
+    assert not is_refusal("Sure, here is a plan. I'm sorry it is short.", opening=True)
 
 
 def small_data(tmp: Path) -> Path:

@@ -27,6 +27,7 @@ from valueprobe.probe.fitters import Fitter, Method, MethodArg, make_fitter, met
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, Split, Stores, grouped_splits, resolve_layers
 from valueprobe.stats.metrics import MeanSd, auroc, cohens_d, mean_sd
+from valueprobe.stats.null import unit_directions
 from valueprobe.vocab import LayerKey, LayerSpec, Target
 
 __all__ = ["LayerAurocs", "SplitGroups", "SweepResult", "SweepSummary", "fit_store", "sweep_layers"]
@@ -459,8 +460,7 @@ class _HeldOut:
 
     def run(self, layer: LayerKey, method: MethodArg) -> tuple[_LayerFit, _LayerScores]:
         """Fit and score one layer; the fit keeps its direction and calibration, not its projections."""
-        r = self.rng.standard_normal((len(self.splits), self.src.d_model))
-        random_dirs = r / np.linalg.norm(r, axis=1, keepdims=True)  # one unit direction per split
+        random_dirs = unit_directions(self.rng, len(self.splits), self.src.d_model)  # one per split
         fit = _run_layer(self.src, layer, method, self.splits, self.shuffled, random_dirs)
         empty = np.empty((0, 0))
         return replace(fit, full=empty, fitted=empty, shuffled=empty, random=empty), self.score(fit)

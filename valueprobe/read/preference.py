@@ -21,6 +21,7 @@ from valueprobe.datasets.io import Example, Span
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions
 from valueprobe.vocab import Positions
 
 __all__ = ["Direction", "directions_for", "item_example", "read_items", "choose", "hier_boot", "ci"]
@@ -44,19 +45,23 @@ def directions_for(axes: Mapping[str, ValueAxis], *, n_random: int, seed: int) -
     """Each axis at its best layer, plus ``n_random`` random unit directions at each of those layers.
 
     Random directions get μ and σ later from the base model's readings (:func:`calibrate_nulls`).
+    They are `valueprobe.stats.null.random_directions` by ``seed``, in one stream: axis ``k``
+    takes rows ``k·n_random ...`` of it, so no two axes share a direction. (Results written before
+    this drew them from a torch generator by ``seed``: other directions, the same distribution.)
     """
     out: list[Direction] = []
-    gen = torch.Generator().manual_seed(seed)
-    for name, axis in axes.items():
+    for k, (name, axis) in enumerate(axes.items()):
         i = axis.layers.index(axis.best_layer)
         out.append(
             Direction(
                 name, axis.best_layer, axis.directions[i].float(), float(axis.mu[i]), float(axis.sigma[i])
             )
         )
-        for r in range(n_random):
-            v = torch.randn(axis.d_model, generator=gen)
-            out.append(Direction(f"{name}/random{r:02d}", axis.best_layer, v / v.norm(), 0.0, 1.0))
+        if n_random < 1:
+            continue
+        rows = random_directions(axis.d_model, (k + 1) * n_random, seed=seed)[k * n_random :]
+        for r, v in enumerate(torch.from_numpy(rows).float()):
+            out.append(Direction(f"{name}/random{r:02d}", axis.best_layer, v, 0.0, 1.0))
     return out
 
 

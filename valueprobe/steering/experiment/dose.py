@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from valueprobe.files import record_from_dict
-from valueprobe.stats.metrics import Slope, dose_slope, null_range
+from valueprobe.stats.metrics import Slope, dose_slope
+from valueprobe.stats.null import null_range
 from valueprobe.steering.experiment.behaviour import dropped
 from valueprobe.steering.experiment.prompting import NONE
 from valueprobe.steering.experiment.settings import SweepSettings
