@@ -240,7 +240,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "write_report opens the page before rendering it",
         "valueprobe/report/page.py",
-        "return atomic_write_text(out, render_report(results, title=title))",
+        "return write_html(render_report(results, title=title), out)",
         'return (out.open("w", encoding="utf-8").write(render_report(results, title=title)), out)[1]',
         ("tests/test_report.py::test_write_report_is_atomic",),
     ),

@@ -70,3 +70,100 @@ def test_single_homes():
     where = _top_level_functions()
     for name in ("is_refusal", "null_range", "trace_figure"):
         assert len(where.get(name, [])) == 1, (name, where.get(name))
+
+
+# Every JSON and HTML file goes through valueprobe/files.py's write_json / write_html (atomic: temp
+# then rename). What counts as a raw write, outside files.py:
+# - any `json.dump(...)` call, and any `.write_html(...)` call (plotly's writer);
+# - a file write (`write_text`, `write_bytes`, `atomic_write_text`, `atomic_write_bytes`, `.write`)
+#   whose arguments hold a `json.dumps(...)`, or a name the same function assigned from one;
+# - such a file write whose path holds a string constant ending in ".html".
+# JSON Lines are not JSON files: a write whose path holds a ".jsonl" constant is exempt, and so are
+# the appenders named here (rows appended and fsynced; a resume truncates to the last whole line).
+FILE_WRITES = {"write_text", "write_bytes", "atomic_write_text", "atomic_write_bytes", "write"}
+JSONL_APPENDERS = {("steering/experiment/sweep.py", "_append")}
+JSON_HOME = Path("files.py")
+
+
+def _is_call(node: ast.AST, name: str, module: str | None = None) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    if isinstance(f, ast.Attribute):
+        return f.attr == name and (module is None or (isinstance(f.value, ast.Name) and f.value.id == module))
+    return module is None and isinstance(f, ast.Name) and f.id == name
+
+
+def _holds(node: ast.AST, test) -> bool:
+    return any(test(n) for n in ast.walk(node))
+
+
+def _constants(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _raw_writes_in(fn: ast.AST) -> list[int]:
+    dumps = {
+        t.id
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign) and _holds(n.value, lambda x: _is_call(x, "dumps", "json"))
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def json_text(x: ast.AST) -> bool:
+        return _is_call(x, "dumps", "json") or (isinstance(x, ast.Name) and x.id in dumps)
+
+    bad = []
+    for n in ast.walk(fn):
+        plotly_writer = _is_call(n, "write_html") and isinstance(n.func, ast.Attribute)
+        if _is_call(n, "dump", "json") or plotly_writer:
+            bad.append(n.lineno)
+        elif isinstance(n, ast.Call) and any(_is_call(n, w) for w in FILE_WRITES):
+            consts = _constants(n)
+            if any(c.endswith(".jsonl") for c in consts):
+                continue
+            if any(_holds(a, json_text) for a in [*n.args, *(k.value for k in n.keywords)]) or any(
+                c.endswith(".html") for c in consts
+            ):
+                bad.append(n.lineno)
+    return bad
+
+
+def raw_json_html_writes(tree: ast.Module, rel: Path) -> list[str]:
+    """``rel:line`` of each JSON or HTML file written without files.write_json / write_html."""
+    out = set()
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for fn in fns:
+        if (str(rel), fn.name) in JSONL_APPENDERS:
+            continue
+        out |= {f"{rel}:{line}" for line in _raw_writes_in(fn)}
+    nested = {line for fn in fns for n in ast.walk(fn) for line in [getattr(n, "lineno", None)] if line}
+    top = ast.Module(
+        body=[
+            n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        ],
+        type_ignores=[],
+    )
+    out |= {f"{rel}:{line}" for line in _raw_writes_in(top) if line not in nested}
+    return sorted(out)
+
+
+def test_every_json_and_html_file_goes_through_files_py():
+    raw = [w for rel, tree in _modules() if rel != JSON_HOME for w in raw_json_html_writes(tree, rel)]
+    assert not raw, f"write JSON / HTML files with valueprobe.files.write_json / write_html: {raw}"
+
+
+def test_the_write_rule_sees_each_kind_of_raw_write():
+    def caught(src: str) -> bool:
+        return bool(raw_json_html_writes(ast.parse(src), Path("x.py")))
+
+    assert caught("def f(p, d):\n    p.write_text(json.dumps(d))")
+    assert caught("def f(p, d, fh):\n    json.dump(d, fh)")
+    assert caught("def f(p, fig):\n    fig.write_html(str(p))")
+    assert caught("def f(p, d):\n    text = json.dumps(d) + '\\n'\n    atomic_write_text(p / 'a.json', text)")
+    assert caught("def f(p, page):\n    atomic_write_text(p / 'report.html', page)")
+    assert not caught(
+        "def f(p, rows):\n    atomic_write_text(p / 'rows.jsonl', ''.join(json.dumps(r) for r in rows))"
+    )
+    assert not caught("def f(p, d):\n    write_json(p / 'a.json', d)\n    key = json.dumps(d)")

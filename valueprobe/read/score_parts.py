@@ -31,9 +31,9 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import (
     atomic_write,
     atomic_write_dir,
-    atomic_write_text,
     check_output_dir,
     mmap_safetensors,
+    write_json,
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
@@ -81,7 +81,7 @@ class ScorePart:
             "settings": self.settings,
             "probe": self.probe,
         }
-        atomic_write_text(out / PART, json.dumps(head, indent=1, allow_nan=False) + "\n")
+        write_json(out / PART, head, indent=1, allow_nan=False)
         return out
 
     @classmethod

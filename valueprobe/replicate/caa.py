@@ -44,7 +44,7 @@ from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.caa import BEHAVIOURS, CaaItem, read_caa
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
@@ -408,9 +408,7 @@ def replicate_caa(
     final = {b: CaaBehaviour(**{**r.__dict__, "off_target": tuple(off[b])}) for b, r in results.items()}
     rep = CaaReplication(lm.model_id, layer, validation, final, controls, sizes.test)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        out / "results.json", json.dumps(jsonable(rep.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "results.json", jsonable(rep.to_dict()), allow_nan=False)
     atomic_write_text(out / "summary.md", caa_markdown(rep))
     return rep
 

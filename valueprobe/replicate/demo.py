@@ -24,7 +24,6 @@ Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import jsonable, write_json
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import MatchedControl
@@ -385,16 +384,12 @@ def run_demo(
         "stages": cache.keys,
     }
     results_path = out / RESULTS_FILE
-    atomic_write_text(results_path, _json(results))
+    write_json(results_path, results, indent=1, default=float)
     shown = Results(records, model=model, summary=tuple(summary), missing=missing)
     report = write_report(shown, out / "report.html", title=f"valueprobe demo: {model}")
     return DemoResult(
         out, report, results_path, run.probe_dir, tuple(summary), tuple(cache.ran), tuple(cache.reused)
     )
-
-
-def _json(obj: object) -> str:
-    return json.dumps(obj, indent=1, default=float) + "\n"
 
 
 def _sweep_line(name: str, s: SweepSummary) -> str:

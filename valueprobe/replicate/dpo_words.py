@@ -30,7 +30,7 @@ import numpy as np
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write, record_from_dict, write_summary
+from valueprobe.files import record_from_dict, write_html, write_summary
 from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
@@ -370,5 +370,5 @@ def write_report(report: WordsReport, out: Path) -> list[Path]:
     files = write_summary(out, report, "DPO word preference: the axis before and after", notes)
     files.append(out / "figure.html")
     fig = report.figure()
-    atomic_write(files[2], lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
+    write_html(fig, files[2])
     return files

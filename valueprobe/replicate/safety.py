@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.files import atomic_write, record_from_dict, write_summary
+from valueprobe.files import record_from_dict, write_html, write_summary
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
@@ -246,10 +246,6 @@ def write_report(report: SafetyReport, out: Path) -> list[Path]:
     files = write_summary(out, report, "Safety DPO: refusal and the axis before and after", notes)
     for name, res in report.shifts.items():
         path = out / f"shift-{name}.html"
-        _write_html(shift_figure(res), path)
+        write_html(shift_figure(res), path)
         files.append(path)
     return files
-
-
-def _write_html(fig: Any, path: Path) -> None:
-    atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))

@@ -24,7 +24,7 @@ import numpy as np
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.files import jsonable, markdown_table, record_from_dict, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.experiment.baseline import PromptBaseline, baseline_table, prompt_baseline
@@ -267,5 +267,4 @@ def _measure(
 def write_evaluation(result: SteerEvaluation, out: Path) -> None:
     """``evaluation.json`` into ``out`` (the CLI draws the figures from the record)."""
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
-    atomic_write_text(out / "evaluation.json", text)
+    write_json(out / "evaluation.json", jsonable(result.to_dict()), allow_nan=False)

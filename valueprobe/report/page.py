@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import write_html
 from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import SweepSummary
 from valueprobe.probe.transfer import TransferSummary
@@ -340,7 +340,7 @@ def write_report(results: Results, out: str | Path, *, title: str | None = None)
         raise ValueprobeError(
             f"{out}: cannot create its folder ({exc.strerror}); choose a writable --out"
         ) from None
-    return atomic_write_text(out, render_report(results, title=title))
+    return write_html(render_report(results, title=title), out)
 
 
 _PAGE = """<!DOCTYPE html>

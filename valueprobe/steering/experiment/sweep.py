@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, write_json
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -242,7 +242,7 @@ def start_sweep(lm: LoadedModel, out: Path, settings: SweepSettings, *, force: b
     settings.spec.first_axis().check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
-        atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
+        write_json(out / SETTINGS, settings.to_dict())
 
 
 def sweep_blocks(n_prompts: int, size: int, prompts: range | None = None) -> list[tuple[int, list[int]]]:
@@ -376,8 +376,6 @@ def summarise_sweep(
     result = how(seed=settings.seed, settings=settings)
     prompted = {c: how(seed=settings.seed, condition=c).effects for c in settings.conditions}
     result = replace(result, prompted=prompted, n_rows=len(rows))
-    atomic_write_text(
-        out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "metrics.json", jsonable(result.to_dict()), allow_nan=False)
     atomic_write_text(out / "metrics.csv", result.csv())
     return result

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, write_html
 from valueprobe.steering.decode.generation import Prompt, Trace, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import Specified
@@ -181,5 +181,5 @@ def write_trace(tr: Trace, out: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {
         "csv": atomic_write_text(out / "trace.csv", trace_csv(tr)),
-        "html": atomic_write_text(out / "trace.html", trace_html(tr)),
+        "html": write_html(trace_html(tr), out / "trace.html"),
     }
