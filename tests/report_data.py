@@ -19,7 +19,7 @@ from valueprobe.attribute.records import (
 from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, MethodCurve, Separation
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
-from valueprobe.probe.layer_sweep import LayerAurocs, SplitGroups, SweepSummary
+from valueprobe.probe.layer_sweep import LayerAurocs, LayerSweepSummary, SplitGroups
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
@@ -33,10 +33,10 @@ def _ms(x: float, sd: float = 0.02) -> MeanSd:
     return MeanSd(x, sd)
 
 
-def sweep_record(n_layers: int = 4) -> SweepSummary:
+def sweep_record(n_layers: int = 4) -> LayerSweepSummary:
     rng = np.random.default_rng(0)
     cos = np.clip(np.eye(n_layers) + 0.3 * rng.random((n_layers, n_layers)), -1, 1)
-    return SweepSummary(
+    return LayerSweepSummary(
         method="span_diff",
         best_layer=n_layers - 1,
         n_splits=3,

@@ -72,6 +72,30 @@ def test_single_homes():
         assert len(where.get(name, [])) == 1, (name, where.get(name))
 
 
+def _top_level_names() -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for rel, tree in _modules():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                where.setdefault(node.name, []).append(str(rel))
+    return where
+
+
+# Names issue 29 found meaning two (or three) things; each is now defined in one module at most.
+# The α sweep is "sweep" (steering/experiment/sweep.py); the layer sweep's types say "LayerSweep".
+ONE_MEANING = ("Target", "Direction", "Step", "Positions", "write_report", "summarize", "SweepResult")
+
+
+def test_each_clashing_name_means_one_thing():
+    where = _top_level_names()
+    clashes = {name: where[name] for name in ONE_MEANING if len(where.get(name, [])) > 1}
+    assert not clashes, clashes
+    assert "summarise" not in where, where.get("summarise")  # one spelling: summarize
+    assert not [n for n in where if n.startswith("Sweep") and "layer_sweep" in where[n][0]], (
+        "layer sweep types say LayerSweep"
+    )
+
+
 # Every JSON and HTML file goes through valueprobe/files.py's write_json / write_html (atomic: temp
 # then rename). What counts as a raw write, outside files.py:
 # - any `json.dump(...)` call, and any `.write_html(...)` call (plotly's writer);

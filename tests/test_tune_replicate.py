@@ -17,10 +17,9 @@ import torch
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.preference import Direction, choose, hier_boot, item_example, read_items
-from valueprobe.replicate.dpo_words import replicate_dpo_words, write_report
-from valueprobe.replicate.safety import replicate_safety
-from valueprobe.replicate.safety import write_report as safety_write_report
+from valueprobe.read.preference import LayerDirection, choose, hier_boot, item_example, read_items
+from valueprobe.replicate.dpo_words import replicate_dpo_words, write_words_report
+from valueprobe.replicate.safety import replicate_safety, write_safety_report
 from valueprobe.steering.experiment.behaviour import is_refusal
 from valueprobe.tune.train import TuneSettings
 
@@ -63,7 +62,7 @@ def test_read_items_equals_hidden_states_mean_over_the_item_tokens(tiny_dir, tri
     prompt = [{"role": "user", "content": "Pick one: spoon / dolphin"}]
     ex = item_example("a", prompt, "I pick the dolphin today", item)
     v = torch.nn.functional.normalize(torch.randn(lm.d_model), dim=0)
-    d = Direction("d", 1, v, 0.5, 2.0)
+    d = LayerDirection("d", 1, v, 0.5, 2.0)
     scores, _ = read_items(lm, [ex], [d])
     text = lm.tokenizer.apply_chat_template(list(ex.messages), tokenize=False)
     lo = text.index("I pick the dolphin") + "I pick the dolphin".index(f" {item}")
@@ -147,7 +146,7 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
     m = report.models[0]
     assert len(m["dirs"]) == 5 and len(m["dirs"]["ax"]["top_after"]) == len(evals)
     assert m["train"]["steps"] == 2
-    files = write_report(report, tmp_path / "out")
+    files = write_words_report(report, tmp_path / "out")
     written = json.loads(files[0].read_text())
     assert written["summary"]["prefer"]["n_models"] == 1
 
@@ -161,7 +160,7 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
         item_example(f"{first.id}|{o}", first.messages or (), o, o, group=first.group, label=0)
         for o in options
     ]
-    d = Direction("ax", 1, random_axis(lm).direction(1), 0.0, 1.0)
+    d = LayerDirection("ax", 1, random_axis(lm).direction(1), 0.0, 1.0)
     before = read_items(lm, items, [d])[0]["ax"]
     after = read_items(load(written["models"][0]["checkpoint"]), items, [d])[0]["ax"]
     t = options.index("dolphin")
@@ -198,7 +197,7 @@ def test_safety_end_to_end(tiny_dir, tmp_path):
     # recomputed from output_hidden_states at the last token of each rendered prompt (generation
     # prompt added), resid_post[1] projected on v̂ (μ = 0, σ = 1), in the base model and in the
     # saved checkpoint.
-    written = json.loads(safety_write_report(report, tmp_path / "out")[0].read_text())
+    written = json.loads(write_safety_report(report, tmp_path / "out")[0].read_text())
     v = random_axis(lm).direction(1).double()
 
     def last_scores(model, examples) -> np.ndarray:

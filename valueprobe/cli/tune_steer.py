@@ -40,7 +40,7 @@ from valueprobe.files import check_output_dir, jsonable, write_json
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.steering_eval import front_figure
 from valueprobe.steering.experiment.front import envelope
-from valueprobe.steering.experiment.prompting import Target, conditions_path, read_target
+from valueprobe.steering.experiment.prompting import Goal, conditions_path, read_target
 from valueprobe.steering.experiment.search import SearchSpace, SteerSearch, check_space, tune_steer
 from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for
 from valueprobe.steering.hook.operators import Operator
@@ -61,7 +61,7 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _target(text: str | None, prompts: Path) -> Target:
+def _target(text: str | None, prompts: Path) -> Goal:
     """``--target metric[:subset[:sign]]``, or the target the conditions file states for the set."""
     if text is None:
         stated = read_target(conditions_path(prompts), prompts.stem)
@@ -74,7 +74,7 @@ def _target(text: str | None, prompts: Path) -> Target:
     sign = parts[2] if len(parts) > 2 else "1"
     if len(parts) > 3 or sign not in ("1", "-1", "+1"):
         raise ValueprobeError(f"--target {text!r}: give METRIC[:SUBSET[:SIGN]], SIGN 1 or -1")
-    return Target(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
+    return Goal(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
 
 
 @dataclass(frozen=True)

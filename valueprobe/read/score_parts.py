@@ -37,7 +37,7 @@ from valueprobe.files import (
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize
+from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize_scores
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
 from valueprobe.vocab import ShardSpec, Tokens, check_split, choice
 
@@ -207,7 +207,7 @@ def merge_scores(out: str | Path, parts: Sequence[str | Path]) -> ScoreResult:
         None if first.random is None else {k: v for i in order for k, v in (loaded[i].random or {}).items()}
     )
     s = first.settings
-    res = summarize(
+    res = summarize_scores(
         first.probe,
         records,
         examples,

@@ -22,7 +22,7 @@ averaged over behaviours, on the validation items. On the test items
 - off target: each behaviour's vector on every other behaviour's items, beside random directions
   of its length.
 
-Each behaviour's rows are summarised by `valueprobe.steering.experiment.dose.summarise` (slopes, CIs over
+Each behaviour's rows are summarised by `valueprobe.steering.experiment.dose.summarize_rows` (slopes, CIs over
 items, the null's range), `valueprobe.steering.experiment.baseline.prompt_baseline` and
 `valueprobe.steering.experiment.reliability.item_reliability`. Writes ``results.json`` and ``summary.md``.
 """
@@ -51,8 +51,8 @@ from valueprobe.probe.fitters import DiffMeans
 from valueprobe.stats.null import mean_ci, null_range, random_directions
 from valueprobe.steering.experiment.ab import Setting, ab_match
 from valueprobe.steering.experiment.baseline import PromptBaseline, prompt_baseline
-from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
-from valueprobe.steering.experiment.prompting import NONE, PromptCondition, Target, read_conditions
+from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarize_rows
+from valueprobe.steering.experiment.prompting import NONE, Goal, PromptCondition, read_conditions
 from valueprobe.steering.experiment.reliability import Reliability, item_reliability
 from valueprobe.steering.experiment.side_effects import SideMetric
 from valueprobe.vocab import Positions, Site
@@ -69,7 +69,7 @@ __all__ = [
 
 MULTIPLIERS = (-1.0, 0.0, 1.0)
 METRIC = "p_match"
-TARGET = Target(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
+TARGET = Goal(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
 # CAA's published Llama-2-7b-chat A/B p(match) at layer 13 with no system prompt, multipliers −1 / 0 / +1,
 # and at multiplier 0 under its positive / negative system prompts: the "None", "pos" and "neg" rows of
 # nrimsky/CAA analysis/<behaviour>/layer=13_behavior=<behaviour>_type=ab_use_base_model=False_model_size=7b.txt
@@ -337,9 +337,10 @@ def _behaviour_rows(
 
 
 def _summary(rows: Sequence[SweepRow], unit: str, conditions: Sequence[str], seed: int) -> SteerSweep:
-    sweep = summarise(rows, unit=unit, metrics=(METRIC,), seed=seed)
+    sweep = summarize_rows(rows, unit=unit, metrics=(METRIC,), seed=seed)
     prompted = {
-        c: summarise(rows, unit=unit, metrics=(METRIC,), seed=seed, condition=c).effects for c in conditions
+        c: summarize_rows(rows, unit=unit, metrics=(METRIC,), seed=seed, condition=c).effects
+        for c in conditions
     }
     return SteerSweep(unit, sweep.effects, len(rows), prompted=prompted)
 

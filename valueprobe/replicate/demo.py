@@ -41,7 +41,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary, transfer_matrix
 from valueprobe.read.readout import logit_lens
 from valueprobe.replicate.axis import (
@@ -372,7 +372,7 @@ def run_demo(
     records, unreadable = read_sections(sections)
     if unreadable:
         raise ValueprobeError(f"internal: demo sections do not read back as records: {unreadable}")
-    summary = summarize(records)
+    summary = summarize_sections(records)
     results = {
         "format": "valueprobe.results",
         "format_version": 1,
@@ -392,7 +392,7 @@ def run_demo(
     )
 
 
-def _sweep_line(name: str, s: SweepSummary) -> str:
+def _sweep_line(name: str, s: LayerSweepSummary) -> str:
     c = s.controls[s.strongest_control].mean
     return (
         f"{name} (layer {s.best_layer}): held-out AUROC {s.heldout_auroc.mean:.3f} vs strongest control"
@@ -400,7 +400,7 @@ def _sweep_line(name: str, s: SweepSummary) -> str:
     )
 
 
-def summarize(sections: Mapping[str, Any]) -> list[str]:
+def summarize_sections(sections: Mapping[str, Any]) -> list[str]:
     """At most six lines, each a headline figure beside its control, from the section records
     (`valueprobe.report.sections.read_sections`)."""
     lines = [

@@ -35,7 +35,7 @@ from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import (
-    Direction,
+    LayerDirection,
     calibrate_nulls,
     choose,
     ci,
@@ -186,7 +186,11 @@ def _sentences(words: list[str]) -> list[Example]:
 
 
 def _measure(
-    lm: LoadedModel, evals: list[Example], items: list[Example], sents: list[Example], dirs: list[Direction]
+    lm: LoadedModel,
+    evals: list[Example],
+    items: list[Example],
+    sents: list[Example],
+    dirs: list[LayerDirection],
 ) -> dict[str, Any]:
     """Choices, item scores and sentence scores of one model."""
     scores, _ = read_items(lm, items, dirs)
@@ -202,7 +206,7 @@ def _model_stats(
     sents: list[Example],
     before: dict,
     after: dict,
-    dirs: list[Direction],
+    dirs: list[LayerDirection],
 ) -> dict[str, Any]:
     """Per-prompt arrays for one tuned model against the base."""
     mine = [e for e in evals if e.meta["target"] == target]
@@ -359,7 +363,7 @@ def replicate_dpo_words(
     )
 
 
-def write_report(report: WordsReport, out: Path) -> list[Path]:
+def write_words_report(report: WordsReport, out: Path) -> list[Path]:
     """results.json, summary.md and figure.html in ``out``."""
     notes = [
         f"Settings: {json.dumps(report.settings, default=str)}",

@@ -234,7 +234,7 @@ def replicate_safety(
     )
 
 
-def write_report(report: SafetyReport, out: Path) -> list[Path]:
+def write_safety_report(report: SafetyReport, out: Path) -> list[Path]:
     """results.json, summary.md and one shift figure per axis in ``out``."""
     notes = [
         f"Training: {json.dumps(report.train, default=str)}",

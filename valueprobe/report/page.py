@@ -31,7 +31,7 @@ from plotly.offline import get_plotlyjs
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_html
 from valueprobe.probe.contrast import MatchedControl
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.attribution import attribution_caption, attribution_figures
@@ -103,7 +103,7 @@ def _fmt(ms: MeanSd | float | None) -> str:
     return f"{ms:.3f}"
 
 
-def _sweep_caption(s: SweepSummary) -> str:
+def _sweep_caption(s: LayerSweepSummary) -> str:
     return (
         f"Held-out-group AUROC of the axis fitted at each layer (band: ± sd over {s.n_splits} splits);"
         f" dashed lines are the controls. At layer {s.best_layer} (chosen on validation groups) the held-out"
@@ -113,7 +113,7 @@ def _sweep_caption(s: SweepSummary) -> str:
     )
 
 
-def _cosine_caption(s: SweepSummary) -> str:
+def _cosine_caption(s: LayerSweepSummary) -> str:
     return (
         "Cosine between the directions fitted at each pair of layers (red: same direction, blue: opposite)."
         " A block of red means one axis persists across those layers; the chosen layer is"
@@ -129,7 +129,7 @@ def _transfer_caption(t: TransferSummary) -> str:
     )
 
 
-def _history_caption(s: SweepSummary) -> str:
+def _history_caption(s: LayerSweepSummary) -> str:
     return (
         "Reward-history construction: the identical final paragraph after a history that rewarded the rule vs"
         " one that never did, rules held out. The text is identical, so the embedding control is 0.5 by"

@@ -46,7 +46,7 @@ from valueprobe.steering.experiment.dose import (
     RANDOM_PREFIX,
     SteerSweep,
     SweepRow,
-    summarise,
+    summarize_rows,
 )
 from valueprobe.steering.experiment.prompting import NONE, PromptCondition, read_conditions
 from valueprobe.steering.experiment.settings import DEFAULT_METRICS, SweepSettings
@@ -205,7 +205,7 @@ def run_sweep(
     progress: bool = True,
     generator: Callable[..., list[Generation]] = generate,
 ) -> SteerSweep:
-    """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
+    """Run (or resume) the sweep into ``out`` and summarize_rows it; see the module doc for the files.
 
     Args:
         lm: the model (checked against the spec's axis).
@@ -234,7 +234,7 @@ def run_sweep(
         progress=progress,
         generator=generator,
     )
-    return summarise_sweep(out, settings, examples, n_boot=n_boot)
+    return summarize_sweep(out, settings, examples, n_boot=n_boot)
 
 
 def start_sweep(lm: LoadedModel, out: Path, settings: SweepSettings, *, force: bool) -> None:
@@ -358,7 +358,7 @@ def _sweep_row(
     )
 
 
-def summarise_sweep(
+def summarize_sweep(
     out: Path, settings: SweepSettings, examples: Sequence[Example], *, n_boot: int
 ) -> SteerSweep:
     """The dose-response summary of every finished row, written to ``metrics.json`` and ``metrics.csv``."""
@@ -366,7 +366,7 @@ def summarise_sweep(
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
     rows = read_rows(out / GENERATIONS)
     how = partial(
-        summarise,
+        summarize_rows,
         rows,
         unit=settings.spec.unit.value,
         metrics=settings.metrics,

@@ -38,7 +38,7 @@ from valueprobe.steering.experiment.sweep import (
     check_settings,
     read_rows,
     start_sweep,
-    summarise_sweep,
+    summarize_sweep,
     sweep_blocks,
     sweep_directions,
     sweep_rows,
@@ -261,7 +261,7 @@ def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
     def write(tmp: Path) -> None:
         write_json(tmp / SETTINGS, first.settings.to_dict())
         (tmp / GENERATIONS).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        got.append(summarise_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
+        got.append(summarize_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
 
     atomic_write_dir(out, write)
     return got[0]
