@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +192,72 @@ def test_the_write_rule_sees_each_kind_of_raw_write():
         "def f(p, rows):\n    atomic_write_text(p / 'rows.jsonl', ''.join(json.dumps(r) for r in rows))"
     )
     assert not caught("def f(p, d):\n    write_json(p / 'a.json', d)\n    key = json.dumps(d)")
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "ARCHITECTURE.md"
+
+
+def _expand(token: str) -> list[str]:
+    """``a/{b,c}.py`` -> ``a/b.py``, ``a/c.py`` (the page names sibling modules that way)."""
+    m = re.search(r"\{([^{}]*)\}", token)
+    if m is None:
+        return [token]
+    return [
+        t
+        for alt in m.group(1).split(",")
+        for t in _expand(token[: m.start()] + alt.strip() + token[m.end() :])
+    ]
+
+
+def placed_modules(page: str) -> set[str]:
+    """Every inline-code name on the page, braces expanded (code blocks left out)."""
+    page = re.sub(r"```.*?```", "", page, flags=re.S)
+    return {t for token in re.findall(r"`([^`\n]+)`", page) for t in _expand(token.strip())}
+
+
+def test_architecture_places_every_module():
+    placed = placed_modules(ARCHITECTURE.read_text(encoding="utf-8"))
+    modules = [str(rel) for rel, _ in _modules() if rel.name != "__init__.py"]
+    missing = [m for m in modules if m not in placed]
+    assert not missing, f"docs/ARCHITECTURE.md names no place for {missing}"
+    assert "steering/experiment/sweep.py" in placed_modules("x `steering/{experiment/sweep,hook/spec}.py`")
+
+
+def test_architecture_cites_the_alpha_walk_and_the_rng_home():
+    page = ARCHITECTURE.read_text(encoding="utf-8")
+    assert "tests/alpha_walk.py" in page and "6 modules, none twice" in page
+    assert "`stats/null.py`" in page and "one entry point" in page
+
+
+# nn.Module hooks are registered in hooks/ only (`hooks.patch.hook_module`); the vLLM plugin and
+# attribution's patching and ablation go through it.
+HOOK_REGISTRATIONS = {
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_backward_hook",
+    "register_module_forward_hook",
+    "register_module_forward_pre_hook",
+    "register_module_full_backward_hook",
+}
+
+
+def hook_registrations(tree: ast.AST) -> list[int]:
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in HOOK_REGISTRATIONS
+    ]
+
+
+def test_nn_module_hooks_are_registered_only_under_hooks():
+    outside = [
+        f"{rel}:{line}"
+        for rel, tree in _modules()
+        if rel.parts[0] != "hooks"
+        for line in hook_registrations(tree)
+    ]
+    assert not outside, f"register hooks through valueprobe.hooks.patch.hook_module: {outside}"
+    assert hook_registrations(ast.parse((PACKAGE / "hooks" / "patch.py").read_text(encoding="utf-8")))
+    assert hook_registrations(ast.parse("m.register_forward_pre_hook(f, with_kwargs=True)")) == [1]
