@@ -158,7 +158,7 @@ def write_json(
 
     The options are :func:`json.dumps`'s, kept per file so each artifact keeps its bytes; a
     record's values go through :func:`jsonable` first where NaN or numpy types may appear, and
-    ``allow_nan=False`` refuses what would make invalid JSON. ``newline`` ends the file in ``\n``.
+    ``allow_nan=False`` refuses what would make invalid JSON. ``newline`` ends the file with a line break.
 
     >>> write_json(out / "settings.json", settings.to_dict())
     """
