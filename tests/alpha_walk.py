@@ -20,6 +20,9 @@ The rule, applied to every Python call the runs make until an operator first app
 - the walk starts in the module that first holds α (the caller of the first call that receives
   it: where the command line's text or the HTTP body is parsed), then lists the module of each
   call that receives α, in time order, one entry per stretch of consecutive calls in one module;
+- writing a record to disk is where α is recorded, not a step toward the hook: the one JSON
+  writer (``valueprobe/files.py``'s ``write_json``, which ``settings.json`` goes through) is left
+  out, as ``json.dumps`` (not a valueprobe module) was before every JSON file went through it;
 - it ends at the first call of an operator (`valueprobe.steering.hook.operators.Operator`) that
   receives α: the moment α changes h.
 
@@ -44,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = str(ROOT / "valueprobe") + "/"
 ALPHAS = (-1.2345, 2.469)  # nonzero and unlike any other number the runs hold
 OPERATOR = "valueprobe/steering/hook/operators.py"
+SINKS = {"valueprobe/files.py"}  # where α is written down (see the module doc)
 
 
 def _holds(value: Any, records: int = 1) -> bool:
@@ -107,7 +111,7 @@ class Tracer:
         if event != "call" or self.done:
             return
         module = _module(frame)
-        if module is None or not any(_holds(v) for v in _arguments(frame)):
+        if module is None or module in SINKS or not any(_holds(v) for v in _arguments(frame)):
             return
         with self.lock:
             if self.start is None:

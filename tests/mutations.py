@@ -263,7 +263,7 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "write_report opens the page before rendering it",
         "valueprobe/report/page.py",
-        "return atomic_write_text(out, render_report(results, title=title))",
+        "return write_html(render_report(results, title=title), out)",
         'return (out.open("w", encoding="utf-8").write(render_report(results, title=title)), out)[1]',
         ("tests/test_report.py::test_write_report_is_atomic",),
     ),
@@ -426,6 +426,44 @@ FAULTS: tuple[Fault, ...] = (
         "sign = 1.0 if none >= center else -1.0",
         "sign = 1.0",
         (A + "test_a_set_is_necessary_only_when_its_drop_leaves_the_random_sets",),
+    ),
+    # --- by kind (issue 29): a reported difference with its sign flipped -------------------------
+    Fault(
+        "Cohen's d is failure minus success",
+        "valueprobe/stats/metrics.py",
+        "    diff = pos.mean() - neg.mean()",
+        "    diff = neg.mean() - pos.mean()",
+        ("tests/test_probe_metrics.py::test_cohens_d_closed_form_and_antisymmetry",),
+    ),
+    Fault(
+        "dose slope reported with its sign flipped",
+        "valueprobe/stats/metrics.py",
+        "slope = float(_weighted_slopes(x, y, np.ones((1, x.size)))[0])",
+        "slope = -float(_weighted_slopes(x, y, np.ones((1, x.size)))[0])",
+        ("tests/test_metrics_behaviour.py::test_dose_slope_matches_polyfit_and_resamples_prompts",),
+    ),
+    # --- by kind: a per-layer quantity given one layer's value at every layer ----------------------
+    Fault(
+        "unit_size reads the first layer's statistics at every layer",
+        "valueprobe/probe/axis.py",
+        "value = float(getattr(self, stat)[self.layers.index(layer)])",
+        "value = float(getattr(self, stat)[0])",
+        (S + "test_several_layers_each_take_their_own_unit_and_statistics[sigma]",),
+    ),
+    Fault(
+        "a per-layer score divides by the best layer's σ at every layer",
+        "valueprobe/probe/axis.py",
+        "return (self.project(h, layer) - float(self.mu[self._index(layer)])) / self.sigma_at(layer)",
+        "return (self.project(h, layer) - float(self.mu[self._index(layer)])) / self.sigma_at(None)",
+        ("tests/test_shift.py::test_shift_by_layer_has_the_tuned_models_sign_and_size_at_every_layer",),
+    ),
+    # --- by kind: two features together (a time checkpoint, then a resume) -------------------------
+    Fault(
+        "after a time checkpoint the next shard runs a whole block past it",
+        "valueprobe/activations/store.py",
+        "end = min(todo.stop, (start // block + 1) * block)",
+        "end = min(todo.stop, start + block)",
+        ("tests/test_store.py::test_time_checkpoints_then_resume_give_the_one_pass_store",),
     ),
 )
 

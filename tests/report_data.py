@@ -19,7 +19,7 @@ from valueprobe.attribute.records import (
 from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, MethodCurve, Separation
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
-from valueprobe.probe.layer_sweep import LayerAurocs, SplitGroups, SweepSummary
+from valueprobe.probe.layer_sweep import LayerAurocs, LayerSweepSummary, SplitGroups
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
@@ -27,8 +27,8 @@ from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.decode.generation import Trace
 from valueprobe.steering.experiment.baseline import prompt_baseline
 from valueprobe.steering.experiment.caa_result import CaaBehaviour, CaaReplication
-from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow, summarise
-from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow, summarize_rows
+from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.reliability import item_reliability
 from valueprobe.tune.shift_records import GroupShift, PairSeparation, ShiftResult
 
@@ -37,10 +37,10 @@ def _ms(x: float, sd: float = 0.02) -> MeanSd:
     return MeanSd(x, sd)
 
 
-def sweep_record(n_layers: int = 4) -> SweepSummary:
+def sweep_record(n_layers: int = 4) -> LayerSweepSummary:
     rng = np.random.default_rng(0)
     cos = np.clip(np.eye(n_layers) + 0.3 * rng.random((n_layers, n_layers)), -1, 1)
-    return SweepSummary(
+    return LayerSweepSummary(
         method="span_diff",
         best_layer=n_layers - 1,
         n_splits=3,
@@ -105,7 +105,7 @@ def caa_record() -> CaaReplication:
     """Two behaviours, 4 items each, summarised by the real functions from planted rows: the vector
     raises p(match) with the multiplier, two random directions do not, and a toward prompt adds 0.1."""
     rng = np.random.default_rng(0)
-    target = Target("p_match", "all", 1)
+    target = Goal("p_match", "all", 1)
     behaviours = {}
     for b, slope in (("refusal", 0.2), ("sycophancy", 0.0)):
         rows = [
@@ -117,8 +117,10 @@ def caa_record() -> CaaReplication:
             for base in [0.5 + 0.05 * rng.standard_normal()]
             for lift in [(slope * m if d == "axis" else 0.0) + (0.1 if c == "toward" else 0.0)]
         ]
-        plain = summarise(rows, unit="caa", metrics=("p_match",))
-        prompted = {"toward": summarise(rows, unit="caa", metrics=("p_match",), condition="toward").effects}
+        plain = summarize_rows(rows, unit="caa", metrics=("p_match",))
+        prompted = {
+            "toward": summarize_rows(rows, unit="caa", metrics=("p_match",), condition="toward").effects
+        }
         sweep = SteerSweep("caa", plain.effects, len(rows), prompted=prompted)
         behaviours[b] = CaaBehaviour(b, 3.0, 0.5, 8, sweep, sweep, prompt_baseline(sweep, target),
                                      item_reliability(rows, target), ())  # fmt: skip

@@ -11,6 +11,7 @@ from alpha_walk import ALPHAS, ROOT, Tracer, entered_twice, serve_walk, steer_wa
 
 from valueprobe.files import jsonable
 from valueprobe.model.load import load
+from valueprobe.stats.metrics import auroc
 from valueprobe.stats.null import null_range
 
 MAX_MODULES = 6
@@ -50,13 +51,19 @@ def test_a_served_requests_alpha_reaches_the_operator_through_six_modules_each_o
 
 
 def test_the_tracer_sees_alpha_handed_back_and_forth():
-    """The measure can fail: α handed to files.py, then stats/null.py, then files.py again (real
-    calls, under the same tracer) is a walk of three entries with files.py entered twice."""
+    """The measure can fail: α handed to stats/metrics.py, then stats/null.py, then stats/metrics.py
+    again (real calls, under the same tracer) is a walk of three entries with metrics.py entered
+    twice. files.py, where α is written down, is no step (see tests/alpha_walk.py)."""
     with Tracer() as tracer:
-        jsonable({"alpha": ALPHAS[1]})
+        auroc([ALPHAS[0], ALPHAS[1]], [0, 1])
+        jsonable({"alpha": ALPHAS[1]})  # recorded, not carried
         null_range([ALPHAS[0], ALPHAS[1]])
-        jsonable([ALPHAS[1]])
-        jsonable([0.5])  # no α: not a step of the walk
+        auroc([ALPHAS[1], 0.0], [1, 0])
+        auroc([0.5, 0.25], [1, 0])  # no α: not a step of the walk
     walk = tracer.walk()
-    assert walk == ["valueprobe/files.py", "valueprobe/stats/null.py", "valueprobe/files.py"], walk
-    assert entered_twice(walk) == ["valueprobe/files.py"]
+    assert walk == [
+        "valueprobe/stats/metrics.py",
+        "valueprobe/stats/null.py",
+        "valueprobe/stats/metrics.py",
+    ], walk
+    assert entered_twice(walk) == ["valueprobe/stats/metrics.py"]

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from valueprobe.stats.metrics import dose_slope, null_range
+from valueprobe.stats.metrics import dose_slope
+from valueprobe.stats.null import null_range
 from valueprobe.steering.experiment.behaviour import (
     code_stats,
     dropped,

@@ -24,7 +24,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.read.scores import ScoreResult
@@ -141,7 +141,7 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (AxisEvaluation, records(AxisEvaluation)),
     (Contrast, records(Contrast)),
     (MatchedControl, records(MatchedControl)),
-    (SweepSummary, records(SweepSummary)),
+    (LayerSweepSummary, records(LayerSweepSummary)),
     (TransferSummary, records(TransferSummary)),
     (ShiftResult, records(ShiftResult)),
     (TuneRecord, records(TuneRecord)),
@@ -243,7 +243,7 @@ def test_committed_results_read_back_to_the_same_bytes(folder, cls, dump):
 
 
 METRICS = {
-    "sweep": SweepSummary,
+    "sweep": LayerSweepSummary,
     "transfer": TransferSummary,
     "icrl_matched_control": MatchedControl,
     "logit_lens": LogitLens,

@@ -17,7 +17,7 @@ from test_shift import calibrated_axis, examples, plant
 
 import valueprobe as vp
 from valueprobe.probe.axis import ProbeRef
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.replicate.demo import shift_headline
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -247,7 +247,7 @@ def test_the_shipped_sweep_is_drawn_in_layer_order():
         (Path(__file__).resolve().parents[1] / "probes/smollm2-135m-value/probe.json").read_text()
     )
     assert list(meta["metrics"]["sweep"]["by_layer"])[:3] == ["0", "1", "10"]  # the case this guards
-    fig = vp.sweep_figure(SweepSummary.from_dict(meta["metrics"]["sweep"]))
+    fig = vp.sweep_figure(LayerSweepSummary.from_dict(meta["metrics"]["sweep"]))
     for trace in fig.data:
         x = [v for v in trace.x if v is not None]
         assert x == sorted(x) or x == sorted(x, reverse=True) or trace.fill == "toself", trace.name

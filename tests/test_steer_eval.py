@@ -39,7 +39,7 @@ from valueprobe.stats.metrics import Slope
 from valueprobe.steering.experiment.baseline import Mean, PromptBaseline, prompt_baseline
 from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
 from valueprobe.steering.experiment.front import Front, FrontPoint, effect_front
-from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.reliability import item_reliability, item_slopes
 from valueprobe.steering.experiment.side_effects import PREFIX, SideMetric, SteerPlan, text_side_effects
 
@@ -132,12 +132,12 @@ def test_reliability_counts_items_against_the_sign_and_the_shift():
     rows += [_row(i, a, -a, direction="random-0") for i in slopes for a in (-1.0, 1.0)]  # every item against
     rows += [_row(i, a, a, direction="random-1") for i in slopes for a in (-1.0, 1.0)]  # none against
     assert item_slopes(rows, "m", "all") == pytest.approx(slopes)
-    rel = item_reliability(rows, Target("m", "all", 1))
+    rel = item_reliability(rows, Goal("m", "all", 1))
     assert (rel.with_, rel.against) == (0.5, 0.25)
     assert rel.null_against == pytest.approx((0.025, 0.975))
     assert rel.shift is not None and rel.shift.change == pytest.approx(np.mean([-2, 0, 0, 1]))
     assert rel.shift.sign_flips == 0.5  # a (+ to −) and d (0 to +)
-    flipped = item_reliability(rows, Target("m", "all", -1))
+    flipped = item_reliability(rows, Goal("m", "all", -1))
     assert flipped.against == 0.5
 
 
@@ -160,10 +160,10 @@ def test_effect_front_reads_moves_from_rows_and_needs_an_alpha_zero():
     rows = [_row(i, a, 1.0 + 2 * a) for i in ("a", "b") for a in (0.0, 1.0)]
     rows += [_row(i, 1.0, 1.0, direction="random-0") for i in ("a", "b")]
     kl = SideMetric("kl", "kl", (0.0, 1.0), {"axis": (0.0, 0.2), "random-0": (0.0, 0.4)}, ((0, 0), (0, 0)), 2)
-    front = effect_front(rows, kl, Target("m", "all", -1))
+    front = effect_front(rows, kl, Goal("m", "all", -1))
     assert [(p.alpha, p.kl, p.effect) for p in front.axis] == [(0.0, 0.0, 0.0), (1.0, 0.2, -2.0)]
     with pytest.raises(ValueprobeError, match="no α = 0"):
-        effect_front([r for r in rows if r.alpha != 0], kl, Target("m", "all", 1))
+        effect_front([r for r in rows if r.alpha != 0], kl, Goal("m", "all", 1))
 
 
 def _effect(means: tuple[float, ...], *, null: tuple[float, float] = (0.4, 0.6)) -> Effect:
@@ -185,14 +185,14 @@ def test_baseline_verdict_compares_steering_with_asking():
         0,
         prompted={"toward": (_effect((0.8, 0.9, 1.0)),), "away": (_effect((0.1, 0.2, 0.3)),)},
     )
-    (row,) = prompt_baseline(sweep, Target("m", "all", 1))
+    (row,) = prompt_baseline(sweep, Goal("m", "all", 1))
     assert (row.alpha, row.plain.mean, row.toward.mean, row.away_down.mean) == (1.0, 0.5, 0.9, 0.1)  # type: ignore[union-attr]
     assert row.verdict == "asking beats steering" and row.steering_leaves_null is False
     (unsigned,) = prompt_baseline(sweep, None)
     assert unsigned.verdict == "-"
     strong = SteerSweep("sigma", (_effect((0.0, 0.5, 2.0)),), 0, prompted=sweep.prompted)
-    assert prompt_baseline(strong, Target("m", "all", 1))[0].verdict == "steering beats asking"
-    assert prompt_baseline(strong, Target("m", "all", -1))[0].verdict == "asking beats steering"
+    assert prompt_baseline(strong, Goal("m", "all", 1))[0].verdict == "steering beats asking"
+    assert prompt_baseline(strong, Goal("m", "all", -1))[0].verdict == "asking beats steering"
     assert PromptBaseline.from_dict(json.loads(json.dumps(row.to_dict()))) == row
     assert Mean(1.0, 0.5, 2.0).signed(-1) == (-2.0, -0.5)
 
@@ -216,7 +216,7 @@ def test_replicate_steer_judges_its_sweeps(tiny_lm_factory, tmp_path, monkeypatc
     ev = SteerEvaluation.from_dict(json.loads((tmp_path / "out" / "evaluation.json").read_text()))
     assert set(ev.benches) == {"confidence", "length"}
     length = ev.benches["length"]
-    assert length.target == Target("length", "all", -1)
+    assert length.target == Goal("length", "all", -1)
     assert [b.verdict != "-" for b in length.baseline] == [b.metric == "length" for b in length.baseline]
     assert length.reliability is not None and length.reliability.n_items == 4 and length.reliability.shift
     assert length.front is not None and len(length.front.random) == 2 * 3

@@ -23,7 +23,7 @@ from valueprobe.report.effects import dose_response_figure
 from valueprobe.stats.null import random_directions as null_directions
 from valueprobe.steering.decode import generation
 from valueprobe.steering.decode.generation import encode_prompts
-from valueprobe.steering.experiment.dose import SweepRow, summarise
+from valueprobe.steering.experiment.dose import SweepRow, summarize_rows
 from valueprobe.steering.experiment.sweep import GENERATIONS, SweepSettings, run_sweep, sweep_directions
 from valueprobe.steering.experiment.yes_no import answer_tokens, p_yes
 from valueprobe.steering.hook.spec import SteeringSpec
@@ -246,13 +246,13 @@ def planted_rows(axis_slope: float, *, degenerate_at: float | None = None) -> li
 
 
 def test_summary_null_and_drop_rule():
-    res = summarise(planted_rows(1.0, degenerate_at=2.0), unit="sigma", metrics=["length"], n_boot=200)
+    res = summarize_rows(planted_rows(1.0, degenerate_at=2.0), unit="sigma", metrics=["length"], n_boot=200)
     (e,) = res.effects
     assert e.dropped == (2.0,)  # 15 of 20 outputs degenerate at α = 2: the whole strength goes
     assert e.axis.slope == pytest.approx(1.0, abs=0.05) and e.axis.ci[0] < 1.0 < e.axis.ci[1]
     assert len(e.null) == 8 and e.outside is True and e.other_outside is False
     assert e.curves["axis"].alphas == (-2.0, -1.0, 0.0, 1.0)
-    flat = summarise(planted_rows(0.0), unit="norm", metrics=["length"], n_boot=200)
+    flat = summarize_rows(planted_rows(0.0), unit="norm", metrics=["length"], n_boot=200)
     assert flat.effects[0].outside is False and flat.step == 25.0
     headers, table = flat.table()
     assert headers[2] == "axis slope (per 25 norm)" and table[0][6] == "no"

@@ -17,10 +17,10 @@ import torch
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.preference import Direction, choose, hier_boot, item_example, read_items
-from valueprobe.replicate.dpo_words import replicate_dpo_words, write_report
-from valueprobe.replicate.safety import is_refusal, replicate_safety
-from valueprobe.replicate.safety import write_report as safety_write_report
+from valueprobe.read.preference import LayerDirection, choose, hier_boot, item_example, read_items
+from valueprobe.replicate.dpo_words import replicate_dpo_words, write_words_report
+from valueprobe.replicate.safety import replicate_safety, write_safety_report
+from valueprobe.steering.experiment.behaviour import is_refusal
 from valueprobe.tune.train import TuneSettings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -62,7 +62,7 @@ def test_read_items_equals_hidden_states_mean_over_the_item_tokens(tiny_dir, tri
     prompt = [{"role": "user", "content": "Pick one: spoon / dolphin"}]
     ex = item_example("a", prompt, "I pick the dolphin today", item)
     v = torch.nn.functional.normalize(torch.randn(lm.d_model), dim=0)
-    d = Direction("d", 1, v, 0.5, 2.0)
+    d = LayerDirection("d", 1, v, 0.5, 2.0)
     scores, _ = read_items(lm, [ex], [d])
     text = lm.tokenizer.apply_chat_template(list(ex.messages), tokenize=False)
     lo = text.index("I pick the dolphin") + "I pick the dolphin".index(f" {item}")
@@ -98,10 +98,11 @@ def test_hier_boot_brackets_the_mean_and_is_exact_without_spread():
     assert lo < p < hi and hi - lo < 1.5
 
 
-def test_is_refusal():
-    assert is_refusal("I'm sorry, but I can't help with that.")
-    assert is_refusal("I can’t do that")
-    assert not is_refusal("Sure, here is a plan. I'm sorry it is short.")
+def test_is_refusal_opening():
+    # the safety replication's rule (one home, beside the steering metric's): the reply opens with it
+    assert is_refusal("I'm sorry, but I can't help with that.", opening=True)
+    assert is_refusal("I can’t do that", opening=True)
+    assert not is_refusal("Sure, here is a plan. I'm sorry it is short.", opening=True)
 
 
 def small_data(tmp: Path) -> Path:
@@ -145,7 +146,7 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
     m = report.models[0]
     assert len(m["dirs"]) == 5 and len(m["dirs"]["ax"]["top_after"]) == len(evals)
     assert m["train"]["steps"] == 2
-    files = write_report(report, tmp_path / "out")
+    files = write_words_report(report, tmp_path / "out")
     written = json.loads(files[0].read_text())
     assert written["summary"]["prefer"]["n_models"] == 1
 
@@ -159,7 +160,7 @@ def test_dpo_words_end_to_end(tiny_dir, tmp_path):
         item_example(f"{first.id}|{o}", first.messages or (), o, o, group=first.group, label=0)
         for o in options
     ]
-    d = Direction("ax", 1, random_axis(lm).direction(1), 0.0, 1.0)
+    d = LayerDirection("ax", 1, random_axis(lm).direction(1), 0.0, 1.0)
     before = read_items(lm, items, [d])[0]["ax"]
     after = read_items(load(written["models"][0]["checkpoint"]), items, [d])[0]["ax"]
     t = options.index("dolphin")
@@ -196,7 +197,7 @@ def test_safety_end_to_end(tiny_dir, tmp_path):
     # recomputed from output_hidden_states at the last token of each rendered prompt (generation
     # prompt added), resid_post[1] projected on v̂ (μ = 0, σ = 1), in the base model and in the
     # saved checkpoint.
-    written = json.loads(safety_write_report(report, tmp_path / "out")[0].read_text())
+    written = json.loads(write_safety_report(report, tmp_path / "out")[0].read_text())
     v = random_axis(lm).direction(1).double()
 
     def last_scores(model, examples) -> np.ndarray:

@@ -20,7 +20,7 @@ from test_steer_sweep import chats, tiny_axis
 from valueprobe.cli.tune_steer import _print
 from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.search import (
     Candidate,
     SearchSpace,
@@ -99,7 +99,7 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
         texts, read_jsonl(DATA / "neutral_text.jsonl")[:2] + read_jsonl(DATA / "neutral_text.jsonl")[24:26]
     )
     space = SearchSpace((1,), (2.0, 8.0), ("all", "generated"), ("add",), 0.05)
-    found = tune_steer(lm, axis, chats(4), base, space, Target("length", "all", -1), out=tmp_path / "o",
+    found = tune_steer(lm, axis, chats(4), base, space, Goal("length", "all", -1), out=tmp_path / "o",
                        neutral=texts, batch_size=8, progress=False)  # fmt: skip
     assert len(found.candidates) == 2 * 4  # positions × ±α
     within = [c for c in found.candidates if c.kl <= space.max_kl]

@@ -23,7 +23,7 @@ from valueprobe.guided.run import guide
 from valueprobe.model.load import LoadedModel, load, wrap
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import FitReport, fit_probe
-from valueprobe.probe.layer_sweep import SweepResult
+from valueprobe.probe.layer_sweep import LayerSweepResult
 from valueprobe.probe.transfer import TransferResult
 from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
@@ -80,7 +80,7 @@ __all__ = [
     "ScoreResult",
     "ShiftResult",
     "Steering",
-    "SweepResult",
+    "LayerSweepResult",
     "TransferResult",
     "TuneResult",
     "ValueprobeError",
@@ -92,3 +92,18 @@ __all__ = [
     "ShiftSettings",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # "sweep" alone is the α sweep (steering/experiment/sweep.py); the layer sweep's result was
+    # vp.SweepResult before issue 29 and is still reachable under that name, with a warning.
+    if name == "SweepResult":
+        import warnings
+
+        warnings.warn(
+            "vp.SweepResult is vp.LayerSweepResult (the layer sweep's result)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LayerSweepResult
+    raise AttributeError(f"module 'valueprobe' has no attribute {name!r}")

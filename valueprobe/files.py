@@ -49,6 +49,8 @@ __all__ = [
     "record_from_dict",
     "resolve_shipped",
     "sha256_file",
+    "write_html",
+    "write_json",
     "write_summary",
 ]
 
@@ -141,6 +143,51 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
+def write_json(
+    path: str | Path,
+    obj: object,
+    *,
+    indent: int | None = 2,
+    newline: bool = True,
+    sort_keys: bool = False,
+    ensure_ascii: bool = True,
+    allow_nan: bool = True,
+    default: Callable[[Any], Any] | None = None,
+) -> Path:
+    """Write ``obj`` as JSON at ``path`` atomically: the one way a JSON file is written.
+
+    The options are :func:`json.dumps`'s, kept per file so each artifact keeps its bytes; a
+    record's values go through :func:`jsonable` first where NaN or numpy types may appear, and
+    ``allow_nan=False`` refuses what would make invalid JSON. ``newline`` ends the file with a line break.
+
+    >>> write_json(out / "settings.json", settings.to_dict())
+    """
+    text = json.dumps(
+        obj,
+        indent=indent,
+        sort_keys=sort_keys,
+        ensure_ascii=ensure_ascii,
+        allow_nan=allow_nan,
+        default=default,
+    )
+    return atomic_write_text(path, text + "\n" if newline else text)
+
+
+class _Figure(Protocol):
+    def write_html(self, file: str, *, include_plotlyjs: bool, full_html: bool) -> object: ...
+
+
+def write_html(page: _Figure | str, path: str | Path) -> Path:
+    """Write an HTML page atomically: a plotly figure as one self-contained file (plotly.js inlined,
+    so opening it reaches no other host), or a page already rendered to text. The one HTML writer.
+
+    >>> write_html(dose_response_figure(result), out / "dose.html")
+    """
+    if isinstance(page, str):
+        return atomic_write_text(path, page)
+    return atomic_write(path, lambda tmp: page.write_html(str(tmp), include_plotlyjs=True, full_html=True))
+
+
 def markdown_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], cell: Callable[[object], str] = str
 ) -> list[str]:
@@ -166,7 +213,7 @@ def write_summary(out: Path, result: Summarized, title: str, notes: Sequence[str
     created if missing; returns both paths."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "results.json", out / "summary.md"]
-    atomic_write_text(files[0], json.dumps(result.to_dict(), indent=2, default=float) + "\n")
+    write_json(files[0], result.to_dict(), default=float)
     md = [f"# {title}", "", *markdown_table(*result.table()), "", *notes]
     atomic_write_text(files[1], "\n".join(md) + "\n")
     return files

@@ -14,7 +14,6 @@ missing or repeated shard, an unfinished part) are refused with one line naming 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from pathlib import Path
 from valueprobe.activations.manifest import Shard, StoreManifest
 from valueprobe.activations.store import MANIFEST, ActivationStore, check_store_out
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir
+from valueprobe.files import atomic_write_dir, write_json
 from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.vocab import check_split
 
@@ -121,7 +120,7 @@ def merge_stores(out: str | Path, parts: Sequence[str | Path]) -> ActivationStor
                 _link_or_copy(path / shard.file, tmp / name)
                 shards.append(replace(shard, file=name))
         merged = replace(manifests[0], part=None, shards=tuple(shards), complete=True)
-        (tmp / MANIFEST).write_text(json.dumps(merged.to_dict(), indent=1), encoding="utf-8")
+        write_json(tmp / MANIFEST, merged.to_dict(), indent=1, newline=False)
 
     atomic_write_dir(out, write)
     return ActivationStore.open(out)

@@ -38,10 +38,10 @@ from valueprobe.datasets.io import Example, regroup
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import (
     atomic_write,
-    atomic_write_text,
     check_output_dir,
     mmap_safetensors,
     read_safetensors_header,
+    write_json,
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.version import __version__
@@ -354,7 +354,7 @@ def _write_from(
     start = todo.start + manifest.n_examples_done  # shards are contiguous from the range's start
     torch_dtype = _TORCH_DTYPES[manifest.dtype]
     if not todo and not (out / MANIFEST).exists():  # a part with no blocks (more parts than blocks)
-        atomic_write_text(out / MANIFEST, json.dumps(replace(manifest, complete=True).to_dict(), indent=1))
+        write_json(out / MANIFEST, replace(manifest, complete=True).to_dict(), indent=1, newline=False)
     with tqdm(
         total=len(todo),
         initial=start - todo.start,
@@ -371,7 +371,7 @@ def _write_from(
             _write_shard(out / name, tensors, meta)
             manifest = manifest.with_shard(Shard(name, (start, start + done), len(got.rows)))
             start += done
-            atomic_write_text(out / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+            write_json(out / MANIFEST, manifest.to_dict(), indent=1, newline=False)
 
 
 def _open_or_start(out: Path, wanted: StoreManifest) -> StoreManifest:

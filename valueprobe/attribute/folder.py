@@ -23,7 +23,12 @@ import torch
 from safetensors.torch import save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text, mmap_safetensors, read_safetensors_header
+from valueprobe.files import (
+    atomic_write,
+    mmap_safetensors,
+    read_safetensors_header,
+    write_json,
+)
 from valueprobe.vocab import ShardSpec
 
 __all__ = ["RUN", "Chunk", "RunFile", "check_run_out", "open_run", "read_chunk", "write_chunk"]
@@ -96,7 +101,7 @@ class RunFile:
             ) from None
 
     def write(self, folder: Path) -> None:
-        atomic_write_text(folder / RUN, json.dumps(self.to_dict(), indent=1) + "\n")
+        write_json(folder / RUN, self.to_dict(), indent=1)
 
     def with_chunk(self, chunk: Chunk) -> RunFile:
         return replace(self, chunks=(*self.chunks, chunk))

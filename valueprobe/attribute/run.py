@@ -39,7 +39,7 @@ from valueprobe.attribute.summary import row_classes
 from valueprobe.attribute.work import DirectWork, PairWork, Work, summarize
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.model.parts import block_parts
 from valueprobe.probe.axis import ValueAxis
@@ -254,7 +254,7 @@ def summarize_run(out: Path, run: RunFile, *, keep: Callable[[str], bool] = lamb
 
 def write_result(out: Path, res: Attribution) -> None:
     """attribution.json and components.csv (attribution.html is the report's: `valueprobe.report.attribution`)."""
-    atomic_write_text(out / RESULT, json.dumps(res.to_dict(), indent=1, allow_nan=False) + "\n")
+    write_json(out / RESULT, res.to_dict(), indent=1, allow_nan=False)
     atomic_write_text(out / CSV, res.csv())
 
 

@@ -7,7 +7,6 @@ one way: nothing here imports a command module.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from valueprobe.activations.ranks import rank_device, run_ranks
 from valueprobe.cli.groups import OptionGroup
 from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text
+from valueprobe.files import write_html
 from valueprobe.model.load import LoadedModel, check_device, load
 from valueprobe.probe.registry import resolve_name, shipped_axes
 from valueprobe.version import __version__
@@ -233,15 +232,10 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
     console.print(t)
 
 
-def write_json(path: Path, obj: object) -> None:
+def write_figure(fig: go.Figure, path: Path) -> Path:
+    """One self-contained HTML file in a folder made if missing (`valueprobe.files.write_html`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(obj, indent=2, default=float) + "\n")
-
-
-def write_html(fig: go.Figure, path: Path) -> None:
-    """One self-contained HTML file (plotly.js inlined: opening it reaches no other host)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
+    return write_html(fig, path)
 
 
 def run_sharded(

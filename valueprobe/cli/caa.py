@@ -25,7 +25,7 @@ from valueprobe.cli.app import (
     datasets_app,
     replicate_app,
     table,
-    write_html,
+    write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
@@ -130,7 +130,7 @@ def replicate_caa_command(
     table("per-item reliability", *reliability_rows(rep))
     table("off target", *off_target_table(rep))
     sweeps = {b: r.caa for b, r in rep.behaviours.items()}
-    write_html(
+    write_figure(
         caa_figure(sweeps, {b: PUBLISHED[b][0] for b in sweeps if b in PUBLISHED}, layer=rep.layer),
         out / "caa.html",
     )

@@ -35,7 +35,7 @@ from valueprobe.cli.app import (
     replicate_app,
     run_sharded,
     table,
-    write_html,
+    write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
@@ -285,11 +285,11 @@ def fit(
     report.axis.save(out)
     headers, rows = report.sweep.table()
     table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
-    write_html(sweep_figure(report.sweep), out / "sweep.html")
+    write_figure(sweep_figure(report.sweep), out / "sweep.html")
     if report.transfer is not None:
         headers, rows = report.transfer.table()
         table(f"transfer matrix at layer {report.transfer.layer}", headers, rows)
-        write_html(transfer_heatmap(report.transfer), out / "transfer.html")
+        write_figure(transfer_heatmap(report.transfer), out / "transfer.html")
     console.print(report.summary())
     console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
 
@@ -419,8 +419,8 @@ def replicate_axis(
     lens = report.axis.metrics["logit_lens"]
     console.print("logit lens, promoted:   " + " ".join(repr(t) for t, _ in lens["promoted"][:12]))
     console.print("logit lens, suppressed: " + " ".join(repr(t) for t, _ in lens["suppressed"][:12]))
-    write_html(sweep_figure(report.sweep), runs / "sweep.html")
-    write_html(transfer_heatmap(report.transfer), runs / "transfer.html")
+    write_figure(sweep_figure(report.sweep), runs / "sweep.html")
+    write_figure(transfer_heatmap(report.transfer), runs / "transfer.html")
     console.print(report.summary())
     if history_out is not None:
         _print_history(ValueAxis.load(history_out))

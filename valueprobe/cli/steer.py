@@ -38,7 +38,7 @@ from valueprobe.cli.app import (
     replicate_app,
     run_sharded,
     table,
-    write_html,
+    write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
@@ -235,7 +235,7 @@ def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     """Write the dose figure next to a sweep's files and print its table."""
-    write_html(dose_response_figure(result), out / "dose.html")
+    write_figure(dose_response_figure(result), out / "dose.html")
     n_random = 0 if result.settings is None else result.settings.controls
     table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
@@ -398,7 +398,7 @@ def print_replicate_steer(report: ReplicateSteer, out: Path, settings: Replicate
     """Write ``replicate steer``'s figures and print its tables."""
     probe, other_probe = settings.probe.name, settings.other_probe.name
     if report.sweeps:
-        write_html(dose_response_figure(report.combined()), out / "dose.html")
+        write_figure(dose_response_figure(report.combined()), out / "dose.html")
         table(
             f"replicate steer: {probe} vs {other_probe} and {settings.controls} random directions",
             *report.table(),

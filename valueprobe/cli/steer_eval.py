@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from valueprobe.cli.app import table, write_html
+from valueprobe.cli.app import table, write_figure
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import jsonable, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer_eval import TASKS, BenchEval, SteerEvaluation, reliability_table
@@ -55,13 +55,13 @@ def print_evaluation(path: Path, out: Path) -> str:
             *f.table(),
         )
     rows = [r for b in ev.benches.values() for r in b.baseline if r.sign is not None]
-    write_html(baseline_figure(rows, unit=ev.unit), out / "baseline.html")
-    write_html(front_figure([f for _, f in fronts], titles=[n for n, _ in fronts]), out / "front.html")
+    write_figure(baseline_figure(rows, unit=ev.unit), out / "baseline.html")
+    write_figure(front_figure([f for _, f in fronts], titles=[n for n, _ in fronts]), out / "front.html")
     rels = [(n, b.reliability) for n, b in ev.benches.items() if b.reliability is not None]
-    write_html(
+    write_figure(
         reliability_figure([r for _, r in rels], titles=[n for n, _ in rels]), out / "reliability.html"
     )
-    write_html(side_effects_figure(ev.side), out / "side_effects.html")
+    write_figure(side_effects_figure(ev.side), out / "side_effects.html")
     return ", evaluation.json, baseline.html, front.html, reliability.html, side_effects.html"
 
 
@@ -110,13 +110,11 @@ def judge_sweep(
     }
     side = measure_side_effects(lm, axis, plan, texts=read_jsonl(prompts.parent / "neutral_text.jsonl"), tasks=tasks,
                                 max_new_tokens={k: v[3] for k, v in TASKS.items()})  # fmt: skip
-    atomic_write_text(
-        out / "side_effects.json", json.dumps(jsonable(side.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "side_effects.json", jsonable(side.to_dict()), allow_nan=False)
     table("side effects: axis vs random directions", *side.table())
     front = effect_front(rows, side.metric("kl"), target)
     table(
         f"effect against KL (useful α: {', '.join(f'{a:g}' for a in front.useful) or 'none'})", *front.table()
     )
-    write_html(side_effects_figure(side), out / "side_effects.html")
-    write_html(front_figure([front], titles=[f"{target.metric} ({target.subset})"]), out / "front.html")
+    write_figure(side_effects_figure(side), out / "side_effects.html")
+    write_figure(front_figure([front], titles=[f"{target.metric} ({target.subset})"]), out / "front.html")

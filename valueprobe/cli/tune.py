@@ -42,9 +42,9 @@ from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path
 from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
-from valueprobe.replicate.dpo_words import write_report as write_words
+from valueprobe.replicate.dpo_words import write_words_report as write_words
 from valueprobe.replicate.safety import replicate_safety as run_safety
-from valueprobe.replicate.safety import write_report as write_safety
+from valueprobe.replicate.safety import write_safety_report as write_safety
 from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import ShiftResult, ShiftSettings, check_groups, group_by, shift

@@ -14,7 +14,6 @@ read; the chosen α, which a spec does not hold, is printed and kept in ``result
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,17 +30,17 @@ from valueprobe.cli.app import (
     data_option,
     probe_option,
     table,
-    write_html,
+    write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, check_output_dir, jsonable
+from valueprobe.files import check_output_dir, jsonable, write_json
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.report.steering_eval import front_figure
 from valueprobe.steering.experiment.front import envelope
-from valueprobe.steering.experiment.prompting import Target, conditions_path, read_target
+from valueprobe.steering.experiment.prompting import Goal, conditions_path, read_target
 from valueprobe.steering.experiment.search import SearchSpace, SteerSearch, check_space, tune_steer
 from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for
 from valueprobe.steering.hook.operators import Operator
@@ -62,7 +61,7 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _target(text: str | None, prompts: Path) -> Target:
+def _target(text: str | None, prompts: Path) -> Goal:
     """``--target metric[:subset[:sign]]``, or the target the conditions file states for the set."""
     if text is None:
         stated = read_target(conditions_path(prompts), prompts.stem)
@@ -75,7 +74,7 @@ def _target(text: str | None, prompts: Path) -> Target:
     sign = parts[2] if len(parts) > 2 else "1"
     if len(parts) > 3 or sign not in ("1", "-1", "+1"):
         raise ValueprobeError(f"--target {text!r}: give METRIC[:SUBSET[:SIGN]], SIGN 1 or -1")
-    return Target(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
+    return Goal(parts[0], parts[1] if len(parts) > 1 else "all", int(sign))
 
 
 @dataclass(frozen=True)
@@ -176,9 +175,7 @@ def _print(found: SteerSearch, out: Path, probe: Path) -> None:
     goal = found.target
     table(f"tune-steer: {goal.metric} on {goal.subset} (sign {goal.sign:+d}), KL ≤ {found.space.max_kl:g}; "
           f"{found.n_val} validation / {found.n_test} test prompts", *found.table())  # fmt: skip
-    atomic_write_text(
-        out / "results.json", json.dumps(jsonable(found.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "results.json", jsonable(found.to_dict()), allow_nan=False)
     c, front = found.chosen, found.test_front
     if c is None or front is None:
         console.print(
@@ -199,7 +196,7 @@ def _print(found: SteerSearch, out: Path, probe: Path) -> None:
     spec = SteeringSpec(probe=str(probe), layers=[c.layer], unit=Unit(found.unit), op=Operator(Op(c.op)),
                         positions=cast(Where, c.positions))  # fmt: skip
     spec.save(out / "spec.json")
-    write_html(
+    write_figure(
         front_figure([front], titles=[f"{goal.metric} ({goal.subset}), test prompts: {c.name}"]),
         out / "front.html",
     )

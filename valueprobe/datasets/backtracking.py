@@ -50,7 +50,7 @@ Prior = list[int]
 
 
 @dataclass(frozen=True)
-class Step:
+class WorkedStep:
     """One line: ``prefix + expr + " = " + value + suffix``; ``expr`` and ``compute`` see earlier results."""
 
     prefix: Callable[[Prior], str]
@@ -64,7 +64,7 @@ class Problem:
     kind: str
     template: str
     question: str
-    steps: tuple[Step, ...]
+    steps: tuple[WorkedStep, ...]
     answer: Callable[[int], str]  # final result -> answer text with its unit
 
 
@@ -78,18 +78,18 @@ def _arithmetic(rng: random.Random) -> Problem:
         a, b, c, d = rng.randint(12, 49), rng.randint(11, 39), rng.randint(12, 49), rng.randint(3, 19)
         q = f"What is {a} × {b} + {c} × {d}?"
         steps = (
-            Step(_const("First, "), _const(f"{a} × {b}"), lambda r: a * b),
-            Step(_const("Next, "), _const(f"{c} × {d}"), lambda r: c * d),
-            Step(_const("Adding them: "), lambda r: f"{r[0]} + {r[1]}", lambda r: r[0] + r[1]),
+            WorkedStep(_const("First, "), _const(f"{a} × {b}"), lambda r: a * b),
+            WorkedStep(_const("Next, "), _const(f"{c} × {d}"), lambda r: c * d),
+            WorkedStep(_const("Adding them: "), lambda r: f"{r[0]} + {r[1]}", lambda r: r[0] + r[1]),
         )
         return Problem("arithmetic", "sum_of_products", q, steps, str)
     if t == 1:
         a, b, c, d = rng.randint(13, 89), rng.randint(13, 89), rng.randint(3, 12), rng.randint(10, 99)
         q = f"Compute ({a} + {b}) × {c} - {d}."
         steps = (
-            Step(_const("First, "), _const(f"{a} + {b}"), lambda r: a + b),
-            Step(_const("Then "), lambda r: f"{r[0]} × {c}", lambda r: r[0] * c),
-            Step(_const("Finally, "), lambda r: f"{r[1]} - {d}", lambda r: r[1] - d),
+            WorkedStep(_const("First, "), _const(f"{a} + {b}"), lambda r: a + b),
+            WorkedStep(_const("Then "), lambda r: f"{r[0]} × {c}", lambda r: r[0] * c),
+            WorkedStep(_const("Finally, "), lambda r: f"{r[1]} - {d}", lambda r: r[1] - d),
         )
         return Problem("arithmetic", "sum_times_minus", q, steps, str)
     d = rng.randint(3, 12)
@@ -97,9 +97,9 @@ def _arithmetic(rng: random.Random) -> Problem:
     a, b, c = rng.randint(15, 60), rng.randint(12, 40), d * quotient
     q = f"What is {a} × {b} - {c} ÷ {d}?"
     steps = (
-        Step(_const("First, "), _const(f"{a} × {b}"), lambda r: a * b),
-        Step(_const("Next, "), _const(f"{c} ÷ {d}"), lambda r: c // d),
-        Step(_const("Subtracting: "), lambda r: f"{r[0]} - {r[1]}", lambda r: r[0] - r[1]),
+        WorkedStep(_const("First, "), _const(f"{a} × {b}"), lambda r: a * b),
+        WorkedStep(_const("Next, "), _const(f"{c} ÷ {d}"), lambda r: c // d),
+        WorkedStep(_const("Subtracting: "), lambda r: f"{r[0]} - {r[1]}", lambda r: r[0] - r[1]),
     )
     return Problem("arithmetic", "product_minus_quotient", q, steps, str)
 
@@ -137,11 +137,11 @@ def _unit_conversion(rng: random.Random) -> Problem:
         )
     )
     steps = (
-        Step(_const(f"{x} {big} is "), _const(f"{x} × {f1}"), lambda r: x * f1, f" {middle}."),
-        Step(
+        WorkedStep(_const(f"{x} {big} is "), _const(f"{x} × {f1}"), lambda r: x * f1, f" {middle}."),
+        WorkedStep(
             _const(f"Adding the {y} {small}: "), lambda r: f"{r[0]} + {y}", lambda r: r[0] + y, f" {middle}."
         ),
-        Step(_const(f"In {target}: "), lambda r: f"{r[1]} × {f2}", lambda r: r[1] * f2, f" {target}."),
+        WorkedStep(_const(f"In {target}: "), lambda r: f"{r[1]} × {f2}", lambda r: r[1] * f2, f" {target}."),
     )
     return Problem("unit_conversion", tid, q, steps, lambda v: f"{v} {target}")
 
@@ -157,19 +157,19 @@ def _word_problem(rng: random.Random) -> Problem:
             "How many cookies does the baker have now?"
         )
         steps = (
-            Step(
+            WorkedStep(
                 _const(f"{trays} trays of {per} cookies is "),
                 _const(f"{trays} × {per}"),
                 lambda r: trays * per,
                 " cookies.",
             ),
-            Step(
+            WorkedStep(
                 _const(f"After selling {sold}: "),
                 lambda r: f"{r[0]} - {sold}",
                 lambda r: r[0] - sold,
                 " cookies.",
             ),
-            Step(
+            WorkedStep(
                 _const(f"After baking {more} more: "),
                 lambda r: f"{r[1]} + {more}",
                 lambda r: r[1] + more,
@@ -185,19 +185,21 @@ def _word_problem(rng: random.Random) -> Problem:
             f"How much change does {name} get?"
         )
         steps = (
-            Step(
+            WorkedStep(
                 _const(f"The notebooks cost ${p} each, so "),
                 _const(f"{n} × {p}"),
                 lambda r: n * p,
                 " dollars.",
             ),
-            Step(
+            WorkedStep(
                 _const("With the pen, the total is "),
                 lambda r: f"{r[0]} + {pen}",
                 lambda r: r[0] + pen,
                 " dollars.",
             ),
-            Step(_const("The change is "), lambda r: f"{bill} - {r[1]}", lambda r: bill - r[1], " dollars."),
+            WorkedStep(
+                _const("The change is "), lambda r: f"{bill} - {r[1]}", lambda r: bill - r[1], " dollars."
+            ),
         )
         return Problem("word_problem", "change", q, steps, lambda v: f"${v}")
     if t == 2:
@@ -207,9 +209,9 @@ def _word_problem(rng: random.Random) -> Problem:
             "How far does it travel in total?"
         )
         steps = (
-            Step(_const("The first part covers "), _const(f"{v} × {h}"), lambda r: v * h, " km."),
-            Step(_const("The second part covers "), _const(f"{u} × {k}"), lambda r: u * k, " km."),
-            Step(_const("In total: "), lambda r: f"{r[0]} + {r[1]}", lambda r: r[0] + r[1], " km."),
+            WorkedStep(_const("The first part covers "), _const(f"{v} × {h}"), lambda r: v * h, " km."),
+            WorkedStep(_const("The second part covers "), _const(f"{u} × {k}"), lambda r: u * k, " km."),
+            WorkedStep(_const("In total: "), lambda r: f"{r[0]} + {r[1]}", lambda r: r[0] + r[1], " km."),
         )
         return Problem("word_problem", "train_distance", q, steps, lambda x: f"{x} km")
     if t == 3:
@@ -219,9 +221,11 @@ def _word_problem(rng: random.Random) -> Problem:
             "How much does it cost to fence the whole perimeter?"
         )
         steps = (
-            Step(_const("Width plus length is "), _const(f"{w} + {length}"), lambda r: w + length, " m."),
-            Step(_const("The perimeter is "), lambda r: f"2 × {r[0]}", lambda r: 2 * r[0], " m."),
-            Step(_const("The cost is "), lambda r: f"{r[1]} × {c}", lambda r: r[1] * c, " dollars."),
+            WorkedStep(
+                _const("Width plus length is "), _const(f"{w} + {length}"), lambda r: w + length, " m."
+            ),
+            WorkedStep(_const("The perimeter is "), lambda r: f"2 × {r[0]}", lambda r: 2 * r[0], " m."),
+            WorkedStep(_const("The cost is "), lambda r: f"{r[1]} × {c}", lambda r: r[1] * c, " dollars."),
         )
         return Problem("word_problem", "fence_cost", q, steps, lambda x: f"${x}")
     if t == 4:
@@ -232,14 +236,16 @@ def _word_problem(rng: random.Random) -> Problem:
             "How many pages are left?"
         )
         steps = (
-            Step(_const(f"In {d} days {name} reads "), _const(f"{p} × {d}"), lambda r: p * d, " pages."),
-            Step(
+            WorkedStep(
+                _const(f"In {d} days {name} reads "), _const(f"{p} × {d}"), lambda r: p * d, " pages."
+            ),
+            WorkedStep(
                 _const("Adding the next day: "),
                 lambda r: f"{r[0]} + {last}",
                 lambda r: r[0] + last,
                 " pages read.",
             ),
-            Step(_const("Pages left: "), lambda r: f"{total} - {r[1]}", lambda r: total - r[1], "."),
+            WorkedStep(_const("Pages left: "), lambda r: f"{total} - {r[1]}", lambda r: total - r[1], "."),
         )
         return Problem("word_problem", "pages_left", q, steps, lambda x: f"{x} pages")
     rows, trees, apples, bad = rng.randint(4, 15), rng.randint(6, 20), rng.randint(10, 40), rng.randint(5, 60)
@@ -248,9 +254,11 @@ def _word_problem(rng: random.Random) -> Problem:
         "bruised and thrown away. How many apples are kept?"
     )
     steps = (
-        Step(_const("The number of trees is "), _const(f"{rows} × {trees}"), lambda r: rows * trees, "."),
-        Step(_const("They give "), lambda r: f"{r[0]} × {apples}", lambda r: r[0] * apples, " apples."),
-        Step(
+        WorkedStep(
+            _const("The number of trees is "), _const(f"{rows} × {trees}"), lambda r: rows * trees, "."
+        ),
+        WorkedStep(_const("They give "), lambda r: f"{r[0]} × {apples}", lambda r: r[0] * apples, " apples."),
+        WorkedStep(
             _const("Without the bruised ones: "),
             lambda r: f"{r[1]} - {bad}",
             lambda r: r[1] - bad,
@@ -276,7 +284,7 @@ def _wrong(value: int, rng: random.Random) -> int:
     return rng.choice(options)
 
 
-def _line(step: Step, prior: Prior, value: int) -> str:
+def _line(step: WorkedStep, prior: Prior, value: int) -> str:
     return f"{step.prefix(prior)}{step.expr(prior)} = {value}{step.suffix}"
 
 

@@ -43,7 +43,7 @@ from valueprobe.datasets.io import (
     read_jsonl,
 )
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_bytes
+from valueprobe.files import atomic_write_bytes, write_json
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_VERSION = 1
@@ -166,16 +166,13 @@ def build(family: str, out_dir: str | Path, *, seed: int = 0, n: int | None = No
             "python": py,
         }
     manifest["files"] = dict(sorted(manifest["files"].items()))
-    manifest_bytes = (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode(
-        "utf-8"
-    )
 
     written: dict[str, Path] = {}
     for name, data in payloads.items():
         path = out_dir / f"{name}.jsonl"
         atomic_write_bytes(path, data)
         written[name] = path
-    atomic_write_bytes(manifest_path, manifest_bytes)
+    write_json(manifest_path, manifest, sort_keys=True, ensure_ascii=False)
     return written
 
 

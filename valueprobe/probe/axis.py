@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write, jsonable, record_from_dict, write_json
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.probe.registry import probe_path
 from valueprobe.version import __version__
@@ -389,8 +389,7 @@ class ValueAxis:
             "metrics": self.metrics,
             "valueprobe_version": self.version,
         }
-        text = json.dumps(jsonable(info), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        atomic_write_text(path / "probe.json", text)
+        write_json(path / "probe.json", jsonable(info), sort_keys=True, allow_nan=False)
         return path
 
     @classmethod

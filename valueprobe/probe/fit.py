@@ -19,7 +19,7 @@ import torch
 from valueprobe.model.fingerprint import check_records
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import Method, MethodArg
-from valueprobe.probe.layer_sweep import SweepResult, sweep_layers
+from valueprobe.probe.layer_sweep import LayerSweepResult, sweep_layers
 from valueprobe.probe.project import layer_moments
 from valueprobe.probe.source import Source, Stores
 from valueprobe.probe.transfer import TransferResult, transfer_matrix
@@ -34,7 +34,7 @@ class FitReport:
     ``to_dict()``), the sweep, and the transfer matrix (None with one store)."""
 
     axis: ValueAxis
-    sweep: SweepResult
+    sweep: LayerSweepResult
     transfer: TransferResult | None
 
     def summary(self) -> str:

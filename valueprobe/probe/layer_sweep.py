@@ -27,9 +27,10 @@ from valueprobe.probe.fitters import Fitter, Method, MethodArg, make_fitter, met
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, Split, Stores, grouped_splits, resolve_layers
 from valueprobe.stats.metrics import MeanSd, auroc, cohens_d, mean_sd
+from valueprobe.stats.null import unit_directions
 from valueprobe.vocab import LayerKey, LayerSpec, Target
 
-__all__ = ["LayerAurocs", "SplitGroups", "SweepResult", "SweepSummary", "fit_store", "sweep_layers"]
+__all__ = ["LayerAurocs", "SplitGroups", "LayerSweepResult", "LayerSweepSummary", "fit_store", "sweep_layers"]
 
 
 @dataclass(frozen=True)
@@ -146,14 +147,14 @@ class SplitGroups:
 
 
 @dataclass(frozen=True)
-class SweepSummary:
+class LayerSweepSummary:
     """What a layer sweep saves (``probe.json`` ``metrics.sweep``, the demo's ``sweep`` and
     ``history``): per-layer AUROCs as mean ± sd over splits, the controls, the chosen layer.
 
     The report and `valueprobe.report.plots.sweep_figure` draw from it, so a figure redrawn from
     a saved file is the figure of the live run.
 
-    >>> s = SweepSummary.from_dict(json.load(open("probes/smollm2-135m-value/probe.json"))["metrics"]["sweep"])
+    >>> s = LayerSweepSummary.from_dict(json.load(open("probes/smollm2-135m-value/probe.json"))["metrics"]["sweep"])
     >>> s.best_layer, s.margin
     """
 
@@ -206,13 +207,13 @@ class SweepSummary:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SweepSummary:
+    def from_dict(cls, d: Mapping[str, Any]) -> LayerSweepSummary:
         """The summary again from its ``to_dict()`` (or the JSON of it)."""
         return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True, eq=False)
-class SweepResult:
+class LayerSweepResult:
     """Held-out AUROC by layer with controls. Arrays are [n_layers, n_splits] unless noted.
 
     The best layer maximizes mean *validation* AUROC; ``heldout_auroc`` [n_splits] is the test
@@ -289,10 +290,10 @@ class SweepResult:
     def summary(self) -> str:
         return self.record().summary()
 
-    def record(self) -> SweepSummary:
+    def record(self) -> LayerSweepSummary:
         """What this sweep saves: per-split arrays reduced to mean ± sd (``to_dict`` writes it)."""
         name, _ = self.strongest_control
-        return SweepSummary(
+        return LayerSweepSummary(
             method=self.method,
             best_layer=self.best_layer,
             n_splits=len(self.splits),
@@ -319,7 +320,7 @@ class SweepResult:
         )
 
     def to_dict(self) -> dict:
-        """JSON-ready metrics, stored in probe.json under ``metrics.sweep`` (`SweepSummary`)."""
+        """JSON-ready metrics, stored in probe.json under ``metrics.sweep`` (`LayerSweepSummary`)."""
         return self.record().to_dict()
 
 
@@ -386,7 +387,7 @@ def sweep_layers(
     train_groups: int | None = None,
     seed: int = 0,
     target: Target = Target.auto,
-) -> SweepResult:
+) -> LayerSweepResult:
     """Held-out-group AUROC of the probe at every layer, with controls, plus the all-group axis.
 
     Args:
@@ -422,7 +423,7 @@ def sweep_layers(
     best = layer_list[int(np.argmax(val.mean(axis=1)))]
     chosen = tuple(layer_list[int(i)] for i in np.argmax(val, axis=0))
     dirs = np.stack([f.direction for f in fits])
-    return SweepResult(
+    return LayerSweepResult(
         method=method_name(method),
         layers=tuple(layer_list),
         val_auroc=val,
@@ -459,8 +460,7 @@ class _HeldOut:
 
     def run(self, layer: LayerKey, method: MethodArg) -> tuple[_LayerFit, _LayerScores]:
         """Fit and score one layer; the fit keeps its direction and calibration, not its projections."""
-        r = self.rng.standard_normal((len(self.splits), self.src.d_model))
-        random_dirs = r / np.linalg.norm(r, axis=1, keepdims=True)  # one unit direction per split
+        random_dirs = unit_directions(self.rng, len(self.splits), self.src.d_model)  # one per split
         fit = _run_layer(self.src, layer, method, self.splits, self.shuffled, random_dirs)
         empty = np.empty((0, 0))
         return replace(fit, full=empty, fitted=empty, shuffled=empty, random=empty), self.score(fit)

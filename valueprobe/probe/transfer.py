@@ -30,6 +30,7 @@ from valueprobe.probe.layer_sweep import sweep_layers
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, StoreArg
 from valueprobe.stats.metrics import MeanSd, auroc, bootstrap_ci, cohens_d
+from valueprobe.stats.null import unit_directions
 from valueprobe.vocab import LayerKey, Target
 
 __all__ = ["AxisEvaluation", "TransferResult", "TransferSummary", "evaluate_axis", "transfer_matrix"]
@@ -199,8 +200,7 @@ def _fit_family(src: Source, keys: list[LayerKey], method: MethodArg, rng: np.ra
         shuffled[key] = unit_or_zero(shuf, src.d_model)
         if key == keys[0]:
             class_diff = sums[1] / counts[1] - sums[0] / counts[0]
-    r = rng.standard_normal(src.d_model)
-    r /= np.linalg.norm(r)
+    r = unit_directions(rng, 1, src.d_model)[0]
     r = r if r @ class_diff >= 0 else -r  # a one-parameter probe: only the sign is fitted
     signs = {name: position_sign(p, src.y, src.keep) for name, p in src.position.items()}
     return _FamilyFit(units, shuffled, r, signs)

@@ -21,13 +21,14 @@ from valueprobe.datasets.io import Example, Span
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.stats.null import random_directions
 from valueprobe.vocab import Positions
 
-__all__ = ["Direction", "directions_for", "item_example", "read_items", "choose", "hier_boot", "ci"]
+__all__ = ["LayerDirection", "directions_for", "item_example", "read_items", "choose", "hier_boot", "ci"]
 
 
 @dataclass(frozen=True)
-class Direction:
+class LayerDirection:
     """A unit direction at one layer with the μ and σ that put its projection in σ units."""
 
     name: str
@@ -40,33 +41,37 @@ class Direction:
         return ((h.double() @ self.v.double() - self.mu) / self.sigma).numpy()
 
 
-def directions_for(axes: Mapping[str, ValueAxis], *, n_random: int, seed: int) -> list[Direction]:
+def directions_for(axes: Mapping[str, ValueAxis], *, n_random: int, seed: int) -> list[LayerDirection]:
     """Each axis at its best layer, plus ``n_random`` random unit directions at each of those layers.
 
     Random directions get μ and σ later from the base model's readings (:func:`calibrate_nulls`).
+    They are `valueprobe.stats.null.random_directions` by ``seed``, in one stream: axis ``k``
+    takes rows ``k·n_random ...`` of it, so no two axes share a direction. (Results written before
+    this drew them from a torch generator by ``seed``: other directions, the same distribution.)
     """
-    out: list[Direction] = []
-    gen = torch.Generator().manual_seed(seed)
-    for name, axis in axes.items():
+    out: list[LayerDirection] = []
+    for k, (name, axis) in enumerate(axes.items()):
         i = axis.layers.index(axis.best_layer)
         out.append(
-            Direction(
+            LayerDirection(
                 name, axis.best_layer, axis.directions[i].float(), float(axis.mu[i]), float(axis.sigma[i])
             )
         )
-        for r in range(n_random):
-            v = torch.randn(axis.d_model, generator=gen)
-            out.append(Direction(f"{name}/random{r:02d}", axis.best_layer, v / v.norm(), 0.0, 1.0))
+        if n_random < 1:
+            continue
+        rows = random_directions(axis.d_model, (k + 1) * n_random, seed=seed)[k * n_random :]
+        for r, v in enumerate(torch.from_numpy(rows).float()):
+            out.append(LayerDirection(f"{name}/random{r:02d}", axis.best_layer, v, 0.0, 1.0))
     return out
 
 
-def calibrate_nulls(dirs: Sequence[Direction], acts: Mapping[int, torch.Tensor]) -> list[Direction]:
+def calibrate_nulls(dirs: Sequence[LayerDirection], acts: Mapping[int, torch.Tensor]) -> list[LayerDirection]:
     """Give each random direction the μ and σ of its projections on the base model's readings."""
     out = []
     for d in dirs:
         if "/random" in d.name:
             p = acts[d.layer].double() @ d.v.double()
-            d = Direction(d.name, d.layer, d.v, float(p.mean()), float(p.std()))
+            d = LayerDirection(d.name, d.layer, d.v, float(p.mean()), float(p.std()))
         out.append(d)
     return out
 
@@ -103,7 +108,7 @@ def item_example(
 
 
 def read_items(
-    lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[Direction], *, batch_size: int = 16
+    lm: LoadedModel, examples: Sequence[Example], dirs: Sequence[LayerDirection], *, batch_size: int = 16
 ) -> tuple[dict[str, np.ndarray], dict[int, torch.Tensor]]:
     """σ score of every example's ``item`` span along each direction; also the raw activations."""
     layers = sorted({d.layer for d in dirs})

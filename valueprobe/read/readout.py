@@ -306,7 +306,7 @@ def score_dataset(
         chat_template=s.chat_template,
         progress=progress,
     )
-    return summarize(
+    return summarize_scores(
         axis.ref(layer),
         records,
         examples,
@@ -357,7 +357,7 @@ def axis_record(axis: ValueAxis, layer: int) -> dict:
     return axis.ref(layer).to_dict()
 
 
-def summarize(
+def summarize_scores(
     probe: ProbeRef | Mapping[str, Any],
     records: Sequence[dict],
     examples: Sequence[Example],

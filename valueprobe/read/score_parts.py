@@ -31,13 +31,13 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import (
     atomic_write,
     atomic_write_dir,
-    atomic_write_text,
     check_output_dir,
     mmap_safetensors,
+    write_json,
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize
+from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize_scores
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
 from valueprobe.vocab import ShardSpec, Tokens, check_split, choice
 
@@ -81,7 +81,7 @@ class ScorePart:
             "settings": self.settings,
             "probe": self.probe,
         }
-        atomic_write_text(out / PART, json.dumps(head, indent=1, allow_nan=False) + "\n")
+        write_json(out / PART, head, indent=1, allow_nan=False)
         return out
 
     @classmethod
@@ -207,7 +207,7 @@ def merge_scores(out: str | Path, parts: Sequence[str | Path]) -> ScoreResult:
         None if first.random is None else {k: v for i in order for k, v in (loaded[i].random or {}).items()}
     )
     s = first.settings
-    res = summarize(
+    res = summarize_scores(
         first.probe,
         records,
         examples,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, record_from_dict, write_json
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.vocab import Tokens
 
@@ -104,8 +103,7 @@ class ScoreResult:
         out.mkdir(parents=True, exist_ok=True)
         paths = {"scores": out / "scores.csv", "summary": out / "summary.json"}
         write_scores_csv(paths["scores"], self.records)
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
-        atomic_write_text(paths["summary"], text)
+        write_json(paths["summary"], self.to_dict(), allow_nan=False)
         return paths
 
 

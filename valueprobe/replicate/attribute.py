@@ -23,7 +23,6 @@ Each job runs in ``work/JOB`` (resumable: rerun the command after an interruptio
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from collections.abc import Callable, Sequence
@@ -46,7 +45,7 @@ from valueprobe.attribute.run import (
 )
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.datasets.shipped import DATA_DIR
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path
@@ -150,10 +149,7 @@ def replicate_attribute(
         for f in (RESULT, CSV):
             shutil.copyfile(work / name / f, out / name / f)
     sections = {key: results[name].to_dict() for key, name in SECTIONS.items() if name in results}
-    atomic_write_text(
-        out / "results.json",
-        json.dumps(jsonable({"model": lm.model_id, "sections": sections}), indent=1) + "\n",
-    )
+    write_json(out / "results.json", jsonable({"model": lm.model_id, "sections": sections}), indent=1)
     atomic_write_text(out / "summary.md", "\n".join(summary_lines(results)) + "\n")
     return results
 

@@ -22,7 +22,7 @@ averaged over behaviours, on the validation items. On the test items
 - off target: each behaviour's vector on every other behaviour's items, beside random directions
   of its length.
 
-Each behaviour's rows are summarised by `valueprobe.steering.experiment.dose.summarise` (slopes, CIs over
+Each behaviour's rows are summarised by `valueprobe.steering.experiment.dose.summarize_rows` (slopes, CIs over
 items, the null's range), `valueprobe.steering.experiment.baseline.prompt_baseline` and
 `valueprobe.steering.experiment.reliability.item_reliability`. Writes ``results.json`` and ``summary.md``.
 """
@@ -44,7 +44,7 @@ from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.datasets.caa import BEHAVIOURS, CaaItem, read_caa
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
@@ -52,8 +52,8 @@ from valueprobe.stats.null import mean_ci, null_range, random_directions
 from valueprobe.steering.experiment.ab import Setting, ab_match
 from valueprobe.steering.experiment.baseline import prompt_baseline
 from valueprobe.steering.experiment.caa_result import MULTIPLIERS, PUBLISHED, CaaBehaviour, CaaReplication
-from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarise
-from valueprobe.steering.experiment.prompting import NONE, PromptCondition, Target, read_conditions
+from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarize_rows
+from valueprobe.steering.experiment.prompting import NONE, Goal, PromptCondition, read_conditions
 from valueprobe.steering.experiment.reliability import item_reliability
 from valueprobe.steering.experiment.side_effects import SideMetric
 from valueprobe.vocab import Positions, Site
@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 METRIC = "p_match"
-TARGET = Target(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
+TARGET = Goal(METRIC, "all", 1)  # the vector points to the matching answer: p(match) should rise
 
 
 @dataclass(frozen=True)
@@ -272,9 +272,10 @@ def _behaviour_rows(
 
 
 def _summary(rows: Sequence[SweepRow], unit: str, conditions: Sequence[str], seed: int) -> SteerSweep:
-    sweep = summarise(rows, unit=unit, metrics=(METRIC,), seed=seed)
+    sweep = summarize_rows(rows, unit=unit, metrics=(METRIC,), seed=seed)
     prompted = {
-        c: summarise(rows, unit=unit, metrics=(METRIC,), seed=seed, condition=c).effects for c in conditions
+        c: summarize_rows(rows, unit=unit, metrics=(METRIC,), seed=seed, condition=c).effects
+        for c in conditions
     }
     return SteerSweep(unit, sweep.effects, len(rows), prompted=prompted)
 
@@ -351,9 +352,7 @@ def replicate_caa(
     final = {b: CaaBehaviour(**{**r.__dict__, "off_target": tuple(off[b])}) for b, r in results.items()}
     rep = CaaReplication(lm.model_id, layer, validation, final, controls, sizes.test)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        out / "results.json", json.dumps(jsonable(rep.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "results.json", jsonable(rep.to_dict()), allow_nan=False)
     atomic_write_text(out / "summary.md", caa_markdown(rep))
     return rep
 

@@ -24,7 +24,6 @@ Everything lands in ``OUT/results.json`` (one key per section) and ``OUT/report.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,13 +35,13 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import jsonable, write_json
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary, transfer_matrix
 from valueprobe.read.readout import logit_lens
 from valueprobe.replicate.axis import (
@@ -374,7 +373,7 @@ def run_demo(
     records, unreadable = read_sections(sections)
     if unreadable:
         raise ValueprobeError(f"internal: demo sections do not read back as records: {unreadable}")
-    summary = summarize(records)
+    summary = summarize_sections(records)
     results = {
         "format": "valueprobe.results",
         "format_version": 1,
@@ -386,7 +385,7 @@ def run_demo(
         "stages": cache.keys,
     }
     results_path = out / RESULTS_FILE
-    atomic_write_text(results_path, _json(results))
+    write_json(results_path, results, indent=1, default=float)
     shown = Results(records, model=model, summary=tuple(summary), missing=missing)
     report = write_report(shown, out / "report.html", title=f"valueprobe demo: {model}")
     return DemoResult(
@@ -394,11 +393,7 @@ def run_demo(
     )
 
 
-def _json(obj: object) -> str:
-    return json.dumps(obj, indent=1, default=float) + "\n"
-
-
-def _sweep_line(name: str, s: SweepSummary) -> str:
+def _sweep_line(name: str, s: LayerSweepSummary) -> str:
     c = s.controls[s.strongest_control].mean
     return (
         f"{name} (layer {s.best_layer}): held-out AUROC {s.heldout_auroc.mean:.3f} vs strongest control"
@@ -406,7 +401,7 @@ def _sweep_line(name: str, s: SweepSummary) -> str:
     )
 
 
-def summarize(sections: Mapping[str, Any]) -> list[str]:
+def summarize_sections(sections: Mapping[str, Any]) -> list[str]:
     """At most six lines, each a headline figure beside its control, from the section records
     (`valueprobe.report.sections.read_sections`)."""
     lines = [

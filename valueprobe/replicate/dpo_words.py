@@ -30,12 +30,12 @@ import numpy as np
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import atomic_write, record_from_dict, write_summary
+from valueprobe.files import record_from_dict, write_html, write_summary
 from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import (
-    Direction,
+    LayerDirection,
     calibrate_nulls,
     choose,
     ci,
@@ -186,7 +186,11 @@ def _sentences(words: list[str]) -> list[Example]:
 
 
 def _measure(
-    lm: LoadedModel, evals: list[Example], items: list[Example], sents: list[Example], dirs: list[Direction]
+    lm: LoadedModel,
+    evals: list[Example],
+    items: list[Example],
+    sents: list[Example],
+    dirs: list[LayerDirection],
 ) -> dict[str, Any]:
     """Choices, item scores and sentence scores of one model."""
     scores, _ = read_items(lm, items, dirs)
@@ -202,7 +206,7 @@ def _model_stats(
     sents: list[Example],
     before: dict,
     after: dict,
-    dirs: list[Direction],
+    dirs: list[LayerDirection],
 ) -> dict[str, Any]:
     """Per-prompt arrays for one tuned model against the base."""
     mine = [e for e in evals if e.meta["target"] == target]
@@ -359,7 +363,7 @@ def replicate_dpo_words(
     )
 
 
-def write_report(report: WordsReport, out: Path) -> list[Path]:
+def write_words_report(report: WordsReport, out: Path) -> list[Path]:
     """results.json, summary.md and figure.html in ``out``."""
     notes = [
         f"Settings: {json.dumps(report.settings, default=str)}",
@@ -370,5 +374,5 @@ def write_report(report: WordsReport, out: Path) -> list[Path]:
     files = write_summary(out, report, "DPO word preference: the axis before and after", notes)
     files.append(out / "figure.html")
     fig = report.figure()
-    atomic_write(files[2], lambda tmp: fig.write_html(str(tmp), include_plotlyjs=True, full_html=True))
+    write_html(fig, files[2])
     return files

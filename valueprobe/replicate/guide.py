@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.answers import Task, check, extract_code, extract_integer, read_tasks
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, write_html, write_json
 from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, Kind, MethodCurve, Separation
 from valueprobe.guided.policy import BestOfN, Policy, Prune, Rollback
 from valueprobe.guided.records import Guided
@@ -389,13 +389,13 @@ def write(results: GuideReplication, out: Path) -> list[Path]:
         "summary": summary_lines(results),
     }
     paths = [out / "results.json", out / "summary.md", out / "budget.html"]
-    atomic_write_text(paths[0], json.dumps(jsonable(payload), indent=2) + "\n")
+    write_json(paths[0], jsonable(payload))
     atomic_write_text(paths[1], markdown(results))
     html = "".join(
         budget_figure(b).to_html(full_html=False, include_plotlyjs=i == 0)
         for i, b in enumerate(results.tasks.values())
     )
-    atomic_write_text(paths[2], f"<html><body>{html}</body></html>\n")
+    write_html(f"<html><body>{html}</body></html>\n", paths[2])
     return paths
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from valueprobe.files import atomic_write_text
+from valueprobe.files import write_json
 from valueprobe.version import __version__
 
 __all__ = ["StageCache", "stage_key"]
@@ -63,7 +63,7 @@ class StageCache:
         seconds = time.perf_counter() - t0
         self.folder.mkdir(parents=True, exist_ok=True)
         payload = {"key": key, "inputs": inputs, "seconds": seconds, "result": result}
-        atomic_write_text(path, json.dumps(payload, indent=1, default=float) + "\n")
+        write_json(path, payload, indent=1, default=float)
         self.ran.append(name)
         self.console.print(f"[green]✓[/green] {name}: {seconds:.1f}s")
         return result

@@ -30,7 +30,7 @@ from typing import Any
 from valueprobe.activations.ranks import part_dir
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer_eval import evaluate_steering
@@ -412,7 +412,7 @@ def replicate_steer(
             report = replace(report, ablations=_in_order({**report.ablations, sweep_run.bench.name: sweep}))
         # Written after every benchmark, so a stopped run still shows what it finished.
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "results.json", json.dumps(jsonable(report.to_dict()), indent=2) + "\n")
+        write_json(out / "results.json", jsonable(report.to_dict()))
         atomic_write_text(out / "summary.md", report.markdown())
     folders = {r.bench.name: r.folder for r in runs if r.row == "add"}
     if evaluate and shard is None and folders:  # the add row run now, judged

@@ -24,13 +24,13 @@ import numpy as np
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict
+from valueprobe.files import jsonable, markdown_table, record_from_dict, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.experiment.baseline import PromptBaseline, baseline_table, prompt_baseline
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow
 from valueprobe.steering.experiment.front import Front, direction_means, effect_front
-from valueprobe.steering.experiment.prompting import Target, read_target
+from valueprobe.steering.experiment.prompting import Goal, read_target
 from valueprobe.steering.experiment.reliability import Reliability, item_reliability
 from valueprobe.steering.experiment.side_effects import (
     SideEffects,
@@ -56,7 +56,7 @@ TASKS: dict[str, tuple[str, str | None, int, int]] = {
 class BenchEval:
     """One steering set's target judged: against asking, at a cost, item by item."""
 
-    target: Target
+    target: Goal
     baseline: tuple[PromptBaseline, ...]
     reliability: Reliability | None
     front: Front | None
@@ -159,7 +159,7 @@ def reliability_table(benches: Mapping[str, BenchEval]) -> tuple[list[str], list
 
 
 def _target_metric(
-    name: str, rows: Sequence[SweepRow], sweep: SteerSweep, target: Target, alphas: tuple[float, ...]
+    name: str, rows: Sequence[SweepRow], sweep: SteerSweep, target: Goal, alphas: tuple[float, ...]
 ) -> SideMetric:
     """A set's target metric along every direction, as a side effect (off target for the other sets)."""
     means = direction_means(rows, target.metric, target.subset)
@@ -267,5 +267,4 @@ def _measure(
 def write_evaluation(result: SteerEvaluation, out: Path) -> None:
     """``evaluation.json`` into ``out`` (the CLI draws the figures from the record)."""
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
-    atomic_write_text(out / "evaluation.json", text)
+    write_json(out / "evaluation.json", jsonable(result.to_dict()), allow_nan=False)

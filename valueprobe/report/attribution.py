@@ -24,7 +24,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from valueprobe.attribute.records import Attribution, DirectTerm, PatchTerm
-from valueprobe.files import atomic_write_text
+from valueprobe.files import write_html
 from valueprobe.report.style import LAYOUT, PALETTE
 
 __all__ = [
@@ -234,4 +234,4 @@ def write_attribution_html(res: Attribution, path: str | Path) -> Path:
         f"<body style='font-family: system-ui, sans-serif; max-width: 1100px; margin: 1.5em auto'>"
         f"<h1>Which components write value? {html.escape(res.model_id)}</h1>{figs}<p>{html.escape(attribution_caption(res))}</p></body></html>"
     )
-    return atomic_write_text(path, page)
+    return write_html(page, path)

@@ -29,9 +29,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import write_html
 from valueprobe.probe.contrast import MatchedControl
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.attribution import attribution_caption, attribution_figures
@@ -104,7 +104,7 @@ def _fmt(ms: MeanSd | float | None) -> str:
     return f"{ms:.3f}"
 
 
-def _sweep_caption(s: SweepSummary) -> str:
+def _sweep_caption(s: LayerSweepSummary) -> str:
     return (
         f"Held-out-group AUROC of the axis fitted at each layer (band: ± sd over {s.n_splits} splits);"
         f" dashed lines are the controls. At layer {s.best_layer} (chosen on validation groups) the held-out"
@@ -114,7 +114,7 @@ def _sweep_caption(s: SweepSummary) -> str:
     )
 
 
-def _cosine_caption(s: SweepSummary) -> str:
+def _cosine_caption(s: LayerSweepSummary) -> str:
     return (
         "Cosine between the directions fitted at each pair of layers (red: same direction, blue: opposite)."
         " A block of red means one axis persists across those layers; the chosen layer is"
@@ -130,7 +130,7 @@ def _transfer_caption(t: TransferSummary) -> str:
     )
 
 
-def _history_caption(s: SweepSummary) -> str:
+def _history_caption(s: LayerSweepSummary) -> str:
     return (
         "Reward-history construction: the identical final paragraph after a history that rewarded the rule vs"
         " one that never did, rules held out. The text is identical, so the embedding control is 0.5 by"
@@ -349,7 +349,7 @@ def write_report(results: Results, out: str | Path, *, title: str | None = None)
         raise ValueprobeError(
             f"{out}: cannot create its folder ({exc.strerror}); choose a writable --out"
         ) from None
-    return atomic_write_text(out, render_report(results, title=title))
+    return write_html(render_report(results, title=title), out)
 
 
 _PAGE = """<!DOCTYPE html>

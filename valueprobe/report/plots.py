@@ -4,7 +4,7 @@
     sweep_figure(report.sweep).write_html("runs/fit/sweep.html")
     transfer_heatmap(report.transfer).write_html("runs/fit/transfer.html")
 
-Each takes the live result or its saved record (``SweepSummary``, ``TransferSummary``: what
+Each takes the live result or its saved record (``LayerSweepSummary``, ``TransferSummary``: what
 ``to_dict`` writes, read back by ``from_dict``), so the report draws the same figure from disk.
 """
 
@@ -17,19 +17,19 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from valueprobe.probe.layer_sweep import SweepResult, SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepResult, LayerSweepSummary
 from valueprobe.probe.transfer import TransferResult, TransferSummary
 from valueprobe.report.style import LAYOUT, PALETTE, band
 from valueprobe.tune.shift_records import ShiftResult
 
 
-def sweep_figure(sweep: SweepResult | SweepSummary) -> go.Figure:
+def sweep_figure(sweep: LayerSweepResult | LayerSweepSummary) -> go.Figure:
     """Held-out AUROC by layer: test mean with an sd band over splits, val, the controls, the chosen layer.
 
-    Draws a live sweep and a saved one (``SweepSummary.from_dict`` of ``probe.json``
+    Draws a live sweep and a saved one (``LayerSweepSummary.from_dict`` of ``probe.json``
     ``metrics.sweep``) the same way: the report uses this function too.
     """
-    s = sweep.record() if isinstance(sweep, SweepResult) else sweep
+    s = sweep.record() if isinstance(sweep, LayerSweepResult) else sweep
     layers = list(s.layers)
     fig = go.Figure()
     series = [
@@ -92,9 +92,9 @@ def cosine_heatmap(
     return fig
 
 
-def layer_cosine_figure(sweep: SweepResult | SweepSummary) -> go.Figure:
+def layer_cosine_figure(sweep: LayerSweepResult | LayerSweepSummary) -> go.Figure:
     """Cosine similarity between the directions fitted at different layers (live or saved sweep)."""
-    s = sweep.record() if isinstance(sweep, SweepResult) else sweep
+    s = sweep.record() if isinstance(sweep, LayerSweepResult) else sweep
     fig = cosine_heatmap(s.cosine, s.cosine_layers, title="cos(v_i, v_j) between layers")
     fig.update_layout(**LAYOUT)
     return fig

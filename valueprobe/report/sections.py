@@ -5,7 +5,7 @@
     >>> sections, unreadable = read_sections(json.load(open("runs/demo/results.json"))["sections"])
     >>> sections["sweep"].best_layer, sections["steer"].sweep.effects[0].axis.slope
 
-Most sections are a result record as its command saves it (`SweepSummary`, `TransferSummary`,
+Most sections are a result record as its command saves it (`LayerSweepSummary`, `TransferSummary`,
 `MatchedControl`, `LogitLens`). The demo adds a line or two to three of them; those are the
 records here, and their ``to_dict`` writes the JSON the demo always wrote.
 """
@@ -20,7 +20,7 @@ from valueprobe.attribute.records import Attribution
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.budget import GuideReplication
 from valueprobe.probe.contrast import MatchedControl
-from valueprobe.probe.layer_sweep import SweepSummary
+from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.steering.decode.generation import Trace
@@ -85,8 +85,8 @@ class ShiftSection:
 
 # Section key -> the record its JSON reads as. "history" is a second sweep.
 READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "sweep": SweepSummary.from_dict,
-    "history": SweepSummary.from_dict,
+    "sweep": LayerSweepSummary.from_dict,
+    "history": LayerSweepSummary.from_dict,
     "transfer": TransferSummary.from_dict,
     "matched_control": MatchedControl.from_dict,
     "logit_lens": LogitLens.from_dict,

@@ -9,7 +9,7 @@ Used by the layer sweep, the transfer matrix and ``valueprobe score``:
 
 and by steering sweeps, for the dose-response slope against α and the random-direction null:
 
->>> dose_slope(alphas, yes, prompt_ids).slope, null_range(random_slopes)
+>>> dose_slope(alphas, yes, prompt_ids).slope   # beside stats.null.null_range(random_slopes)
 """
 
 from __future__ import annotations
@@ -219,18 +219,3 @@ def dose_slope(
     tail = (1 - level) / 2 * 100
     ci = tuple(float(v) for v in np.percentile(boots, [tail, 100 - tail])) if boots.size else (np.nan, np.nan)
     return Slope(slope, (float(ci[0]), float(ci[1])), int(names.size), int(x.size))
-
-
-def null_range(slopes: Sequence[float] | np.ndarray, *, level: float = 0.95) -> tuple[float, float]:
-    """The central ``level`` range of the null slopes (random directions), ignoring NaN.
-
-    >>> null_range([-1.0, 0.0, 1.0], level=1.0)
-    (-1.0, 1.0)
-    """
-    s = np.asarray(slopes, dtype=np.float64)
-    s = s[np.isfinite(s)]
-    if s.size == 0:
-        return (float("nan"), float("nan"))
-    tail = (1 - level) / 2 * 100
-    lo, hi = np.percentile(s, [tail, 100 - tail])
-    return float(lo), float(hi)

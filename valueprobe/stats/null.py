@@ -27,6 +27,7 @@ __all__ = [
     "percentile_in",
     "random_directions",
     "random_subsets",
+    "unit_directions",
 ]
 
 
@@ -47,12 +48,30 @@ def random_directions(d_model: int, n: int, *, seed: int = 0) -> np.ndarray:
     """
     if n < 1:
         raise ValueprobeError(f"the random-direction null needs at least 1 direction, got {n}")
-    g = np.random.default_rng(seed).standard_normal((n, d_model))
+    return unit_directions(np.random.default_rng(seed), n, d_model)
+
+
+def unit_directions(rng: np.random.Generator, n: int, d_model: int) -> np.ndarray:
+    """``n`` random unit directions [n, d_model] drawn from ``rng``: the one place a direction is drawn.
+
+    :func:`random_directions` is this on a fresh generator by seed; the layer sweep and the
+    transfer matrix pass the generator they also shuffle labels with, so their controls keep
+    their place in that one stream. Standard normals in row-major order, each row divided by its
+    norm (uniform on the sphere).
+
+    >>> unit_directions(np.random.default_rng(0), 2, 576).shape
+    (2, 576)
+    """
+    g = rng.standard_normal((n, d_model))
     return g / np.linalg.norm(g, axis=1, keepdims=True)
 
 
-def null_range(null: np.ndarray, *, level: float = 0.95) -> tuple[float, float]:
-    """Central ``level`` range of a null sample (2.5th and 97.5th percentiles by default)."""
+def null_range(null: Sequence[float] | np.ndarray, *, level: float = 0.95) -> tuple[float, float]:
+    """Central ``level`` range of a null sample (2.5th and 97.5th percentiles by default), NaN ignored.
+
+    >>> null_range([-1.0, 0.0, 1.0], level=1.0)
+    (-1.0, 1.0)
+    """
     x = np.asarray(null, dtype=np.float64)
     x = x[np.isfinite(x)]
     if x.size == 0:

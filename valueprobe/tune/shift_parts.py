@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, atomic_write_text, mmap_safetensors
+from valueprobe.files import atomic_write, mmap_safetensors, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.tune.shift import (
@@ -95,7 +95,7 @@ def shift_part(
         "layer": layer,
         "probe_sha256": sha256_file(out / "probe" / "axis.safetensors"),
     }
-    atomic_write_text(out / MARKER, json.dumps(head, indent=1, allow_nan=False) + "\n")
+    write_json(out / MARKER, head, indent=1, allow_nan=False)
     return out
 
 

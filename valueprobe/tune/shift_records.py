@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -17,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, jsonable, record_from_dict
+from valueprobe.files import atomic_write_dir, jsonable, record_from_dict, write_html, write_json
 from valueprobe.probe.axis import ProbeRef
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
@@ -158,13 +157,12 @@ class ShiftResult:
             )
 
         def fill(tmp: Path) -> None:
-            text = json.dumps(jsonable(self.to_dict()), indent=2, allow_nan=False) + "\n"
-            (tmp / "shift.json").write_text(text, encoding="utf-8")
+            write_json(tmp / "shift.json", jsonable(self.to_dict()), allow_nan=False)
             with open(tmp / "examples.csv", "w", newline="", encoding="utf-8") as f:
                 writer = csv.DictWriter(f, fieldnames=["id", "group", "label", "base", "tuned"])
                 writer.writeheader()
                 writer.writerows(self.records)
             if figure is not None:
-                figure.write_html(str(tmp / "shift.html"), include_plotlyjs=True, full_html=True)
+                write_html(figure, tmp / "shift.html")
 
         return atomic_write_dir(out, fill)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, atomic_write_text, record_from_dict
+from valueprobe.files import atomic_write_dir, record_from_dict, write_json
 from valueprobe.model.adapter import TUNE_FILE, TunedBase, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.tune.pairs import Pair
@@ -280,7 +280,7 @@ def _open_partial(partial: Path, run: dict[str, Any], *, overwrite: bool) -> Pat
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    atomic_write_text(run_file, json.dumps(run, indent=2, default=str))
+    write_json(run_file, run, newline=False, default=str)
     return None
 
 
@@ -337,7 +337,7 @@ def _publish(trainer: Any, tok: Any, record: TuneRecord, partial: Path, out: Pat
     def fill(tmp: Path) -> None:
         trainer.model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
-        (tmp / TUNE_FILE).write_text(json.dumps(record.to_dict(), indent=2, default=str))
+        write_json(tmp / TUNE_FILE, record.to_dict(), newline=False, default=str)
 
     atomic_write_dir(out, fill)
     shutil.rmtree(partial, ignore_errors=True)

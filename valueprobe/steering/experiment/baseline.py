@@ -17,7 +17,7 @@ prompt conditions (`valueprobe.steering.experiment.prompting`), read at the swee
   range under the same prompt.
 
 Every figure is a mean over prompts with its 95% bootstrap CI (the sweep's curves). Where the
-conditions file states the set's target (`valueprobe.steering.experiment.prompting.Target`), the verdict compares
+conditions file states the set's target (`valueprobe.steering.experiment.prompting.Goal`), the verdict compares
 the behaviour's move toward the target, sign·(mean − plain α = 0), of steering at +α* with that of
 prompting: one wins when its CI lies wholly beyond the other's (intervals of means, not of their
 difference: a conservative rule), else they are not told apart.
@@ -32,7 +32,7 @@ from typing import Any
 
 from valueprobe.files import record_from_dict
 from valueprobe.steering.experiment.dose import AXIS, Curve, Effect, SteerSweep
-from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.prompting import Goal
 
 __all__ = ["Mean", "PromptBaseline", "baseline_table", "prompt_baseline"]
 
@@ -122,7 +122,7 @@ def _alpha_star(e: Effect) -> float | None:
     return max(kept) if kept else None
 
 
-def _one(e: Effect, prompted: Mapping[str, Effect], target: Target | None) -> PromptBaseline | None:
+def _one(e: Effect, prompted: Mapping[str, Effect], target: Goal | None) -> PromptBaseline | None:
     alpha = _alpha_star(e)
     plain = _at(e.curves[AXIS], 0.0)
     if alpha is None or plain is None:
@@ -154,7 +154,7 @@ def _one(e: Effect, prompted: Mapping[str, Effect], target: Target | None) -> Pr
     )
 
 
-def prompt_baseline(sweep: SteerSweep, target: Target | None = None) -> tuple[PromptBaseline, ...]:
+def prompt_baseline(sweep: SteerSweep, target: Goal | None = None) -> tuple[PromptBaseline, ...]:
     """Steering, prompting and both for every effect of ``sweep`` (see the module doc).
 
     Args:

@@ -2,8 +2,8 @@
 
     valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_code.jsonl --out runs/steer-code
 
->>> from valueprobe.steering.experiment.dose import summarise
->>> result = summarise(rows, unit="sigma", metrics=["code_lines"])
+>>> from valueprobe.steering.experiment.dose import summarize_rows
+>>> result = summarize_rows(rows, unit="sigma", metrics=["code_lines"])
 >>> headers, table = result.table()
 >>> dose_response_figure(result).write_html("dose.html")   # valueprobe.report.effects
 
@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from valueprobe.files import record_from_dict
-from valueprobe.stats.metrics import Slope, dose_slope, null_range
+from valueprobe.stats.metrics import Slope, dose_slope
+from valueprobe.stats.null import null_range
 from valueprobe.steering.experiment.behaviour import dropped
 from valueprobe.steering.experiment.prompting import NONE
 from valueprobe.steering.experiment.settings import SweepSettings
 
-__all__ = ["Effect", "SteerSweep", "SweepRow", "summarise", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
+__all__ = ["Effect", "SteerSweep", "SweepRow", "summarize_rows", "AXIS", "RANDOM_PREFIX", "OTHER_PREFIX"]
 
 AXIS = "axis"
 RANDOM_PREFIX = "random-"
@@ -279,7 +280,7 @@ def subsets(rows: Sequence[SweepRow], *, by_group: bool) -> list[str]:
     return sorted({r.group for r in rows}) if by_group else ["all"]
 
 
-def summarise(
+def summarize_rows(
     rows: Sequence[SweepRow],
     *,
     unit: str,

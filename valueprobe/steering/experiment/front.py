@@ -26,7 +26,7 @@ import numpy as np
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SweepRow
-from valueprobe.steering.experiment.prompting import NONE, Target
+from valueprobe.steering.experiment.prompting import NONE, Goal
 from valueprobe.steering.experiment.side_effects import SideMetric
 
 __all__ = ["Front", "FrontPoint", "direction_means", "effect_front", "envelope"]
@@ -127,7 +127,7 @@ class Front:
         return record_from_dict(cls, d)
 
 
-def effect_front(rows: Sequence[SweepRow], kl: SideMetric, target: Target) -> Front:
+def effect_front(rows: Sequence[SweepRow], kl: SideMetric, target: Goal) -> Front:
     """The front of ``target`` from a sweep's rows and the KL each (direction, α) costs.
 
     Raises one line when the rows hold no α = 0 for the axis (no baseline to move from).

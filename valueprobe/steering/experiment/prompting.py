@@ -13,7 +13,7 @@ prompt before the chat (``toward`` asks for the behaviour, ``away`` for its oppo
 ``wording`` condition rewrites the last user message through its template (``{prompt}`` is the
 item's own message), the same items under a second wording. ``none`` is the plain prompt, always run.
 The file also states each set's target: the metric, the subset it is read on, and the sign of its
-move as value rises (`Target`), which the per-item reliability and the effect-vs-KL front read.
+move as value rises (`Goal`), which the per-item reliability and the effect-vs-KL front read.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = [
     "CONDITIONS_FILE",
     "NONE",
     "PromptCondition",
-    "Target",
+    "Goal",
     "conditions_path",
     "parse_conditions",
     "read_conditions",
@@ -44,7 +44,7 @@ Chat = list[dict[str, str]]
 
 
 @dataclass(frozen=True)
-class Target:
+class Goal:
     """What a prompt set's steering is meant to move: ``metric`` on ``subset`` (``all`` pools the
     groups), moving with ``sign`` (+1 or -1) as α rises."""
 
@@ -142,7 +142,7 @@ def read_conditions(path: str | Path, prompt_set: str, names: Sequence[str]) -> 
     return tuple(out)
 
 
-def read_target(path: str | Path, prompt_set: str) -> Target | None:
+def read_target(path: str | Path, prompt_set: str) -> Goal | None:
     """The target ``path`` states for ``prompt_set`` (None: the file or the set is not there)."""
     path = Path(path)
     if not path.is_file():
@@ -152,5 +152,5 @@ def read_target(path: str | Path, prompt_set: str) -> Target | None:
             sign = int(ex.meta["sign"])
             if sign not in (-1, 1):
                 raise ValueprobeError(f"{path}: row {ex.id!r} has meta.sign {sign}; use 1 or -1")
-            return Target(str(ex.meta["metric"]), str(ex.meta["subset"]), sign)
+            return Goal(str(ex.meta["metric"]), str(ex.meta["subset"]), sign)
     return None

@@ -30,7 +30,7 @@ import numpy as np
 from valueprobe.files import record_from_dict
 from valueprobe.stats.null import mean_ci, null_range
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SweepRow
-from valueprobe.steering.experiment.prompting import NONE, Target
+from valueprobe.steering.experiment.prompting import NONE, Goal
 
 __all__ = ["PromptShift", "Reliability", "item_reliability", "item_slopes"]
 
@@ -125,7 +125,7 @@ class Reliability:
         return record_from_dict(cls, d)
 
 
-def item_reliability(rows: Sequence[SweepRow], target: Target) -> Reliability:
+def item_reliability(rows: Sequence[SweepRow], target: Goal) -> Reliability:
     """Per-item slopes of ``target`` for the axis and every random direction, and the prompt shift."""
     axis = item_slopes(rows, target.metric, target.subset)
     slopes = np.array([axis[k] for k in sorted(axis)])

@@ -33,7 +33,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import mean_ci
 from valueprobe.steering.experiment.dose import AXIS, SweepRow
 from valueprobe.steering.experiment.front import Front, effect_front, envelope
-from valueprobe.steering.experiment.prompting import Target
+from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.side_effects import SideMetric, sweep_plan, text_side_effects
 from valueprobe.steering.experiment.sweep import (
     GENERATIONS,
@@ -134,7 +134,7 @@ class Candidate:
 class SteerSearch:
     """Every candidate, the one chosen (None when none is within the KL bound), and its test front."""
 
-    target: Target
+    target: Goal
     space: SearchSpace
     unit: str
     n_val: int
@@ -183,11 +183,11 @@ def choose(candidates: Sequence[Candidate], max_kl: float) -> Candidate | None:
     return max(within, key=lambda c: c.val_effect) if within else None
 
 
-def _moves(rows: Sequence[SweepRow], ids: set[str], kl: SideMetric, target: Target) -> Front:
+def _moves(rows: Sequence[SweepRow], ids: set[str], kl: SideMetric, target: Goal) -> Front:
     return effect_front([r for r in rows if r.prompt_id in ids], kl, target)
 
 
-def _item_moves(rows: Sequence[SweepRow], ids: set[str], target: Target, alpha: float) -> np.ndarray:
+def _item_moves(rows: Sequence[SweepRow], ids: set[str], target: Goal, alpha: float) -> np.ndarray:
     """Per test item: sign × (its mean at α − its mean at 0) along the axis (items seen at both)."""
 
     def counts(r: SweepRow) -> bool:
@@ -232,7 +232,7 @@ def tune_steer(
     examples: Sequence[Example],
     base: SweepSettings,
     space: SearchSpace,
-    target: Target,
+    target: Goal,
     *,
     out: Path,
     neutral: Path,

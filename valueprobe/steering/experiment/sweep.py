@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from valueprobe.datasets.io import Example, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable
+from valueprobe.files import atomic_write_text, jsonable, write_json
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
@@ -46,7 +46,7 @@ from valueprobe.steering.experiment.dose import (
     RANDOM_PREFIX,
     SteerSweep,
     SweepRow,
-    summarise,
+    summarize_rows,
 )
 from valueprobe.steering.experiment.prompting import NONE, PromptCondition, read_conditions
 from valueprobe.steering.experiment.settings import DEFAULT_METRICS, SweepSettings
@@ -205,7 +205,7 @@ def run_sweep(
     progress: bool = True,
     generator: Callable[..., list[Generation]] = generate,
 ) -> SteerSweep:
-    """Run (or resume) the sweep into ``out`` and summarise it; see the module doc for the files.
+    """Run (or resume) the sweep into ``out`` and summarize_rows it; see the module doc for the files.
 
     Args:
         lm: the model (checked against the spec's axis).
@@ -234,7 +234,7 @@ def run_sweep(
         progress=progress,
         generator=generator,
     )
-    return summarise_sweep(out, settings, examples, n_boot=n_boot)
+    return summarize_sweep(out, settings, examples, n_boot=n_boot)
 
 
 def start_sweep(lm: LoadedModel, out: Path, settings: SweepSettings, *, force: bool) -> None:
@@ -242,7 +242,7 @@ def start_sweep(lm: LoadedModel, out: Path, settings: SweepSettings, *, force: b
     settings.spec.first_axis().check(lm, force=force)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SETTINGS).is_file():
-        atomic_write_text(out / SETTINGS, json.dumps(settings.to_dict(), indent=2) + "\n")
+        write_json(out / SETTINGS, settings.to_dict())
 
 
 def sweep_blocks(n_prompts: int, size: int, prompts: range | None = None) -> list[tuple[int, list[int]]]:
@@ -358,7 +358,7 @@ def _sweep_row(
     )
 
 
-def summarise_sweep(
+def summarize_sweep(
     out: Path, settings: SweepSettings, examples: Sequence[Example], *, n_boot: int
 ) -> SteerSweep:
     """The dose-response summary of every finished row, written to ``metrics.json`` and ``metrics.csv``."""
@@ -366,7 +366,7 @@ def summarise_sweep(
     by_group = Path(settings.prompts).stem in BY_GROUP or (yes_no and len({ex.group for ex in examples}) > 1)
     rows = read_rows(out / GENERATIONS)
     how = partial(
-        summarise,
+        summarize_rows,
         rows,
         unit=settings.spec.unit.value,
         metrics=settings.metrics,
@@ -376,8 +376,6 @@ def summarise_sweep(
     result = how(seed=settings.seed, settings=settings)
     prompted = {c: how(seed=settings.seed, condition=c).effects for c in settings.conditions}
     result = replace(result, prompted=prompted, n_rows=len(rows))
-    atomic_write_text(
-        out / "metrics.json", json.dumps(jsonable(result.to_dict()), indent=2, allow_nan=False) + "\n"
-    )
+    write_json(out / "metrics.json", jsonable(result.to_dict()), allow_nan=False)
     atomic_write_text(out / "metrics.csv", result.csv())
     return result

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, atomic_write_text
+from valueprobe.files import atomic_write_dir, write_json
 from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
@@ -38,7 +38,7 @@ from valueprobe.steering.experiment.sweep import (
     check_settings,
     read_rows,
     start_sweep,
-    summarise_sweep,
+    summarize_sweep,
     sweep_blocks,
     sweep_directions,
     sweep_rows,
@@ -128,9 +128,7 @@ def run_sweep_part(
     start_sweep(lm, out, settings, force=force)
     directions = sweep_directions(settings, other, lm.n_layers)
     names = tuple(name for name, _ in directions)
-    atomic_write_text(
-        out / PART, json.dumps(SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1) + "\n"
-    )
+    write_json(out / PART, SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1)
     size = settings.chunk_prompts
     blocks = sweep_blocks(len(examples), size, shard.examples(len(examples), block=size))
     sweep_rows(lm, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress)
@@ -261,9 +259,9 @@ def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
     got: list[SteerSweep] = []
 
     def write(tmp: Path) -> None:
-        (tmp / SETTINGS).write_text(json.dumps(first.settings.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_json(tmp / SETTINGS, first.settings.to_dict())
         (tmp / GENERATIONS).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        got.append(summarise_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
+        got.append(summarize_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
 
     atomic_write_dir(out, write)
     return got[0]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import atomic_write_text, write_html
 from valueprobe.steering.decode.generation import Prompt, Trace, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import Specified
@@ -33,7 +33,7 @@ from valueprobe.steering.hook.handle import Specified
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["trace_csv", "trace_figure", "trace_html", "value_trace", "write_trace"]
+__all__ = ["read_points_figure", "trace_csv", "trace_html", "value_trace", "write_trace"]
 
 
 def value_trace(
@@ -82,8 +82,12 @@ def value_trace(
     return tr
 
 
-def trace_figure(tr: Trace) -> go.Figure:
-    """Value (σ) per token for each read point, and α on a second axis; the prompt shaded."""
+def read_points_figure(tr: Trace) -> go.Figure:
+    """Value (σ) per token for each read point, and α on a second axis; the prompt shaded.
+
+    The `valueprobe trace` page's figure: every read point at once. The report's (and
+    ``vp.trace_figure``) is `valueprobe.report.effects.trace_figure`, one point with its sinks.
+    """
     fig = go.Figure()
     x = list(range(len(tr.tokens)))
     for name, values in tr.values.items():
@@ -147,7 +151,7 @@ def trace_html(tr: Trace, fig: go.Figure | None = None) -> str:
             f'<span class="{cls}" style="background:{_colour(v, scale)}" title="{html.escape(title)}">'
             f"{html.escape(tok)}</span>"
         )
-    plot = (fig or trace_figure(tr)).to_html(include_plotlyjs=True, full_html=False)
+    plot = (fig or read_points_figure(tr)).to_html(include_plotlyjs=True, full_html=False)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>value trace</title><style>"
         "body{font-family:sans-serif;margin:2em} .tok{white-space:pre-wrap;font-family:monospace;"
@@ -177,5 +181,5 @@ def write_trace(tr: Trace, out: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     return {
         "csv": atomic_write_text(out / "trace.csv", trace_csv(tr)),
-        "html": atomic_write_text(out / "trace.html", trace_html(tr)),
+        "html": write_html(trace_html(tr), out / "trace.html"),
     }

@@ -40,12 +40,12 @@ from torch import Tensor
 from valueprobe.errors import ValueprobeError
 from valueprobe.vocab import Op, choice
 
-__all__ = ["OPS", "Operator", "Target", "as_operator"]
+__all__ = ["OPS", "Operator", "OperatorPoint", "as_operator"]
 
 OPS: tuple[str, ...] = tuple(o.value for o in Op)
 
 
-class Target(Protocol):
+class OperatorPoint(Protocol):
     """What an operator needs of a steered point (`valueprobe.steering.hook.spec.SteerPoint` is one)."""
 
     @property
@@ -63,23 +63,23 @@ class Target(Protocol):
     def sigma(self) -> float: ...  # its standard deviation
 
 
-def _ablate_goal(op: Operator, p: Tensor, t: Target) -> Tensor:
+def _ablate_goal(op: Operator, p: Tensor, t: OperatorPoint) -> Tensor:
     return torch.zeros_like(p)
 
 
-def _set_goal(op: Operator, p: Tensor, t: Target) -> Tensor:
+def _set_goal(op: Operator, p: Tensor, t: OperatorPoint) -> Tensor:
     assert op.target is not None
     return torch.full_like(p, t.mu + op.target * t.sigma)
 
 
-def _clamp_goal(op: Operator, p: Tensor, t: Target) -> Tensor:
+def _clamp_goal(op: Operator, p: Tensor, t: OperatorPoint) -> Tensor:
     lo = -math.inf if op.lo is None else t.mu + op.lo * t.sigma
     hi = math.inf if op.hi is None else t.mu + op.hi * t.sigma
     return p.clamp(lo, hi)
 
 
 # The projection each moving operator sends p to (α = 1); add and add-norm move by α·u instead.
-_GOALS: dict[Op, Callable[[Operator, Tensor, Target], Tensor]] = {
+_GOALS: dict[Op, Callable[[Operator, Tensor, OperatorPoint], Tensor]] = {
     Op.ablate: _ablate_goal,
     Op.set: _set_goal,
     Op.clamp: _clamp_goal,
@@ -139,7 +139,7 @@ class Operator:
         return self.op.value
 
     def __call__(
-        self, h: Float[Tensor, "batch new d_model"], alpha: Float[Tensor, "batch new"], target: Target
+        self, h: Float[Tensor, "batch new d_model"], alpha: Float[Tensor, "batch new"], target: OperatorPoint
     ) -> Float[Tensor, "batch new d_model"]:
         """The operator applied at every cell with its α (callers keep α = 0 cells as they were)."""
         v = target.direction_on(h.device)  # copied to the device once per run, not per step

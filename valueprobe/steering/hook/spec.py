@@ -47,7 +47,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text
+from valueprobe.files import write_json
 from valueprobe.hooks.route import Point
 from valueprobe.probe.axis import ValueAxis, check_combinable
 from valueprobe.steering.hook.condition import Condition
@@ -329,7 +329,7 @@ class SteeringSpec:
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON form to ``path`` (atomically); ``valueprobe steer --spec`` reads it."""
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        return write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> SteeringSpec:
