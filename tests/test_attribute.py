@@ -374,7 +374,10 @@ def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
     )
     encs = encode(lm, rows[:3], positions="spans")  # a pair, then a row of another length: it is padded
     assert len(encs[0].input_ids) == len(encs[1].input_ids) != len(encs[2].input_ids)
-    assert 0 < next(i for i, (a, b) in enumerate(zip(encs[0].input_ids, encs[1].input_ids)) if a != b)
+    first_diff = next(
+        i for i, (a, b) in enumerate(zip(encs[0].input_ids, encs[1].input_ids, strict=True)) if a != b
+    )
+    assert first_diff > 0  # the pair shares a prefix: it runs once
     groups = [encs[:2], encs[2:]]
     read = _read(lm, 1, behaviour=True)
     sigma, slopes = _read_batch(lm, read, groups, 2.0)
