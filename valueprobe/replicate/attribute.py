@@ -79,7 +79,7 @@ _POST = AttributeSettings(positions=Positions.spans, span_labels=("post",), targ
 # examples (their random directions cost nothing) and of the pre/post axis on 16; the circuit
 # ablation on its own direct run of the first 48 examples (24 pairs: the top 10 ranked on 12 pairs,
 # mean-ablated on the other 12 against 16 random sets of as many heads and MLPs) and on the pre/post
-# run (4 held-out pairs, 24 random sets); exact and attribution patching of the first pairs.
+# run (4 held-out pairs, 24 random sets); exact and attribution patching of the first 3 pairs.
 JOBS: tuple[Job, ...] = (
     Job("reward-history-direct", HISTORY, replace(_POST, method="direct", limit=96, n_random=64)),
     Job(
@@ -89,7 +89,7 @@ JOBS: tuple[Job, ...] = (
         ablate_top=10,
         draws=16,
     ),
-    Job("reward-history-attrib", HISTORY, replace(_POST, method="attrib-patch", limit=8)),
+    Job("reward-history-attrib", HISTORY, replace(_POST, method="attrib-patch", limit=3)),
     Job(
         "value-direct",
         VALUE,
@@ -100,7 +100,7 @@ JOBS: tuple[Job, ...] = (
         draws=24,
     ),
     # exact patching: every head and MLP, and the residual cells of three layers
-    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=8, resid_layers="::11")),
+    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=3, resid_layers="::11")),
 )
 # the report's first section shows direct attribution beside its ablation: one run holds both
 SECTIONS = {
