@@ -465,6 +465,20 @@ FAULTS: tuple[Fault, ...] = (
         "end = min(todo.stop, start + block)",
         ("tests/test_store.py::test_time_checkpoints_then_resume_give_the_one_pass_store",),
     ),
+    Fault(
+        "ablation's rows after a shared prefix restart their positions at 0",
+        "valueprobe/attribute/ablation.py",
+        "position_ids=position_ids_from_mask(full)[:, -ids.shape[1] :].to(device)",
+        "position_ids=position_ids_from_mask(mask).to(device)",
+        (A + "test_ablation_reads_with_a_cache_what_whole_forwards_give",),
+    ),
+    Fault(
+        "replicate attribute drops summary.md's hand-written reading",
+        "valueprobe/replicate/attribute.py",
+        'return "" if at < 0 else text[at + 1 :]',
+        'return ""',
+        ("tests/test_attribute_run.py::test_replicate_writes_each_job_the_sections_and_the_agreement",),
+    ),
 )
 
 # Imported once before forking; the children import valueprobe itself from the copy.

@@ -362,9 +362,9 @@ def test_default_model_terms_sum_to_the_axis_and_match_transformer_lens(default_
 
 
 def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
-    """The held-out read (a left-padded batch, the rest in a KV cache, each last token three times)
-    equals whole forwards of each example alone: the read σ of each row, and the steering slope from
-    α = ±s σ added at the last token."""
+    """The held-out read (a pair's shared prefix once, left-padded, each row's own tokens and each
+    last token three times over its KV cache) equals whole forwards of each example alone: the read σ
+    of each row, and the steering slope from α = ±s σ added at the last token."""
     from valueprobe.attribute.ablation import _read_batch
 
     lm = tiny_lm_factory("llama")
@@ -372,10 +372,15 @@ def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
     rows[2] = Example(
         **{**rows[2].__dict__, "messages": (*rows[2].messages[:-1], {"role": "user", "content": "Correct?"})}
     )
-    encs = encode(lm, rows[1:3], positions="spans")  # two lengths: the shorter is padded
-    assert len(encs[0].input_ids) != len(encs[1].input_ids)
+    encs = encode(lm, rows[:3], positions="spans")  # a pair, then a row of another length: it is padded
+    assert len(encs[0].input_ids) == len(encs[1].input_ids) != len(encs[2].input_ids)
+    first_diff = next(
+        i for i, (a, b) in enumerate(zip(encs[0].input_ids, encs[1].input_ids, strict=True)) if a != b
+    )
+    assert first_diff > 0  # the pair shares a prefix: it runs once
+    groups = [encs[:2], encs[2:]]
     read = _read(lm, 1, behaviour=True)
-    sigma, slopes = _read_batch(lm, read, encs, 2.0)
+    sigma, slopes = _read_batch(lm, read, groups, 2.0)
     at = Point(1, "resid_post")
     want, want_slopes = [], []
     for enc in encs:
@@ -397,7 +402,7 @@ def test_ablation_reads_with_a_cache_what_whole_forwards_give(tiny_lm_factory):
         want_slopes.append(float((got[1] - got[0]) / 4.0))
     assert torch.allclose(sigma, torch.stack(want), atol=1e-5)
     assert slopes.tolist() == pytest.approx(want_slopes, abs=1e-5)
-    no_behaviour, none = _read_batch(lm, _read(lm, 1, behaviour=False), encs, 2.0)
+    no_behaviour, none = _read_batch(lm, _read(lm, 1, behaviour=False), groups, 2.0)
     assert torch.allclose(no_behaviour, torch.stack(want), atol=1e-5) and torch.isnan(none).all()
 
 

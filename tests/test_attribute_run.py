@@ -214,7 +214,7 @@ def test_replicate_writes_each_job_the_sections_and_the_agreement(tiny_lm_factor
     )
     jobs = (
         Job(
-            "reward-history-direct",
+            "reward-history-ablate",
             str(probe),
             replace(post, method="direct", n_random=4),
             ablate_top=2,
@@ -239,6 +239,13 @@ def test_replicate_writes_each_job_the_sections_and_the_agreement(tiny_lm_factor
     assert loaded.sections["attribution_patch"].agreement == agree
     summary = (out / "summary.md").read_text()
     assert "Spearman" in summary and "Ablating the top 2" in summary
+    # a rerun (every job resumes finished) rewrites the tables and keeps the hand-written reading
+    (out / "summary.md").write_text(summary.replace("Spearman", "Spearman-old") + "## Reading\n\nBy hand.\n")
+    replicate_attribute(
+        lm, out, work=tmp_path / "work", data_dir=tmp_path / "data", jobs=jobs, progress=False
+    )
+    again = (out / "summary.md").read_text()
+    assert again == summary + "## Reading\n\nBy hand.\n"
 
 
 def test_a_finished_run_keeps_its_ablation_and_redoes_it_only_when_its_sizes_change(

@@ -129,15 +129,24 @@ def _steer_last(h: Tensor, step: object, *, delta: Tensor) -> Tensor:
 
 
 def _prefix(
-    lm: LoadedModel, at: Point, ids: Tensor, mask: Tensor, *, stop: bool, cache: DynamicCache | None
+    lm: LoadedModel,
+    at: Point,
+    ids: Tensor,
+    mask: Tensor,
+    *,
+    stop: bool,
+    cache: DynamicCache | None,
+    past: Tensor | None = None,
 ) -> Tensor:
-    """``resid_post`` at ``at`` of a left-padded batch [batch, pos, d_model]; with a cache, it is filled."""
+    """``resid_post`` at ``at`` of a left-padded batch [batch, pos, d_model]; with a cache, it is filled.
+    ``past``: the mask of what the cache already holds (its rows' tokens come first)."""
     device = lm.device
     kwargs = {"use_cache": False} if cache is None else cache_kwargs(lm, cache)
+    full = mask if past is None else torch.cat([past, mask], dim=1)
     with record(lm, [at], stop=stop) as rec, torch.no_grad(), suppress(StopForward):
         lm.model(
-            input_ids=ids.to(device), attention_mask=mask.to(device),
-            position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1, **kwargs,
+            input_ids=ids.to(device), attention_mask=full.to(device),
+            position_ids=position_ids_from_mask(full)[:, -ids.shape[1] :].to(device), logits_to_keep=1, **kwargs,
         )  # fmt: skip
     return rec[at].double().cpu()
 
@@ -171,52 +180,87 @@ def _last_token(
     return rec[at][::3, 0].double().cpu(), (yes_no[:, 2] - yes_no[:, 1]) / (2 * steer_sigma)
 
 
+def _shared(group: Sequence[Encoded], keep: int) -> int:
+    """How many leading tokens every row of ``group`` shares, leaving each row ``keep`` tokens after."""
+    ids = [e.input_ids for e in group]
+    n = min(len(r) for r in ids) - keep
+    return next((i for i in range(n) if any(r[i] != ids[0][i] for r in ids)), n)
+
+
 def _read_batch(
-    lm: LoadedModel, read: Readout, encoded: Sequence[Encoded], steer_sigma: float
+    lm: LoadedModel, read: Readout, groups: Sequence[Sequence[Encoded]], steer_sigma: float
 ) -> tuple[Tensor, Tensor]:
-    """Per-row read σ of a batch of examples (left-padded) and, with a behaviour, each example's
-    steering slope at its last token (the rest run once into a KV cache); NaN slopes without one."""
-    at = Point(read.layer, HookSite.resid_post)
-    behaviour = read.behaviour
-    rows = [e.input_ids[:-1] if behaviour else e.input_ids for e in encoded]
-    ids, mask = pad_rows(rows, pad_id=pad_id_for(lm.tokenizer), side="left")
-    cache = DynamicCache(config=lm.model.config) if behaviour else None
-    h = _prefix(lm, at, ids, mask, stop=not behaviour, cache=cache)  # [batch, width, d]
-    slopes = torch.full((len(encoded),), float("nan"), dtype=torch.float64)
-    if cache is not None:
-        last_h, slopes = _last_token(
-            lm, read, at, torch.tensor([[e.input_ids[-1]] for e in encoded]), mask, cache, steer_sigma
-        )
-        h = torch.cat([h, last_h[:, None]], dim=1)  # each row's tokens now end in the last column
-    proj = h @ read.direction.double()
+    """Per-row read σ of a batch of examples and, with a behaviour, each example's steering slope at
+    its last token (NaN without one), the rows in ``groups`` order. A group (a matched pair) shares
+    its first tokens: they run once, left-padded, into a KV cache (mean ablation changes them alike
+    in every row of the group), then each row's own tokens, then each last token three times."""
+    at, behaviour = Point(read.layer, HookSite.resid_post), read.behaviour
+    pad, v = pad_id_for(lm.tokenizer), read.direction.double()
+    cut = [_shared(g, 1 + behaviour) for g in groups]  # each row keeps >= 1 token of its own
+    if min(cut) == 0:  # a group whose rows differ from the first token shares nothing: one row a group
+        return _read_batch(lm, read, [[e] for g in groups for e in g], steer_sigma)
+    rows = [e for g in groups for e in g]
+    which = torch.tensor([i for i, g in enumerate(groups) for _ in g])
+    ids, mask = pad_rows(
+        [g[0].input_ids[:c] for g, c in zip(groups, cut, strict=True)], pad_id=pad, side="left"
+    )
+    cache = DynamicCache(config=lm.model.config)
+    # without a behaviour nothing past the read layer is needed, by the prefix or the rows after it
+    shared = _prefix(lm, at, ids, mask, stop=not behaviour, cache=cache) @ v  # [groups, width]
+    # each group's prefix once per row of the group (``which`` is a LongTensor; torch types it Tensor)
+    cache.reorder_cache(which.to(lm.device))  # type: ignore[arg-type]
+    own = [
+        e.input_ids[cut[g] : len(e.input_ids) - behaviour] for e, g in zip(rows, which.tolist(), strict=True)
+    ]
+    own_ids, own_mask = pad_rows(own, pad_id=pad, side="left")
+    mine = _prefix(lm, at, own_ids, own_mask, stop=not behaviour, cache=cache, past=mask[which]) @ v
+    slopes = torch.full((len(rows),), float("nan"), dtype=torch.float64)
+    last = torch.zeros(len(rows), 0, dtype=torch.float64)
+    if behaviour:
+        past = torch.cat([mask[which], own_mask], dim=1)
+        ends = torch.tensor([[e.input_ids[-1]] for e in rows])
+        last_h, slopes = _last_token(lm, read, at, ends, past, cache, steer_sigma)
+        last = (last_h @ v)[:, None]
     sigmas = []
-    for i, e in enumerate(encoded):
-        p = proj[i, proj.shape[1] - len(e.input_ids) :]  # left padding: the row's tokens are the last columns
+    for i, e in enumerate(rows):
+        # left padding: a row's tokens in each part are that part's last columns
+        c, n = cut[int(which[i])], len(own[i])
+        p = torch.cat([shared[which[i], shared.shape[1] - c :], mine[i, mine.shape[1] - n :], last[i]])
         sigmas += [read.sigma_of(p[toks].mean()) for _, toks in e.selections]
     return torch.stack(sigmas), slopes
 
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The held-out examples, tokenized, and their read rows' classes."""
+    """The held-out examples, tokenized, their read rows' classes, and the groups of examples that
+    share a unit (a matched pair: one prefix run for both)."""
 
     encoded: tuple[Encoded, ...]
     rows: Rows
     keep: np.ndarray
     classes: Classes
+    groups: tuple[tuple[int, ...], ...]
 
 
 def _measure(
     lm: LoadedModel, read: Readout, held: HeldOut, steer_sigma: float, batch_size: int
 ) -> tuple[float, float, float]:
-    """AUROC, gap and mean steering slope on the held-out half under the hooks now attached."""
+    """AUROC, gap and mean steering slope on the held-out half under the hooks now attached.
+    Batches hold whole groups, about ``batch_size`` rows, similar lengths together (less padding)."""
     enc = held.encoded
-    got = [
-        _read_batch(lm, read, enc[i : i + batch_size], steer_sigma) for i in range(0, len(enc), batch_size)
-    ]
-    s = torch.cat([g[0] for g in got]).numpy()[held.keep]
-    slope = float(torch.cat([g[1] for g in got]).mean())
-    return held.classes.auroc(s), float(held.classes.gap(s[:, None])[0]), slope
+    order = sorted(held.groups, key=lambda g: len(enc[g[0]].input_ids))
+    per_batch = max(1, batch_size // max(len(g) for g in order))
+    sigmas: list[Tensor] = [torch.empty(0)] * len(enc)
+    slopes = torch.empty(len(enc), dtype=torch.float64)
+    for lo in range(0, len(order), per_batch):
+        batch = order[lo : lo + per_batch]
+        got, slope = _read_batch(lm, read, [[enc[i] for i in g] for g in batch], steer_sigma)
+        at = 0
+        for j, i in enumerate(i for g in batch for i in g):
+            n = len(enc[i].selections)
+            sigmas[i], slopes[i], at = got[at : at + n], slope[j], at + n
+    s = torch.cat(sigmas).numpy()[held.keep]
+    return held.classes.auroc(s), float(held.classes.gap(s[:, None])[0]), float(slopes.mean())
 
 
 def held_out(
@@ -229,7 +273,10 @@ def held_out(
     rows = Rows.concat([make_batch([e], padding_side=PaddingSide.right, pad_id=0).rows for e in encoded])
     per_row = [u for e, u in zip(encoded, units, strict=True) for _ in e.selections]
     keep, classes = classify(rows, per_row)
-    return HeldOut(tuple(encoded), rows, keep, classes)
+    groups: dict[str, list[int]] = {}
+    for i, u in enumerate(units):
+        groups.setdefault(u, []).append(i)
+    return HeldOut(tuple(encoded), rows, keep, classes, tuple(tuple(g) for g in groups.values()))
 
 
 def _metric(name: str, values: list[float], center: float) -> AblatedMetric:

@@ -18,7 +18,8 @@ scored +1 or -1), read on the ``post`` span of the post-discovery paragraph:
 
 Each job runs in ``work/JOB`` (resumable: rerun the command after an interruption) and its
 ``attribution.json`` and ``components.csv`` are copied to ``out/JOB``; ``out`` also gets
-``results.json`` (``valueprobe report --from out`` draws it) and ``summary.md``.
+``results.json`` (``valueprobe report --from out`` draws it) and ``summary.md`` (its tables; a
+``## Reading`` written by hand at its end is kept when a rerun rewrites them).
 """
 
 from __future__ import annotations
@@ -72,25 +73,37 @@ class Job:
 
 # read on the post span of the post-discovery paragraph; the classes are the rewarded and flipped rows
 _POST = AttributeSettings(positions=Positions.spans, span_labels=("post",), target=Target.label)
-# Sized for 2 cores shared by five engineers (load average ~12: attribution patching took ~10 min a
-# pair, a set of the circuit ablation over the held-out half did not finish in 15 min): the direct
-# terms of 96 examples (their random directions cost nothing), the pre/post axis's on 16, exact and
-# attribution patching of the first pair. `valueprobe attribute --ablate-top` adds the ablation.
+# Sized for 2 cores shared by four or five engineers (load average 5-12). At load ~6 an exact-patched
+# pair took 12 min and one ablated pass over 48 held-out examples 142 s, so: the direct terms of 96
+# examples (their random directions cost nothing) and of the pre/post axis on 16; the circuit
+# ablation on its own direct run of the first 48 examples (24 pairs: the top 10 ranked on 12 pairs,
+# mean-ablated on the other 12 against 16 random sets of as many heads and MLPs) and on the pre/post
+# run (4 held-out pairs, 24 random sets); exact and attribution patching of the first 3 pairs.
 JOBS: tuple[Job, ...] = (
     Job("reward-history-direct", HISTORY, replace(_POST, method="direct", limit=96, n_random=64)),
-    Job("reward-history-attrib", HISTORY, replace(_POST, method="attrib-patch", limit=1)),
+    Job(
+        "reward-history-ablate",
+        HISTORY,
+        replace(_POST, method="direct", limit=48, n_random=64),
+        ablate_top=10,
+        draws=16,
+    ),
+    Job("reward-history-attrib", HISTORY, replace(_POST, method="attrib-patch", limit=3)),
     Job(
         "value-direct",
         VALUE,
         AttributeSettings(
             method="direct", positions=Positions.span_tokens, target=Target.span, limit=16, n_random=32
         ),
+        ablate_top=10,
+        draws=24,
     ),
     # exact patching: every head and MLP, and the residual cells of three layers
-    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=1, resid_layers="::11")),
+    Job("reward-history-patch", HISTORY, replace(_POST, method="patch", limit=3, resid_layers="::11")),
 )
+# the report's first section shows direct attribution beside its ablation: one run holds both
 SECTIONS = {
-    "attribution": "reward-history-direct",
+    "attribution": "reward-history-ablate",
     "attribution_patch": "reward-history-patch",
     "attribution_position": "value-direct",
 }
@@ -150,8 +163,24 @@ def replicate_attribute(
             shutil.copyfile(work / name / f, out / name / f)
     sections = {key: results[name].to_dict() for key, name in SECTIONS.items() if name in results}
     write_json(out / "results.json", jsonable({"model": lm.model_id, "sections": sections}), indent=1)
-    atomic_write_text(out / "summary.md", "\n".join(summary_lines(results)) + "\n")
+    atomic_write_text(
+        out / "summary.md", "\n".join(summary_lines(results)) + "\n" + _reading(out / "summary.md")
+    )
     return results
+
+
+READING = "## Reading"
+
+
+def _reading(summary: Path) -> str:
+    """The hand-written reading at the end of an existing summary.md (from its ``## Reading``
+    heading on), kept when a rerun rewrites the tables above it: a person reads the numbers."""
+    try:
+        text = summary.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    at = text.find("\n" + READING)
+    return "" if at < 0 else text[at + 1 :]
 
 
 def summary_lines(results: dict[str, Attribution]) -> list[str]:
