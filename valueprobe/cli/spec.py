@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -24,7 +24,7 @@ from valueprobe.cli.groups import OptionGroup
 from valueprobe.errors import ValueprobeError
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.operators import Operator
-from valueprobe.steering.hook.spec import WHERE, SteeringSpec
+from valueprobe.steering.hook.spec import WHERE, SteeringSpec, Where
 from valueprobe.vocab import HookSite, Op, Unit
 
 __all__ = ["DecodingOptions", "SpecOptions"]
@@ -112,7 +112,7 @@ class SpecOptions(OptionGroup):
             site=self.site,
             unit=self.unit,
             op=Operator(self.op, lo=self.lo, hi=self.hi, target=self.target),
-            positions=_positions(self.positions),  # type: ignore[arg-type]
+            positions=_positions(self.positions),
             window=_window(self.window),
             read_layer=self.read_layer,
         )
@@ -127,10 +127,10 @@ class SpecOptions(OptionGroup):
         ]
 
 
-def _positions(text: str) -> str:
+def _positions(text: str) -> Where:
     if text not in WHERE:
         raise ValueprobeError(f"--positions {text!r}: use one of {', '.join(WHERE)}")
-    return text
+    return cast(Where, text)
 
 
 def _window(text: str | None) -> tuple[int, int] | None:

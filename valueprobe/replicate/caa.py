@@ -162,9 +162,12 @@ def _rows(
     for (name, (_, _, raw)), row in zip(named, p, strict=True):
         sign = float(np.sign(raw))
         key = unit_of.get(abs(raw))
-        if raw != 0 and key is None:
+        if raw == 0:
+            alpha = 0.0
+        elif key is None:
             continue
-        alpha = 0.0 if raw == 0 else sign * float(key)  # type: ignore[arg-type]
+        else:
+            alpha = sign * float(key)
         names = (
             [name] if raw != 0 else [AXIS, *sorted({n for n, _ in named if n != AXIS})]
         )  # α = 0 is every direction's

@@ -353,7 +353,7 @@ def _layers(layers: LayerSpec) -> LayerSpec:
     selection = LayerSelection.parse(layers)  # syntax checked now, resolved on a model
     parts = selection.parts
     if parts is not None and all(isinstance(p, int) for p in parts):
-        return tuple(int(p) for p in parts)  # type: ignore[arg-type]
+        return tuple(p for p in parts if isinstance(p, int))
     return selection.text
 
 
@@ -369,8 +369,10 @@ def as_spec(spec: SteeringSpec | ValueAxis | Sequence[ValueAxis]) -> SteeringSpe
     """A spec from itself, an axis or a list of axes (``SteeringSpec(axis)``: every default)."""
     if isinstance(spec, SteeringSpec):
         return spec
-    if isinstance(spec, ValueAxis) or (isinstance(spec, Sequence) and not isinstance(spec, str)):
-        return SteeringSpec(spec)  # type: ignore[arg-type]
+    if isinstance(spec, ValueAxis):
+        return SteeringSpec(spec)
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        return SteeringSpec(tuple(spec))
     raise ValueprobeError(f"expected a SteeringSpec or a ValueAxis, got {type(spec).__name__}")
 
 
@@ -405,8 +407,10 @@ def _number(value: Any, where: str, key: str) -> float | None:
 
 
 def _whole(value: Any, where: str, key: str) -> int | None:
-    if value is None:
-        return None
+    return None if value is None else _index(value, where, key)
+
+
+def _index(value: Any, where: str, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(where, key, f"expected a whole layer index, got {value!r}")
     return value
@@ -444,7 +448,7 @@ def _layer_spec(value: Any, where: str, key: str) -> LayerSpec:
     if isinstance(value, list):
         if not value or any(v is None for v in value):
             raise _bad(where, key, f"expected whole layer indices, got {value!r}")
-        return tuple(int(_whole(v, where, key)) for v in value)  # type: ignore[arg-type]
+        return tuple(_index(v, where, key) for v in value)
     if value is None or isinstance(value, str):
         return value
     return _whole(value, where, key)
@@ -457,7 +461,7 @@ def _window(value: Any, where: str, key: str) -> tuple[int, int] | None:
         raise _bad(where, key, f"expected [a, b] (generated tokens a <= i < b), got {value!r}")
     if any(v is None for v in value):
         raise _bad(where, key, f"expected [a, b] (generated tokens a <= i < b), got {value!r}")
-    a, b = (int(_whole(v, where, key)) for v in value)  # type: ignore[arg-type]
+    a, b = (_index(v, where, key) for v in value)
     return (a, b)
 
 
