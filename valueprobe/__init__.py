@@ -12,6 +12,8 @@ everything else is reached through its module (``valueprobe.stats.metrics.auroc`
 
 from __future__ import annotations
 
+import warnings
+
 from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.attribute.records import Attribution
@@ -98,8 +100,6 @@ def __getattr__(name: str) -> object:
     # "sweep" alone is the α sweep (steering/experiment/sweep.py); the layer sweep's result was
     # vp.SweepResult before issue 29 and is still reachable under that name, with a warning.
     if name == "SweepResult":
-        import warnings
-
         warnings.warn(
             "vp.SweepResult is vp.LayerSweepResult (the layer sweep's result)",
             DeprecationWarning,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,8 +173,6 @@ def serve_cmd(
 
 def _log_to_stderr() -> None:
     """The server's one line per request, on stderr beside uvicorn's own."""
-    import logging
-
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger = logging.getLogger("valueprobe.serve")

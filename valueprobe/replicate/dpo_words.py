@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import plotly.graph_objects as go
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
@@ -121,8 +122,6 @@ class WordsReport:
         return ["models", "measure", "before", "after", "reference"], rows
 
     def figure(self) -> Any:
-        import plotly.graph_objects as go  # optional plotting dependency
-
         fig = go.Figure()
         for kind in ("prefer", "avoid"):
             for name, a in self.summary.get(kind, {}).get("axes", {}).items():
