@@ -83,6 +83,19 @@ def test_a_name_loads_the_shipped_axis_from_any_folder(name, tmp_path, monkeypat
     )
 
 
+def test_a_spec_names_a_shipped_axis_by_name_not_by_its_installed_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the spec is read in another folder, as after another install
+    installed = str(probe_path("smollm2-135m-value"))  # what --probe NAME resolves to
+    spec = vp.SteeringSpec(probe=installed, layers=[16], unit="norm")
+    spec.save(tmp_path / "spec.json")
+    assert json.loads((tmp_path / "spec.json").read_text())["probe"] == "smollm2-135m-value"
+    again = vp.SteeringSpec.load(tmp_path / "spec.json")
+    assert again.axes()[0].fingerprint == vp.ValueAxis.load("smollm2-135m-value").fingerprint
+    other = tmp_path / "mine"
+    shutil.copytree(installed, other)  # a copy elsewhere is a folder of its own: kept as written
+    assert vp.SteeringSpec(probe=str(other)).to_dict()["probe"] == str(other)
+
+
 def test_an_unknown_name_lists_the_names_and_says_a_path_works(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueprobeError) as err:

@@ -27,7 +27,7 @@ from pathlib import Path
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import resolve_shipped
 
-__all__ = ["AXES_DIR", "ShippedAxis", "probe_path", "resolve_name", "shipped_axes"]
+__all__ = ["AXES_DIR", "ShippedAxis", "portable_name", "probe_path", "resolve_name", "shipped_axes"]
 
 AXES_DIR = Path(__file__).resolve().parent / "axes"
 INDEX_FORMAT = "valueprobe.probe.registry"
@@ -63,6 +63,20 @@ def shipped_axes() -> dict[str, ShippedAxis]:
 def resolve_name(spec: str | os.PathLike[str]) -> Path:
     """``spec`` as a path: a shipped axis's folder when it is a name, else ``spec`` itself (unchecked)."""
     return resolve_shipped(spec, {name: a.path for name, a in shipped_axes().items()}, what="axis")
+
+
+def portable_name(folder: str | os.PathLike[str]) -> str:
+    """How a file should name the probe in ``folder``: a shipped axis's installed folder by its name
+    (it moves with each install), any other folder as written.
+
+    >>> portable_name(shipped_axes()["smollm2-135m-value"].path)
+    'smollm2-135m-value'
+    """
+    here = Path(folder).resolve()
+    for name, axis in shipped_axes().items():
+        if axis.path.resolve() == here:
+            return name
+    return str(folder)
 
 
 def probe_path(spec: str | os.PathLike[str]) -> Path:

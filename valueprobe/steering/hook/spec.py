@@ -50,6 +50,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_json
 from valueprobe.hooks.route import Point
 from valueprobe.probe.axis import ValueAxis, check_combinable
+from valueprobe.probe.registry import portable_name
 from valueprobe.steering.hook.condition import Condition
 from valueprobe.steering.hook.operators import Operator, as_operator
 from valueprobe.vocab import HookSite, LayerSelection, LayerSpec, Op, Unit, choice, parse_layers
@@ -290,7 +291,10 @@ class SteeringSpec:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "probe": self.probe if isinstance(self.probe, str) else list(self.probe),
+            # a shipped axis by its name, not by the installed folder (another install moves it)
+            "probe": portable_name(self.probe)
+            if isinstance(self.probe, str)
+            else [portable_name(p) for p in self.probe],
             "layers": list(self.layers) if isinstance(self.layers, tuple) else self.layers,
             "site": None if self.site is None else self.site.value,
             "unit": self.unit.value,
