@@ -506,7 +506,19 @@ def test_steer_engine_vllm_writes_the_sweep_files(tmp_path, capsys):
         "--out",
         str(out),
     ]
-    args += ["--engine", "vllm", "--limit", "2", "--alphas", "-4,4", "--random-directions", "1"]
+    # the plain prompt only: --conditions' default (auto) adds toward/away rows where steer_conditions states them
+    args += [
+        "--engine",
+        "vllm",
+        "--limit",
+        "2",
+        "--alphas",
+        "-4,4",
+        "--random-directions",
+        "1",
+        "--conditions",
+        "none",
+    ]
     code, _, err = run_cli([*args, "--max-new-tokens", "8", "--greedy", "--bootstrap", "50"], capsys)
     assert code == 0, err
     rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
