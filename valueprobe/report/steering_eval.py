@@ -164,7 +164,7 @@ def reliability_figure(rels: Sequence[Reliability], *, titles: Sequence[str] = (
         ):
             fig.add_trace(go.Histogram(x=np.array(values) * x.sign, histnorm="probability", marker_color=color,
                                        opacity=0.7, name=name, legendgroup=name, showlegend=show), row=r, col=c)  # fmt: skip
-        fig.add_vline(x=0, line_color="#999", row=r, col=c)  # type: ignore[arg-type]
+        fig.update_xaxes(zeroline=True, zerolinecolor="#999", zerolinewidth=1, row=r, col=c)
     fig.update_layout(barmode="overlay", title="per-item steerability (slope per unit α, toward the target)",
                       height=330 * n_rows, **LAYOUT)  # fmt: skip
     return fig

@@ -86,20 +86,21 @@ def _batch(
         lm.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=position.to(device),
                  use_cache=True, **{key: cache})  # fmt: skip
     n = len(prefixes)
-    answer = torch.tensor([opening] * n)
-    full = torch.cat([mask, torch.ones(n, len(opening), dtype=mask.dtype)], dim=1)
-    after = position[:, -1:] + 1 + torch.arange(len(opening))[None, :]
-    out = np.empty((len(settings), n))
+    # the answer's inputs and the results stay on the device: one host copy per batch, at the end
+    answer = torch.tensor([opening] * n).to(device)
+    full = torch.cat([mask, torch.ones(n, len(opening), dtype=mask.dtype)], dim=1).to(device)
+    after = (position[:, -1:] + 1 + torch.arange(len(opening))[None, :]).to(device)
+    out = torch.empty((len(settings), n), dtype=torch.float64, device=device)
     for k, (layer, v, alpha) in enumerate(settings):
         with torch.no_grad(), steer(lm, SteeringSpec(axis, layers=[layer], unit=Unit.raw, direction=v,
                                                  positions="generated"), alpha, prompt_length=width):  # fmt: skip
-            logits = lm.model(input_ids=answer.to(device), attention_mask=full.to(device),
-                              position_ids=after.to(device), use_cache=True, **{key: cache}).logits  # fmt: skip
+            logits = lm.model(input_ids=answer, attention_mask=full, position_ids=after, use_cache=True,
+                              **{key: cache}).logits  # fmt: skip
         cache.crop(-len(opening))  # back to the question alone
-        probs = torch.softmax(logits[:, -1].double(), dim=-1).cpu()
+        probs = torch.softmax(logits[:, -1].double(), dim=-1)
         pa, pb = probs[:, letters[0]], probs[:, letters[1]]
-        out[k] = (pa / (pa + pb)).numpy()
-    return out
+        out[k] = pa / (pa + pb)
+    return out.cpu().numpy()
 
 
 def ab_match(
