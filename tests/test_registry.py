@@ -94,6 +94,8 @@ def test_a_spec_names_a_shipped_axis_by_name_not_by_its_installed_folder(tmp_pat
     other = tmp_path / "mine"
     shutil.copytree(installed, other)  # a copy elsewhere is a folder of its own: kept as written
     assert vp.SteeringSpec(probe=str(other)).to_dict()["probe"] == str(other)
+    # a string no file system can hold (hypothesis found NUL in CI) is written as given, not raised
+    assert vp.SteeringSpec(probe="a\x00b").to_dict()["probe"] == "a\x00b"
 
 
 def test_an_unknown_name_lists_the_names_and_says_a_path_works(tmp_path, monkeypatch):

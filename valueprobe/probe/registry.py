@@ -72,7 +72,10 @@ def portable_name(folder: str | os.PathLike[str]) -> str:
     >>> portable_name(shipped_axes()["smollm2-135m-value"].path)
     'smollm2-135m-value'
     """
-    here = Path(folder).resolve()
+    try:
+        here = Path(folder).resolve()
+    except (OSError, ValueError):  # not a path this system can hold (a NUL byte, too long): as written
+        return str(folder)
     for name, axis in shipped_axes().items():
         if axis.path.resolve() == here:
             return name
