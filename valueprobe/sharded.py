@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import write_json
 from valueprobe.vocab import ShardSpec
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
     "reading",
     "reread",
     "run_ranks",
-    "shard_dict",
+    "write_head",
 ]
 
 T = TypeVar("T")
@@ -191,9 +192,10 @@ def check_split(parts: Sequence[tuple[object, ShardSpec]]) -> None:
         )
 
 
-def shard_dict(shard: ShardSpec) -> dict[str, int]:
-    """A shard as a part file records it (``{"index": I, "count": N}``)."""
-    return {"index": shard.index, "count": shard.count}
+def write_head(folder: Path, marker: str, fmt: str, shard: ShardSpec, fields: Mapping[str, Any]) -> None:
+    """A part file: its format, version 1 and shard, then ``fields`` (`read_head` reads it back)."""
+    head = {"format": fmt, "version": 1, "shard": {"index": shard.index, "count": shard.count}, **fields}
+    write_json(folder / marker, head, indent=1, allow_nan=False)
 
 
 @contextmanager

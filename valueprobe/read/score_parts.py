@@ -33,13 +33,12 @@ from valueprobe.files import (
     atomic_write_dir,
     check_output_dir,
     mmap_safetensors,
-    write_json,
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize_scores
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
-from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, shard_dict
+from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
 from valueprobe.vocab import ShardSpec, Tokens, choice
 
 __all__ = ["SCORE_PARTS", "ScorePart", "merge_scores", "score_part"]
@@ -74,16 +73,8 @@ class ScorePart:
             atomic_write(
                 out / NULL, lambda tmp: save_file({"mean_projection": means}, str(tmp), metadata=meta)
             )
-        head = {
-            "format": FORMAT,
-            "version": 1,
-            "shard": shard_dict(self.shard),
-            "dataset": asdict(self.dataset),
-            "fingerprint": self.fingerprint,
-            "settings": self.settings,
-            "probe": self.probe,
-        }
-        write_json(out / PART, head, indent=1, allow_nan=False)
+        head = {"dataset": asdict(self.dataset), "fingerprint": self.fingerprint, "settings": self.settings}
+        write_head(out, PART, FORMAT, self.shard, {**head, "probe": self.probe})
         return out
 
     @classmethod

@@ -28,10 +28,10 @@ from safetensors.torch import save_file
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.datasets.io import Example, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors, write_json
+from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, shard_dict
+from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
 from valueprobe.tune.shift import (
     Models,
     ShiftResult,
@@ -84,9 +84,6 @@ def shift_part(
     meta = {"ids": json.dumps([examples[i].id for i in todo])}
     atomic_write(out / READS, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
     head = {
-        "format": FORMAT,
-        "version": 1,
-        "shard": shard_dict(shard),
         "models": asdict(Models(base.model_id, tuned.model_id, base.fingerprint, tuned.fingerprint)),
         "dataset": asdict(dataset),
         "settings": {
@@ -97,7 +94,7 @@ def shift_part(
         "layer": layer,
         "probe_sha256": sha256_file(out / "probe" / "axis.safetensors"),
     }
-    write_json(out / MARKER, head, indent=1, allow_nan=False)
+    write_head(out, MARKER, FORMAT, shard, head)
     return out
 
 

@@ -38,7 +38,7 @@ from valueprobe.sharded import (
     read_head,
     reading,
     reread,
-    shard_dict,
+    write_head,
 )
 from valueprobe.steering.experiment.dose import SteerSweep, SweepRow
 from valueprobe.steering.experiment.prompting import NONE
@@ -72,15 +72,13 @@ class SweepPart:
     directions: tuple[str, ...]  # in the order the sweep steers them
     bootstrap: int  # the summary's resamples, used by the merge
 
-    def to_dict(self) -> dict:
-        return {
-            "format": FORMAT,
-            "version": 1,
-            "shard": shard_dict(self.shard),
+    def write(self, folder: Path) -> None:
+        body = {
             "fingerprint": self.fingerprint,
             "directions": list(self.directions),
             "bootstrap": self.bootstrap,
         }
+        write_head(folder, PART, FORMAT, self.shard, body)
 
     @classmethod
     def read(cls, path: Path) -> SweepPart:
@@ -132,7 +130,7 @@ def run_sweep_part(
     start_sweep(lm, out, settings, force=force)
     directions = sweep_directions(settings, other, lm.n_layers)
     names = tuple(name for name, _ in directions)
-    write_json(out / PART, SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1)
+    SweepPart(shard, lm.fingerprint, names, n_boot).write(out)
     size = settings.chunk_prompts
     blocks = sweep_blocks(len(examples), size, shard.examples(len(examples), block=size))
     sweep_rows(lm, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress)
