@@ -479,6 +479,35 @@ FAULTS: tuple[Fault, ...] = (
         'return ""',
         ("tests/test_attribute_run.py::test_replicate_writes_each_job_the_sections_and_the_agreement",),
     ),
+    # --- the parts protocol (valueprobe/sharded.py: every kind of part goes through it) -------------
+    Fault(
+        "a merge joins the parts in the order given, not in shard order",
+        "valueprobe/sharded.py",
+        "return kind.join(out, sorted(loaded, key=lambda p: p.shard.index))",
+        "return kind.join(out, loaded)",
+        ("tests/test_parts.py::test_merged_parts_equal_one_process_capture",),
+    ),
+    Fault(
+        "parts run with other settings merge",
+        "valueprobe/sharded.py",
+        "keys = [k for k in {**first.settings, **p.settings} if k not in skip]",
+        "keys = [k for k in {**first.settings, **p.settings} if k in skip]",
+        ("tests/test_score_parts.py::test_score_parts_that_do_not_belong_are_refused",),
+    ),
+    Fault(
+        "a part steered on another model merges",
+        "valueprobe/sharded.py",
+        "if p.model != first.model:",
+        "if p.model is None and first.model is not None:",
+        ("tests/test_sweep_parts.py::test_sweep_parts_that_do_not_belong_are_refused",),
+    ),
+    Fault(
+        "a merge reads the dataset again without checking its sha256",
+        "valueprobe/sharded.py",
+        "if path is None or not Path(path).is_file() or sha256_file(path) != sha256:",
+        "if path is None or not Path(path).is_file():",
+        ("tests/test_shift_parts.py::test_shift_parts_that_do_not_belong_are_refused",),
+    ),
 )
 
 # Imported once before forking; the children import valueprobe itself from the copy.

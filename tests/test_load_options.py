@@ -26,7 +26,6 @@ from test_shift import saved  # noqa: F401  (the module fixture: base, tuned, pr
 from test_steer_sweep import chats, tiny_axis
 
 import valueprobe.cli.app as cli_app
-import valueprobe.cli.capture_fit as cli_capture
 from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
@@ -243,7 +242,6 @@ def test_device_map_under_a_two_rank_torchrun_is_one_line(
         raise AssertionError("the ranks were reached with --device-map")
 
     monkeypatch.setattr(cli_app, "run_ranks", reached)
-    monkeypatch.setattr(cli_capture, "capture_ranks", reached)
     out = tmp_path / "o"
     argv = {
         "capture": ["capture", "--model", tiny_dir, "--data", str(prompts), "--out", str(out)],

@@ -17,10 +17,10 @@ from valueprobe.activations import parts as parts_module
 from valueprobe.activations import store as store_module
 from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.parts import merge_stores
-from valueprobe.activations.ranks import rank_device
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span, write_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.sharded import rank_device
 from valueprobe.vocab import ShardSpec
 
 CAPTURE = CaptureSettings(layers="all", positions="spans", batch_size=3, include_embed=True)
@@ -220,7 +220,7 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
 
 def test_merge_is_atomic(three_parts, tmp_path, monkeypatch):
     out = tmp_path / "merged"
-    real, copied = parts_module._link_or_copy, []
+    real, copied = parts_module.link_or_copy, []
 
     def dies_on_third(src, dst):
         copied.append(dst)
@@ -228,7 +228,7 @@ def test_merge_is_atomic(three_parts, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real(src, dst)
 
-    monkeypatch.setattr(parts_module, "_link_or_copy", dies_on_third)
+    monkeypatch.setattr(parts_module, "link_or_copy", dies_on_third)
     with pytest.raises(ValueprobeError, match="no space left"):
         merge_stores(out, three_parts)
     assert not out.exists() and not list(tmp_path.glob(".merged.tmp-*"))

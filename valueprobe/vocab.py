@@ -44,7 +44,6 @@ __all__ = [
     "Target",
     "Tokens",
     "Unit",
-    "check_split",
     "choice",
     "layer_out_of_range",
     "layer_ranges",
@@ -371,29 +370,3 @@ class ShardSpec:
         blocks = -(-n // block)
         lo, hi = self.index * blocks // self.count, (self.index + 1) * blocks // self.count
         return range(min(lo * block, n), min(hi * block, n))
-
-
-def check_split(parts: Sequence[tuple[object, ShardSpec]]) -> None:
-    """``parts`` ((name, shard) each) are the N shards of one split: the same N, each index once.
-
-    Raises:
-        ValueprobeError: one line naming the part of another split, a repeated shard or a missing one.
-    """
-    (first, spec), seen = parts[0], dict[int, object]()
-    for name, shard in parts:
-        if shard.count != spec.count:
-            raise ValueprobeError(
-                f"part {name} is shard {shard}, of another split than {first} (shard {spec}):"
-                " run every part with the same N in --shard I/N"
-            )
-        if shard.index in seen:
-            raise ValueprobeError(
-                f"parts {seen[shard.index]} and {name} are both shard {shard}: pass each shard once"
-            )
-        seen[shard.index] = name
-    missing = [i for i in range(spec.count) if i not in seen]
-    if missing:
-        raise ValueprobeError(
-            f"shard {missing[0]}/{spec.count} is missing: run it with --shard {missing[0]}/{spec.count}"
-            " and pass its folder too"
-        )

@@ -115,6 +115,13 @@ class StoreManifest:
             return name, a, b
         return None
 
+    def identity(self) -> tuple[dict[str, object], frozenset[str]]:
+        """The capture settings as the manifest spells them, and those it was written before
+        recording (they match any value): what the parts of one sharded capture share."""
+        body = self.to_dict()
+        unrecorded = frozenset(name for name in _RECORDED_LATER if body.get(name) is None)
+        return {name: body.get(name) for name in _SETTINGS if name != "part"}, unrecorded
+
     def to_dict(self) -> dict:
         """The ``manifest.json`` object (format, version, then the fields)."""
         body = asdict(self)

@@ -17,8 +17,6 @@ the ablation runs).
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,12 +26,15 @@ from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import summarize_run, write_result
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir
-from valueprobe.vocab import check_split
+from valueprobe.sharded import Part, PartKind, Words, link_or_copy, merge, new_folder, partial
 
-__all__ = ["merge_runs"]
+__all__ = ["ATTRIBUTION_PARTS", "merge_runs"]
 
 
-def _read_part(path: Path) -> RunFile:
+WORDS = Words("attribute", did="was run", source="was run on", result="run")
+
+
+def _read(path: Path) -> Part[RunFile]:
     if not (path / RUN).is_file():
         raise ValueprobeError(
             f"part {path} holds no {RUN}: pass the folders `valueprobe attribute --shard` wrote"
@@ -43,32 +44,35 @@ def _read_part(path: Path) -> RunFile:
         raise ValueprobeError(
             f"part {path} is a whole run, not a part of a sharded one (made without --shard)"
         )
+    part = Part(path, run.part, run, settings=run.identity, other=(("number of items", run.n_items),))
     if not run.complete:
-        raise ValueprobeError(
-            f"part {path} (shard {run.part}) is partial: {run.done - run.lo} of {run.hi - run.lo} items;"
-            f" rerun its `valueprobe attribute --shard {run.part}` to finish it"
-        )
-    return run
+        raise partial(part, WORDS, f"{run.done - run.lo} of {run.hi - run.lo} items")
+    return part
 
 
-def _check_together(paths: Sequence[Path], runs: Sequence[RunFile]) -> None:
-    first = runs[0]
-    for path, run in zip(paths, runs, strict=True):
-        keys = {**first.identity, **run.identity}
-        differ = next((k for k in keys if run.identity.get(k) != first.identity.get(k)), None)
-        if differ is not None or run.n_items != first.n_items:
-            what = f"{differ}={run.identity.get(differ)!r}" if differ else f"{run.n_items} items"
-            raise ValueprobeError(
-                f"part {path} was run with {what}, unlike {paths[0]}: run every part with the same options"
-            )
-    check_split([(path, run.part) for path, run in zip(paths, runs, strict=True) if run.part is not None])
+def _join(out: Path, parts: Sequence[Part[RunFile]]) -> Attribution:
+    """The parts' chunks linked in shard order into the folder one process writes, summarized."""
+    chunks: list[tuple[Path, Chunk]] = [(p.path / c.file, c) for p in parts for c in p.body.chunks]
+    first = parts[0].body
+    merged = RunFile(
+        first.identity, first.n_items, 0, first.n_items, None,
+        tuple(replace(c, file=f"items-{i:05d}.safetensors") for i, (_, c) in enumerate(chunks)),
+    )  # fmt: skip
+
+    done: list[Attribution] = []
+
+    def write(tmp: Path) -> None:
+        for (src, _), chunk in zip(chunks, merged.chunks, strict=True):
+            link_or_copy(src, tmp / chunk.file)
+        merged.write(tmp)
+        done.append(summarize_run(tmp, merged))
+        write_result(tmp, done[0])
+
+    atomic_write_dir(out, write)
+    return done[0]
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+ATTRIBUTION_PARTS = PartKind(RUN, WORDS, _read, new_folder, _join)
 
 
 def merge_runs(out: str | Path, parts: Sequence[str | Path]) -> Attribution:
@@ -78,28 +82,4 @@ def merge_runs(out: str | Path, parts: Sequence[str | Path]) -> Attribution:
         ValueprobeError: parts that do not belong together or are unfinished, or an ``out`` that is
             a part or holds something else.
     """
-    out, paths = Path(out), [Path(p) for p in parts]
-    if any(out.resolve() == p.resolve() for p in paths):
-        raise ValueprobeError(f"merge OUT {out} is one of its parts: write the merged run to a new folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueprobeError(f"merge OUT {out} exists and is not empty: choose a new folder")
-    runs = [_read_part(p) for p in paths]
-    _check_together(paths, runs)
-    ordered = sorted(zip(paths, runs, strict=True), key=lambda pr: pr[1].part.index if pr[1].part else 0)
-    chunks: list[tuple[Path, Chunk]] = [(path / c.file, c) for path, run in ordered for c in run.chunks]
-    merged = RunFile(
-        runs[0].identity, runs[0].n_items, 0, runs[0].n_items, None,
-        tuple(replace(c, file=f"items-{i:05d}.safetensors") for i, (_, c) in enumerate(chunks)),
-    )  # fmt: skip
-
-    done: list[Attribution] = []
-
-    def write(tmp: Path) -> None:
-        for (src, _), chunk in zip(chunks, merged.chunks, strict=True):
-            _link_or_copy(src, tmp / chunk.file)
-        merged.write(tmp)
-        done.append(summarize_run(tmp, merged))
-        write_result(tmp, done[0])
-
-    atomic_write_dir(out, write)
-    return done[0]
+    return merge(out, parts, ATTRIBUTION_PARTS)

@@ -18,13 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from valueprobe.activations.ranks import rank_device, run_ranks
 from valueprobe.cli.groups import OptionGroup
 from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_html
 from valueprobe.model.load import LoadedModel, check_device, load
 from valueprobe.probe.registry import resolve_name, shipped_axes
+from valueprobe.sharded import rank_device, run_ranks
 from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
 
@@ -250,7 +250,7 @@ def run_sharded(
     With ``--shard I/N``: ``work(out, shard, device)`` writes the part. Under torchrun (RANK and
     WORLD_SIZE > 1, no ``--shard``): ``work`` writes this rank's part (OUT.parts/part-R-of-N) on
     its own GPU, the ranks meet, and rank 0 runs ``merge(out, parts)``
-    (`valueprobe.activations.ranks.run_ranks`). Otherwise False: the caller runs the whole job.
+    (`valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job.
     """
     ranked = ShardSpec.from_env() if shard is None else None
     if ranked is not None:

@@ -8,7 +8,7 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +17,7 @@ import typer
 
 from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.activations.ranks import capture_ranks, rank_device
+from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     SHIPPED_DATA,
@@ -181,24 +181,6 @@ class CaptureOptions(OptionGroup):
         )
 
 
-def _capture_ranked(
-    out: Path,
-    shard: ShardSpec | None,
-    work: Callable[[Path, ShardSpec | None, str], ActivationStore],
-    device: str,
-) -> None:
-    """``work(out, shard)``; under torchrun (RANK/WORLD_SIZE, WORLD_SIZE > 1) ``work`` on this rank's
-    part (OUT.parts/part-RANK-of-N), then rank 0 merges the parts into ``out``. Every rank's failure,
-    from a bad option on, reaches rank 0, which names the rank."""
-    ranked = ShardSpec.from_env() if shard is None else None
-    if ranked is None:
-        print_store(out, work(out, shard, device))
-        return
-    merged = capture_ranks(out, ranked, lambda part_out: work(part_out, ranked, rank_device(device)))
-    if merged is not None:
-        print_store(out, merged)
-
-
 @app.command()
 @grouped
 def capture(
@@ -214,7 +196,7 @@ def capture(
     how = load.check()
     options = run
 
-    def work(store_out: Path, part: ShardSpec | None, device: str) -> ActivationStore:
+    def work(store_out: Path, part: ShardSpec | None, device: str) -> None:
         check_store_out(store_out)
         settings = options.settings()
         check_device(device)
@@ -222,7 +204,7 @@ def capture(
             examples := read_jsonl(data), settings.group_by
         )  # a --group-by linking nothing fails before the load
         lm = how.load(model, device=device)
-        return capture_to_store(
+        store = capture_to_store(
             lm,
             examples,
             store_out,
@@ -235,8 +217,11 @@ def capture(
             shard=part,
             progress=part is None or part.index == 0,
         )
+        if store_out == out:  # not a torchrun rank's part: rank 0 prints the merged store
+            print_store(store_out, store)
 
-    _capture_ranked(out, shard, work, how.device)
+    if not run_sharded(out, shard, how.device, work, print_merged_store):
+        work(out, None, how.device)
 
 
 @app.command()
@@ -445,6 +430,11 @@ def _print_history(history: ValueAxis) -> None:
             for k, v in history.metrics["evaluated_on"].items()
         ],
     )
+
+
+def print_merged_store(out: Path, parts: Sequence[Path]) -> None:
+    """Merge the parts of a sharded capture into the store ``out`` and print it."""
+    print_store(out, merge_stores(out, parts))
 
 
 def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:

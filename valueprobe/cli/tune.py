@@ -360,10 +360,7 @@ def _shift_work(
 
 def print_merged_shifts(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded shift into ``out`` (a new folder) and print its table."""
-    check_output_dir(out, holds="shift")
-    if out.exists():
-        raise ValueprobeError(f"merge OUT {out} already exists: write the merged shift to a new folder")
-    print_shift(merge_shifts(parts), out, overwrite=False, title="shift (merged)")
+    print_shift(merge_shifts(out, parts), out, overwrite=False, title="shift (merged)")
 
 
 def print_shift(res: ShiftResult, out: Path, *, overwrite: bool, title: str) -> None:

@@ -26,26 +26,27 @@ import torch
 from safetensors.torch import save_file
 
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import (
     atomic_write,
     atomic_write_dir,
     check_output_dir,
     mmap_safetensors,
-    write_json,
 )
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize_scores
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
-from valueprobe.vocab import ShardSpec, Tokens, check_split, choice
+from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
+from valueprobe.vocab import ShardSpec, Tokens, choice
 
-__all__ = ["ScorePart", "merge_scores", "score_part"]
+__all__ = ["SCORE_PARTS", "ScorePart", "merge_scores", "score_part"]
 
 FORMAT = "valueprobe.score.part"
 PART = "part.json"
 NULL = "null.safetensors"
+WORDS = Words("score", did="was scored", source="was scored on", result="scores")
 
 
 @dataclass(frozen=True)
@@ -72,37 +73,22 @@ class ScorePart:
             atomic_write(
                 out / NULL, lambda tmp: save_file({"mean_projection": means}, str(tmp), metadata=meta)
             )
-        head = {
-            "format": FORMAT,
-            "version": 1,
-            "shard": {"index": self.shard.index, "count": self.shard.count},
-            "dataset": asdict(self.dataset),
-            "fingerprint": self.fingerprint,
-            "settings": self.settings,
-            "probe": self.probe,
-        }
-        write_json(out / PART, head, indent=1, allow_nan=False)
+        head = {"dataset": asdict(self.dataset), "fingerprint": self.fingerprint, "settings": self.settings}
+        write_head(out, PART, FORMAT, self.shard, {**head, "probe": self.probe})
         return out
 
     @classmethod
     def read(cls, path: str | Path) -> ScorePart:
         """A part folder again; one error line naming it if it is not one."""
         path = Path(path)
-        try:
-            head = json.loads((path / PART).read_text(encoding="utf-8"))
-            if head.get("format") != FORMAT:
-                raise ValueError(f"format {head.get('format')!r}")
-            shard = ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
+        with reading(path, PART, WORDS):
+            head, shard = read_head(path, PART, FORMAT)
             dataset = DatasetInfo(**head["dataset"])
             random = None
             if head["settings"]["null"]:
                 arrays, meta = mmap_safetensors(path / NULL)
                 means = np.array(arrays["mean_projection"])
                 random = dict(zip(json.loads(meta["ids"]), means, strict=True))
-        except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
-            raise ValueprobeError(
-                f"part {path} is not a readable score part ({PART}: {exc}); rerun its `valueprobe score --shard`"
-            ) from None
         records = tuple(read_scores_csv(path / "scores.csv"))
         return cls(shard, dataset, head["fingerprint"], head["settings"], head["probe"], records, random)
 
@@ -144,42 +130,43 @@ def score_part(
     )
 
 
-def _check_together(paths: Sequence[Path], parts: Sequence[ScorePart]) -> None:
-    """Every part scored the first part's dataset, with its model, probe and settings."""
-    first, ref = parts[0], paths[0]
-    for path, p in zip(paths, parts, strict=True):
-        for what, have, want in (
-            ("model (fingerprint)", p.fingerprint, first.fingerprint),
-            ("probe", p.probe, first.probe),
-            (
-                "dataset (sha256, examples)",
-                (p.dataset.sha256, p.dataset.n_examples),
-                (first.dataset.sha256, first.dataset.n_examples),
-            ),
-        ):
-            if have != want:
-                raise ValueprobeError(
-                    f"part {path} was scored with another {what} than {ref}: score every part alike"
-                )
-        if (
-            differ := next((k for k in first.settings if p.settings.get(k) != first.settings[k]), None)
-        ) is not None:
-            raise ValueprobeError(
-                f"part {path} was scored with {differ}={p.settings.get(differ)!r}, not"
-                f" {first.settings[differ]!r} as {ref}: score every part alike"
-            )
-    check_split([(path, p.shard) for path, p in zip(paths, parts, strict=True)])
+def _read(path: Path) -> Part[ScorePart]:
+    p = ScorePart.read(path)
+    d = p.dataset
+    return Part(
+        path, p.shard, p, model=p.fingerprint, dataset=(d.path, d.sha256, d.n_examples), settings=p.settings,
+        other=(("probe", p.probe),),
+    )  # fmt: skip
 
 
-def _dataset(part: ScorePart, where: Path) -> list[Example]:
-    """The scored dataset again (the groups' ``meta.pair`` links), checked against its sha256."""
-    path = part.dataset.path
-    if path is None or not Path(path).is_file() or sha256_file(path) != part.dataset.sha256:
+def _check_out(out: Path) -> None:
+    check_output_dir(out, holds="scores")
+    if (out / PART).exists():
+        raise ValueprobeError(f"merge OUT {out} is a part: write the merged scores to a new folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "scores.csv").exists():
+        raise ValueprobeError(f"merge OUT {out} exists and holds other files: choose an empty or new folder")
+
+
+def _join(out: Path, parts: Sequence[Part[ScorePart]]) -> ScoreResult:
+    """The rows in shard order, and the summary one process computes from them."""
+    first = parts[0].body
+    examples = reread(parts[0].path, first.dataset.path, first.dataset.sha256, WORDS)
+    records = [r for p in parts for r in p.body.records]
+    if [r["id"] for r in records] != [e.id for e in examples]:
         raise ValueprobeError(
-            f"part {where} was scored on {path} (sha256 {str(part.dataset.sha256)[:12]}), which is not"
-            " there or has changed: merge where that file is, from the folder the score ran in"
+            f"the parts' rows are not the examples of {first.dataset.path}: score every part again"
         )
-    return read_jsonl(path)
+    random = None if first.random is None else {k: v for p in parts for k, v in (p.body.random or {}).items()}
+    s = first.settings
+    res = summarize_scores(
+        first.probe, records, examples, layer=s["layer"], tokens=Tokens(s["tokens"]), bootstrap=s["bootstrap"],
+        seed=s["seed"], random=random,
+    )  # fmt: skip
+    atomic_write_dir(out, res.write)
+    return res
+
+
+SCORE_PARTS = PartKind("scores.csv", WORDS, _read, _check_out, _join)
 
 
 def merge_scores(out: str | Path, parts: Sequence[str | Path]) -> ScoreResult:
@@ -188,34 +175,4 @@ def merge_scores(out: str | Path, parts: Sequence[str | Path]) -> ScoreResult:
     Raises:
         ValueprobeError: parts that do not belong together, or the dataset gone or changed.
     """
-    out, paths = check_output_dir(out, holds="scores"), [Path(p) for p in parts]
-    if any(out.resolve() == p.resolve() for p in paths) or (out / PART).exists():
-        raise ValueprobeError(f"merge OUT {out} is a part: write the merged scores to a new folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "scores.csv").exists():
-        raise ValueprobeError(f"merge OUT {out} exists and holds other files: choose an empty or new folder")
-    loaded = [ScorePart.read(p) for p in paths]
-    _check_together(paths, loaded)
-    order = sorted(range(len(loaded)), key=lambda i: loaded[i].shard.index)
-    first = loaded[order[0]]
-    examples = _dataset(first, paths[order[0]])
-    records = [r for i in order for r in loaded[i].records]
-    if [r["id"] for r in records] != [e.id for e in examples]:
-        raise ValueprobeError(
-            f"the parts' rows are not the examples of {first.dataset.path}: score every part again"
-        )
-    random = (
-        None if first.random is None else {k: v for i in order for k, v in (loaded[i].random or {}).items()}
-    )
-    s = first.settings
-    res = summarize_scores(
-        first.probe,
-        records,
-        examples,
-        layer=s["layer"],
-        tokens=Tokens(s["tokens"]),
-        bootstrap=s["bootstrap"],
-        seed=s["seed"],
-        random=random,
-    )
-    atomic_write_dir(out, res.write)
-    return res
+    return merge(out, parts, SCORE_PARTS)

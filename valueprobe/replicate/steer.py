@@ -27,13 +27,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from valueprobe.activations.ranks import part_dir
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.replicate.steer_eval import evaluate_steering
+from valueprobe.sharded import part_dir
 from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import conditions_path
 from valueprobe.steering.experiment.sweep import SweepSettings, run_sweep

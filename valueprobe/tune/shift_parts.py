@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +26,12 @@ import torch
 from safetensors.torch import save_file
 
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, mmap_safetensors, write_json
+from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
 from valueprobe.tune.shift import (
     Models,
     ShiftResult,
@@ -40,13 +41,14 @@ from valueprobe.tune.shift import (
     read_both,
     shift_of_reads,
 )
-from valueprobe.vocab import Positions, ShardSpec, check_split
+from valueprobe.vocab import Positions, ShardSpec
 
-__all__ = ["MARKER", "merge_shifts", "shift_part"]
+__all__ = ["MARKER", "SHIFT_PARTS", "merge_shifts", "shift_part"]
 
 MARKER = "shift-part.json"
 READS = "reads.safetensors"
 FORMAT = "valueprobe.shift.part"
+WORDS = Words("shift", did="ran", source="read", result="shift")
 
 
 def shift_part(
@@ -82,9 +84,6 @@ def shift_part(
     meta = {"ids": json.dumps([examples[i].id for i in todo])}
     atomic_write(out / READS, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
     head = {
-        "format": FORMAT,
-        "version": 1,
-        "shard": {"index": shard.index, "count": shard.count},
         "models": asdict(Models(base.model_id, tuned.model_id, base.fingerprint, tuned.fingerprint)),
         "dataset": asdict(dataset),
         "settings": {
@@ -95,94 +94,66 @@ def shift_part(
         "layer": layer,
         "probe_sha256": sha256_file(out / "probe" / "axis.safetensors"),
     }
-    write_json(out / MARKER, head, indent=1, allow_nan=False)
+    write_head(out, MARKER, FORMAT, shard, head)
     return out
 
 
-@dataclass(frozen=True)
-class _Part:
-    path: Path
-    shard: ShardSpec
-    head: dict
-
-    @classmethod
-    def read(cls, path: Path) -> _Part:
-        try:
-            head = json.loads((path / MARKER).read_text(encoding="utf-8"))
-            if head.get("format") != FORMAT:
-                raise ValueError(f"format {head.get('format')!r}")
-            shard = ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
-            if not (path / READS).is_file():
-                raise ValueError(f"no {READS}")
-        except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
-            raise ValueprobeError(
-                f"part {path} is not a readable shift part ({MARKER}: {exc}); rerun its `valueprobe shift --shard`"
-            ) from None
-        return cls(path, shard, head)
+def _read(path: Path) -> Part[dict]:
+    with reading(path, MARKER, WORDS):
+        head, shard = read_head(path, MARKER, FORMAT)
+        if not (path / READS).is_file():
+            raise ValueError(f"no {READS}")
+        d, models = head["dataset"], head["models"]
+        model = f"{models['base_fingerprint']} → {models['tuned_fingerprint']}"
+        dataset = (d["path"], d["sha256"], d["n_examples"])
+    return Part(
+        path, shard, head, model=model, dataset=dataset, settings=head["settings"],
+        other=(("models", models), ("probe", head["probe_sha256"]), ("dataset path", d["path"]),
+               ("headline layer", head["layer"])),
+    )  # fmt: skip
 
 
-def _check_together(parts: Sequence[_Part]) -> None:
-    """Every part read the first part's dataset with its models, probe and settings; each shard once."""
+def _check_out(out: Path) -> None:
+    check_output_dir(out, holds="shift")
+    if out.exists():  # `ShiftResult.write` writes a new folder only (no --overwrite on merge)
+        raise ValueprobeError(f"merge OUT {out} already exists: write the merged shift to a new folder")
+
+
+def _join(out: Path, parts: Sequence[Part[dict]]) -> ShiftResult:
+    """The shift one process computes (its command writes it whole, with its figure)."""
     first = parts[0]
-    for p in parts:
-        for key, what in (
-            ("models", "models (ids, fingerprints)"),
-            ("probe_sha256", "probe"),
-            ("dataset", "dataset (path, sha256, examples)"),
-            ("layer", "headline layer"),
-        ):
-            if p.head[key] != first.head[key]:
-                raise ValueprobeError(
-                    f"part {p.path} read another {what} than {first.path}: run every part alike"
-                )
-        mine, want = p.head["settings"], first.head["settings"]
-        if (differ := next((k for k in want if mine.get(k) != want[k]), None)) is not None:
-            raise ValueprobeError(
-                f"part {p.path} ran with {differ}={mine.get(differ)!r}, not {want[differ]!r} as {first.path}:"
-                " run every part alike"
-            )
-    check_split([(p.path, p.shard) for p in parts])
-
-
-def _examples(first: _Part) -> list[Example]:
-    d, by = DatasetInfo(**first.head["dataset"]), first.head["settings"]["by"]
-    if d.path is None or not Path(d.path).is_file() or sha256_file(d.path) != d.sha256:
-        raise ValueprobeError(
-            f"part {first.path} read {d.path} (sha256 {str(d.sha256)[:12]}), which is not there or has changed:"
-            " merge where that file is, from the folder the shift ran in"
-        )
-    return group_by(read_jsonl(d.path), by)
-
-
-def merge_shifts(parts: Sequence[str | Path]) -> ShiftResult:
-    """The shift one process computes, from the N parts of a sharded one (in any order).
-
-    Raises:
-        ValueprobeError: parts that do not belong together, or the dataset gone or changed.
-    """
-    loaded = sorted((_Part.read(Path(p)) for p in parts), key=lambda p: p.shard.index)
-    _check_together(loaded)
-    first = loaded[0]
-    examples = _examples(first)
+    d = first.body["dataset"]
+    examples = group_by(reread(first.path, d["path"], d["sha256"], WORDS), first.body["settings"]["by"])
     reads: dict[str, list[np.ndarray]] = {}
     ids: list[str] = []
-    for p in loaded:
+    for p in parts:
         arrays, meta = mmap_safetensors(p.path / READS)
         ids += json.loads(meta["ids"])
         for name, a in arrays.items():
             reads.setdefault(name, []).append(np.array(a))
     if ids != [ex.id for ex in examples]:
-        raise ValueprobeError(
-            f"the parts' examples are not those of {first.head['dataset']['path']}: run every part again"
-        )
+        raise ValueprobeError(f"the parts' examples are not those of {d['path']}: run every part again")
     h = {
         kind: {int(k.split(".")[1]): np.concatenate(v) for k, v in reads.items() if k.startswith(kind + ".")}
         for kind in ("base", "tuned")
     }
-    s = first.head["settings"]
+    s = first.body["settings"]
     settings = ShiftSettings(
         tokens=s["tokens"], targeted=tuple(s["targeted"]), contrast=s["contrast"], n_random=s["n_random"],
         refit=s["refit"], n_boot=s["n_boot"], seed=s["seed"],
     )  # fmt: skip
-    axis, models = ValueAxis.load(first.path / "probe"), Models(**first.head["models"])
-    return shift_of_reads(axis, models, examples, int(first.head["layer"]), h["base"], h["tuned"], settings)
+    axis, models = ValueAxis.load(first.path / "probe"), Models(**first.body["models"])
+    return shift_of_reads(axis, models, examples, int(first.body["layer"]), h["base"], h["tuned"], settings)
+
+
+SHIFT_PARTS = PartKind(MARKER, WORDS, _read, _check_out, _join)
+
+
+def merge_shifts(out: str | Path, parts: Sequence[str | Path]) -> ShiftResult:
+    """The shift one process computes, from the N parts of a sharded one (in any order), for ``out``
+    (a new folder; the caller writes it, `ShiftResult.write`).
+
+    Raises:
+        ValueprobeError: parts that do not belong together, or the dataset gone or changed.
+    """
+    return merge(out, parts, SHIFT_PARTS)

@@ -22,12 +22,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, write_json
 from valueprobe.model.fingerprint import Fingerprint
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.sharded import (
+    Part,
+    PartKind,
+    Words,
+    merge,
+    new_folder,
+    partial,
+    read_head,
+    reading,
+    reread,
+    write_head,
+)
 from valueprobe.steering.experiment.dose import SteerSweep, SweepRow
 from valueprobe.steering.experiment.prompting import NONE
 from valueprobe.steering.experiment.sweep import (
@@ -43,11 +55,12 @@ from valueprobe.steering.experiment.sweep import (
     sweep_directions,
     sweep_rows,
 )
-from valueprobe.vocab import ShardSpec, check_split
+from valueprobe.vocab import ShardSpec
 
-__all__ = ["SweepPart", "check_part_out", "merge_sweeps", "run_sweep_part"]
+__all__ = ["SWEEP_PARTS", "SweepPart", "check_part_out", "merge_sweeps", "run_sweep_part"]
 
 FORMAT = "valueprobe.steer.part"
+WORDS = Words("steer", did="was steered", source="was steered on", result="sweep")
 
 
 @dataclass(frozen=True)
@@ -59,33 +72,22 @@ class SweepPart:
     directions: tuple[str, ...]  # in the order the sweep steers them
     bootstrap: int  # the summary's resamples, used by the merge
 
-    def to_dict(self) -> dict:
-        return {
-            "format": FORMAT,
-            "version": 1,
-            "shard": {"index": self.shard.index, "count": self.shard.count},
+    def write(self, folder: Path) -> None:
+        body = {
             "fingerprint": self.fingerprint,
             "directions": list(self.directions),
             "bootstrap": self.bootstrap,
         }
+        write_head(folder, PART, FORMAT, self.shard, body)
 
     @classmethod
     def read(cls, path: Path) -> SweepPart:
         """``path/part.json`` again; one error line naming the part if it is not one."""
-        try:
-            head = json.loads((path / PART).read_text(encoding="utf-8"))
-            if head.get("format") != FORMAT:
-                raise ValueError(f"format {head.get('format')!r}")
-            shard = ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
+        with reading(path, PART, WORDS):
+            head, shard = read_head(path, PART, FORMAT)
             Fingerprint.parse(str(head["fingerprint"]))
-            part = cls(
-                shard, str(head["fingerprint"]), tuple(map(str, head["directions"])), int(head["bootstrap"])
-            )
-        except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
-            raise ValueprobeError(
-                f"part {path} is not a readable steering part ({PART}: {exc}); rerun its `valueprobe steer --shard`"
-            ) from None
-        return part
+            directions, bootstrap = tuple(map(str, head["directions"])), int(head["bootstrap"])
+        return cls(shard, str(head["fingerprint"]), directions, bootstrap)
 
 
 def check_part_out(out: Path, shard: ShardSpec) -> None:
@@ -128,7 +130,7 @@ def run_sweep_part(
     start_sweep(lm, out, settings, force=force)
     directions = sweep_directions(settings, other, lm.n_layers)
     names = tuple(name for name, _ in directions)
-    write_json(out / PART, SweepPart(shard, lm.fingerprint, names, n_boot).to_dict(), indent=1)
+    SweepPart(shard, lm.fingerprint, names, n_boot).write(out)
     size = settings.chunk_prompts
     blocks = sweep_blocks(len(examples), size, shard.examples(len(examples), block=size))
     sweep_rows(lm, examples, out, settings, directions, blocks, batch_size=batch_size, progress=progress)
@@ -137,76 +139,41 @@ def run_sweep_part(
 
 @dataclass(frozen=True)
 class _Loaded:
-    path: Path
     part: SweepPart
     settings: SweepSettings
     lines: tuple[tuple[SweepRow, str], ...]  # each row with its line as written (merged byte for byte)
 
 
-def _load(path: Path) -> _Loaded:
+def _read(path: Path) -> Part[_Loaded]:
     part = SweepPart.read(path)
-    try:
+    with reading(path, f"{SETTINGS}, {GENERATIONS}", WORDS):
         settings = SweepSettings.from_dict(json.loads((path / SETTINGS).read_text(encoding="utf-8")))
         read_rows(path / GENERATIONS)  # drops a line cut by an interruption
         text = (path / GENERATIONS).read_text(encoding="utf-8") if (path / GENERATIONS).is_file() else ""
         lines = tuple((SweepRow.from_dict(json.loads(line)), line) for line in text.splitlines() if line)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueprobeError(
-            f"part {path} (shard {part.shard}) does not read back ({exc}); rerun its `valueprobe steer --shard {part.shard}`"
-        ) from None
-    return _Loaded(path, part, settings, lines)
+    return Part(
+        path, part.shard, _Loaded(part, settings, lines), model=part.fingerprint, settings=settings.to_dict(),
+        other=(("directions", part.directions), ("--bootstrap", part.bootstrap)),
+    )  # fmt: skip
 
 
-def _check_together(loaded: Sequence[_Loaded]) -> None:
-    """Every part from the first part's model, directions and settings; each shard 0..N-1 once."""
-    first = loaded[0]
-    want = first.settings.to_dict()
-    for p in loaded:
-        if p.part.fingerprint != first.part.fingerprint:
-            raise ValueprobeError(
-                f"part {p.path} was steered on another model (fingerprint {p.part.fingerprint}, not"
-                f" {first.part.fingerprint} as {first.path}): steer every part with the same --model"
-            )
-        have = p.settings.to_dict()
-        if (key := next((k for k in {**want, **have} if have.get(k) != want.get(k)), None)) is not None:
-            raise ValueprobeError(
-                f"part {p.path} was steered with {key}={have.get(key)!r}, not {want.get(key)!r} as"
-                f" {first.path}: steer every part alike"
-            )
-        for what, a, b in (
-            ("directions", p.part.directions, first.part.directions),
-            ("--bootstrap", p.part.bootstrap, first.part.bootstrap),
-        ):
-            if a != b:
-                raise ValueprobeError(
-                    f"part {p.path} has other {what} than {first.path}: steer every part alike"
-                )
-    check_split([(p.path, p.part.shard) for p in loaded])
-
-
-def _prompts(first: _Loaded) -> list[Example]:
+def _prompts(first: Part[_Loaded]) -> list[Example]:
     """The sweep's prompts again (groups for the summary, ids for the order), checked by sha256."""
-    s = first.settings
-    path = Path(s.prompts)
-    if not path.is_file() or sha256_file(path) != s.prompts_sha256:
-        raise ValueprobeError(
-            f"part {first.path} was steered on {path} (sha256 {s.prompts_sha256[:12]}), which is not there"
-            " or has changed: merge where that file is, from the folder the sweep ran in"
-        )
-    examples = read_jsonl(path)
+    s = first.body.settings
+    examples = reread(first.path, s.prompts, s.prompts_sha256, WORDS)
     return examples[: s.limit] if s.limit else examples
 
 
-def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[str]:
+def _in_order(loaded: Sequence[Part[_Loaded]], examples: Sequence[Example]) -> list[str]:
     """Every part's lines in one process's order, after checking each part holds exactly its rows."""
-    s, names = loaded[0].settings, loaded[0].part.directions
+    s, names = loaded[0].body.settings, loaded[0].body.part.directions
     prompt = {ex.id: i for i, ex in enumerate(examples)}
     alpha = {float(a): i for i, a in enumerate(s.alphas)}
     direction = {name: i for i, name in enumerate(names)}
     condition = {c: i for i, c in enumerate((NONE, *s.conditions))}
     keyed: list[tuple[tuple[int, int, int, int, int], str]] = []
     for p in loaded:
-        todo = p.part.shard.examples(len(examples), block=s.chunk_prompts)
+        todo = p.shard.examples(len(examples), block=s.chunk_prompts)
         want = {
             (examples[i].id, float(a), d, k, c)
             for i in todo
@@ -215,12 +182,10 @@ def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[st
             for k in range(s.samples)
             for c in condition
         }
-        have = {row.key() for row, _ in p.lines}
-        if have != want or len(p.lines) != len(want):
-            raise ValueprobeError(
-                f"part {p.path} (shard {p.part.shard}) is partial or holds other rows: {len(have & want)} of"
-                f" {len(want)} rows; rerun its `valueprobe steer --shard {p.part.shard}` to finish it"
-            )
+        have = {row.key() for row, _ in p.body.lines}
+        if have != want or len(p.body.lines) != len(want):
+            other = "" if have <= want else ", and rows not its own"
+            raise partial(p, WORDS, f"{len(have & want)} of its {len(want)} rows{other}")
         keyed += [
             (
                 (
@@ -232,9 +197,33 @@ def _in_order(loaded: Sequence[_Loaded], examples: Sequence[Example]) -> list[st
                 ),
                 line,
             )
-            for r, line in p.lines
+            for r, line in p.body.lines
         ]
     return [line for _, line in sorted(keyed, key=lambda kl: kl[0])]
+
+
+def _check_out(out: Path) -> None:
+    if (out / PART).exists():
+        raise ValueprobeError(f"merge OUT {out} is a part: write the merged sweep to a new folder")
+    new_folder(out)
+
+
+def _join(out: Path, parts: Sequence[Part[_Loaded]]) -> SteerSweep:
+    first = parts[0].body
+    examples = _prompts(parts[0])
+    lines = _in_order(parts, examples)
+    got: list[SteerSweep] = []
+
+    def write(tmp: Path) -> None:
+        write_json(tmp / SETTINGS, first.settings.to_dict())
+        (tmp / GENERATIONS).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        got.append(summarize_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
+
+    atomic_write_dir(out, write)
+    return got[0]
+
+
+SWEEP_PARTS = PartKind(GENERATIONS, WORDS, _read, _check_out, _join)
 
 
 def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
@@ -246,22 +235,4 @@ def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
         ValueprobeError: parts that do not belong together, a partial part, the prompts file gone
             or changed, or an ``out`` that is a part or holds something else.
     """
-    out, paths = Path(out), [Path(p) for p in parts]
-    if any(out.resolve() == p.resolve() for p in paths) or (out / PART).exists():
-        raise ValueprobeError(f"merge OUT {out} is a part: write the merged sweep to a new folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueprobeError(f"merge OUT {out} exists and is not an empty folder: choose a new folder")
-    loaded = [_load(p) for p in paths]
-    _check_together(loaded)
-    first = loaded[0]
-    examples = _prompts(first)
-    lines = _in_order(loaded, examples)
-    got: list[SteerSweep] = []
-
-    def write(tmp: Path) -> None:
-        write_json(tmp / SETTINGS, first.settings.to_dict())
-        (tmp / GENERATIONS).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        got.append(summarize_sweep(tmp, first.settings, examples, n_boot=first.part.bootstrap))
-
-    atomic_write_dir(out, write)
-    return got[0]
+    return merge(out, parts, SWEEP_PARTS)
