@@ -97,6 +97,27 @@ def test_each_clashing_name_means_one_thing():
     )
 
 
+def _command_functions() -> list[tuple[str, str]]:
+    """(module, function) of every function a typer app registers as a command (``@x.command(...)``)."""
+    found = []
+    for rel, tree in _modules():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any(
+                isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
+                for d in node.decorator_list
+            ):
+                found.append((str(rel), node.name))
+    return found
+
+
+def test_a_cli_command_is_named_for_its_role():
+    # `capture`, `fit`, `score`, `tune`, ... were also library functions (vp.capture): a command's
+    # function says it is one, so a name in cli/ never shadows the API it calls
+    commands = _command_functions()
+    assert len(commands) >= 20, commands  # the rule sees the decorators
+    assert [c for c in commands if not c[1].endswith("_command")] == []
+
+
 # Every JSON and HTML file goes through valueprobe/files.py's write_json / write_html (atomic: temp
 # then rename). What counts as a raw write, outside files.py:
 # - any `json.dump(...)` call, and any `.write_html(...)` call (plotly's writer);

@@ -189,9 +189,9 @@ class AttributionOptions(OptionGroup):
         )  # fmt: skip
 
 
-@app.command()
+@app.command("attribute")
 @grouped
-def attribute(
+def attribute_command(
     probe: ProbeOpt,
     data: DataOpt,
     out: OutOpt,

@@ -181,9 +181,9 @@ class CaptureOptions(OptionGroup):
         )
 
 
-@app.command()
+@app.command("capture")
 @grouped
-def capture(
+def capture_command(
     data: Annotated[Path, data_option("dataset, one example per line (format: valueprobe/datasets/io.py)")],
     out: Annotated[Path, typer.Option(help="store folder; rerun the same command to resume")],
     model: ModelOpt = "smollm2-135m",
@@ -224,8 +224,8 @@ def capture(
         work(out, None, how.device)
 
 
-@app.command()
-def fit(
+@app.command("fit")
+def fit_command(
     store: Annotated[
         list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
     ],
@@ -309,9 +309,9 @@ class ScoreOptions(OptionGroup):
         return ScoreSettings(**{f.name: getattr(self, f.name) for f in fields(ScoreSettings)})
 
 
-@app.command()
+@app.command("score")
 @grouped
-def score(
+def score_command(
     probe: Annotated[Path, probe_option("the axis read")],
     data: Annotated[Path, data_option("the examples scored")],
     out: Annotated[Path, typer.Option(help="output folder: scores.csv, summary.json")],
@@ -347,7 +347,7 @@ def score(
 
 @replicate_app.command("axis")
 @grouped
-def replicate_axis(
+def replicate_axis_command(
     out: Annotated[Path, typer.Option(help="probe folder to write")] = Path("runs/replicate-axis"),
     model: ModelOpt = "smollm2-135m",
     data: Annotated[Path, data_dir_option("folder with the contrast datasets")] = SHIPPED_DATA,

@@ -2,7 +2,7 @@
 
     @app.command("trace")
     @grouped
-    def trace_cmd(prompt: ..., steering: SpecOptions = SpecOptions(), load: LoadOptions = LoadOptions()):
+    def trace_command(prompt: ..., steering: SpecOptions = SpecOptions(), load: LoadOptions = LoadOptions()):
         spec = steering.spec().check()        # before the model loads
         lm = load.check().load(model)
 

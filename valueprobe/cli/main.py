@@ -56,8 +56,8 @@ from valueprobe.replicate.demo import run_demo
 from valueprobe.report.page import SECTIONS, load_results, write_report
 
 
-@app.command()
-def demo(
+@app.command("demo")
+def demo_command(
     out: Annotated[Path, typer.Option(help="output folder (rerun to reuse finished stages)")] = Path(
         "runs/demo"
     ),
@@ -86,7 +86,7 @@ def demo(
 
 
 @datasets_app.command("build")
-def datasets_build(
+def datasets_build_command(
     out: Annotated[Path, typer.Option(help="output folder, e.g. data")],
     family: Annotated[
         str,
@@ -120,8 +120,8 @@ def _results_folder(text: str | Path) -> Path:
     return resolve_name(str(text))
 
 
-@app.command()
-def report(
+@app.command("report")
+def report_command(
     from_: Annotated[
         Path,
         typer.Option(

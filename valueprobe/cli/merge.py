@@ -40,8 +40,8 @@ MERGERS: dict[PartKind[Any, Any], Callable[[Path, Sequence[Path]], None]] = {
 }
 
 
-@app.command()
-def merge(
+@app.command("merge")
+def merge_command(
     out: Annotated[Path, typer.Argument(help="folder for the merged result (written whole, then renamed)")],
     parts: Annotated[list[Path], typer.Argument(help="the N part folders, in any order")],
 ) -> None:

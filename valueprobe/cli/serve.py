@@ -39,7 +39,7 @@ from valueprobe.serve.engine import ServeOptions
 if TYPE_CHECKING:
     from valueprobe.serve.engine import Engine
 
-__all__ = ["ENGINES", "serve_cmd"]
+__all__ = ["ENGINES", "serve_command"]
 
 
 def _need(module: str, install: str, what: str) -> None:
@@ -109,7 +109,7 @@ ENGINES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[[ServeOptions], E
 
 @app.command("serve")
 @grouped
-def serve_cmd(
+def serve_command(
     model: ModelOpt = "smollm2-135m",
     engine: Annotated[str, typer.Option(help="hf (transformers, batched per-row α) or vllm")] = "hf",
     host: Annotated[

@@ -21,12 +21,12 @@ from valueprobe.files import check_output_dir
 from valueprobe.steering.experiment.trace import value_trace, write_trace
 from valueprobe.vocab import parse_layers
 
-__all__ = ["trace_cmd"]
+__all__ = ["trace_command"]
 
 
 @app.command("trace")
 @grouped
-def trace_cmd(
+def trace_command(
     prompt: Annotated[str, typer.Option(help="the text to read (sent as a user turn with --chat)")],
     out: Annotated[Path, typer.Option(help="output folder: trace.html, trace.csv")],
     model: ModelOpt = "smollm2-135m",

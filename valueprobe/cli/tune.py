@@ -52,7 +52,13 @@ from valueprobe.tune.shift_parts import merge_shifts, shift_part
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
 from valueprobe.vocab import LayerSelection, Positions, ShardSpec
 
-__all__ = ["replicate_dpo_words", "replicate_safety", "tune"]
+__all__ = [
+    "print_merged_shifts",
+    "replicate_dpo_words_command",
+    "replicate_safety_command",
+    "shift_command",
+    "tune_command",
+]
 
 R = TypeVar("R")
 
@@ -88,7 +94,7 @@ class TrainOptions(OptionGroup):
 
 @app.command("tune")
 @grouped
-def tune(
+def tune_command(
     method: Annotated[
         TuneMethod,
         typer.Argument(help="dpo: TRL's DPOTrainer (sigmoid loss) | sft: SFTTrainer on prompt + chosen"),
@@ -175,7 +181,7 @@ def _replicate(run: Callable[..., R], inputs: _Inputs, **options: object) -> R:
 
 
 @replicate_app.command("dpo-words")
-def replicate_dpo_words(
+def replicate_dpo_words_command(
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-dpo-words"),
     model: ModelOpt = "smollm2-135m",
     probes: ShippedAxes = SHIPPED,
@@ -210,7 +216,7 @@ def replicate_dpo_words(
 
 
 @replicate_app.command("safety")
-def replicate_safety(
+def replicate_safety_command(
     out: Annotated[Path, typer.Option(help="results folder")] = Path("runs/replicate-safety"),
     model: ModelOpt = "smollm2-135m",
     probes: ShippedAxes = SHIPPED,
@@ -296,7 +302,7 @@ class ShiftOptions(OptionGroup):
 
 @app.command("shift")
 @grouped
-def shift_cmd(
+def shift_command(
     probe: Annotated[Path, probe_option("the base model's axis")],
     base: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
     tuned: Annotated[str, typer.Option(help="tuned descendant: checkpoint folder (adapter or merged)")],
