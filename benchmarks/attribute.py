@@ -28,7 +28,7 @@ from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.encode import encode
 from valueprobe.attribute.agreement import agreement
 from valueprobe.attribute.direct import Projector, direct_rows
-from valueprobe.attribute.run import AttributeSettings, Source, run_attribution
+from valueprobe.attribute.run import AttributeSettings, Provenance, run_attribution
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
@@ -73,7 +73,7 @@ def agreement_here(lm, axis, examples, args) -> dict:
         limit=args.agree,
         resid_layers="none",
     )
-    src = Source("probes/smollm2-135m-reward-history", "", ())
+    src = Provenance("probes/smollm2-135m-reward-history", "", ())
     got = {}
     for method in ("patch", "attrib-patch"):
         s = AttributeSettings(**{**settings.__dict__, "method": method})

@@ -22,7 +22,7 @@ from valueprobe.attribute.components import Component, direct_terms, patchable
 from valueprobe.attribute.contrast import Classes
 from valueprobe.attribute.direct import Projector, direct_rows
 from valueprobe.attribute.gradient import attrib_pair
-from valueprobe.attribute.pairs import read_pairs
+from valueprobe.attribute.pairs import read_patch_pairs
 from valueprobe.attribute.patching import PatchPlan, pair_runs, patch_pair
 from valueprobe.attribute.readout import Readout
 from valueprobe.datasets.io import Example, Span
@@ -185,7 +185,7 @@ def _whole_sequence(lm, read, pair, point, *, cols=None, pos=None) -> torch.Tens
 def test_exact_patching_equals_patching_the_whole_sequence(tiny_lm_factory, arch):
     lm = tiny_lm_factory(arch)
     read = _read(lm, 1, behaviour=True)
-    (pair,) = read_pairs(lm, pair_examples(1), positions="spans", span_labels=["post"])
+    (pair,) = read_patch_pairs(lm, pair_examples(1), positions="spans", span_labels=["post"])
     assert 0 < pair.first_diff < pair.n_tokens
     plan = PatchPlan.of(lm, layer=1, resid_layers=[0, 1])
     runs = pair_runs(lm, read, pair, plan)
@@ -220,7 +220,7 @@ def test_exact_patching_equals_patching_the_whole_sequence(tiny_lm_factory, arch
 def test_attribution_patching_is_exact_where_the_read_is_linear_and_ranks_like_exact(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     read = _read(lm, 1, behaviour=False)
-    pairs = read_pairs(lm, pair_examples(2), positions="spans", span_labels=["post"])
+    pairs = read_patch_pairs(lm, pair_examples(2), positions="spans", span_labels=["post"])
     plan = PatchPlan.of(lm, layer=1, resid_layers=[0, 1])
     for pair in pairs:
         runs = pair_runs(lm, read, pair, plan)
@@ -242,7 +242,7 @@ def test_pairs_of_unequal_length_name_the_pair_and_the_first_differing_position(
         id=rows[1].id, messages=tuple(msgs), label=0, group="g0", spans=rows[1].spans, meta=rows[1].meta
     )
     with pytest.raises(ValueprobeError) as exc:
-        read_pairs(lm, [rows[0], bad], positions="last")
+        read_patch_pairs(lm, [rows[0], bad], positions="last")
     msg = str(exc.value)
     clean = encode(lm, [rows[0]], positions="last")[0].input_ids
     corrupt = encode(lm, [bad], positions="last")[0].input_ids
@@ -254,9 +254,9 @@ def test_pairs_need_meta_pair_and_one_row_of_each_label(tiny_lm_factory):
     lm = tiny_lm_factory("llama")
     rows = pair_examples(1)
     with pytest.raises(ValueprobeError, match="meta.pair"):
-        read_pairs(lm, [contrast()[0]], positions="last")
+        read_patch_pairs(lm, [contrast()[0]], positions="last")
     with pytest.raises(ValueprobeError, match="one row of label 1"):
-        read_pairs(lm, [rows[0], rows[0]], positions="last")
+        read_patch_pairs(lm, [rows[0], rows[0]], positions="last")
 
 
 def test_mean_ablation_holds_each_ablated_output_at_its_mean_and_leaves_the_model_as_it_was(tiny_lm_factory):

@@ -15,13 +15,13 @@ from test_steer import planted_axis
 from valueprobe.attribute import run as run_module
 from valueprobe.attribute import work as work_module
 from valueprobe.attribute.folder import RUN, read_run
-from valueprobe.attribute.run import AttributeSettings, Source, run_attribution
+from valueprobe.attribute.run import AttributeSettings, Provenance, run_attribution
 from valueprobe.datasets.io import write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.replicate.attribute import Job, replicate_attribute
 from valueprobe.report.page import load_results
 
-SRC = Source("probe", "sha", ())
+SRC = Provenance("probe", "sha", ())
 
 
 @pytest.fixture(scope="module")

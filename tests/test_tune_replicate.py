@@ -17,7 +17,7 @@ import torch
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.preference import LayerDirection, choose, hier_boot, item_example, read_items
+from valueprobe.read.preference import LayerDirection, hier_boot, item_example, most_likely_option, read_items
 from valueprobe.replicate.dpo_words import replicate_dpo_words, write_words_report
 from valueprobe.replicate.safety import replicate_safety, write_safety_report
 from valueprobe.steering.experiment.behaviour import is_refusal
@@ -88,7 +88,7 @@ def test_choose_matches_unpadded_log_probabilities(tiny_dir):
             ids = prefix + tok(o, add_special_tokens=False).input_ids
             logp = torch.log_softmax(lm.model(torch.tensor([ids])).logits[0], -1)
             totals.append(sum(float(logp[i - 1, ids[i]]) for i in range(len(prefix), len(ids))))
-    assert choose(lm, prompt, options) == int(np.argmax(totals))
+    assert most_likely_option(lm, prompt, options) == int(np.argmax(totals))
 
 
 def test_hier_boot_brackets_the_mean_and_is_exact_without_spread():

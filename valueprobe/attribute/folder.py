@@ -31,14 +31,14 @@ from valueprobe.files import (
 )
 from valueprobe.vocab import ShardSpec
 
-__all__ = ["RUN", "Chunk", "RunFile", "check_run_out", "open_run", "read_chunk", "write_chunk"]
+__all__ = ["RUN", "ChunkFile", "RunFile", "check_run_out", "open_run", "read_chunk", "write_chunk"]
 
 RUN = "attribution-run.json"
 FORMAT = "valueprobe.attribute.run"
 
 
 @dataclass(frozen=True)
-class Chunk:
+class ChunkFile:
     """One chunk file and the items ``[lo, hi)`` it holds."""
 
     file: str
@@ -56,7 +56,7 @@ class RunFile:
     lo: int
     hi: int
     part: ShardSpec | None = None
-    chunks: tuple[Chunk, ...] = field(default_factory=tuple)
+    chunks: tuple[ChunkFile, ...] = field(default_factory=tuple)
 
     @property
     def done(self) -> int:
@@ -92,7 +92,7 @@ class RunFile:
                 hi=int(d["items"][1]),
                 part=None if part is None else ShardSpec.parse(f"{int(part['index'])}/{int(part['count'])}"),
                 chunks=tuple(
-                    Chunk(str(c["file"]), int(c["items"][0]), int(c["items"][1])) for c in d["chunks"]
+                    ChunkFile(str(c["file"]), int(c["items"][0]), int(c["items"][1])) for c in d["chunks"]
                 ),
             )
         except (KeyError, TypeError, ValueError, IndexError, ValueprobeError) as exc:
@@ -103,7 +103,7 @@ class RunFile:
     def write(self, folder: Path) -> None:
         write_json(folder / RUN, self.to_dict(), indent=1)
 
-    def with_chunk(self, chunk: Chunk) -> RunFile:
+    def with_chunk(self, chunk: ChunkFile) -> RunFile:
         return replace(self, chunks=(*self.chunks, chunk))
 
 
@@ -158,7 +158,7 @@ def open_run(out: Path, wanted: RunFile) -> RunFile:
         )
     for stray in out.glob("*.tmp"):
         stray.unlink()
-    good: list[Chunk] = []
+    good: list[ChunkFile] = []
     for chunk in have.chunks:
         try:
             read_safetensors_header(out / chunk.file)
@@ -176,7 +176,7 @@ def write_chunk(
     text = {k: json.dumps(v, ensure_ascii=False) for k, v in meta.items()}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     atomic_write(out / name, lambda tmp: save_file(tensors, str(tmp), metadata=text))
-    run = run.with_chunk(Chunk(name, lo, hi))
+    run = run.with_chunk(ChunkFile(name, lo, hi))
     run.write(out)
     return run
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from valueprobe.attribute.pairs import Pair
+from valueprobe.attribute.pairs import PatchPair
 from valueprobe.attribute.patching import PairRuns, PatchPlan
 from valueprobe.attribute.readout import Readout
 from valueprobe.hooks.patch import Point, record
@@ -29,7 +29,7 @@ __all__ = ["attrib_pair"]
 
 
 def _metrics(
-    lm: LoadedModel, read: Readout, pair: Pair, plan: PatchPlan, dest: int
+    lm: LoadedModel, read: Readout, pair: PatchPair, plan: PatchPlan, dest: int
 ) -> tuple[list[Tensor], dict[tuple[str, int], Tensor]]:
     """The destination row run with its graph kept: the metrics and the activations they depend on."""
     row = pair.corrupt if dest else pair.clean
@@ -52,7 +52,7 @@ def _metrics(
 
 
 def attrib_pair(
-    lm: LoadedModel, read: Readout, pair: Pair, plan: PatchPlan, runs: PairRuns, *, dest: int
+    lm: LoadedModel, read: Readout, pair: PatchPair, plan: PatchPlan, runs: PairRuns, *, dest: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Estimated effects of patching every component and residual cell of ``plan`` into row ``dest``.
 

@@ -1,7 +1,7 @@
 """Matched pairs for patching: two rows of one ``meta.pair``, equal in token length, positions aligned.
 
-    >>> from valueprobe.attribute.pairs import read_pairs
-    >>> pairs = read_pairs(lm, vp.read_jsonl("data/icrl_pairs.jsonl"), positions="spans", span_labels=["post"])
+    >>> from valueprobe.attribute.pairs import read_patch_pairs
+    >>> pairs = read_patch_pairs(lm, vp.read_jsonl("data/icrl_pairs.jsonl"), positions="spans", span_labels=["post"])
     >>> pairs[0].clean.example.id, pairs[0].first_diff          # ('pair-0000-rewarded', 203)
 
 A pair's ``clean`` row is its label-1 row (the rewarded history), ``corrupt`` its label-0 row.
@@ -23,11 +23,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.vocab import ChatTemplate, Positions
 
-__all__ = ["Pair", "pair_units", "read_pairs"]
+__all__ = ["PatchPair", "pair_units", "read_patch_pairs"]
 
 
 @dataclass(frozen=True)
-class Pair:
+class PatchPair:
     """One matched pair, tokenized: ``first_diff`` is the first position where the ids differ."""
 
     name: str
@@ -91,7 +91,7 @@ def check_pair(name: str, clean: Encoded, corrupt: Encoded) -> int:
     return first
 
 
-def read_pairs(
+def read_patch_pairs(
     lm: LoadedModel,
     examples: Sequence[Example],
     *,
@@ -99,7 +99,7 @@ def read_pairs(
     span_labels: Sequence[str] | None = None,
     max_length: int | None = None,
     chat_template: ChatTemplate = ChatTemplate.model,
-) -> list[Pair]:
+) -> list[PatchPair]:
     """The pairs of ``examples``, tokenized and checked (see the module doc)."""
     units = pair_units(examples)
     kw = dict(
@@ -108,5 +108,5 @@ def read_pairs(
     out = []
     for name, clean_ex, corrupt_ex in units:
         clean, corrupt = encode(lm, [clean_ex, corrupt_ex], **kw)  # type: ignore[arg-type]
-        out.append(Pair(name, clean, corrupt, check_pair(name, clean, corrupt)))
+        out.append(PatchPair(name, clean, corrupt, check_pair(name, clean, corrupt)))
     return out

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from valueprobe.attribute.folder import RUN, Chunk, RunFile, read_run
+from valueprobe.attribute.folder import RUN, ChunkFile, RunFile, read_run
 from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import summarize_run, write_result
 from valueprobe.errors import ValueprobeError
@@ -52,7 +52,7 @@ def _read(path: Path) -> Part[RunFile]:
 
 def _join(out: Path, parts: Sequence[Part[RunFile]]) -> Attribution:
     """The parts' chunks linked in shard order into the folder one process writes, summarized."""
-    chunks: list[tuple[Path, Chunk]] = [(p.path / c.file, c) for p in parts for c in p.body.chunks]
+    chunks: list[tuple[Path, ChunkFile]] = [(p.path / c.file, c) for p in parts for c in p.body.chunks]
     first = parts[0].body
     merged = RunFile(
         first.identity, first.n_items, 0, first.n_items, None,

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from valueprobe.attribute.components import Component, patchable
-from valueprobe.attribute.pairs import Pair
+from valueprobe.attribute.pairs import PatchPair
 from valueprobe.attribute.readout import Readout, cache_kwargs
 from valueprobe.hooks.patch import Point, StopForward, intervene, record
 from valueprobe.model.load import LoadedModel
@@ -75,7 +75,7 @@ class PairRuns:
     prefix_read: float  # Σ_{t < first_diff} w_t h_t·v̂, the same in both rows
 
 
-def _ids(pair: Pair) -> Tensor:
+def _ids(pair: PatchPair) -> Tensor:
     return torch.tensor([pair.clean.input_ids, pair.corrupt.input_ids])
 
 
@@ -99,7 +99,7 @@ def _forward(
     return None if out is None else out.logits[:, -1].float().cpu()
 
 
-def pair_runs(lm: LoadedModel, read: Readout, pair: Pair, plan: PatchPlan) -> PairRuns:
+def pair_runs(lm: LoadedModel, read: Readout, pair: PatchPair, plan: PatchPlan) -> PairRuns:
     """Run both rows of ``pair`` whole, keeping what `patch_pair` moves and the baselines."""
     f, L = pair.first_diff, plan.layer
     points = {
@@ -122,7 +122,7 @@ def pair_runs(lm: LoadedModel, read: Readout, pair: Pair, plan: PatchPlan) -> Pa
     )
 
 
-def _prefix_cache(lm: LoadedModel, pair: Pair, read: Readout) -> DynamicCache | None:
+def _prefix_cache(lm: LoadedModel, pair: PatchPair, read: Readout) -> DynamicCache | None:
     """The KV cache of the tokens both rows share (None when they differ from the first token)."""
     if pair.first_diff == 0:
         return None
@@ -176,7 +176,7 @@ def _patch_hooks(
 def _run_rows(
     lm: LoadedModel,
     read: Readout,
-    pair: Pair,
+    pair: PatchPair,
     plan: PatchPlan,
     runs: PairRuns,
     rows: Sequence[Component | None],
@@ -207,7 +207,7 @@ def _run_rows(
 def patch_pair(
     lm: LoadedModel,
     read: Readout,
-    pair: Pair,
+    pair: PatchPair,
     plan: PatchPlan,
     runs: PairRuns,
     *,

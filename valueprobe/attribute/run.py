@@ -31,7 +31,7 @@ from valueprobe.attribute.ablation import ablate, held_out, mean_outputs, split_
 from valueprobe.attribute.components import Component, direct_terms, patchable
 from valueprobe.attribute.direct import Projector
 from valueprobe.attribute.folder import RunFile, open_run, read_chunk, write_chunk
-from valueprobe.attribute.pairs import read_pairs
+from valueprobe.attribute.pairs import read_patch_pairs
 from valueprobe.attribute.patching import PatchPlan
 from valueprobe.attribute.readout import Readout, wants_behaviour
 from valueprobe.attribute.records import Ablation, Attribution
@@ -51,7 +51,7 @@ __all__ = [
     "AttributeSettings",
     "Behaviour",
     "Method",
-    "Source",
+    "Provenance",
     "attribution",
     "limited",
     "run_attribution",
@@ -101,7 +101,7 @@ class AttributeSettings:
 
 
 @dataclass(frozen=True)
-class Source:
+class Provenance:
     """Where the axis and data came from (recorded, and checked when a run resumes)."""
 
     probe: str
@@ -149,7 +149,7 @@ def prepare(
     axis: ValueAxis,
     examples: Sequence[Example],
     s: AttributeSettings,
-    source: Source,
+    source: Provenance,
     *,
     progress: bool = False,
 ) -> tuple[Work, dict[str, Any], Readout]:
@@ -178,7 +178,7 @@ def prepare(
         resid = _resid_layers(s, layer)
         plan = PatchPlan.of(lm, layer=layer, resid_layers=resid)
         # a patched row runs only the tokens after the shared prefix (a few dozen): 4 x the batch of whole examples
-        pairs = tuple(read_pairs(lm, examples, **enc_kw))
+        pairs = tuple(read_patch_pairs(lm, examples, **enc_kw))
         work = PairWork(lm, read, pairs, plan, s.method == "patch", 4 * s.batch_size, progress)
         components = patchable(lm, layer)
     header = dict(
@@ -269,7 +269,7 @@ def run_attribution(
     out: str | Path,
     settings: AttributeSettings,
     *,
-    source: Source,
+    source: Provenance,
     shard: ShardSpec | None = None,
     ablate_top: int | None = None,
     n_draws: int | None = None,
@@ -393,7 +393,7 @@ def attribution(
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "attribution" if out is None else Path(out)
         res = run_attribution(
-            lm, axis, examples, folder, settings, source=Source("(in memory)", "", ()), ablate_top=ablate_top,
+            lm, axis, examples, folder, settings, source=Provenance("(in memory)", "", ()), ablate_top=ablate_top,
             n_draws=n_draws, progress=progress,
         )  # fmt: skip
     assert res is not None

@@ -25,7 +25,7 @@ from valueprobe.activations.encode import Encoded
 from valueprobe.attribute.components import Component
 from valueprobe.attribute.direct import DirectRows, Projector, direct_rows
 from valueprobe.attribute.gradient import attrib_pair
-from valueprobe.attribute.pairs import Pair
+from valueprobe.attribute.pairs import PatchPair
 from valueprobe.attribute.patching import PatchPlan, pair_runs, patch_pair
 from valueprobe.attribute.readout import Readout
 from valueprobe.attribute.records import Attribution
@@ -90,7 +90,7 @@ class PairWork:
 
     lm: LoadedModel
     read: Readout
-    pairs: tuple[Pair, ...]
+    pairs: tuple[PatchPair, ...]
     plan: PatchPlan
     exact: bool
     batch_size: int
@@ -104,7 +104,7 @@ class PairWork:
     def block(self) -> int:
         return 1
 
-    def one(self, pair: Pair) -> PairResult:
+    def one(self, pair: PatchPair) -> PairResult:
         runs = pair_runs(self.lm, self.read, pair, self.plan)
         out = []
         for dest in (1, 0):  # denoising (the corrupt row gets the clean row's activation), then noising

@@ -23,7 +23,7 @@ from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_html
 from valueprobe.model.load import LoadedModel, check_device, load
-from valueprobe.probe.registry import resolve_name, shipped_axes
+from valueprobe.probe.registry import resolve_axis_name, shipped_axes
 from valueprobe.sharded import rank_device, run_ranks
 from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
@@ -125,11 +125,11 @@ def data_option(help: str) -> Any:
 # wrong with a missing one (listing the shipped names) when the command reads it, after its
 # checks; `read_jsonl` does the same for a dataset.
 def _probe(text: str | Path) -> Path:
-    return resolve_name(str(text))
+    return resolve_axis_name(str(text))
 
 
 def _dataset(text: str | Path) -> Path:
-    return shipped.resolve_name(str(text))
+    return shipped.resolve_dataset_name(str(text))
 
 
 def data_dir_option(help: str) -> Any:

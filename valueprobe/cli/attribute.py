@@ -23,7 +23,7 @@ from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.attribute.folder import check_run_out
 from valueprobe.attribute.parts import merge_runs
 from valueprobe.attribute.records import Attribution
-from valueprobe.attribute.run import AttributeSettings, Behaviour, Method, Source, run_attribution
+from valueprobe.attribute.run import AttributeSettings, Behaviour, Method, Provenance, run_attribution
 from valueprobe.cli.app import (
     SHIPPED_DATA,
     ChatTemplateOpt,
@@ -209,7 +209,7 @@ def attribute_command(
     how.check()
     examples, infos = _data(data)
     ValueAxis.load(probe)  # a bad probe fails before the model loads
-    source = Source(str(probe), sha256_file(probe / "axis.safetensors"), infos)
+    source = Provenance(str(probe), sha256_file(probe / "axis.safetensors"), infos)
 
     def run(part_out: Path, part: ShardSpec | None, on: str) -> Attribution | None:
         lm = how.load(model, device=on)

@@ -51,7 +51,7 @@ from valueprobe.cli.boundary import check_at_least, run_app
 from valueprobe.datasets import build
 from valueprobe.files import PACKAGE_DIR, check_output_dir, check_output_file
 from valueprobe.model.load import check_device, check_model_folder
-from valueprobe.probe.registry import resolve_name
+from valueprobe.probe.registry import resolve_axis_name
 from valueprobe.replicate.demo import run_demo
 from valueprobe.report.page import SECTIONS, load_results, write_report
 
@@ -117,7 +117,7 @@ def datasets_build_command(
 
 def _results_folder(text: str | Path) -> Path:
     """``--from``: a folder, or a shipped axis by name (`valueprobe.probe.registry`)."""
-    return resolve_name(str(text))
+    return resolve_axis_name(str(text))
 
 
 @app.command("report")

@@ -62,7 +62,7 @@ _SKIP_DIRS = frozenset(
 
 
 @dataclass(frozen=True)
-class Function:
+class MinedFunction:
     """A mined standard-library function: cleaned source plus where it came from."""
 
     source: str  # dedented, no docstring / comment-only / blank lines, trailing newline
@@ -126,10 +126,10 @@ def _usable(fn: ast.FunctionDef) -> bool:
 
 
 @functools.lru_cache(maxsize=2)
-def mine_functions(stdlib: str | None = None) -> tuple[Function, ...]:
+def mine_functions(stdlib: str | None = None) -> tuple[MinedFunction, ...]:
     """All usable functions of the standard library at ``stdlib``, sorted and de-duplicated."""
     root = Path(stdlib or sysconfig.get_paths()["stdlib"])
-    found: dict[str, Function] = {}
+    found: dict[str, MinedFunction] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if set(rel.parts[:-1]) & _SKIP_DIRS or rel.parts[0].startswith("config-"):
@@ -152,11 +152,11 @@ def mine_functions(stdlib: str | None = None) -> tuple[Function, ...]:
                 ast.parse(src)
             except SyntaxError:
                 continue
-            found.setdefault(src, Function(src, rel.as_posix(), node.name, node.lineno))
+            found.setdefault(src, MinedFunction(src, rel.as_posix(), node.name, node.lineno))
     return tuple(sorted(found.values(), key=lambda f: (f.path, f.lineno)))
 
 
-def _eligible(fn: Function) -> bool:
+def _eligible(fn: MinedFunction) -> bool:
     """Every corruption must be possible and keep its invariant."""
     src = fn.source
     body = src.rstrip("\n").split("\n")[signature_lines(src) :]
@@ -178,7 +178,7 @@ def max_n() -> int:
 
 
 @functools.lru_cache(maxsize=2)
-def _eligible_functions() -> tuple[Function, ...]:
+def _eligible_functions() -> tuple[MinedFunction, ...]:
     return tuple(f for f in mine_functions() if _eligible(f))
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from valueprobe.datasets.shipped import resolve_name, shipped_datasets
+from valueprobe.datasets.shipped import resolve_dataset_name, shipped_datasets
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_bytes, sha256_file
 
@@ -211,7 +211,7 @@ def read_jsonl(path: str | Path) -> list[Example]:
     :mod:`valueprobe.datasets.shipped`). Blank lines are skipped; a file with no examples, duplicate
     ids, bad JSON, missing fields and spans outside their text are all errors.
     """
-    path = resolve_name(path)
+    path = resolve_dataset_name(path)
     try:
         raw = path.read_bytes()
     except OSError as e:

@@ -26,7 +26,7 @@ from pathlib import Path
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import resolve_shipped
 
-__all__ = ["DATA_DIR", "dataset_path", "resolve_name", "shipped_datasets"]
+__all__ = ["DATA_DIR", "dataset_path", "resolve_dataset_name", "shipped_datasets"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -38,7 +38,7 @@ def shipped_datasets() -> dict[str, Path]:
     return {Path(name).stem: DATA_DIR / name for name in sorted(files)}
 
 
-def resolve_name(spec: str | os.PathLike[str]) -> Path:
+def resolve_dataset_name(spec: str | os.PathLike[str]) -> Path:
     """``spec`` as a path: a shipped dataset's file when it is a name, else ``spec`` itself (unchecked)."""
     return resolve_shipped(spec, shipped_datasets(), what="dataset")
 
@@ -50,7 +50,7 @@ def dataset_path(spec: str | os.PathLike[str]) -> Path:
         ValueprobeError: ``spec`` is neither a shipped name nor an existing file (the line lists
             the names), or it is a name and also a file or folder here (the line names both).
     """
-    path = resolve_name(spec)
+    path = resolve_dataset_name(spec)
     if not path.exists():
         raise ValueprobeError(
             f"{spec} does not exist and is not a shipped dataset ({', '.join(shipped_datasets())}):"

@@ -26,7 +26,7 @@ import random
 from collections.abc import Callable
 
 from valueprobe.datasets.io import Example
-from valueprobe.datasets.task_functions import FUNCTIONS, Function
+from valueprobe.datasets.task_functions import FUNCTIONS, TaskFunction
 from valueprobe.errors import ValueprobeError
 
 DEFAULT_N = 40
@@ -109,7 +109,7 @@ def _arithmetic(n: int, rng: random.Random) -> list[Example]:
     return rows
 
 
-def _asserts(function: Function, rng: random.Random) -> list[str]:
+def _asserts(function: TaskFunction, rng: random.Random) -> list[str]:
     """``TESTS_PER_FUNCTION`` distinct asserts, expected values from the reference solution."""
     scope: dict = {}
     exec(function.reference, scope)  # our own reference source, defined in task_functions

@@ -27,7 +27,7 @@ from pathlib import Path
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import resolve_shipped
 
-__all__ = ["AXES_DIR", "ShippedAxis", "portable_name", "probe_path", "resolve_name", "shipped_axes"]
+__all__ = ["AXES_DIR", "ShippedAxis", "portable_name", "probe_path", "resolve_axis_name", "shipped_axes"]
 
 AXES_DIR = Path(__file__).resolve().parent / "axes"
 INDEX_FORMAT = "valueprobe.probe.registry"
@@ -60,7 +60,7 @@ def shipped_axes() -> dict[str, ShippedAxis]:
     return {name: ShippedAxis(name=name, **entry) for name, entry in raw["axes"].items()}
 
 
-def resolve_name(spec: str | os.PathLike[str]) -> Path:
+def resolve_axis_name(spec: str | os.PathLike[str]) -> Path:
     """``spec`` as a path: a shipped axis's folder when it is a name, else ``spec`` itself (unchecked)."""
     return resolve_shipped(spec, {name: a.path for name, a in shipped_axes().items()}, what="axis")
 
@@ -89,7 +89,7 @@ def probe_path(spec: str | os.PathLike[str]) -> Path:
         ValueprobeError: ``spec`` is neither a shipped name nor an existing path (the line lists
             the names), or it is a name and also a folder here (the line names both).
     """
-    path = resolve_name(spec)
+    path = resolve_axis_name(spec)
     if not path.exists():
         raise ValueprobeError(
             f"{spec} is not a probe folder nor a shipped axis (shipped: {', '.join(shipped_axes())});"

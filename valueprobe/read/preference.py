@@ -1,7 +1,7 @@
 """Readouts shared by the tuning replications: item values, answer choice, random-direction nulls.
 
     >>> reads = read_items(lm, items, axes, nulls)      # σ scores on each item's tokens
-    >>> pick = choose(lm, prompt_msgs, ["dolphin", "spoon"])   # the option the model would answer
+    >>> pick = most_likely_option(lm, prompt_msgs, ["dolphin", "spoon"])   # the option the model would answer
 
 Every reading goes through :func:`valueprobe.activations.capture.capture` (mean of the item's tokens inside
 the assistant's answer, ``resid_post`` at the axis's layer); choices use the model's own log
@@ -24,7 +24,15 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
 from valueprobe.vocab import Positions
 
-__all__ = ["LayerDirection", "directions_for", "item_example", "read_items", "choose", "hier_boot", "ci"]
+__all__ = [
+    "LayerDirection",
+    "directions_for",
+    "item_example",
+    "read_items",
+    "most_likely_option",
+    "hier_boot",
+    "ci",
+]
 
 
 @dataclass(frozen=True)
@@ -123,7 +131,7 @@ def read_items(
 
 
 @torch.no_grad()
-def choose(lm: LoadedModel, prompt: Sequence[Mapping[str, str]], options: Sequence[str]) -> int:
+def most_likely_option(lm: LoadedModel, prompt: Sequence[Mapping[str, str]], options: Sequence[str]) -> int:
     """Index of the option the model most likely answers: max total log p(option | prompt)."""
     tok = lm.tokenizer
     prefix = tok.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)

@@ -38,7 +38,7 @@ from valueprobe.attribute.run import (
     CSV,
     RESULT,
     AttributeSettings,
-    Source,
+    Provenance,
     limited,
     run_attribution,
     summarize_run,
@@ -52,7 +52,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path
 from valueprobe.vocab import Positions, Target
 
-__all__ = ["JOBS", "Job", "replicate_attribute", "summary_lines"]
+__all__ = ["JOBS", "Job", "replicate_attribute", "attribution_summary_lines"]
 
 PAIRS = "icrl_pairs.jsonl"
 # shipped axes by name (`valueprobe.probe.registry`): the same bytes as probes/NAME, from any folder
@@ -115,7 +115,7 @@ def _run(
     examples = read_jsonl(data)
     axis = ValueAxis.load(job.probe, lm=lm)
     probe = probe_path(job.probe)
-    source = Source(
+    source = Provenance(
         job.probe,
         sha256_file(probe / "axis.safetensors"),
         (DatasetInfo(str(data), sha256_file(data), len(examples)),),
@@ -164,7 +164,8 @@ def replicate_attribute(
     sections = {key: results[name].to_dict() for key, name in SECTIONS.items() if name in results}
     write_json(out / "results.json", jsonable({"model": lm.model_id, "sections": sections}), indent=1)
     atomic_write_text(
-        out / "summary.md", "\n".join(summary_lines(results)) + "\n" + _reading(out / "summary.md")
+        out / "summary.md",
+        "\n".join(attribution_summary_lines(results)) + "\n" + _reading(out / "summary.md"),
     )
     return results
 
@@ -183,7 +184,7 @@ def _reading(summary: Path) -> str:
     return "" if at < 0 else text[at + 1 :]
 
 
-def summary_lines(results: dict[str, Attribution]) -> list[str]:
+def attribution_summary_lines(results: dict[str, Attribution]) -> list[str]:
     """summary.md: each job's headline, top components and ablation, and the agreement."""
     lines = ["# Where value comes from (smollm2-135m)", ""]
     for name, res in results.items():

@@ -38,11 +38,11 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import (
     LayerDirection,
     calibrate_nulls,
-    choose,
     ci,
     directions_for,
     hier_boot,
     item_example,
+    most_likely_option,
     read_items,
 )
 from valueprobe.tune.pairs import data_record, read_pairs
@@ -194,7 +194,9 @@ def _measure(
     """Choices, item scores and sentence scores of one model."""
     scores, _ = read_items(lm, items, dirs)
     sent_scores, _ = read_items(lm, sents, dirs)
-    picks = {e.id: e.meta["options"][choose(lm, e.messages or (), e.meta["options"])] for e in evals}
+    picks = {
+        e.id: e.meta["options"][most_likely_option(lm, e.messages or (), e.meta["options"])] for e in evals
+    }
     return {"scores": scores, "sent_scores": sent_scores, "picks": picks}
 
 

@@ -386,7 +386,7 @@ def write(results: GuideReplication, out: Path) -> list[Path]:
     payload = {
         "model": results.model,
         "sections": {"guide": results.to_dict()},
-        "summary": summary_lines(results),
+        "summary": guide_summary_lines(results),
     }
     paths = [out / "results.json", out / "summary.md", out / "budget.html"]
     write_json(paths[0], jsonable(payload))
@@ -399,7 +399,7 @@ def write(results: GuideReplication, out: Path) -> list[Path]:
     return paths
 
 
-def summary_lines(results: GuideReplication) -> list[str]:
+def guide_summary_lines(results: GuideReplication) -> list[str]:
     return [line for b in results.tasks.values() for line in b.verdicts()]
 
 

@@ -35,7 +35,7 @@ from starlette.routing import Route
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.engine import Engine
 from valueprobe.serve.errors import RequestError, error_body
-from valueprobe.serve.ops import Gate, Metrics, Operations, Refused, Tally, log_request
+from valueprobe.serve.ops import Admission, Metrics, Operations, Refused, Tally, log_request
 from valueprobe.serve.protocol import (
     Chunk,
     Limits,
@@ -124,7 +124,7 @@ class _Context:
     limits: Limits
     ops: Operations
     metrics: Metrics
-    gate: Gate
+    gate: Admission
 
 
 @dataclass
@@ -271,7 +271,7 @@ def build_app(
     when ``api_key`` is set, every refusal an OpenAI error object; ``ops``: the operator's settings."""
     metrics = Metrics()
     ops = ops or Operations()
-    ctx = _Context(engine, limits, ops, metrics, Gate(ops, metrics))
+    ctx = _Context(engine, limits, ops, metrics, Admission(ops, metrics))
 
     async def models(request: Request) -> Response:
         card = {"id": limits.model, "object": "model", "created": 0, "owned_by": "valueprobe"}
@@ -346,7 +346,7 @@ def serve(app: Starlette, sock: socket.socket, *, log_level: str = "info") -> No
     drains: new requests get 503, in-flight ones finish within ``--drain-seconds``, then it stops."""
     import uvicorn  # the serve extra: imported where it is used, so the package imports without it
 
-    gate: Gate = app.state.gate
+    gate: Admission = app.state.gate
     drain = app.state.ops.drain_seconds
 
     class Draining(uvicorn.Server):

@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["Gate", "Metrics", "Operations", "Refused", "Tally", "log_request"]
+__all__ = ["Admission", "Metrics", "Operations", "Refused", "Tally", "log_request"]
 
 log = logging.getLogger("valueprobe.serve")
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -51,7 +51,7 @@ class Refused(Exception):  # noqa: N818 - a refusal, not an error of the server
         self.headers = headers or {}
 
 
-class Gate:
+class Admission:
     """Admission: counts requests in flight, refuses past ``max_queue`` (429) or while draining (503)."""
 
     def __init__(self, ops: Operations, metrics: Metrics) -> None:

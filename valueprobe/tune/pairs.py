@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from valueprobe.datasets.shipped import resolve_name
+from valueprobe.datasets.shipped import resolve_dataset_name
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import sha256_file
 
@@ -57,7 +57,7 @@ def read_pairs(
     Raises:
         ValueprobeError: ``file:line`` for a line that is not JSON or lacks prompt/chosen/rejected.
     """
-    path = resolve_name(path)
+    path = resolve_dataset_name(path)
     if not path.is_file():
         raise ValueprobeError(f"pairs file {path} not found: pass a JSONL of prompt/chosen/rejected rows")
     pairs: list[Pair] = []
@@ -122,6 +122,6 @@ def data_record(path: str | Path, **selection: Any) -> dict[str, Any]:
     """Provenance of a pairs file (a path, or a shipped dataset's name) and the rows taken from it."""
     return {
         "path": str(path),
-        "sha256": sha256_file(resolve_name(path)),
+        "sha256": sha256_file(resolve_dataset_name(path)),
         **{k: v for k, v in selection.items() if v is not None},
     }
