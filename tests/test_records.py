@@ -28,6 +28,7 @@ from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.read.scores import ScoreResult
+from valueprobe.records import Record
 from valueprobe.replicate.dpo_words import WordsReport
 from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
@@ -273,3 +274,45 @@ def test_committed_steering_summary_is_the_markdown_of_its_record():
     folder = PROBES / "steering-smollm2-135m"
     record = ReplicateSteer.from_dict(json.loads((folder / "results.json").read_text()))
     assert record.markdown() == (folder / "summary.md").read_text()
+
+
+# ---- the record base: what a class says instead of a hand-written to_dict / from_dict ----------
+
+
+class Colour(enum.StrEnum):
+    red = "red"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner(Record):
+    alphas: tuple[float, ...]
+    KEYS = {"alphas": "alpha"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer(Record):
+    FORMAT = "valueprobe.test"
+    FORMAT_VERSION = 2
+    OMIT = {"note": None}
+    INLINE = ("inner",)
+
+    colour: Colour
+    where: Path
+    by_layer: dict[int, _Inner]
+    inner: _Inner
+    note: str | None = None
+
+
+def test_record_base_derives_the_json_the_class_says():
+    x = _Outer(Colour.red, Path("a/b"), {3: _Inner((1.0,))}, _Inner((0.5, 2.0)))
+    d = x.to_dict()
+    assert list(d) == ["format", "format_version", "colour", "where", "by_layer", "alpha"]
+    assert d["colour"] == "red" and d["where"] == "a/b" and d["by_layer"] == {"3": {"alpha": [1.0]}}
+    assert _Outer.from_dict(through_json(d)) == x
+    noted = dataclasses.replace(x, note="n")
+    assert noted.to_dict()["note"] == "n" and _Outer.from_dict(noted.to_dict()) == noted
+    # a format this version does not read is refused in one line, naming the file
+    with pytest.raises(ValueprobeError, match=r"^x\.json: format_version 3 is newer than this valueprobe"):
+        _Outer.from_dict({**d, "format_version": 3}, where="x.json")
+    with pytest.raises(ValueprobeError, match="not a valueprobe.test file"):
+        _Outer.from_dict({**d, "format": "other"})
