@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin,
 from valueprobe.errors import ValueprobeError
 from valueprobe.version import __version__
 
-__all__ = ["Record", "from_jsonable", "record_from_dict", "refuse_newer", "to_json"]
+__all__ = ["Record", "from_jsonable", "insert_after", "record_from_dict", "refuse_newer", "to_json"]
 
 R = TypeVar("R")
 Rec = TypeVar("Rec", bound="Record")
@@ -133,6 +133,20 @@ def refuse_newer(version: Any, *, reads: int, where: str | Path, what: str = "")
             f"{where}: {what}format_version {version} is newer than this valueprobe {__version__}"
             f" reads ({reads}): upgrade valueprobe (pip install -U valueprobe)"
         )
+
+
+def insert_after(d: Mapping[str, Any], key: str, **extra: Any) -> dict[str, Any]:
+    """``d`` with ``extra``'s keys right after ``key`` (a `Record._written` hook's derived keys).
+
+    >>> insert_after({"a": 1, "c": 3}, "a", b=2)
+    {'a': 1, 'b': 2, 'c': 3}
+    """
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out[k] = v
+        if k == key:
+            out.update(extra)
+    return out
 
 
 def _same(value: Any, omitted: Any) -> bool:
