@@ -51,7 +51,7 @@ class Record:
     - ``INLINE``: fields holding a record whose keys are written into this dict, not under a key;
     - ``FORMAT`` / ``FORMAT_VERSION``: the ``format`` and ``format_version`` keys of a versioned
       file, written first (``FORMAT_AT = "end"``: last); `from_dict` refuses a newer version and
-      another format in one line.
+      another format (``LEGACY_FORMATS``: names it was once written with) in one line.
     """
 
     KEYS: ClassVar[Mapping[str, str]] = {}
@@ -60,6 +60,7 @@ class Record:
     FORMAT: ClassVar[str | None] = None
     FORMAT_VERSION: ClassVar[int] = 1
     FORMAT_AT: ClassVar[Literal["start", "end"]] = "start"
+    LEGACY_FORMATS: ClassVar[tuple[str, ...]] = ()  # other names a file of this format was written with
 
     def to_dict(self) -> dict[str, Any]:
         """The record's JSON object (NaN still a float: the file writer sanitises)."""
@@ -100,7 +101,7 @@ class Record:
         if cls.FORMAT is not None:
             cls._check_format(d, where)
         d = cls._read(d)
-        kwargs = {k: v for k, v in d.items() if k not in ("format", "format_version")}
+        kwargs = dict(d)
         for name, key in cls.KEYS.items():
             if key in d:
                 kwargs[name] = d[key]
@@ -116,7 +117,7 @@ class Record:
         record nested in another file keeps no format key of its own)."""
         name = where or cls.__name__
         fmt = d.get("format", cls.FORMAT)
-        if fmt != cls.FORMAT:
+        if fmt != cls.FORMAT and fmt not in cls.LEGACY_FORMATS:
             raise ValueprobeError(f"{name}: not a {cls.FORMAT} file (format {fmt!r})")
         refuse_newer(d.get("format_version", cls.FORMAT_VERSION), reads=cls.FORMAT_VERSION, where=name)
 
@@ -155,7 +156,8 @@ def _same(value: Any, omitted: Any) -> bool:
 
 def to_json(value: Any) -> Any:
     """The JSON form of one field's value: records by their ``to_dict``, tuples as lists, enums by
-    value, paths as text, dict keys as text; numbers, text, None and plain JSON as they are."""
+    value, paths as text, int and enum dict keys as text; numbers, text, None and plain JSON as
+    they are."""
     if isinstance(value, Enum):
         return value.value
     if hasattr(value, "to_dict"):
@@ -172,7 +174,10 @@ def to_json(value: Any) -> Any:
 
 
 def _key(k: Any) -> Any:
-    return k.value if isinstance(k, Enum) else str(k)
+    # an int key is text in JSON (as json.dumps writes it, but before a sort_keys sorts it)
+    if isinstance(k, Enum):
+        return k.value
+    return str(k) if isinstance(k, int) and not isinstance(k, bool) else k
 
 
 def from_jsonable(tp: Any, value: Any) -> Any:
