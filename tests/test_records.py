@@ -316,3 +316,26 @@ def test_record_base_derives_the_json_the_class_says():
         _Outer.from_dict({**d, "format_version": 3}, where="x.json")
     with pytest.raises(ValueprobeError, match="not a valueprobe.test file"):
         _Outer.from_dict({**d, "format": "other"})
+
+
+def test_a_first_format_1_manifest_reads_with_the_keys_added_later():
+    from valueprobe.activations.manifest import FORMAT, DatasetInfo
+    from valueprobe.vocab import ChatTemplate, Dtype
+
+    # a store written before dtype, chat templates, n_layers and dataset info were recorded
+    d = {"format": FORMAT, "version": 1, "model_id": "m", "fingerprint": "f", "layers": [0, 2]}
+    d |= {"include_embed": False, "site": "resid_post", "positions": "last", "d_model": 8}
+    m = StoreManifest.from_dict(d, where=Path("manifest.json"))
+    assert (m.n_layers, m.dtype, m.chat_template, m.valueprobe_version) == (
+        3,
+        Dtype.float16,
+        ChatTemplate.model,
+        "unknown",
+    )
+    assert m.dataset == DatasetInfo(None, None, None) and m.shards == () and not m.complete and m.part is None
+    with pytest.raises(ValueprobeError, match="v0 is not .* capture it again"):
+        StoreManifest.from_dict({**d, "version": 0}, where=Path("manifest.json"))
+    with pytest.raises(ValueprobeError, match="^manifest.json: store format_version 2 is newer"):
+        StoreManifest.from_dict({**d, "format_version": 2}, where=Path("manifest.json"))
+    with pytest.raises(ValueprobeError, match="^manifest.json: .*d_model"):
+        StoreManifest.from_dict({k: v for k, v in d.items() if k != "d_model"}, where=Path("manifest.json"))

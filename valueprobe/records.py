@@ -109,7 +109,12 @@ class Record:
             kwargs.setdefault(name, value)
         for name in cls.INLINE:
             kwargs[name] = d
-        return record_from_dict(cls, kwargs)
+        if where is None:
+            return record_from_dict(cls, kwargs)
+        try:
+            return record_from_dict(cls, kwargs)
+        except ValueprobeError as exc:
+            raise ValueprobeError(f"{where}: {exc}") from None
 
     @classmethod
     def _check_format(cls, d: Mapping[str, Any], where: str | Path | None) -> None:
