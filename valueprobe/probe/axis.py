@@ -29,7 +29,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, jsonable, write_json
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.probe.registry import probe_path
-from valueprobe.records import Record
+from valueprobe.records import Record, refuse_newer
 from valueprobe.version import __version__
 from valueprobe.vocab import Site, Unit, choice, layer_ranges
 
@@ -405,11 +405,7 @@ class ValueAxis:
             tensors = load_file(str(tensor_path)) if version <= FORMAT_VERSION else {}
         except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
             raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
-        if version > FORMAT_VERSION:
-            raise ValueprobeError(
-                f"{meta_path}: format_version {version} is newer than this valueprobe {__version__} reads"
-                f" ({FORMAT_VERSION}): upgrade valueprobe (pip install -U valueprobe)"
-            )
+        refuse_newer(version, reads=FORMAT_VERSION, where=meta_path)
         try:
             axis = cls(
                 directions=tensors["directions"],

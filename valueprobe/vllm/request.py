@@ -40,6 +40,7 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Op, Site
 
@@ -51,7 +52,7 @@ VALUE_AT = ("before", "after")
 
 
 @dataclass(frozen=True)
-class VllmArgs:
+class VllmArgs(Record):
     """One request's steering and readout, as vLLM carries it.
 
     Attributes:
@@ -63,14 +64,12 @@ class VllmArgs:
             ``after`` it (elsewhere a read is after the steering upstream either way).
     """
 
+    OMIT = {"key": None}  # its JSON is `parse`'s input (``to_dict`` is what travels to the workers)
+
     spec: SteeringSpec
     alpha: float = 0.0
-    key: str | None = None
     value_at: str = "before"
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha, "value_at": self.value_at}
-        return out | ({} if self.key is None else {"key": self.key})
+    key: str | None = None
 
     def extra_args(self) -> dict[str, Any]:
         """``SamplingParams(extra_args=...)`` for this steering."""
