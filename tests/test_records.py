@@ -20,8 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from valueprobe.activations.manifest import StoreManifest
+from valueprobe.attribute.records import Attribution
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
+from valueprobe.guided.budget import GuideBudget, GuideReplication
+from valueprobe.guided.records import Candidate, Guided, GuideSummary
+from valueprobe.model.adapter import TunedBase
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import LayerSweepSummary
@@ -32,11 +36,18 @@ from valueprobe.records import Record
 from valueprobe.replicate.dpo_words import WordsReport
 from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
+from valueprobe.replicate.steer_eval import BenchEval, SteerEvaluation
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.decode.generation import Generation, Trace
+from valueprobe.steering.experiment.baseline import PromptBaseline
+from valueprobe.steering.experiment.caa_result import CaaBehaviour, CaaReplication
 from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
+from valueprobe.steering.experiment.front import Front
+from valueprobe.steering.experiment.reliability import Reliability
+from valueprobe.steering.experiment.search import SteerSearch
 from valueprobe.steering.experiment.settings import SweepSettings
+from valueprobe.steering.experiment.side_effects import SideEffects, SideMetric
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.shift_records import ShiftResult
@@ -153,6 +164,24 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (TracedText, records(TracedText)),
     (SteerSection, records(SteerSection, SPECS)),
     (ShiftSection, records(ShiftSection)),
+    # the steering evaluation's, guided decoding's and attribution's records (the record base)
+    (PromptBaseline, records(PromptBaseline)),
+    (Front, records(Front)),
+    (Reliability, records(Reliability)),
+    (SideMetric, records(SideMetric)),
+    (SideEffects, records(SideEffects)),
+    (BenchEval, records(BenchEval)),
+    (SteerEvaluation, records(SteerEvaluation)),
+    (SteerSearch, records(SteerSearch)),
+    (CaaBehaviour, records(CaaBehaviour, SPECS)),
+    (CaaReplication, records(CaaReplication, SPECS)),
+    (TunedBase, records(TunedBase)),
+    (Candidate, records(Candidate)),
+    (Guided, records(Guided)),
+    (GuideSummary, records(GuideSummary)),
+    (GuideBudget, records(GuideBudget)),
+    (GuideReplication, records(GuideReplication)),
+    (Attribution, records(Attribution)),
 ]
 
 
