@@ -40,7 +40,6 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.records import Record
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Op, Site
 
@@ -52,7 +51,7 @@ VALUE_AT = ("before", "after")
 
 
 @dataclass(frozen=True)
-class VllmArgs(Record):
+class VllmArgs:
     """One request's steering and readout, as vLLM carries it.
 
     Attributes:
@@ -64,12 +63,14 @@ class VllmArgs(Record):
             ``after`` it (elsewhere a read is after the steering upstream either way).
     """
 
-    OMIT = {"key": None}  # its JSON is `parse`'s input (``to_dict`` is what travels to the workers)
-
     spec: SteeringSpec
     alpha: float = 0.0
-    value_at: str = "before"
     key: str | None = None
+    value_at: str = "before"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha, "value_at": self.value_at}
+        return out | ({} if self.key is None else {"key": self.key})
 
     def extra_args(self) -> dict[str, Any]:
         """``SamplingParams(extra_args=...)`` for this steering."""

@@ -9,6 +9,7 @@ Llama-2-7b-chat figures (`PUBLISHED`) they are shown beside.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +67,10 @@ class CaaReplication(Record):
     model: str
     layer: int
     validation: dict[int, float]  # layer -> mean over behaviours of p(match) at +1 − at −1 (CAA units)
+    behaviours: dict[str, CaaBehaviour]
     controls: int
     n_test: int
-    behaviours: dict[str, CaaBehaviour]
+
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        behaviours = d.pop("behaviours")
+        return {**d, "behaviours": behaviours}  # results.json's order: the behaviours last
