@@ -109,11 +109,11 @@ class Record:
             kwargs.setdefault(name, value)
         for name in cls.INLINE:
             kwargs[name] = d
-        if where is None:
-            return record_from_dict(cls, kwargs)
         try:
             return record_from_dict(cls, kwargs)
         except ValueprobeError as exc:
+            if where is None:
+                raise
             raise ValueprobeError(f"{where}: {exc}") from None
 
     @classmethod
