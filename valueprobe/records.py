@@ -65,14 +65,14 @@ class Record:
     def to_dict(self) -> dict[str, Any]:
         """The record's JSON object (NaN still a float: the file writer sanitises)."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if f.name in self.OMIT and _same(value, self.OMIT[f.name]):
+        for name in _names(type(self)):
+            value = getattr(self, name)
+            if name in self.OMIT and _same(value, self.OMIT[name]):
                 continue
-            if f.name in self.INLINE:
+            if name in self.INLINE:
                 out.update(to_json(value))
             else:
-                out[self.KEYS.get(f.name, f.name)] = to_json(value)
+                out[self.KEYS.get(name, name)] = to_json(value)
         out = self._written(out)
         if self.FORMAT is None:
             return out
@@ -155,6 +155,28 @@ def insert_after(d: Mapping[str, Any], key: str, **extra: Any) -> dict[str, Any]
     return out
 
 
+# Per record class, looked up once: a sweep writes and resumes its rows by the thousand, and
+# resolving annotations (get_type_hints) per row made reading them 40x slower.
+_NAMES: dict[type, tuple[str, ...]] = {}
+_READERS: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    """The field names of a record class, in order."""
+    if cls not in _NAMES:
+        _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    return _NAMES[cls]
+
+
+def _readers(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, annotation) of each field ``__init__`` takes."""
+    if cls not in _READERS:
+        hints = get_type_hints(cls)
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        _READERS[cls] = tuple((f.name, hints[f.name]) for f in fields if f.init)
+    return _READERS[cls]
+
+
 def _same(value: Any, omitted: Any) -> bool:
     return value is omitted if omitted is None else bool(value == omitted)
 
@@ -163,6 +185,8 @@ def to_json(value: Any) -> Any:
     """The JSON form of one field's value: records by their ``to_dict``, tuples as lists, enums by
     value, paths as text, int and enum dict keys as text; numbers, text, None and plain JSON as
     they are."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
     if isinstance(value, Enum):
         return value.value
     if hasattr(value, "to_dict"):
@@ -241,15 +265,14 @@ def record_from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
     Raises:
         ValueprobeError: a field without a default is missing, or a value has the wrong shape.
     """
-    hints = get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not f.init or f.name not in d:
+    for name, tp in _readers(cls):
+        if name not in d:
             continue
         try:
-            kwargs[f.name] = from_jsonable(hints[f.name], d[f.name])
+            kwargs[name] = from_jsonable(tp, d[name])
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueprobeError(f"{cls.__name__}.{f.name}: unreadable value ({exc})") from None
+            raise ValueprobeError(f"{cls.__name__}.{name}: unreadable value ({exc})") from None
     try:
         return cls(**kwargs)
     except TypeError as exc:
