@@ -252,6 +252,24 @@ FAULTS: tuple[Fault, ...] = (
         'metrics=(*settings.metrics, "backtrack"),',
         ("tests/test_steer_sweep.py::test_cli_steer_writes_and_resumes",),
     ),
+    # --- records: the record base's JSON (one key per field, said otherwise by class variables) -----
+    Fault(
+        "record base writes a key the class omits",
+        "valueprobe/records.py",
+        "if name in self.OMIT and _same(value, self.OMIT[name]):",
+        "if False:",
+        (
+            "tests/test_records.py::test_record_base_derives_the_json_the_class_says",
+            "tests/test_records.py::test_committed_probe_metrics_read_back_to_the_same_bytes",
+        ),
+    ),
+    Fault(
+        "record base reads a renamed key under the field's name",
+        "valueprobe/records.py",
+        "kwargs[name] = d[key]",
+        "pass",
+        ("tests/test_records.py::test_record_round_trips_through_its_json",),
+    ),
     # --- files: atomic writes and the writability check -------------------------------------------
     Fault(
         "atomic_write writes the target in place",

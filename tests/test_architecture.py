@@ -86,7 +86,17 @@ def _top_level_names() -> dict[str, list[str]]:
 # The α sweep is "sweep" (steering/experiment/sweep.py); the layer sweep's types say "LayerSweep".
 ONE_MEANING = ("Target", "Direction", "Step", "Positions", "write_report", "summarize", "SweepResult")
 # ... and those a later count found (each was two things in two subpackages)
-ONE_MEANING += ("Pair", "read_pairs", "Chunk", "Source", "Gate", "Function", "choose", "resolve_name", "summary_lines")
+ONE_MEANING += (
+    "Pair",
+    "read_pairs",
+    "Chunk",
+    "Source",
+    "Gate",
+    "Function",
+    "choose",
+    "resolve_name",
+    "summary_lines",
+)
 
 
 def test_each_clashing_name_means_one_thing():

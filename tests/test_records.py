@@ -20,22 +20,34 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from valueprobe.activations.manifest import StoreManifest
+from valueprobe.attribute.records import Attribution
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import from_jsonable, jsonable, record_from_dict
+from valueprobe.guided.budget import GuideBudget, GuideReplication
+from valueprobe.guided.records import Candidate, Guided, GuideSummary
+from valueprobe.model.adapter import TunedBase
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
 from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import AxisEvaluation, TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.read.scores import ScoreResult
+from valueprobe.records import Record
 from valueprobe.replicate.dpo_words import WordsReport
 from valueprobe.replicate.safety import SafetyReport
 from valueprobe.replicate.steer import ReplicateSteer
+from valueprobe.replicate.steer_eval import BenchEval, SteerEvaluation
 from valueprobe.report.sections import ShiftSection, SteerSection, TracedText
 from valueprobe.stats.metrics import MeanSd, Slope
 from valueprobe.steering.decode.generation import Generation, Trace
+from valueprobe.steering.experiment.baseline import PromptBaseline
+from valueprobe.steering.experiment.caa_result import CaaBehaviour, CaaReplication
 from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, SweepRow
+from valueprobe.steering.experiment.front import Front
+from valueprobe.steering.experiment.reliability import Reliability
+from valueprobe.steering.experiment.search import SteerSearch
 from valueprobe.steering.experiment.settings import SweepSettings
+from valueprobe.steering.experiment.side_effects import SideEffects, SideMetric
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.shift_records import ShiftResult
@@ -152,6 +164,24 @@ ROUND_TRIP: list[tuple[type, st.SearchStrategy]] = [
     (TracedText, records(TracedText)),
     (SteerSection, records(SteerSection, SPECS)),
     (ShiftSection, records(ShiftSection)),
+    # the steering evaluation's, guided decoding's and attribution's records (the record base)
+    (PromptBaseline, records(PromptBaseline)),
+    (Front, records(Front)),
+    (Reliability, records(Reliability)),
+    (SideMetric, records(SideMetric)),
+    (SideEffects, records(SideEffects)),
+    (BenchEval, records(BenchEval)),
+    (SteerEvaluation, records(SteerEvaluation)),
+    (SteerSearch, records(SteerSearch)),
+    (CaaBehaviour, records(CaaBehaviour, SPECS)),
+    (CaaReplication, records(CaaReplication, SPECS)),
+    (TunedBase, records(TunedBase)),
+    (Candidate, records(Candidate)),
+    (Guided, records(Guided)),
+    (GuideSummary, records(GuideSummary)),
+    (GuideBudget, records(GuideBudget)),
+    (GuideReplication, records(GuideReplication)),
+    (Attribution, records(Attribution)),
 ]
 
 
@@ -273,3 +303,68 @@ def test_committed_steering_summary_is_the_markdown_of_its_record():
     folder = PROBES / "steering-smollm2-135m"
     record = ReplicateSteer.from_dict(json.loads((folder / "results.json").read_text()))
     assert record.markdown() == (folder / "summary.md").read_text()
+
+
+# ---- the record base: what a class says instead of a hand-written to_dict / from_dict ----------
+
+
+class Colour(enum.StrEnum):
+    red = "red"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner(Record):
+    alphas: tuple[float, ...]
+    KEYS = {"alphas": "alpha"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer(Record):
+    FORMAT = "valueprobe.test"
+    FORMAT_VERSION = 2
+    OMIT = {"note": None}
+    INLINE = ("inner",)
+
+    colour: Colour
+    where: Path
+    by_layer: dict[int, _Inner]
+    inner: _Inner
+    note: str | None = None
+
+
+def test_record_base_derives_the_json_the_class_says():
+    x = _Outer(Colour.red, Path("a/b"), {3: _Inner((1.0,))}, _Inner((0.5, 2.0)))
+    d = x.to_dict()
+    assert list(d) == ["format", "format_version", "colour", "where", "by_layer", "alpha"]
+    assert d["colour"] == "red" and d["where"] == "a/b" and d["by_layer"] == {"3": {"alpha": [1.0]}}
+    assert _Outer.from_dict(through_json(d)) == x
+    noted = dataclasses.replace(x, note="n")
+    assert noted.to_dict()["note"] == "n" and _Outer.from_dict(noted.to_dict()) == noted
+    # a format this version does not read is refused in one line, naming the file
+    with pytest.raises(ValueprobeError, match=r"^x\.json: format_version 3 is newer than this valueprobe"):
+        _Outer.from_dict({**d, "format_version": 3}, where="x.json")
+    with pytest.raises(ValueprobeError, match="not a valueprobe.test file"):
+        _Outer.from_dict({**d, "format": "other"})
+
+
+def test_a_first_format_1_manifest_reads_with_the_keys_added_later():
+    from valueprobe.activations.manifest import FORMAT, DatasetInfo
+    from valueprobe.vocab import ChatTemplate, Dtype
+
+    # a store written before dtype, chat templates, n_layers and dataset info were recorded
+    d = {"format": FORMAT, "version": 1, "model_id": "m", "fingerprint": "f", "layers": [0, 2]}
+    d |= {"include_embed": False, "site": "resid_post", "positions": "last", "d_model": 8}
+    m = StoreManifest.from_dict(d, where=Path("manifest.json"))
+    assert (m.n_layers, m.dtype, m.chat_template, m.valueprobe_version) == (
+        3,
+        Dtype.float16,
+        ChatTemplate.model,
+        "unknown",
+    )
+    assert m.dataset == DatasetInfo(None, None, None) and m.shards == () and not m.complete and m.part is None
+    with pytest.raises(ValueprobeError, match="v0 is not .* capture it again"):
+        StoreManifest.from_dict({**d, "version": 0}, where=Path("manifest.json"))
+    with pytest.raises(ValueprobeError, match="^manifest.json: store format_version 2 is newer"):
+        StoreManifest.from_dict({**d, "format_version": 2}, where=Path("manifest.json"))
+    with pytest.raises(ValueprobeError, match="^manifest.json: .*d_model"):
+        StoreManifest.from_dict({k: v for k, v in d.items() if k != "d_model"}, where=Path("manifest.json"))

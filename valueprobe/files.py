@@ -14,7 +14,6 @@ so a bad ``--out`` costs a second, not the run::
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import hashlib
 import json
@@ -23,15 +22,14 @@ import os
 import shutil
 import struct
 import tempfile
-import types
 from collections.abc import Callable, Mapping, Sequence
-from enum import Enum
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Protocol
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.records import from_jsonable, record_from_dict
 
 __all__ = [
     "ARTIFACTS",
@@ -350,82 +348,6 @@ def jsonable(obj: object) -> Any:
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     return obj
-
-
-R = TypeVar("R")
-
-
-def from_jsonable(tp: Any, value: Any) -> Any:
-    """The value of type ``tp`` whose JSON form (`jsonable`) is ``value``: the way back from the JSON edge.
-
-    Lists become the annotated tuples, string keys the annotated ints, ``null`` a NaN where the
-    type is a plain ``float`` (``float | None`` keeps None), nested records come back through
-    their ``from_dict`` (or `record_from_dict`).
-
-    >>> from_jsonable(tuple[float, float], [0.5, None])
-    (0.5, nan)
-    >>> from_jsonable(dict[int, tuple[int, ...]], {"3": [1, 2]})
-    {3: (1, 2)}
-    """
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        for option in options[:-1]:
-            try:
-                return from_jsonable(option, value)
-            except (TypeError, ValueError, KeyError, AttributeError):
-                continue
-        return from_jsonable(options[-1], value)
-    if tp is float:
-        return float("nan") if value is None else float(value)
-    if tp in (int, str, bool):
-        if not isinstance(value, (int, float, str, bool)):
-            raise TypeError(f"expected {tp.__name__}, got {type(value).__name__}")
-        return tp(value)
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_jsonable(args[0], v) for v in value)
-        return tuple(from_jsonable(a, v) for a, v in zip(args, value, strict=True))
-    if origin is list:
-        return [from_jsonable(args[0], v) for v in value]
-    if origin in (dict, Mapping):
-        key, item = args
-        return {from_jsonable(key, k): from_jsonable(item, v) for k, v in value.items()}
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        rebuild = getattr(tp, "from_dict", None)
-        return rebuild(value) if rebuild is not None else record_from_dict(tp, value)
-    if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(value)
-    if tp is Path:
-        return Path(value)
-    return value  # Any, dict, list: plain JSON
-
-
-def record_from_dict(cls: type[R], d: Mapping[str, Any]) -> R:
-    """The record ``cls`` (a dataclass) from a dict with one key per field, each read by its annotation.
-
-    Unknown keys are ignored (a newer writer may add some); a missing key takes the field's default.
-    A record whose ``to_dict`` renames or derives keys writes its own ``from_dict`` and may call this
-    for the rest.
-
-    Raises:
-        ValueprobeError: a field without a default is missing, or a value has the wrong shape.
-    """
-    hints = get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not f.init or f.name not in d:
-            continue
-        try:
-            kwargs[f.name] = from_jsonable(hints[f.name], d[f.name])
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise ValueprobeError(f"{cls.__name__}.{f.name}: unreadable value ({exc})") from None
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueprobeError(f"{cls.__name__}: a field is missing from the record ({exc})") from None
 
 
 # numpy has no bfloat16: a BF16 tensor is mapped as its raw 16 bits and widened to float32 (exact)

@@ -12,11 +12,12 @@ The JSON layout is unchanged from stores written before this record existed (for
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.version import __version__
+from valueprobe.records import Record, refuse_newer
 from valueprobe.vocab import ChatTemplate, Dtype, LayerKey, Positions, ShardSpec, Site
 
 FORMAT = "valueprobe.activations.store"
@@ -44,9 +45,17 @@ class DatasetInfo:
 
 
 @dataclass(frozen=True)
-class StoreManifest:
+class StoreManifest(Record):
     """What a store holds. The capture settings (model, layers, site, ...) fix a store's identity:
-    resuming with other settings is refused (:meth:`settings_differ`)."""
+    resuming with other settings is refused (:meth:`settings_differ`).
+
+    ``manifest.json`` is its ``to_dict``: the format keys, then the fields; a whole store has no
+    ``part`` key and a store captured before ``--model-dtype`` no ``model_dtype``.
+    """
+
+    FORMAT = FORMAT
+    FORMAT_VERSION = FORMAT_VERSION
+    OMIT = {"part": None, "model_dtype": None}
 
     model_id: str
     fingerprint: str
@@ -122,71 +131,42 @@ class StoreManifest:
         unrecorded = frozenset(name for name in _RECORDED_LATER if body.get(name) is None)
         return {name: body.get(name) for name in _SETTINGS if name != "part"}, unrecorded
 
-    def to_dict(self) -> dict:
-        """The ``manifest.json`` object (format, version, then the fields)."""
-        body = asdict(self)
-        body["layers"] = list(self.layers)
-        body["span_labels"] = list(self.span_labels) if self.span_labels is not None else None
-        body["shards"] = [{**asdict(s), "examples": list(s.examples)} for s in self.shards]
-        for name in ("site", "positions", "dtype", "chat_template"):
-            body[name] = str(body[name])
-        if self.part is None:  # a whole store's manifest is the one valueprobe always wrote
-            del body["part"]
-        if self.model_dtype is None:
-            del body["model_dtype"]
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
         # "version" is the key stores were first written with (readers before 0.1.0 check it);
         # "format_version" is the name every valueprobe artifact uses (probe.json too).
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "version": FORMAT_VERSION, **body}
+        return {"version": FORMAT_VERSION, **d}
 
     @classmethod
-    def from_dict(cls, raw: Mapping, *, where: Path) -> StoreManifest:
-        """Parse ``manifest.json``; unknown keys are ignored, missing or malformed ones are one error."""
-        version = raw.get("format_version", raw.get("version"))
-        if raw.get("format") == FORMAT and isinstance(version, int) and version > FORMAT_VERSION:
+    def _check_format(cls, d: Mapping[str, Any], where: str | Path | None) -> None:
+        """A newer store is refused with the way to upgrade; any other format or version (a store of
+        before format 1) with the way to capture it again."""
+        version = d.get("format_version", d.get("version"))
+        if d.get("format") == FORMAT:
+            refuse_newer(version, reads=FORMAT_VERSION, where=where or "manifest.json", what="store ")
+        if d.get("format") != FORMAT or version != FORMAT_VERSION:
             raise ValueprobeError(
-                f"{where}: store format_version {version} is newer than this valueprobe"
-                f" {__version__} reads ({FORMAT_VERSION}): upgrade valueprobe (pip install -U valueprobe)"
-            )
-        if raw.get("format") != FORMAT or version != FORMAT_VERSION:
-            raise ValueprobeError(
-                f"{where}: store format {raw.get('format')!r} v{version} is not "
+                f"{where}: store format {d.get('format')!r} v{version} is not "
                 f"{FORMAT} v{FORMAT_VERSION}: capture it again with this valueprobe"
             )
-        try:
-            dataset = raw.get("dataset") or {}
-            span_labels = raw.get("span_labels")
-            return cls(
-                model_id=str(raw["model_id"]),
-                fingerprint=str(raw["fingerprint"]),
-                layers=tuple(int(x) for x in raw["layers"]),
-                include_embed=bool(raw["include_embed"]),
-                site=Site(raw["site"]),
-                positions=Positions(raw["positions"]),
-                span_labels=tuple(span_labels) if span_labels is not None else None,
-                group_by=raw.get("group_by"),
-                dtype=Dtype(raw.get("dtype", "float16")),
-                examples_per_shard=int(raw.get("examples_per_shard", 0)),
-                # added after format v1 stores were made; those were rendered with the model's template
-                chat_template=ChatTemplate(raw.get("chat_template", "model")),
-                d_model=int(raw["d_model"]),
-                n_layers=int(raw.get("n_layers") or max(raw["layers"], default=-1) + 1),
-                dataset=DatasetInfo(dataset.get("path"), dataset.get("sha256"), dataset.get("n_examples")),
-                valueprobe_version=str(raw.get("valueprobe_version", "unknown")),
-                part=None if raw.get("part") is None else ShardSpec.parse(_part_text(raw["part"])),
-                model_dtype=None if raw.get("model_dtype") is None else str(raw["model_dtype"]),
-                shards=tuple(
-                    Shard(str(s["file"]), (int(s["examples"][0]), int(s["examples"][1])), int(s["rows"]))
-                    for s in raw.get("shards", [])
-                ),
-                complete=bool(raw.get("complete")),
-            )
-        except (KeyError, TypeError, ValueError, IndexError, ValueprobeError) as exc:
-            what = f"lacks the field {exc}" if isinstance(exc, KeyError) else f"has a bad value ({exc})"
-            raise ValueprobeError(f"{where}: manifest {what}; capture the store again") from None
+
+    @classmethod
+    def _read(cls, d: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Keys a format-1 store may lack, as they were before they were written."""
+        dataset = {"path": None, "sha256": None, "n_examples": None, **(d.get("dataset") or {})}
+        n_layers = d.get("n_layers") or max(d.get("layers") or [], default=-1) + 1
+        return {**_ADDED_LATER, **d, "dataset": dataset, "n_layers": n_layers}
 
 
-def _part_text(raw: Mapping) -> str:
-    return f"{int(raw['index'])}/{int(raw['count'])}"
+# Keys added after format-1 stores were made, as such a store reads (its chat was rendered with the
+# model's template, its activations kept in float16).
+_ADDED_LATER: dict[str, Any] = {
+    "span_labels": None,
+    "group_by": None,
+    "dtype": "float16",
+    "examples_per_shard": 0,
+    "chat_template": "model",
+    "valueprobe_version": "unknown",
+}
 
 
 # The capture settings that fix a store's identity (dataset identity is checked apart).

@@ -16,11 +16,11 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from valueprobe.files import jsonable, record_from_dict
+from valueprobe.files import jsonable
+from valueprobe.records import Record
 
 __all__ = [
     "AblatedMetric",
@@ -168,7 +168,7 @@ class Agreement:
 
 
 @dataclass(frozen=True)
-class Attribution:
+class Attribution(Record):
     """The result of one ``valueprobe attribute`` run (see the module doc).
 
     ``read`` says which token rows the axis is read on; ``axis_gap`` is the axis's own class gap
@@ -200,12 +200,8 @@ class Attribution:
     agreement: Agreement | None = None
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Attribution:
-        return record_from_dict(cls, d)
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        return jsonable(d)  # strict JSON already (NaN as null): the report and the parts read it as is
 
     def with_ablation(self, ablation: Ablation) -> Attribution:
         return replace(self, ablation=ablation)

@@ -15,14 +15,13 @@ accuracies beside it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 
 __all__ = ["BudgetPoint", "GuideBudget", "GuideReplication", "Kind", "MethodCurve", "Separation", "at_budget"]
 
@@ -77,7 +76,7 @@ def at_budget(curve: MethodCurve, tokens: float) -> float:
 
 
 @dataclass(frozen=True)
-class GuideBudget:
+class GuideBudget(Record):
     """One task file's accuracy-against-budget curves for every method, and the separations."""
 
     task: str
@@ -141,30 +140,11 @@ class GuideBudget:
             f" [{lo:.1%}, {hi:.1%}]."
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GuideBudget:
-        """The record again from ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class GuideReplication:
+class GuideReplication(Record):
     """Every task file's `GuideBudget` by task name, and the probes read (the report's ``guide`` section)."""
 
     tasks: dict[str, GuideBudget]
     probes: tuple[str, ...]
     model: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "tasks": {k: v.to_dict() for k, v in self.tasks.items()},
-            "probes": list(self.probes),
-            "model": self.model,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GuideReplication:
-        return record_from_dict(cls, d)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from valueprobe.files import atomic_write_text, jsonable, record_from_dict, write_json
+from valueprobe.files import atomic_write_text, jsonable, write_json
+from valueprobe.records import Record
 
 __all__ = ["Candidate", "GuideSummary", "Guided", "tail_mean", "write_guided"]
 
@@ -31,7 +32,7 @@ def tail_mean(values: Sequence[float], last_k: int | None) -> float:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Record):
     """One sampled row of a prompt.
 
     Attributes:
@@ -60,17 +61,9 @@ class Candidate:
     rollbacks: int = 0
     pruned_at: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Candidate:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class Guided:
+class Guided(Record):
     """One prompt's guided decoding: the pick and all candidates.
 
     Attributes:
@@ -96,19 +89,9 @@ class Guided:
     candidates: tuple[Candidate, ...]
     settings: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["candidates"] = [c.to_dict() for c in self.candidates]
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Guided:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class GuideSummary:
+class GuideSummary(Record):
     """Per direction (``axis``, ``random-0``...): what a guided run cost and what it picked.
 
     Attributes:
@@ -154,14 +137,6 @@ class GuideSummary:
             "chosen logp",
         ]
         return columns, [tuple(r) for r in self.rows]
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GuideSummary:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 def write_guided(out: Path, records: Sequence[Guided], settings: Mapping[str, Any]) -> GuideSummary:

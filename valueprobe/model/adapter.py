@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 
 __all__ = [
     "TUNE_FILE",
@@ -39,7 +39,7 @@ def is_adapter_dir(path: Path) -> bool:
 
 
 @dataclass(frozen=True)
-class TunedBase:
+class TunedBase(Record):
     """The model a checkpoint was tuned from (``base`` in ``valueprobe-tune.json``): how to load it
     again, and its shape. `valueprobe.tune.train.TuneRecord` holds it; loading an adapter reads it."""
 
@@ -49,10 +49,6 @@ class TunedBase:
     d_model: int
     n_layers: int
     vocab_size: int
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TunedBase:
-        return record_from_dict(cls, d)
 
 
 def read_tune_record(path: Path) -> tuple[TunedBase, dict[str, Any]]:

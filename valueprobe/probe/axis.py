@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,9 +26,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, jsonable, record_from_dict, write_json
+from valueprobe.files import atomic_write, jsonable, write_json
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.probe.registry import probe_path
+from valueprobe.records import Record, refuse_newer
 from valueprobe.version import __version__
 from valueprobe.vocab import Site, Unit, choice, layer_ranges
 
@@ -40,7 +41,7 @@ ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
 
 
 @dataclass(frozen=True)
-class ProbeRef:
+class ProbeRef(Record):
     """Which probe a result was read on, and its units at one layer: what a score or a shift keeps
     of the axis (``"probe"`` in summary.json and shift.json). ``axis.ref(layer)`` makes one."""
 
@@ -51,13 +52,6 @@ class ProbeRef:
     mu: float
     sigma: float
     sigma_reference: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ProbeRef:
-        return record_from_dict(cls, d)
 
 
 def check_combinable(axes: Sequence[ValueAxis]) -> None:
@@ -411,11 +405,7 @@ class ValueAxis:
             tensors = load_file(str(tensor_path)) if version <= FORMAT_VERSION else {}
         except (json.JSONDecodeError, KeyError, ValueError, OSError, SafetensorError) as e:
             raise ValueprobeError(f"{path}: unreadable probe ({type(e).__name__}: {e}); refit it") from None
-        if version > FORMAT_VERSION:
-            raise ValueprobeError(
-                f"{meta_path}: format_version {version} is newer than this valueprobe {__version__} reads"
-                f" ({FORMAT_VERSION}): upgrade valueprobe (pip install -U valueprobe)"
-            )
+        refuse_newer(version, reads=FORMAT_VERSION, where=meta_path)
         try:
             axis = cls(
                 directions=tensors["directions"],

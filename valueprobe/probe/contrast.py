@@ -10,20 +10,18 @@ beats ``pre`` as much in the control as in the main set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 
 __all__ = ["Contrast", "MatchedControl"]
 
 
 @dataclass(frozen=True)
-class Contrast:
+class Contrast(Record):
     """One two-sample contrast of projections: AUROC with a bootstrap 95% CI, and Cohen's d."""
 
     auroc: float
@@ -37,18 +35,13 @@ class Contrast:
         ci = bootstrap_ci(auroc, scores, labels, n_boot=1000, seed=seed)
         return cls(auroc(scores, labels), ci, cohens_d(scores, labels))
 
-    def to_dict(self) -> dict:
-        return {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Contrast:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class MatchedControl:
-    """The axis on ICRL conversations and their matched controls (see the module docstring)."""
+class MatchedControl(Record):
+    """The axis on ICRL conversations and their matched controls (see the module docstring); its
+    JSON is probe.json's ``metrics.icrl_matched_control`` (no embedding contrast: no key)."""
+
+    OMIT = {"embed_main_post_vs_control_post": None}
 
     layer: int
     post_vs_pre_main: Contrast
@@ -74,16 +67,3 @@ class MatchedControl:
             for name, c in self.contrasts().items()
         ]
         return ["contrast", "AUROC", "95% CI", "Cohen's d"], rows
-
-    def to_dict(self) -> dict:
-        """JSON-ready, stored in probe.json under ``metrics.icrl_matched_control``."""
-        return {
-            "layer": self.layer,
-            **{name: c.to_dict() for name, c in self.contrasts().items()},
-            "main_minus_control_post_sigma": self.main_minus_control_post_sigma,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MatchedControl:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, {"embed_main_post_vs_control_post": None, **d})

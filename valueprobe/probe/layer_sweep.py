@@ -13,19 +13,18 @@ rows and negative = ``pre`` rows, other rows are ignored; otherwise the example 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import torch
 
-from valueprobe.files import record_from_dict
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.baselines import oriented_auroc, shuffle_within_group
 from valueprobe.probe.fitters import Fitter, Method, MethodArg, make_fitter, method_name, unit_or_zero
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, Split, Stores, grouped_splits, resolve_layers
+from valueprobe.records import Record
 from valueprobe.stats.metrics import MeanSd, auroc, cohens_d, mean_sd
 from valueprobe.stats.null import unit_directions
 from valueprobe.vocab import LayerKey, LayerSpec, Target
@@ -118,7 +117,7 @@ def _run_layer(
 
 
 @dataclass(frozen=True)
-class LayerAurocs:
+class LayerAurocs(Record):
     """One layer of a saved sweep: each metric over splits."""
 
     val_auroc: MeanSd
@@ -127,27 +126,18 @@ class LayerAurocs:
     shuffled_auroc: MeanSd
     random_auroc: MeanSd
 
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k).to_dict() for k in _LAYER_KEYS}
-
-
-_LAYER_KEYS = ("val_auroc", "test_auroc", "cohens_d", "shuffled_auroc", "random_auroc")
-
 
 @dataclass(frozen=True)
-class SplitGroups:
+class SplitGroups(Record):
     """The groups of one split, sorted (JSON keeps them as lists)."""
 
     train: tuple[str, ...]
     val: tuple[str, ...]
     test: tuple[str, ...]
 
-    def to_dict(self) -> dict:
-        return {"train": list(self.train), "val": list(self.val), "test": list(self.test)}
-
 
 @dataclass(frozen=True)
-class LayerSweepSummary:
+class LayerSweepSummary(Record):
     """What a layer sweep saves (``probe.json`` ``metrics.sweep``, the demo's ``sweep`` and
     ``history``): per-layer AUROCs as mean ± sd over splits, the controls, the chosen layer.
 
@@ -188,28 +178,6 @@ class LayerSweepSummary:
             f" validation-chosen layer ({chosen}); strongest control {self.strongest_control}"
             f" {self.controls[self.strongest_control].mean:.3f}; margin {self.margin:+.3f}"
         )
-
-    def to_dict(self) -> dict:
-        """JSON-ready metrics, stored in probe.json under ``metrics.sweep``."""
-        return {
-            "method": self.method,
-            "best_layer": self.best_layer,
-            "n_splits": self.n_splits,
-            "chosen_layers": list(self.chosen_layers),
-            "heldout_auroc": self.heldout_auroc.to_dict(),
-            "by_layer": {str(layer): a.to_dict() for layer, a in self.by_layer.items()},
-            "controls": {k: v.to_dict() for k, v in self.controls.items()},
-            "strongest_control": self.strongest_control,
-            "margin": self.margin,
-            "cosine_layers": list(self.cosine_layers),
-            "cosine": [list(row) for row in self.cosine],
-            "splits": [s.to_dict() for s in self.splits],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LayerSweepSummary:
-        """The summary again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.model.fingerprint import check_records
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.baselines import position_sign, shuffle_within_group
@@ -29,6 +27,7 @@ from valueprobe.probe.fitters import Method, MethodArg, make_fitter, method_name
 from valueprobe.probe.layer_sweep import sweep_layers
 from valueprobe.probe.project import project_layer
 from valueprobe.probe.source import Source, StoreArg
+from valueprobe.records import Record
 from valueprobe.stats.metrics import MeanSd, auroc, bootstrap_ci, cohens_d
 from valueprobe.stats.null import unit_directions
 from valueprobe.vocab import LayerKey, Target
@@ -132,7 +131,7 @@ Matrix = tuple[tuple[float, ...], ...]  # [F, F]: row fitted on, column evaluate
 
 
 @dataclass(frozen=True)
-class TransferSummary:
+class TransferSummary(Record):
     """What a transfer matrix saves (``probe.json`` ``metrics.transfer``, the demo's ``transfer``);
     the report draws from it."""
 
@@ -146,26 +145,6 @@ class TransferSummary:
     margin: Matrix  # AUROC minus the strongest control's, per cell
     off_diagonal_auroc: MeanSd
     notes: tuple[str, ...]
-
-    def to_dict(self) -> dict:
-        rows = lambda a: [list(r) for r in a]  # noqa: E731
-        return {
-            "families": list(self.families),
-            "layer": self.layer,
-            "method": self.method,
-            "auroc": rows(self.auroc),
-            "cohens_d": rows(self.cohens_d),
-            "cosine": rows(self.cosine),
-            "controls": {k: rows(v) for k, v in self.controls.items()},
-            "margin": rows(self.margin),
-            "off_diagonal_auroc": self.off_diagonal_auroc.to_dict(),
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TransferSummary:
-        """The summary again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True)
@@ -356,25 +335,16 @@ def transfer_matrix(
 
 
 @dataclass(frozen=True)
-class AxisEvaluation:
+class AxisEvaluation(Record):
     """A fixed axis scored on one family, nothing refitted: AUROC with a bootstrap 95% CI, Cohen's d,
-    and the control, the same direction's AUROC at the embedding output (None without one)."""
+    and the control, the same direction's AUROC at the embedding output (None without one: no key)."""
+
+    OMIT = {"embed_auroc": None}
 
     auroc: float
     auroc_ci: tuple[float, float]
     cohens_d: float
     embed_auroc: float | None
-
-    def to_dict(self) -> dict:
-        out: dict = {"auroc": self.auroc, "auroc_ci": list(self.auroc_ci), "cohens_d": self.cohens_d}
-        if self.embed_auroc is not None:
-            out["embed_auroc"] = self.embed_auroc
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AxisEvaluation:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, {"embed_auroc": None, **d})
 
 
 def evaluate_axis(

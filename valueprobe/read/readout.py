@@ -24,10 +24,10 @@ from valueprobe.activations.capture import run_encoded
 from valueprobe.activations.encode import encode
 from valueprobe.datasets.io import Example, linked_groups
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ProbeRef, ValueAxis
 from valueprobe.read.scores import ScoreResult
+from valueprobe.records import Record
 from valueprobe.stats.metrics import auroc, bootstrap_ci, cohens_d
 from valueprobe.stats.null import direction_null, random_directions
 from valueprobe.vocab import ChatTemplate, PaddingSide, Positions, Tokens, choice
@@ -377,24 +377,12 @@ def summarize_scores(
 
 
 @dataclass(frozen=True)
-class LogitLens:
+class LogitLens(Record):
     """What :func:`logit_lens` returns, as a record: the layer, and (token, logit) pairs, most extreme first."""
 
     layer: int
     promoted: tuple[tuple[str, float], ...]
     suppressed: tuple[tuple[str, float], ...]
-
-    def to_dict(self) -> dict:
-        return {
-            "layer": self.layer,
-            "promoted": [list(p) for p in self.promoted],
-            "suppressed": [list(p) for p in self.suppressed],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LogitLens:
-        """From ``logit_lens(...)`` or its JSON (``probe.json`` ``metrics.logit_lens``)."""
-        return record_from_dict(cls, d)
 
 
 @torch.no_grad()

@@ -353,7 +353,14 @@ def replicate_caa(
         bar.update()
     bar.close()
     final = {b: CaaBehaviour(**{**r.__dict__, "off_target": tuple(off[b])}) for b, r in results.items()}
-    rep = CaaReplication(lm.model_id, layer, validation, final, controls, sizes.test)
+    rep = CaaReplication(
+        model=lm.model_id,
+        layer=layer,
+        validation=validation,
+        controls=controls,
+        n_test=sizes.test,
+        behaviours=final,
+    )
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", jsonable(rep.to_dict()), allow_nan=False)
     atomic_write_text(out / "summary.md", caa_markdown(rep))

@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.preference import TARGETS
-from valueprobe.files import record_from_dict, write_html, write_summary
+from valueprobe.files import write_html, write_summary
 from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
@@ -45,6 +45,7 @@ from valueprobe.read.preference import (
     most_likely_option,
     read_items,
 )
+from valueprobe.records import Record
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.train import TuneRecord, TuneSettings, train
 
@@ -60,20 +61,12 @@ SENTENCES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
-class WordsReport:
-    """Per model and pooled results of :func:`replicate_dpo_words`."""
+class WordsReport(Record):
+    """Per model and pooled results of :func:`replicate_dpo_words` (``results.json``: its fields)."""
 
-    models: list[dict[str, Any]]
     summary: dict[str, Any]
+    models: list[dict[str, Any]]
     settings: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary, "models": self.models, "settings": self.settings}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> WordsReport:
-        """The report again from its ``to_dict()`` or ``results.json``."""
-        return record_from_dict(cls, d)
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         rows: list[list[object]] = []

@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.files import record_from_dict, write_html, write_summary
+from valueprobe.files import write_html, write_summary
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.model.adapter import TUNE_FILE
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.preference import hier_boot
+from valueprobe.records import Record
 from valueprobe.report.plots import shift_figure
 from valueprobe.steering.experiment.behaviour import is_refusal
 from valueprobe.tune.pairs import data_record, read_pairs
@@ -74,30 +75,20 @@ def replies(
 
 
 @dataclass(frozen=True)
-class SafetyReport:
-    """Refusal rates before and after, and one :class:`ShiftResult` per axis."""
+class SafetyReport(Record):
+    """Refusal rates before and after, and one :class:`ShiftResult` per axis (``results.json``: each
+    shift without its per-example records, which read back as none)."""
+
+    KEYS = {"base_gap": "base_sensitive_minus_neutral"}
 
     refusal: dict[str, Any]
-    shifts: dict[str, ShiftResult]
     base_gap: dict[str, dict[str, float]]  # axis -> sensitive − neutral in base σ, with CI
     train: dict[str, Any]
+    shifts: dict[str, ShiftResult]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "refusal": self.refusal,
-            "base_sensitive_minus_neutral": self.base_gap,
-            "train": self.train,
-            "shifts": {
-                name: {k: v for k, v in r.to_dict().items() if k != "records"}
-                for name, r in self.shifts.items()
-            },
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SafetyReport:
-        """The report again from ``to_dict()`` or ``results.json``: each shift without its per-example
-        records (they are not in results.json)."""
-        return record_from_dict(cls, {**d, "base_gap": d["base_sensitive_minus_neutral"]})
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        shifts = {name: {k: v for k, v in r.items() if k != "records"} for name, r in d["shifts"].items()}
+        return {**d, "shifts": shifts}
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         rows: list[list[object]] = []

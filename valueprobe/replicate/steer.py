@@ -25,13 +25,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, record_from_dict, write_json
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
 from valueprobe.replicate.steer_eval import evaluate_steering
 from valueprobe.sharded import part_dir
 from valueprobe.steering.experiment.dose import SteerSweep
@@ -216,12 +216,14 @@ def _verdict(n_prompts: int, slope: float, ci: tuple[float, float] | None, outsi
 
 
 @dataclass(frozen=True)
-class ReplicateSteer:
+class ReplicateSteer(Record):
     """The sweeps of `replicate_steer` by benchmark name: steering (``sweeps``) and ablation."""
 
-    sweeps: dict[str, SteerSweep]
+    OMIT = {"ablations": {}}  # a file from before the ablate row reads back to the same bytes
+
     probe: str
     other_probe: str
+    sweeps: dict[str, SteerSweep]
     ablations: dict[str, SteerSweep] = field(default_factory=dict)
 
     def combined(self) -> SteerSweep:
@@ -290,21 +292,6 @@ class ReplicateSteer:
             for e in s.effects
         ]
         return headers, rows
-
-    def to_dict(self) -> dict:
-        out = {
-            "probe": self.probe,
-            "other_probe": self.other_probe,
-            "sweeps": {k: s.to_dict() for k, s in self.sweeps.items()},
-        }
-        if self.ablations:  # a file from before the ablate row reads back to the same bytes
-            out["ablations"] = {k: s.to_dict() for k, s in self.ablations.items()}
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ReplicateSteer:
-        """The sweeps again from ``to_dict()`` or ``results.json``."""
-        return record_from_dict(cls, d)
 
     def markdown(self) -> str:
         lines = ["# Steering SmolLM2-135M-Instruct along its value axes", ""]

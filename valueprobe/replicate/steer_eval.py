@@ -17,16 +17,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import jsonable, markdown_table, record_from_dict, write_json
+from valueprobe.files import jsonable, markdown_table, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
 from valueprobe.steering.experiment.baseline import PromptBaseline, baseline_table, prompt_baseline
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow
 from valueprobe.steering.experiment.front import Front, direction_means, effect_front
@@ -53,7 +53,7 @@ TASKS: dict[str, tuple[str, str | None, int, int]] = {
 
 
 @dataclass(frozen=True)
-class BenchEval:
+class BenchEval(Record):
     """One steering set's target judged: against asking, at a cost, item by item."""
 
     target: Goal
@@ -61,34 +61,14 @@ class BenchEval:
     reliability: Reliability | None
     front: Front | None
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> BenchEval:
-        return record_from_dict(cls, d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": vars(self.target), "baseline": [b.to_dict() for b in self.baseline],
-                "reliability": None if self.reliability is None else self.reliability.to_dict(),
-                "front": None if self.front is None else self.front.to_dict()}  # fmt: skip
-
 
 @dataclass(frozen=True)
-class SteerEvaluation:
+class SteerEvaluation(Record):
     """The side effects of the shared setting and each set's `BenchEval`."""
 
     unit: str
     side: SideEffects
     benches: dict[str, BenchEval]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "unit": self.unit,
-            "side": self.side.to_dict(),
-            "benches": {k: b.to_dict() for k, b in self.benches.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SteerEvaluation:
-        return record_from_dict(cls, d)
 
     def markdown(self) -> list[str]:
         """The summary's sections: asking, side effects, the front, reliability."""

@@ -23,6 +23,7 @@ from valueprobe.probe.contrast import MatchedControl
 from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
+from valueprobe.records import Record
 from valueprobe.steering.decode.generation import Trace
 from valueprobe.steering.experiment.caa_result import CaaReplication
 from valueprobe.steering.experiment.dose import SteerSweep
@@ -32,55 +33,38 @@ __all__ = ["READERS", "ShiftSection", "SteerSection", "TracedText", "read_sectio
 
 
 @dataclass(frozen=True)
-class TracedText:
-    """One generation and its per-token value trace (the demo's ``trace`` section)."""
+class TracedText(Record):
+    """One generation and its per-token value trace (the demo's ``trace`` section: one object)."""
+
+    INLINE = ("trace",)
 
     text: str
     trace: Trace
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, **self.trace.to_dict()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TracedText:
-        return cls(text=str(d["text"]), trace=Trace.from_dict(d))
-
 
 @dataclass(frozen=True)
-class SteerSection:
-    """A steering sweep and the demo's one-line headline of it."""
+class SteerSection(Record):
+    """A steering sweep and the demo's one-line headline of it (one object: the sweep's keys, then
+    ``headline`` if there is one)."""
+
+    INLINE = ("sweep",)
+    OMIT = {"headline": None}
 
     sweep: SteerSweep
     headline: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        out = self.sweep.to_dict()
-        return out if self.headline is None else {**out, "headline": self.headline}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SteerSection:
-        return cls(sweep=SteerSweep.from_dict(d), headline=d.get("headline"))
-
 
 @dataclass(frozen=True)
-class ShiftSection:
-    """A shift, what was tuned for it (target word, pairs, steps, checkpoint), and its headline."""
+class ShiftSection(Record):
+    """A shift, what was tuned for it (target word, pairs, steps, checkpoint), and its headline (one
+    object: the shift's keys, then ``tune`` and ``headline`` where given)."""
+
+    INLINE = ("result",)
+    OMIT = {"tune": None, "headline": None}
 
     result: ShiftResult
     tune: dict[str, Any] | None = None
     headline: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = self.result.to_dict()
-        if self.tune is not None:
-            out["tune"] = self.tune
-        if self.headline is not None:
-            out["headline"] = self.headline
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ShiftSection:
-        return cls(result=ShiftResult.from_dict(d), tune=d.get("tune"), headline=d.get("headline"))
 
 
 # Section key -> the record its JSON reads as. "history" is a second sweep.

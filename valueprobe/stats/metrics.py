@@ -14,15 +14,14 @@ and by steering sweeps, for the dose-response slope against α and the random-di
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy.stats import rankdata
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 
 Metric = Callable[[np.ndarray, np.ndarray], float]
 
@@ -119,7 +118,7 @@ def bootstrap_ci(
 
 
 @dataclass(frozen=True)
-class MeanSd:
+class MeanSd(Record):
     """A metric over splits: its mean and sample sd (``{"mean", "sd"}`` in JSON, as `mean_sd` gives)."""
 
     mean: float
@@ -128,13 +127,6 @@ class MeanSd:
     @classmethod
     def of(cls, a: np.ndarray) -> MeanSd:
         return cls(**mean_sd(a))
-
-    def to_dict(self) -> dict[str, float]:
-        return {"mean": self.mean, "sd": self.sd}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MeanSd:
-        return record_from_dict(cls, d)
 
 
 def mean_sd(a: np.ndarray) -> dict[str, float]:
@@ -147,21 +139,13 @@ def mean_sd(a: np.ndarray) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class Slope:
+class Slope(Record):
     """OLS slope of a metric against α (per unit of α), with a bootstrap CI over prompts."""
 
     slope: float
     ci: tuple[float, float]
     n_prompts: int
     n_rows: int
-
-    def to_dict(self) -> dict:
-        return {"slope": self.slope, "ci": list(self.ci), "n_prompts": self.n_prompts, "n_rows": self.n_rows}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Slope:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 def _weighted_slopes(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import plotly.graph_objects as go
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, jsonable, record_from_dict, write_html, write_json
+from valueprobe.files import atomic_write_dir, jsonable, write_html, write_json
 from valueprobe.probe.axis import ProbeRef
+from valueprobe.records import Record
 
 __all__ = ["GroupShift", "PairSeparation", "ShiftResult"]
 
@@ -64,8 +63,14 @@ class PairSeparation:
 
 
 @dataclass(frozen=True)
-class ShiftResult:
-    """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder."""
+class ShiftResult(Record):
+    """Everything :func:`shift` measured; ``write`` puts shift.json, examples.csv and shift.html in a folder.
+
+    shift.json is its ``to_dict``: the fields, then ``format`` and ``format_version``."""
+
+    FORMAT = FORMAT
+    LEGACY_FORMATS = ("valueprobe.tune.shift",)
+    FORMAT_AT = "end"
 
     base_id: str
     tuned_id: str
@@ -129,19 +134,6 @@ class ShiftResult:
             if g.shift and math.isfinite(g.shift) and math.isfinite(g.shift_data_sigma):
                 return g.shift_data_sigma / g.shift
         return None
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["probe"] = self.probe.to_dict()
-        out["format"], out["format_version"] = FORMAT, 1
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ShiftResult:
-        """The result again from its ``to_dict()`` or ``shift.json`` (the format keys are checked, then dropped)."""
-        if d.get("format", FORMAT) not in (FORMAT, "valueprobe.tune.shift"):
-            raise ValueprobeError(f"not a shift record: format {d.get('format')!r}")
-        return record_from_dict(cls, d)
 
     def write(self, out_dir: str | Path, *, overwrite: bool = False, figure: go.Figure | None = None) -> Path:
         """Write shift.json, examples.csv and, given ``figure``, shift.html (plotly inlined), all or nothing.

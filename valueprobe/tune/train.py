@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -37,9 +37,10 @@ from typing import Any, Literal
 import torch
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_dir, record_from_dict, write_json
+from valueprobe.files import atomic_write_dir, write_json
 from valueprobe.model.adapter import TUNE_FILE, TunedBase, ignore_old_checkpointing_reads
 from valueprobe.model.load import LoadedModel, load
+from valueprobe.records import Record
 from valueprobe.tune.pairs import Pair
 
 __all__ = [
@@ -115,7 +116,7 @@ class TrainLog:
 
 
 @dataclass(frozen=True)
-class TuneRecord:
+class TuneRecord(Record):
     """What a checkpoint's ``valueprobe-tune.json`` says: the base, the data, the settings, the run."""
 
     format: int
@@ -124,14 +125,6 @@ class TuneRecord:
     data: dict[str, Any]  # provenance: rows, path, sha256, groups, ...
     settings: TuneSettings
     train: TrainLog
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TuneRecord:
-        """The record again from ``to_dict()`` or ``valueprobe-tune.json``."""
-        return record_from_dict(cls, d)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ row draws the same numbers whatever chunk it lands in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -26,9 +26,9 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route_for
+from valueprobe.records import Record
 from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
 from valueprobe.steering.hook.handle import AlphaSource, Specified, Steering
 from valueprobe.steering.hook.spec import SteeringSpec, as_spec
@@ -43,7 +43,7 @@ Prompt = str | Sequence[dict[str, str]]  # raw text, or a chat (rendered with th
 
 
 @dataclass(frozen=True)
-class Trace:
+class Trace(Record):
     """Per-token readout of one row: σ-scores by layer, and the α applied, for every token fed.
 
     ``values[name]`` has one entry per token of ``tokens`` (prompt then generated); the last
@@ -57,17 +57,9 @@ class Trace:
     alpha: tuple[float, ...]
     steered: str  # the name in ``values`` of the steered point
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Trace:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class Generation:
+class Generation(Record):
     """One generated row of a sweep.
 
     Attributes:
@@ -91,16 +83,6 @@ class Generation:
     finished: bool
     trace: Trace | None = field(default=None, compare=False)
     op: str = "add"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["trace"] = None if self.trace is None else self.trace.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Generation:
-        """The record again from its ``to_dict()`` (or the JSON of it)."""
-        return record_from_dict(cls, d)
 
 
 def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:

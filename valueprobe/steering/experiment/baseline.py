@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 from valueprobe.steering.experiment.dose import AXIS, Curve, Effect, SteerSweep
 from valueprobe.steering.experiment.prompting import Goal
 
@@ -64,7 +64,7 @@ def _range(curve: Curve | None, alpha: float) -> tuple[float, float] | None:
 
 
 @dataclass(frozen=True)
-class PromptBaseline:
+class PromptBaseline(Record):
     """One effect judged three ways (see the module doc). ``alpha`` is α*, in the sweep's unit;
     ``sign`` the target's (+1 / -1), None when the effect is not the set's stated target."""
 
@@ -83,6 +83,10 @@ class PromptBaseline:
     away_down: Mean | None
     null_toward_up: tuple[float, float] | None
     null_away_down: tuple[float, float] | None
+
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        # derived, written for the file's readers and not read back
+        return {**d, "verdict": self.verdict, "steering_leaves_null": self.steering_leaves_null}
 
     @property
     def verdict(self) -> str:
@@ -106,14 +110,6 @@ class PromptBaseline:
         if self.null_up is None or not math.isfinite(self.steer_up.mean):
             return None
         return bool(self.steer_up.mean < self.null_up[0] or self.steer_up.mean > self.null_up[1])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "verdict": self.verdict, "steering_leaves_null": self.steering_leaves_null}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PromptBaseline:
-        """The record again from its ``to_dict()``; the verdict is derived."""
-        return record_from_dict(cls, d)
 
 
 def _alpha_star(e: Effect) -> float | None:

@@ -8,13 +8,12 @@ Llama-2-7b-chat figures (`PUBLISHED`) they are shown beside.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 from valueprobe.steering.experiment.baseline import PromptBaseline
 from valueprobe.steering.experiment.dose import AXIS, SteerSweep
 from valueprobe.steering.experiment.prompting import NONE
@@ -40,7 +39,7 @@ PUBLISHED: dict[str, tuple[tuple[float, float, float], tuple[float, float] | Non
 
 
 @dataclass(frozen=True)
-class CaaBehaviour:
+class CaaBehaviour(Record):
     """One behaviour at the chosen layer: steering in CAA's units and in σ, with prompts and the null."""
 
     behaviour: str
@@ -60,19 +59,9 @@ class CaaBehaviour:
             curve.means[curve.alphas.index(m)] if curve and m in curve.alphas else np.nan for m in MULTIPLIERS
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"behaviour": self.behaviour, "length": self.length, "sigma": self.sigma, "n_train": self.n_train,
-                "caa": self.caa.to_dict(), "sigma_units": self.sigma_units.to_dict(),
-                "baseline": [b.to_dict() for b in self.baseline], "reliability": self.reliability.to_dict(),
-                "off_target": [m.to_dict() for m in self.off_target]}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CaaBehaviour:
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class CaaReplication:
+class CaaReplication(Record):
     """Every behaviour at the layer chosen on validation items, and the validation curve by layer."""
 
     model: str
@@ -82,10 +71,6 @@ class CaaReplication:
     controls: int
     n_test: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "layer": self.layer, "validation": self.validation, "controls": self.controls,
-                "n_test": self.n_test, "behaviours": {k: b.to_dict() for k, b in self.behaviours.items()}}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CaaReplication:
-        return record_from_dict(cls, d)
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        behaviours = d.pop("behaviours")
+        return {**d, "behaviours": behaviours}  # results.json's order: the behaviours last

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record, insert_after
 from valueprobe.stats.metrics import Slope, dose_slope
 from valueprobe.stats.null import null_range
 from valueprobe.steering.experiment.behaviour import dropped
@@ -37,8 +37,10 @@ OTHER_PREFIX = "other:"
 
 
 @dataclass(frozen=True)
-class SweepRow:
+class SweepRow(Record):
     """One generated output of a sweep, with its metrics (None where a metric does not apply)."""
+
+    OMIT = {"condition": NONE}  # a plain-prompt row is written as rows were before conditions existed
 
     prompt_id: str
     group: str
@@ -55,60 +57,27 @@ class SweepRow:
     def key(self) -> tuple[str, float, str, int, str]:
         return (self.prompt_id, self.alpha, self.direction, self.sample, self.condition)
 
-    def to_dict(self) -> dict:
-        out = {
-            "prompt_id": self.prompt_id,
-            "group": self.group,
-            "alpha": self.alpha,
-            "direction": self.direction,
-            "sample": self.sample,
-            "seed": self.seed,
-            "text": self.text,
-            "metrics": self.metrics,
-        }
-        # a plain-prompt row is written as rows were before conditions existed
-        return out if self.condition == NONE else {**out, "condition": self.condition}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SweepRow:
-        return cls(
-            prompt_id=str(d["prompt_id"]),
-            group=str(d["group"]),
-            alpha=float(d["alpha"]),
-            direction=str(d["direction"]),
-            sample=int(d["sample"]),
-            seed=d.get("seed"),
-            text=str(d["text"]),
-            metrics=dict(d["metrics"]),
-            condition=str(d.get("condition", NONE)),
-        )
-
 
 @dataclass(frozen=True)
-class Curve:
+class Curve(Record):
     """Mean of a metric at each kept α for one direction, with a 95% CI over prompts."""
+
+    KEYS = {"alphas": "alpha", "means": "mean"}
 
     alphas: tuple[float, ...]
     means: tuple[float, ...]
     lo: tuple[float, ...]
     hi: tuple[float, ...]
 
-    def to_dict(self) -> dict:
-        return {
-            "alpha": list(self.alphas),
-            "mean": list(self.means),
-            "lo": list(self.lo),
-            "hi": list(self.hi),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Curve:
-        return record_from_dict(cls, {"alphas": d["alpha"], "means": d["mean"], "lo": d["lo"], "hi": d["hi"]})
-
 
 @dataclass(frozen=True)
-class Effect:
-    """One metric on one subset of prompts: the axis against the other axis and the random null."""
+class Effect(Record):
+    """One metric on one subset of prompts: the axis against the other axis and the random null.
+
+    Its JSON also says whether each slope is outside the null (``outside_null``,
+    ``other_outside_null``): derived, so written for the file's readers and not read back."""
+
+    KEYS = {"null": "null_slopes", "dropped": "dropped_alphas"}
 
     metric: str
     subset: str
@@ -134,35 +103,23 @@ class Effect:
             return None
         return bool(self.other.slope < lo or self.other.slope > hi)
 
-    def to_dict(self) -> dict:
-        return {
-            "metric": self.metric,
-            "subset": self.subset,
-            "axis": self.axis.to_dict(),
-            "other": None if self.other is None else self.other.to_dict(),
-            "other_name": self.other_name,
-            "null_slopes": list(self.null),
-            "null_range": list(self.null_range),
-            "outside_null": self.outside,
-            "other_outside_null": self.other_outside,
-            "dropped_alphas": list(self.dropped),
-            "curves": {k: c.to_dict() for k, c in self.curves.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Effect:
-        """The effect again from its ``to_dict()``; ``outside_null`` and ``other_outside_null`` are derived."""
-        return record_from_dict(cls, {**d, "null": d["null_slopes"], "dropped": d["dropped_alphas"]})
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        return insert_after(d, "null_range", outside_null=self.outside, other_outside_null=self.other_outside)
 
 
 @dataclass(frozen=True)
-class SteerSweep:
+class SteerSweep(Record):
     """Every effect of one sweep. ``step`` is the α step the table reports slopes per (25 for norm).
 
     ``effects`` are the plain prompt's; ``prompted`` holds the same effects under each prompt
     condition (`valueprobe.steering.experiment.prompting`): at α = 0 they are prompting alone, along α
     prompting and steering together.
+
+    Its JSON puts the slope step (derived from the unit, not read back) second and the effects after
+    the settings (``{}``: none), as sweeps always wrote it.
     """
+
+    OMIT = {"prompted": {}}  # a sweep without prompt conditions writes what it always wrote
 
     unit: str
     effects: tuple[Effect, ...]
@@ -203,22 +160,13 @@ class SteerSweep:
             )
         return headers, rows
 
-    def to_dict(self) -> dict:
-        out = {
-            "unit": self.unit,
-            "slope_step": self.step,
-            "n_rows": self.n_rows,
-            "settings": {} if self.settings is None else self.settings.to_dict(),
-            "effects": [e.to_dict() for e in self.effects],
-        }
-        if self.prompted:  # a sweep without prompt conditions writes what it always wrote
-            out["prompted"] = {c: [e.to_dict() for e in es] for c, es in self.prompted.items()}
-        return out
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        head = {"unit": d.pop("unit"), "slope_step": self.step, "n_rows": d.pop("n_rows")}
+        return {**head, "settings": d.pop("settings") or {}, "effects": d.pop("effects"), **d}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SteerSweep:
-        """The sweep again from its ``to_dict()``; ``slope_step`` is derived from the unit."""
-        return record_from_dict(cls, {**d, "settings": d.get("settings") or None})
+    def _read(cls, d: Mapping[str, Any]) -> Mapping[str, Any]:
+        return {**d, "settings": d.get("settings") or None}
 
     def csv(self) -> str:
         lines = [

@@ -17,14 +17,14 @@ and its move above their front there. At a KL no random direction reaches, the a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SweepRow
 from valueprobe.steering.experiment.prompting import NONE, Goal
 from valueprobe.steering.experiment.side_effects import SideMetric
@@ -69,7 +69,7 @@ def envelope(points: Sequence[FrontPoint], kl: float) -> float:
 
 
 @dataclass(frozen=True)
-class Front:
+class Front(Record):
     """The axis's points and the random directions' points for one target, and the α that count."""
 
     metric: str
@@ -77,6 +77,10 @@ class Front:
     sign: int
     axis: tuple[FrontPoint, ...]
     random: tuple[FrontPoint, ...]
+
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        # derived, written for the file's readers and not read back
+        return {**d, "useful_alphas": list(self.useful), "max_random_kl": self.max_random_kl}
 
     @property
     def max_random_kl(self) -> float:
@@ -115,16 +119,6 @@ class Front:
             for p in self.axis
         ]  # fmt: skip
         return headers, rows
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "subset": self.subset, "sign": self.sign,
-                "axis": [vars(p) for p in self.axis], "random": [vars(p) for p in self.random],
-                "useful_alphas": list(self.useful), "max_random_kl": self.max_random_kl}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Front:
-        """The record again from its ``to_dict()``; the useful α are derived."""
-        return record_from_dict(cls, d)
 
 
 def effect_front(rows: Sequence[SweepRow], kl: SideMetric, target: Goal) -> Front:

@@ -22,12 +22,11 @@ For the axis, and as the null for each random direction (same α, same items):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from valueprobe.files import record_from_dict
+from valueprobe.records import Record
 from valueprobe.stats.null import mean_ci, null_range
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SweepRow
 from valueprobe.steering.experiment.prompting import NONE, Goal
@@ -102,7 +101,7 @@ def prompt_shift(plain: Mapping[str, float], reworded: Mapping[str, float]) -> P
 
 
 @dataclass(frozen=True)
-class Reliability:
+class Reliability(Record):
     """Per-item reliability of one target (see the module doc); slopes per unit of α."""
 
     metric: str
@@ -116,13 +115,6 @@ class Reliability:
     slopes: tuple[float, ...]  # the axis's, one per item
     null_slopes: tuple[float, ...]  # every random direction's items' slopes, pooled
     shift: PromptShift | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Reliability:
-        return record_from_dict(cls, d)
 
 
 def item_reliability(rows: Sequence[SweepRow], target: Goal) -> Reliability:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,9 +27,9 @@ import numpy as np
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
 from valueprobe.stats.null import mean_ci
 from valueprobe.steering.experiment.dose import AXIS, SweepRow
 from valueprobe.steering.experiment.front import Front, effect_front, envelope
@@ -131,7 +131,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class SteerSearch:
+class SteerSearch(Record):
     """Every candidate, the one chosen (None when none is within the KL bound), and its test front."""
 
     target: Goal
@@ -142,6 +142,15 @@ class SteerSearch:
     candidates: tuple[Candidate, ...]
     chosen: Candidate | None
     test_front: Front | None
+
+    def _written(self, d: dict[str, Any]) -> dict[str, Any]:
+        # derived, written for the file's readers and not read back
+        useful = (
+            None
+            if self.test_front is None or self.chosen is None
+            else self.chosen.alpha in self.test_front.useful
+        )
+        return {**d, "useful_on_test": useful}
 
     def table(self) -> tuple[list[str], list[list[object]]]:
         headers = [
@@ -163,18 +172,6 @@ class SteerSearch:
             for c in self.candidates
         ]  # fmt: skip
         return headers, rows
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": asdict(self.target), "space": asdict(self.space), "unit": self.unit, "n_val": self.n_val,
-                "n_test": self.n_test, "candidates": [asdict(c) for c in self.candidates],
-                "chosen": None if self.chosen is None else asdict(self.chosen),
-                "test_front": None if self.test_front is None else self.test_front.to_dict(),
-                "useful_on_test": None if self.test_front is None or self.chosen is None
-                else self.chosen.alpha in self.test_front.useful}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SteerSearch:
-        return record_from_dict(cls, d)
 
 
 def choose(candidates: Sequence[Candidate], max_kl: float) -> Candidate | None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -38,10 +37,10 @@ from tqdm.auto import tqdm
 from valueprobe.datasets.answers import Task, check
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import record_from_dict
 from valueprobe.hooks.padding import pad_id_for
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
 from valueprobe.stats.null import mean_ci, null_range
 from valueprobe.steering.decode.generation import generate
 from valueprobe.steering.decode.sampling import Decoding
@@ -87,7 +86,7 @@ def sweep_plan(settings: SweepSettings, alphas: Sequence[float], n_layers: int) 
 
 
 @dataclass(frozen=True)
-class SideMetric:
+class SideMetric(Record):
     """One side-effect metric: its value per α for each direction, the axis's 95% CI per α."""
 
     name: str
@@ -101,18 +100,9 @@ class SideMetric:
         """The random directions' central 95% at the ``i``-th α."""
         return null_range(np.array([v[i] for d, v in self.values.items() if d.startswith(RANDOM_PREFIX)]))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "label": self.label, "alphas": list(self.alphas),
-                "values": {d: list(v) for d, v in self.values.items()},
-                "axis_ci": [list(c) for c in self.axis_ci], "n": self.n}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SideMetric:
-        return record_from_dict(cls, d)
-
 
 @dataclass(frozen=True)
-class SideEffects:
+class SideEffects(Record):
     """Every side-effect metric of one steering setting (see the module doc)."""
 
     unit: str
@@ -145,14 +135,6 @@ class SideEffects:
                     [m.label, f"{a:g}", v, f"[{ci[0]:.4g}, {ci[1]:.4g}]", f"[{lo:.4g}, {hi:.4g}]", outside]
                 )
         return headers, rows
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"unit": self.unit, "layer": self.layer, "alphas": list(self.alphas),
-                "metrics": [m.to_dict() for m in self.metrics]}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SideEffects:
-        return record_from_dict(cls, d)
 
 
 def _text_batch(lm: LoadedModel, texts: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
