@@ -96,6 +96,8 @@ ONE_MEANING += (
     "choose",
     "resolve_name",
     "summary_lines",
+    "Candidate",
+    "check",
 )
 
 

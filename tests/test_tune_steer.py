@@ -22,9 +22,9 @@ from valueprobe.datasets.io import read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.search import (
-    Candidate,
     SearchSpace,
     SteerSearch,
+    Trial,
     check_space,
     choose,
     split_prompts,
@@ -65,8 +65,8 @@ def test_cli_refuses_an_empty_space_or_kl_bound_before_loading(tmp_path, capsys)
 
 
 def test_choice_is_the_best_validation_move_within_the_bound():
-    def cand(alpha: float, kl: float, move: float) -> Candidate:
-        return Candidate(1, "add", "all", alpha, kl, move, 0.0, 0.0, (0.0, 0.0))
+    def cand(alpha: float, kl: float, move: float) -> Trial:
+        return Trial(1, "add", "all", alpha, kl, move, 0.0, 0.0, (0.0, 0.0))
 
     best_overall, best_within = cand(4.0, 0.9, 3.0), cand(2.0, 0.3, 1.0)
     pool = [cand(1.0, 0.1, 0.2), best_within, best_overall, cand(-2.0, 0.3, float("nan"))]

@@ -30,7 +30,7 @@ from valueprobe.serve.protocol import Chunk, FinishReason, RequestError, SteerRe
 from valueprobe.steering.decode.generation import encode_prompts
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vllm.generate import INSTALL, absolute, check_plugin, engine_kwargs
-from valueprobe.vllm.request import VllmArgs, check
+from valueprobe.vllm.request import VllmArgs, check_spec
 
 __all__ = ["VllmEngine", "make_engine"]
 
@@ -59,7 +59,7 @@ class VllmEngine:
         except ImportError:
             raise ValueprobeError(f"--engine vllm needs vLLM: {INSTALL}") from None
         check_plugin()  # before the engine starts: its workers load plugins as this process does
-        check(spec)  # what the vllm engine cannot steer (an operator but add...), in one line
+        check_spec(spec)  # what the vllm engine cannot steer (an operator but add...), in one line
         axis = spec.first_axis()
         self.model = model
         self.probe = absolute(spec).probe

@@ -37,7 +37,7 @@ from valueprobe.steering.decode.sampling import Decoding, row_seed
 from valueprobe.steering.hook.handle import Specified
 from valueprobe.steering.hook.spec import SteeringSpec, as_spec
 from valueprobe.vllm import plugin
-from valueprobe.vllm.request import VllmArgs, check
+from valueprobe.vllm.request import VllmArgs, check_spec
 
 __all__ = [
     "INSTALL",
@@ -195,7 +195,7 @@ class VllmGenerator:
         from vllm.inputs import TokensPrompt
 
         spec = absolute(as_spec(spec))
-        check(spec)
+        check_spec(spec)
         encoded = encode_prompts(lm, prompts)
         eos = getattr(lm.tokenizer, "eos_token_id", None)
         rows, requests, params = [], [], []

@@ -110,7 +110,7 @@ class VllmArgs:
         if isinstance(spec.probe, str):  # one axis read once per worker, not once per request
             spec = replace(spec, axis=_axis(spec.probe))
         args = cls(spec=spec, alpha=_number(raw, "alpha"), key=_key(raw), value_at=_value_at(raw))
-        check(args.spec)
+        check_spec(args.spec)
         return args
 
 
@@ -144,7 +144,7 @@ def _axis(probe: str) -> ValueAxis:
         raise ValueprobeError(f"{EXTRA_KEY}.spec.probe: {e}") from None
 
 
-def check(spec: SteeringSpec) -> None:
+def check_spec(spec: SteeringSpec) -> None:
     """Refuse, in one line, a spec the vLLM engine cannot run, and one that does not fit its probe
     (model-free: layers, unit statistics, the read layer, the direction's width)."""
     where = f"{EXTRA_KEY}.spec"

@@ -47,7 +47,7 @@ from valueprobe.vocab import Op
 
 __all__ = [
     "SEARCH_OPS",
-    "Candidate",
+    "Trial",
     "SearchSpace",
     "SteerSearch",
     "check_space",
@@ -111,7 +111,7 @@ def split_prompts(examples: Sequence[Example], *, seed: int = 0) -> tuple[set[st
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Trial:
     """One setting: its KL, its move toward the target on each half, and the random directions'
     best move on validation at no more KL (their front there)."""
 
@@ -139,8 +139,8 @@ class SteerSearch(Record):
     unit: str
     n_val: int
     n_test: int
-    candidates: tuple[Candidate, ...]
-    chosen: Candidate | None
+    candidates: tuple[Trial, ...]
+    chosen: Trial | None
     test_front: Front | None
 
     def _written(self, d: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +174,7 @@ class SteerSearch(Record):
         return headers, rows
 
 
-def choose(candidates: Sequence[Candidate], max_kl: float) -> Candidate | None:
+def choose(candidates: Sequence[Trial], max_kl: float) -> Trial | None:
     """The candidate with the largest validation move among those at KL ≤ ``max_kl`` (None: none is)."""
     within = [c for c in candidates if c.kl <= max_kl and math.isfinite(c.val_effect)]
     return max(within, key=lambda c: c.val_effect) if within else None
@@ -251,7 +251,7 @@ def tune_steer(
             if p.alpha == 0:
                 continue
             moves = _item_moves(rows, test, target, p.alpha)
-            candidates.append(Candidate(*config, p.alpha, p.kl, p.effect, envelope(on_val.random, p.kl),
+            candidates.append(Trial(*config, p.alpha, p.kl, p.effect, envelope(on_val.random, p.kl),
                                         test_by.get(p.alpha, math.nan), mean_ci(moves)))  # fmt: skip
     chosen = choose(candidates, space.max_kl)
     front = None if chosen is None else fronts[(chosen.layer, chosen.op, chosen.positions)]
