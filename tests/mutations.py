@@ -184,8 +184,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "cached forwards see columns from 0 (KV-cache offset lost)",
         "valueprobe/hooks/patch.py",
-        "return torch.arange(self.offset, self.offset + self.n_new, device=self.pad.device)",
-        "return torch.arange(0, self.n_new, device=self.pad.device)",
+        "return torch.arange(self.n_new, device=self.pad.device) + self.offset",
+        "return torch.arange(self.n_new, device=self.pad.device)",
         (S + "test_kv_cache_logits_equal_full_forward_every_token[generated-llama]",),
     ),
     Fault(

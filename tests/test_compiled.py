@@ -12,9 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 from test_steer import PROMPTS, planted_axis
+from torch._dynamo.utils import counters
 
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.steering.decode.generation import encode_prompts
+from valueprobe.steering.hook.condition import Condition
 from valueprobe.steering.hook.handle import Steering
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
@@ -22,24 +24,27 @@ from valueprobe.steering.hook.spec import SteeringSpec
 TOKENS = 6
 
 
-def _generate(lm, spec, cache: str | None, *, compiled: bool = False, alphas=(2.0, 0.0, -3.0, 1.0)):
+def _generate(
+    lm, spec, cache, *, compiled=False, alphas=(2.0, 0.0, -3.0, 1.0), tokens=TOKENS, traced=True, backend="inductor"
+):  # fmt: skip
     """Greedy tokens, step scores and the handle's traces (σ before the steered layer's addition,
-    and at read layer 2) of one steered ``generate``; ``compiled`` compiles the forward with the
-    hooks on (dynamo does not guard module hooks: hooks added after compiling would be skipped)."""
+    and at read layer 2; none unless ``traced``) of one steered ``generate``; ``compiled`` compiles
+    the forward with the hooks on (dynamo does not guard module hooks: hooks added after compiling
+    would be skipped)."""
     pad = pad_id_for(lm.tokenizer)
     ids, mask = pad_rows(encode_prompts(lm, PROMPTS), pad_id=pad, side="left")
     steering = Steering(
-        lm, spec, torch.tensor(alphas), prompt_length=ids.shape[1], trace=True, read_layers=[2]
+        lm, spec, torch.tensor(alphas), prompt_length=ids.shape[1], trace=traced, read_layers=[2] * traced
     )
     forward = lm.model.forward
     try:
         with steering.attach():
             if compiled:
                 torch._dynamo.reset()
-                lm.model.forward = torch.compile(forward, dynamic=False)
+                lm.model.forward = torch.compile(forward, dynamic=False, backend=backend)
             with torch.inference_mode():
                 out = lm.model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=TOKENS, min_new_tokens=TOKENS,
+                    input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
                     do_sample=False, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
                     cache_implementation=cache,
                 )  # fmt: skip
@@ -47,9 +52,8 @@ def _generate(lm, spec, cache: str | None, *, compiled: bool = False, alphas=(2.
         lm.model.forward = forward
         if compiled:
             torch._dynamo.reset()
-    traces, _ = steering.traced()
-    real = torch.cat([mask, torch.ones(mask.shape[0], TOKENS - 1, dtype=mask.dtype)], dim=1).bool()
-    reads = {p: torch.cat(parts, dim=1)[real] for p, parts in traces.items()}
+    real = torch.cat([mask, torch.ones(mask.shape[0], tokens - 1, dtype=mask.dtype)], dim=1).bool()
+    reads = {p: torch.cat(parts, dim=1)[real] for p, parts in steering.traced()[0].items()} if traced else {}
     return out.sequences, torch.stack(out.scores), reads
 
 
@@ -69,8 +73,9 @@ def _assert_same(got, want, atol: float) -> None:
         {"positions": "generated"},
         {"op": Operator("clamp", lo=1.0, hi=2.0)},
         {"unit": "norm", "window": (1, 3)},
+        {"positions": "generated", "condition": Condition(-0.2, latch=True)},
     ],
-    ids=["add", "generated", "clamp", "norm-window"],
+    ids=["add", "generated", "clamp", "norm-window", "latch"],
 )
 def test_steering_and_reading_under_a_static_cache_equal_the_dynamic_cache(tiny_lm_factory, options):
     lm = tiny_lm_factory("llama")
@@ -89,3 +94,36 @@ def test_steering_compiled_with_a_static_cache_equals_eager(tiny_lm_factory):
     want = _generate(lm, spec, None)
     got = _generate(lm, spec, "static", compiled=True)
     _assert_same(got, want, atol=1e-4)
+
+
+def _compiles(lm, spec, tokens: int, *, traced: bool) -> tuple[int, int]:
+    """(frames dynamo compiled, graph breaks) over one compiled static-cache steered ``generate``
+    of ``tokens`` tokens, equal to eager's tokens. Recompiles are dynamo's guards, whatever the
+    backend: the ``eager`` backend counts them without inductor's minutes of CPU."""
+    counters.clear()
+    got = _generate(lm, spec, "static", compiled=True, tokens=tokens, traced=traced, backend="eager")
+    frames, breaks = counters["frames"]["ok"], sum(counters["graph_break"].values())
+    assert torch.equal(got[0], _generate(lm, spec, None, tokens=tokens, traced=traced)[0])
+    return frames, breaks
+
+
+@pytest.mark.slow  # ~1 min of CPU: four compiled generates
+@pytest.mark.parametrize("traced", [False, True], ids=["steer", "steer-trace-read"])
+def test_compiled_steering_compiles_as_often_for_24_tokens_as_for_8(tiny_lm_factory, traced):
+    """The hooks keep no Python number that changes per step (the forward count and a static cache's
+    offset are device tensors; trace lists grow outside the graph), so dynamo does not recompile at
+    every decode step: the compile count does not grow with the tokens. Steering alone (the
+    benchmark's row) traces without a graph break; a trace or a read layer breaks the graph where
+    its list grows (Python lists cannot be appended to inside a graph without a guard on their length).
+    """
+    lm = tiny_lm_factory("llama")
+    spec = SteeringSpec(
+        planted_axis(lm), layers=1, positions="generated", condition=Condition(-0.2, latch=True)
+    )
+    # past dynamo's limit (8 a frame) a frame runs eager and stops counting: a per-step recompile
+    # would then give the same count for 8 and 24 tokens
+    with torch._dynamo.config.patch(recompile_limit=64):
+        short, long = _compiles(lm, spec, 8, traced=traced), _compiles(lm, spec, 24, traced=traced)
+    assert short == long, f"(frames compiled, graph breaks): {short} for 8 tokens, {long} for 24"
+    if not traced:
+        assert short[1] == 0, f"{short[1]} graph breaks in steered decoding"

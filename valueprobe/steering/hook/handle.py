@@ -186,7 +186,10 @@ class Steering(Handle):
     def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
         # Nothing in here reads a device value on the host or copies a host tensor per step:
         # α, v̂ and the scorer's direction reach the device on the first forward (tests/test_sync.py).
+        # Nor does it keep Python state that changes per step, so a compiled forward traces it once;
+        # the trace lists grow outside the graph (`_appender`).
         scorer = Scorer(self.axis, target.layer) if self.trace and target is self.points[0] else None
+        keep_read, keep_alpha = _appender(self.reads[target.point]), _appender(self.applied[target.point])
 
         def fn(h: Tensor, step: Step) -> Tensor | None:
             if self._idle and not self.trace and self.source is None:
@@ -195,7 +198,7 @@ class Steering(Handle):
             if gate is not None:
                 cells = cells & gate(h, step)
             if scorer is not None:
-                self.reads[target.point].append(scorer(h.detach()))
+                keep_read(scorer(h.detach()))
             if self.source is not None:
                 alpha = self.source(target, h, step, cells)
             else:
@@ -205,7 +208,7 @@ class Steering(Handle):
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
             alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
             if self.trace:
-                self.applied[target.point].append(alpha.detach())
+                keep_alpha(alpha.detach())
             if self._idle and self.source is None:
                 return None
             return torch.where((alpha != 0)[..., None], self.spec.op(h, alpha, target), h)
@@ -214,6 +217,14 @@ class Steering(Handle):
 
     def __enter__(self) -> Steering:
         return self
+
+
+def _appender(parts: list[Tensor]) -> Callable[[Tensor], None]:
+    """``parts.append``, run outside any compiled graph (a graph break under ``torch.compile``):
+    dynamo guards a list it sees appended to, or passed to a call, on its length, which grows every
+    decode step, so a traced append recompiled the forward at every step. Bound here, the list
+    never enters the graph."""
+    return torch.compiler.disable(parts.append)
 
 
 def _detached(scorer: Scorer) -> Callable[[Tensor], Tensor]:
