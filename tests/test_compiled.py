@@ -24,27 +24,24 @@ from valueprobe.steering.hook.spec import SteeringSpec
 TOKENS = 6
 
 
-def _generate(
-    lm, spec, cache, *, compiled=False, alphas=(2.0, 0.0, -3.0, 1.0), tokens=TOKENS, traced=True, backend="inductor"
-):  # fmt: skip
+def _generate(lm, spec, cache: str | None, *, compiled: bool = False, alphas=(2.0, 0.0, -3.0, 1.0)):
     """Greedy tokens, step scores and the handle's traces (σ before the steered layer's addition,
-    and at read layer 2; none unless ``traced``) of one steered ``generate``; ``compiled`` compiles
-    the forward with the hooks on (dynamo does not guard module hooks: hooks added after compiling
-    would be skipped)."""
+    and at read layer 2) of one steered ``generate``; ``compiled`` compiles the forward with the
+    hooks on (dynamo does not guard module hooks: hooks added after compiling would be skipped)."""
     pad = pad_id_for(lm.tokenizer)
     ids, mask = pad_rows(encode_prompts(lm, PROMPTS), pad_id=pad, side="left")
     steering = Steering(
-        lm, spec, torch.tensor(alphas), prompt_length=ids.shape[1], trace=traced, read_layers=[2] * traced
+        lm, spec, torch.tensor(alphas), prompt_length=ids.shape[1], trace=True, read_layers=[2]
     )
     forward = lm.model.forward
     try:
         with steering.attach():
             if compiled:
                 torch._dynamo.reset()
-                lm.model.forward = torch.compile(forward, dynamic=False, backend=backend)
+                lm.model.forward = torch.compile(forward, dynamic=False)
             with torch.inference_mode():
                 out = lm.model.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                    input_ids=ids, attention_mask=mask, max_new_tokens=TOKENS, min_new_tokens=TOKENS,
                     do_sample=False, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
                     cache_implementation=cache,
                 )  # fmt: skip
@@ -52,8 +49,9 @@ def _generate(
         lm.model.forward = forward
         if compiled:
             torch._dynamo.reset()
-    real = torch.cat([mask, torch.ones(mask.shape[0], tokens - 1, dtype=mask.dtype)], dim=1).bool()
-    reads = {p: torch.cat(parts, dim=1)[real] for p, parts in steering.traced()[0].items()} if traced else {}
+    traces, _ = steering.traced()
+    real = torch.cat([mask, torch.ones(mask.shape[0], TOKENS - 1, dtype=mask.dtype)], dim=1).bool()
+    reads = {p: torch.cat(parts, dim=1)[real] for p, parts in traces.items()}
     return out.sequences, torch.stack(out.scores), reads
 
 
@@ -96,34 +94,69 @@ def test_steering_compiled_with_a_static_cache_equals_eager(tiny_lm_factory):
     _assert_same(got, want, atol=1e-4)
 
 
-def _compiles(lm, spec, tokens: int, *, traced: bool) -> tuple[int, int]:
-    """(frames dynamo compiled, graph breaks) over one compiled static-cache steered ``generate``
-    of ``tokens`` tokens, equal to eager's tokens. Recompiles are dynamo's guards, whatever the
-    backend: the ``eager`` backend counts them without inductor's minutes of CPU."""
-    counters.clear()
-    got = _generate(lm, spec, "static", compiled=True, tokens=tokens, traced=traced, backend="eager")
-    frames, breaks = counters["frames"]["ok"], sum(counters["graph_break"].values())
-    assert torch.equal(got[0], _generate(lm, spec, None, tokens=tokens, traced=traced)[0])
-    return frames, breaks
+def _compiles(lm, spec, lengths: tuple[int, ...], *, traced: bool) -> tuple[int, int]:
+    """(frames dynamo compiled, graph breaks) over static-cache steered ``generate`` calls of
+    ``lengths`` tokens, one after another through one compiled forward and one steering handle;
+    each call's tokens equal the same call's eager tokens. Recompiles are dynamo's guards whatever
+    the backend: the ``eager`` backend counts them without inductor's minutes of CPU."""
+    pad = pad_id_for(lm.tokenizer)
+    ids, mask = pad_rows(encode_prompts(lm, PROMPTS), pad_id=pad, side="left")
+    alphas = torch.tensor([2.0, 0.0, -3.0, 1.0])
+
+    def steering() -> Steering:  # a fresh handle: nothing left on the device by an earlier call
+        return Steering(lm, spec, alphas, prompt_length=ids.shape[1], trace=traced, read_layers=[2] * traced)
+
+    def run(tokens: int) -> torch.Tensor:
+        with torch.inference_mode():
+            return lm.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                do_sample=False, pad_token_id=pad, cache_implementation="static",
+            )  # fmt: skip
+
+    forward = lm.model.forward
+    with steering().attach():
+        torch._dynamo.reset()
+        counters.clear()
+        lm.model.forward = torch.compile(forward, dynamic=False, backend="eager")
+        try:
+            got = [run(n) for n in lengths]
+        finally:
+            lm.model.forward = forward
+            torch._dynamo.reset()
+    with steering().attach():
+        want = [run(n) for n in lengths]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    return counters["frames"]["ok"], sum(counters["graph_break"].values())
 
 
-@pytest.mark.slow  # ~1 min of CPU: four compiled generates
-@pytest.mark.parametrize("traced", [False, True], ids=["steer", "steer-trace-read"])
-def test_compiled_steering_compiles_as_often_for_24_tokens_as_for_8(tiny_lm_factory, traced):
+CASES = {
+    # the benchmark's row (positions as a device offset, one α per row): a second call of more
+    # tokens compiles nothing more
+    "steer": ({"positions": "generated"}, False, (8,), (24, 24)),
+    # a latch's state is made at the first forward, so the second call compiles once more (the
+    # prompt pass, now with the state there); from then on nothing, whatever the tokens
+    "latch-trace-read": ({"positions": "generated", "condition": Condition(-0.2, latch=True)}, True, (8, 8), (24, 24, 24)),
+}  # fmt: skip
+
+
+@pytest.mark.slow  # ~40 s of CPU: five compiled generates a case
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_steering_compiles_no_more_for_more_tokens_or_calls(tiny_lm_factory, case):
     """The hooks keep no Python number that changes per step (the forward count and a static cache's
-    offset are device tensors; trace lists grow outside the graph), so dynamo does not recompile at
-    every decode step: the compile count does not grow with the tokens. Steering alone (the
-    benchmark's row) traces without a graph break; a trace or a read layer breaks the graph where
-    its list grows (Python lists cannot be appended to inside a graph without a guard on their length).
+    offset are device tensors; trace lists grow outside the graph) and copy nothing to the device in
+    a forward (α and v̂ go there on attach), so dynamo recompiles neither at every decode step nor
+    at every call. Steering alone traces without a graph break; a trace or a read layer breaks the
+    graph where its list grows (a list appended to inside a graph is guarded on its length).
+    A static cache is sized by the generation's length: each length is a new shape (compiled
+    once), so the longer calls here are all of one length.
     """
+    options, traced, few, more = CASES[case]
     lm = tiny_lm_factory("llama")
-    spec = SteeringSpec(
-        planted_axis(lm), layers=1, positions="generated", condition=Condition(-0.2, latch=True)
-    )
+    spec = SteeringSpec(planted_axis(lm), layers=1, **options)
     # past dynamo's limit (8 a frame) a frame runs eager and stops counting: a per-step recompile
     # would then give the same count for 8 and 24 tokens
     with torch._dynamo.config.patch(recompile_limit=64):
-        short, long = _compiles(lm, spec, 8, traced=traced), _compiles(lm, spec, 24, traced=traced)
-    assert short == long, f"(frames compiled, graph breaks): {short} for 8 tokens, {long} for 24"
+        short, long = _compiles(lm, spec, few, traced=traced), _compiles(lm, spec, more, traced=traced)
+    assert short == long, f"(frames compiled, graph breaks): {short} for {few} tokens, {long} for {more}"
     if not traced:
         assert short[1] == 0, f"{short[1]} graph breaks in steered decoding"

@@ -131,12 +131,14 @@ def _cache_length(kwargs: dict) -> int | Tensor | None:
 class _StepReader:
     """Pre-hook on the blocks' owner: turns each forward's inputs into a `Step`.
 
-    Its state (the forward count) is a device tensor replaced each forward, not a Python int:
-    a compiled forward reuses its graph from step to step (tests/test_compiled.py counts the
-    compiles)."""
+    Its state (the forward count) is a tensor on the model's device made here and added to in
+    place, not a Python int, and not made at the first forward: a compiled forward reuses its graph
+    from step to step and from call to call (tests/test_compiled.py counts the compiles)."""
 
-    def __init__(self) -> None:
-        self.count: Tensor | None = None
+    def __init__(self, device: torch.device) -> None:
+        device = torch.device("cpu") if device.type == "meta" else device  # weights offloaded
+        with torch.inference_mode(False):  # a normal tensor, which any later forward may add to
+            self.count = torch.zeros((), dtype=torch.long, device=device)
         self.current: Step | None = None
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -156,10 +158,10 @@ class _StepReader:
         else:
             offset = 0 if cached is None else cached
             pad = torch.zeros(batch, new, dtype=torch.bool, device=ids.device)
-        if self.count is None or self.count.device != ids.device:
-            self.count = torch.zeros((), dtype=torch.long, device=ids.device)
-        self.current = Step(index=self.count, offset=offset, pad=pad)
-        self.count = self.count + 1  # a new tensor: the step just made keeps its index
+        if self.count.device != ids.device:  # the inputs are elsewhere than the first weights
+            self.count = self.count.to(ids.device)
+        self.current = Step(index=self.count.clone(), offset=offset, pad=pad)
+        self.count.add_(1)
 
     def step(self) -> Step:
         if self.current is None:  # the blocks' owner was bypassed: nothing to say about padding
@@ -355,7 +357,7 @@ def intervene(
     two on one point run newest first.
     """
     module, on_input = _module(lm, _resolve(lm, point))
-    reader = _StepReader()
+    reader = _StepReader(lm.device)
     handle = Intervention()
     hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=handle)
     try:
@@ -410,7 +412,7 @@ def record(
     """
     keep = reduce or (lambda h: h.detach())
     rec = Recording(points)
-    reader = _StepReader()
+    reader = _StepReader(lm.device)
     hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=rec)
     try:
         by_hook: dict[Hooked, list[Point]] = {}

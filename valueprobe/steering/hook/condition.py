@@ -117,7 +117,7 @@ class Gate:
         # cache), so the latch is cleared by arithmetic, not by a branch that would read it on the host
         latched = self.latched & (step.offset != 0)
         run = (hit.cumsum(dim=1) > 0) | latched[:, None]
-        self.latched = run[:, -1]
+        self.latched = run[:, -1].contiguous()  # one stride whatever the forward's width: one graph
         return run
 
 
