@@ -143,7 +143,7 @@ class Steering(Handle):
         return self
 
     def _resident(self, gates: Sequence[Gate | None]) -> None:
-        """α, each point's v̂ and each gate's direction on their block's device now, once per call.
+        """α, each point's v̂ and each gate's direction on their block's device now, once per attach.
         Copied lazily at the first forward instead, a compiled forward traced the copy, then found
         it made at the next call and recompiled there (tests/test_compiled.py)."""
         self._devices = tuple(dict.fromkeys(_block_device(self.lm, t.point.layer) for t in self.points))
@@ -203,7 +203,7 @@ class Steering(Handle):
 
     def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
         # Nothing in here reads a device value on the host or copies a host tensor per step:
-        # α, v̂ and the scorer's direction reach the device on the first forward (tests/test_sync.py).
+        # α, v̂ and the scorers' directions reach the device on attach (tests/test_sync.py).
         # Nor does it keep Python state that changes per step, so a compiled forward traces it once;
         # the trace lists grow outside the graph (`_appender`).
         scorer = Scorer(self.axis, target.layer) if self.trace and target is self.points[0] else None
