@@ -184,9 +184,23 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "cached forwards see columns from 0 (KV-cache offset lost)",
         "valueprobe/hooks/patch.py",
-        "return torch.arange(self.offset, self.offset + self.n_new, device=self.pad.device)",
-        "return torch.arange(0, self.n_new, device=self.pad.device)",
+        "return torch.arange(self.n_new, device=self.pad.device) + self.offset",
+        "return torch.arange(self.n_new, device=self.pad.device)",
         (S + "test_kv_cache_logits_equal_full_forward_every_token[generated-llama]",),
+    ),
+    Fault(
+        "a static cache's offset read on the host every step",
+        "valueprobe/hooks/patch.py",
+        "return length.clone() if isinstance(length, Tensor) else int(length)",
+        "return int(length)",
+        ("tests/test_sync.py::test_steering_under_a_static_cache_makes_no_sync_per_step[all]",),
+    ),
+    Fault(
+        "a latch carries over into the next sequence",
+        "valueprobe/steering/hook/condition.py",
+        "latched = self.latched & (step.offset != 0)",
+        "latched = self.latched",
+        ("tests/test_condition.py::test_a_latch_starts_over_with_each_new_sequence",),
     ),
     Fault(
         "pad cells steered",

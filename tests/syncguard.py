@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import valueprobe
 
@@ -100,22 +101,6 @@ class SyncCount:
 
             return wrapped
 
-        def getitem(real: Any) -> Any:
-            def wrapped(self: torch.Tensor, index: Any) -> Any:
-                if _masked(index):
-                    note("boolean-mask index")
-                return real(self, index)
-
-            return wrapped
-
-        def setitem(real: Any) -> Any:
-            def wrapped(self: torch.Tensor, index: Any, value: Any) -> Any:
-                if _masked(index):
-                    note("boolean-mask assignment")
-                return real(self, index, value)
-
-            return wrapped
-
         def make_tensor(name: str) -> Any:
             def make(real: Any) -> Any:
                 def wrapped(*a: Any, **k: Any) -> Any:
@@ -131,8 +116,11 @@ class SyncCount:
             self._patch(torch.Tensor, name, host(name))
         self._patch(torch.Tensor, "to", to)
         self._patch(torch.Tensor, "cuda", host("cuda"))
-        self._patch(torch.Tensor, "__getitem__", getitem)
-        self._patch(torch.Tensor, "__setitem__", setitem)
+        # boolean-mask indexing through a torch function mode: patching ``Tensor.__getitem__`` and
+        # deleting it again leaves CPython's sequence slot set on the class, after which
+        # ``torch.tensor([list(t)])`` takes 0-d tensors for sequences in every later test
+        self._mode = _MaskIndexing(note)
+        self._mode.__enter__()
         for name in ("tensor", "as_tensor"):
             self._patch(torch, name, make_tensor(name))
         # output sizes known only from the data: the host waits for them on a GPU
@@ -143,6 +131,7 @@ class SyncCount:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._mode.__exit__(None, None, None)
         for owner, name, old in reversed(self._saved):
             if old is _MISSING:
                 delattr(owner, name)
@@ -152,6 +141,21 @@ class SyncCount:
 
 
 _MISSING = object()
+
+
+class _MaskIndexing(TorchFunctionMode):
+    """Counts ``t[mask]`` and ``t[mask] = v`` with a boolean index (the host learns how many)."""
+
+    def __init__(self, note: Any) -> None:
+        super().__init__()
+        self.note = note
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.Tensor.__getitem__ and _masked(args[1]):
+            self.note("boolean-mask index")
+        elif func is torch.Tensor.__setitem__ and _masked(args[1]):
+            self.note("boolean-mask assignment")
+        return func(*args, **(kwargs or {}))
 
 
 def grown(

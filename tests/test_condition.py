@@ -58,6 +58,30 @@ def test_operator_fires_exactly_where_the_planted_axis_crosses(tiny_lm_factory, 
     assert torch.equal(out.hidden_states[2][~fire], h[~fire])
 
 
+def test_a_latch_starts_over_with_each_new_sequence(tiny_lm_factory):
+    """One handle, the same batch twice: the second forward (cache offset 0 again) fires where a fresh
+    handle fires, from each row's first crossing, not on every cell of the rows the first latched."""
+    lm = tiny_lm_factory("llama")
+    axis = op_axis(lm)
+    ids, mask = _batch(lm)
+    spec = SteeringSpec(axis, condition=Condition(THRESHOLD, latch=True))
+    alpha = torch.tensor([3.0, -2.0, 1.5, 2.0])
+    with steer(lm, spec, alpha):
+        _forward(lm, ids, mask)
+        again = _forward(lm, ids, mask, output_hidden_states=True)
+    with steer(lm, spec, alpha):
+        fresh = _forward(lm, ids, mask, output_hidden_states=True)
+    real = mask.bool()
+    fire = expected_fire(
+        axis.score(_forward(lm, ids, mask, output_hidden_states=True).hidden_states[2], 1),
+        real,
+        "above",
+        True,
+    )
+    assert (fire.any(1) & (real & ~fire).any(1)).any()  # a latched row has real cells before its crossing
+    assert torch.equal(again.hidden_states[2], fresh.hidden_states[2])
+
+
 def test_condition_in_generate_traces_alpha_exactly_at_crossing_tokens(tiny_lm_factory):
     """Through `generate`: the α a row's trace records is α at the tokens whose score crosses and 0
     elsewhere; a probe other than the steered axis can be the condition."""

@@ -17,10 +17,12 @@ from test_steer import PROMPTS, planted_axis
 
 from valueprobe import guide
 from valueprobe.guided.policy import BestOfN, Prune, Rollback
-from valueprobe.steering.decode.generation import generate
+from valueprobe.hooks.padding import pad_id_for, pad_rows
+from valueprobe.steering.decode.generation import encode_prompts, generate
 from valueprobe.steering.decode.rows import RowSpec, generate_rows
 from valueprobe.steering.decode.sampling import Decoding, RowSampler
 from valueprobe.steering.hook.condition import Condition
+from valueprobe.steering.hook.handle import Steering
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
 
@@ -98,6 +100,33 @@ def test_positions_windows_conditions_traces_and_sampling_make_no_sync_per_step(
         )
 
     problems = _growth(call, allowed=CPU_ONLY)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"positions": "generated", "condition": Condition(-0.2, latch=True)}],
+    ids=["all", "generated-latch"],
+)
+def test_steering_under_a_static_cache_makes_no_sync_per_step(tiny_lm_factory, options):
+    """Under transformers' static cache (``cache_implementation="static"``, what a compiled decode
+    runs on) the cache counts its columns in a device tensor: the hook takes its step offset from
+    there and never reads it on the host, with a trace and a read layer on."""
+    lm = tiny_lm_factory("llama")
+    spec = SteeringSpec(planted_axis(lm), layers=1, **options)
+    pad = pad_id_for(lm.tokenizer)
+    ids, mask = pad_rows(encode_prompts(lm, PROMPTS), pad_id=pad, side="left")
+    alphas = torch.tensor([2.0, 0.0, -3.0, 1.0])
+
+    def call(tokens: int) -> None:
+        steering = Steering(lm, spec, alphas, prompt_length=ids.shape[1], trace=True, read_layers=[2])
+        with steering.attach(), torch.no_grad():
+            lm.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                do_sample=False, pad_token_id=pad, cache_implementation="static",
+            )  # fmt: skip
+
+    problems = _growth(call)
     assert not problems, "\n".join(problems)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
@@ -75,14 +75,20 @@ class Step:
 
     Attributes:
         index: forwards seen by this handle before this one (0: the first; under ``generate``,
-            the prompt pass).
+            the prompt pass), a 0-dim tensor on the forward's device.
         offset: columns already in the KV cache; the hidden state's column ``j`` is column
-            ``offset + j`` of the full (left-padded) sequence.
+            ``offset + j`` of the full (left-padded) sequence. A Python int where the forward's
+            shapes or a host-side cache say it; a 0-dim tensor on the device where the cache counts
+            there (transformers' static cache), never read on the host.
         pad: ``[batch, new]``, True where a new cell is padding (never steer or read those).
+
+    Nothing here is a Python number that changes from one decode step to the next under a static
+    cache, so a compiled forward with hooks on traces once: dynamo guards a Python int as a
+    constant, and one that moved every step recompiled every step.
     """
 
-    index: int
-    offset: int
+    index: Int[Tensor, ""]
+    offset: int | Int[Tensor, ""]
     pad: Bool[Tensor, "batch new"]
 
     @property
@@ -90,8 +96,8 @@ class Step:
         return int(self.pad.shape[1])
 
     def columns(self) -> torch.Tensor:
-        """Full-sequence column of each new cell, ``[new]``."""
-        return torch.arange(self.offset, self.offset + self.n_new, device=self.pad.device)
+        """Full-sequence column of each new cell, ``[new]`` (on the device, whatever the offset is)."""
+        return torch.arange(self.n_new, device=self.pad.device) + self.offset
 
 
 class StopForward(Exception):
@@ -110,19 +116,29 @@ def _owner(lm: LoadedModel) -> torch.nn.Module:
     return lm.model.get_submodule(parent) if parent else lm.model
 
 
-def _cache_length(kwargs: dict) -> int | None:
+def _cache_length(kwargs: dict) -> int | Tensor | None:
+    """Columns the forward's cache holds before it: a host int (a dynamic cache), or a copy of a
+    static cache's device counter (which the cache adds to in place during this forward), never
+    read on the host: ``int()`` of it would sync a GPU at every decode step."""
     for key in ("past_key_values", "cache", "past_key_value"):
         cache = kwargs.get(key)
         if cache is not None and hasattr(cache, "get_seq_length"):
-            return int(cache.get_seq_length())
+            length = cache.get_seq_length()
+            return length.clone() if isinstance(length, Tensor) else int(length)
     return None
 
 
 class _StepReader:
-    """Pre-hook on the blocks' owner: turns each forward's inputs into a `Step`."""
+    """Pre-hook on the blocks' owner: turns each forward's inputs into a `Step`.
 
-    def __init__(self) -> None:
-        self.count = 0
+    Its state (the forward count) is a tensor on the model's device made here and added to in
+    place, not a Python int, and not made at the first forward: a compiled forward reuses its graph
+    from step to step and from call to call (tests/test_compiled.py counts the compiles)."""
+
+    def __init__(self, device: torch.device) -> None:
+        device = torch.device("cpu") if device.type == "meta" else device  # weights offloaded
+        with torch.inference_mode(False):  # a normal tensor, which any later forward may add to
+            self.count = torch.zeros((), dtype=torch.long, device=device)
         self.current: Step | None = None
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -132,14 +148,20 @@ class _StepReader:
         batch, new = int(ids.shape[0]), int(ids.shape[1])
         mask = kwargs.get("attention_mask")
         cached = _cache_length(kwargs)
+        offset: int | Tensor
         if isinstance(mask, Tensor) and mask.ndim == 2:
             offset = int(mask.shape[1]) - new if cached is None else cached
-            pad = mask[:, offset : offset + new] == 0
+            if isinstance(offset, Tensor):  # a device offset: gather the columns, no host read
+                pad = mask.index_select(1, torch.arange(new, device=mask.device) + offset) == 0
+            else:
+                pad = mask[:, offset : offset + new] == 0
         else:
-            offset = cached or 0
+            offset = 0 if cached is None else cached
             pad = torch.zeros(batch, new, dtype=torch.bool, device=ids.device)
-        self.current = Step(index=self.count, offset=offset, pad=pad)
-        self.count += 1
+        if self.count.device != ids.device:  # the inputs are elsewhere than the first weights
+            self.count = self.count.to(ids.device)
+        self.current = Step(index=self.count.clone(), offset=offset, pad=pad)
+        self.count.add_(1)
 
     def step(self) -> Step:
         if self.current is None:  # the blocks' owner was bypassed: nothing to say about padding
@@ -335,7 +357,7 @@ def intervene(
     two on one point run newest first.
     """
     module, on_input = _module(lm, _resolve(lm, point))
-    reader = _StepReader()
+    reader = _StepReader(lm.device)
     handle = Intervention()
     hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=handle)
     try:
@@ -390,7 +412,7 @@ def record(
     """
     keep = reduce or (lambda h: h.detach())
     rec = Recording(points)
-    reader = _StepReader()
+    reader = _StepReader(lm.device)
     hook_module(_owner(lm), reader, pre=True, with_kwargs=True, into=rec)
     try:
         by_hook: dict[Hooked, list[Point]] = {}
@@ -412,13 +434,19 @@ def _saver(
     rec: Recording, reader: _StepReader, points: list[Point], keep: Callable[[Tensor], Tensor], stop: bool
 ) -> Callable[[Tensor], None]:
     def body(h: Tensor) -> None:
-        step = reader.step()
-        if not rec.steps or rec.steps[-1] is not step:
-            rec.steps.append(step)
-        value = keep(h)
-        for point in points:
-            rec.values[point].append(value)
+        _keep(rec, points, reader.step(), keep(h))
         if stop:
             raise StopForward
 
     return body
+
+
+@torch.compiler.disable
+def _keep(rec: Recording, points: list[Point], step: Step, value: Tensor) -> None:
+    """Append one forward's value (and its step, once) to the recording's lists. Outside any
+    compiled graph: dynamo guards a list it appends to on its length, which grows every step, so
+    a traced append recompiled the forward at every decode step (a graph break here instead)."""
+    if not rec.steps or rec.steps[-1] is not step:
+        rec.steps.append(step)
+    for point in points:
+        rec.values[point].append(value)

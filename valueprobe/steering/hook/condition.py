@@ -111,10 +111,13 @@ class Gate:
         hit = (score > c.threshold if c.when == "above" else score < c.threshold) & ~step.pad
         if not c.latch:
             return hit
-        if step.offset == 0 or self.latched is None or self.latched.shape[0] != hit.shape[0]:
+        if self.latched is None or self.latched.shape[0] != hit.shape[0]:
             self.latched = torch.zeros(hit.shape[0], dtype=torch.bool, device=hit.device)
-        run = (hit.cumsum(dim=1) > 0) | self.latched[:, None]
-        self.latched = run[:, -1]
+        # a forward at offset 0 starts a new sequence; the offset may be a device tensor (a static
+        # cache), so the latch is cleared by arithmetic, not by a branch that would read it on the host
+        latched = self.latched & (step.offset != 0)
+        run = (hit.cumsum(dim=1) > 0) | latched[:, None]
+        self.latched = run[:, -1].contiguous()  # one stride whatever the forward's width: one graph
         return run
 
 

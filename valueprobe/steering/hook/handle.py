@@ -85,6 +85,7 @@ class Steering(Handle):
         check_phase(self.spec.positions, self.spec.window, prompt_length)
         self.points = self.spec.points(lm)
         self.axis = self.spec.first_axis()
+        self._devices: tuple[torch.device, ...] = ()  # the steered blocks' devices, once attached
         self.alpha = alpha
         self.prompt_length = prompt_length
         self.trace = trace
@@ -108,6 +109,8 @@ class Steering(Handle):
         self._alpha_on: dict[torch.device, Tensor] = {host.device: host}
         # known on the host, so no step asks the device: all-zero α leaves every forward alone
         self._idle = host.device.type == "cpu" and not bool(host.any())
+        for device in self._devices:  # attached: α reaches the blocks' devices now, not in a step
+            self._alpha_at(device)
 
     def _alpha_at(self, device: torch.device) -> Tensor:
         """α on ``device``, copied there the first time only."""
@@ -123,18 +126,33 @@ class Steering(Handle):
             raise ValueprobeError("this steering is attached already: remove it before attaching it again")
         condition = self.spec.condition
         gates = [None if condition is None else condition.gate(self.axis, t.layer) for t in self.points]
+        self._resident(gates)
         try:
             # hooks on one point run newest first: register in reverse, so the points act in order
             for t, gate in reversed(list(zip(self.points, gates, strict=True))):
                 self.join(intervene(self.lm, t.point, self._hook(t, gate)))
             for layer in self.read_layers:
                 p = Point(layer, Site.resid_post)
-                self.recordings[p] = record(self.lm, [p], reduce=_detached(Scorer(self.axis, layer)))
+                scorer = Scorer(self.axis, layer)
+                scorer.direction.on(_block_device(self.lm, layer))
+                self.recordings[p] = record(self.lm, [p], reduce=_detached(scorer))
                 self.join(self.recordings[p])
         except BaseException:
             self.remove()
             raise
         return self
+
+    def _resident(self, gates: Sequence[Gate | None]) -> None:
+        """α, each point's v̂ and each gate's direction on their block's device now, once per attach.
+        Copied lazily at the first forward instead, a compiled forward traced the copy, then found
+        it made at the next call and recompiled there (tests/test_compiled.py)."""
+        self._devices = tuple(dict.fromkeys(_block_device(self.lm, t.point.layer) for t in self.points))
+        for t, gate in zip(self.points, gates, strict=True):
+            device = _block_device(self.lm, t.point.layer)
+            t.direction_on(device)
+            self._alpha_at(device)
+            if gate is not None:
+                gate.scorer.direction.on(device)
 
     def as_additions(self) -> Additions:
         """The steering as data, for a route that builds its run as a graph (nnsight, NDIF)."""
@@ -185,8 +203,13 @@ class Steering(Handle):
 
     def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
         # Nothing in here reads a device value on the host or copies a host tensor per step:
-        # α, v̂ and the scorer's direction reach the device on the first forward (tests/test_sync.py).
+        # α, v̂ and the scorers' directions reach the device on attach (tests/test_sync.py).
+        # Nor does it keep Python state that changes per step, so a compiled forward traces it once;
+        # the trace lists grow outside the graph (`_appender`).
         scorer = Scorer(self.axis, target.layer) if self.trace and target is self.points[0] else None
+        if scorer is not None:
+            scorer.direction.on(_block_device(self.lm, target.point.layer))
+        keep_read, keep_alpha = _appender(self.reads[target.point]), _appender(self.applied[target.point])
 
         def fn(h: Tensor, step: Step) -> Tensor | None:
             if self._idle and not self.trace and self.source is None:
@@ -195,7 +218,7 @@ class Steering(Handle):
             if gate is not None:
                 cells = cells & gate(h, step)
             if scorer is not None:
-                self.reads[target.point].append(scorer(h.detach()))
+                keep_read(scorer(h.detach()))
             if self.source is not None:
                 alpha = self.source(target, h, step, cells)
             else:
@@ -205,7 +228,7 @@ class Steering(Handle):
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
             alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
             if self.trace:
-                self.applied[target.point].append(alpha.detach())
+                keep_alpha(alpha.detach())
             if self._idle and self.source is None:
                 return None
             return torch.where((alpha != 0)[..., None], self.spec.op(h, alpha, target), h)
@@ -214,6 +237,20 @@ class Steering(Handle):
 
     def __enter__(self) -> Steering:
         return self
+
+
+def _block_device(lm: LoadedModel, layer: int) -> torch.device:
+    """Where decoder block ``layer`` keeps its weights (blocks may sit on different devices)."""
+    weight = next(lm.layers[layer].parameters(), None)
+    return lm.device if weight is None else weight.device
+
+
+def _appender(parts: list[Tensor]) -> Callable[[Tensor], None]:
+    """``parts.append``, run outside any compiled graph (a graph break under ``torch.compile``):
+    dynamo guards a list it sees appended to, or passed to a call, on its length, which grows every
+    decode step, so a traced append recompiled the forward at every step. Bound here, the list
+    never enters the graph."""
+    return torch.compiler.disable(parts.append)
 
 
 def _detached(scorer: Scorer) -> Callable[[Tensor], Tensor]:
