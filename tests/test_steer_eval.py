@@ -186,7 +186,8 @@ def test_baseline_verdict_compares_steering_with_asking():
         prompted={"toward": (_effect((0.8, 0.9, 1.0)),), "away": (_effect((0.1, 0.2, 0.3)),)},
     )
     (row,) = prompt_baseline(sweep, Goal("m", "all", 1))
-    assert (row.alpha, row.plain.mean, row.toward.mean, row.away_down.mean) == (1.0, 0.5, 0.9, 0.1)  # type: ignore[union-attr]
+    assert row.toward is not None and row.away_down is not None  # both prompt conditions ran
+    assert (row.alpha, row.plain.mean, row.toward.mean, row.away_down.mean) == (1.0, 0.5, 0.9, 0.1)
     assert row.verdict == "asking beats steering" and row.steering_leaves_null is False
     (unsigned,) = prompt_baseline(sweep, None)
     assert unsigned.verdict == "-"

@@ -161,10 +161,17 @@ _NAMES: dict[type, tuple[str, ...]] = {}
 _READERS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    """A record class's dataclass fields, in order (a Record that is not a dataclass is a bug)."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} derives from Record but is not a dataclass")
+    return dataclasses.fields(cls)
+
+
 def _names(cls: type) -> tuple[str, ...]:
     """The field names of a record class, in order."""
     if cls not in _NAMES:
-        _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        _NAMES[cls] = tuple(f.name for f in _fields(cls))
     return _NAMES[cls]
 
 
@@ -172,8 +179,7 @@ def _readers(cls: type) -> tuple[tuple[str, Any], ...]:
     """(name, annotation) of each field ``__init__`` takes."""
     if cls not in _READERS:
         hints = get_type_hints(cls)
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        _READERS[cls] = tuple((f.name, hints[f.name]) for f in fields if f.init)
+        _READERS[cls] = tuple((f.name, hints[f.name]) for f in _fields(cls) if f.init)
     return _READERS[cls]
 
 

@@ -207,8 +207,8 @@ def _read_batch(
     cache = DynamicCache(config=lm.model.config)
     # without a behaviour nothing past the read layer is needed, by the prefix or the rows after it
     shared = _prefix(lm, at, ids, mask, stop=not behaviour, cache=cache) @ v  # [groups, width]
-    # each group's prefix once per row of the group (``which`` is a LongTensor; torch types it Tensor)
-    cache.reorder_cache(which.to(lm.device))  # type: ignore[arg-type]
+    # each group's prefix once per row of the group (an index repeated is a row copied)
+    cache.batch_select_indices(which.to(lm.device))
     own = [
         e.input_ids[cut[g] : len(e.input_ids) - behaviour] for e, g in zip(rows, which.tolist(), strict=True)
     ]
