@@ -69,6 +69,10 @@ _GRAPH_ID = "block-op-1"  # in vLLM's compile-cache key: graphs with the op neve
 _MAX_KEPT = 65536  # requests whose values wait to be taken; the oldest go first
 _LOCK = threading.Lock()
 _VALUES: OrderedDict[str, dict[int, float]] = OrderedDict()
+# Reads made inside the forward, still on the device: where each value goes, and the values. They
+# come to the host when taken (outside the step), or every _SETTLE_EVERY reads if nobody takes.
+_PENDING: list[tuple[tuple[tuple[str, int], ...], Tensor]] = []
+_SETTLE_EVERY = 1024
 
 
 @dataclass
@@ -188,18 +192,32 @@ def _read(reads: _Reads, residual: Tensor, hidden: Tensor) -> None:
     proj = (h * torch.stack(reads.v).to(h.device)).sum(-1)
     mu = torch.tensor(reads.mu, device=h.device)
     sigma = torch.tensor(reads.sigma, device=h.device)
-    _keep(reads.to, ((proj - mu) / sigma).tolist())
+    _keep(reads.to, (proj - mu) / sigma)
 
 
-def _keep(dest: Sequence[tuple[str, int]], values: Sequence[float]) -> None:
+def _keep(dest: Sequence[tuple[str, int]], values: Tensor) -> None:
+    """Hold one read's σ-scores on the device (no host read inside the step)."""
     with _LOCK:
-        for (key, t), v in zip(dest, values, strict=True):
-            kept = _VALUES.get(key)
-            if kept is None:
-                kept = _VALUES[key] = {}
-                while len(_VALUES) > _MAX_KEPT:
-                    _VALUES.popitem(last=False)
-            kept[t] = v
+        _PENDING.append((tuple(dest), values.detach()))
+        if len(_PENDING) >= _SETTLE_EVERY:
+            _settle()
+
+
+def _settle() -> None:
+    """Copy the pending reads to the host in one copy and file them by key (caller holds _LOCK)."""
+    if not _PENDING:
+        return
+    device = _PENDING[0][1].device
+    flat = torch.cat([v.to(device) for _, v in _PENDING]).tolist()
+    dest = [d for ds, _ in _PENDING for d in ds]
+    _PENDING.clear()
+    for (key, t), v in zip(dest, flat, strict=True):
+        kept = _VALUES.get(key)
+        if kept is None:
+            kept = _VALUES[key] = {}
+            while len(_VALUES) > _MAX_KEPT:
+                _VALUES.popitem(last=False)
+        kept[t] = v
 
 
 def take(keys: Sequence[str]) -> dict[str, tuple[int, list[float]]]:
@@ -208,6 +226,7 @@ def take(keys: Sequence[str]) -> dict[str, tuple[int, list[float]]]:
     A stream takes as it goes; values that arrive later are kept again under the same key."""
     out: dict[str, tuple[int, list[float]]] = {}
     with _LOCK:
+        _settle()
         for key in keys:
             kept = _VALUES.pop(key, None)
             if kept:
