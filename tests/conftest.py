@@ -6,7 +6,9 @@ and the models are built from configs with random weights.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -176,3 +178,18 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
         code = int(exc.code or 0)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def curl_events(url: str, body: dict) -> list[dict]:
+    """``curl -N`` (no buffering: each event as it comes) on a streamed request: its data events,
+    parsed, after checking that the stream ends in ``[DONE]``."""
+    out = subprocess.run(
+        ["curl", "-sN", url, "-H", "Content-Type: application/json", "-d", json.dumps(body)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    events = [line[len("data: ") :] for line in out.splitlines() if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", out
+    return [json.loads(e) for e in events[:-1]]

@@ -8,7 +8,6 @@ layer), each request run alone (batched = alone), and α's order (readouts order
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -24,7 +23,7 @@ import openai
 import pytest
 import torch
 import uvicorn
-from conftest import run_cli
+from conftest import curl_events, run_cli
 from test_cli_faults import one_line
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
@@ -184,7 +183,8 @@ def test_chat_stream_equals_chat_whole(server):
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl on this machine")
 def test_curl_stream_ends_in_done(server):
-    body = json.dumps(
+    events = curl_events(
+        f"{server.url}/completions",
         {
             "model": MODEL,
             "prompt": PROMPT,
@@ -193,18 +193,10 @@ def test_curl_stream_ends_in_done(server):
             "stream": True,
             "steering": {"alpha": 1},
             "value_layer": VALUE_LAYER,
-        }
+        },
     )
-    out = subprocess.run(
-        ["curl", "-sN", f"{server.url}/completions", "-H", "Content-Type: application/json", "-d", body],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    events = [line[len("data: ") :] for line in out.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]" and len(events) == 5
-    chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    assert len(events) == 4
+    chunks = [e["choices"][0] for e in events]
     whole = _complete(server.client(), 1.0, max_tokens=4).choices[0]
     assert [c["values"][0] for c in chunks] == pytest.approx(whole.model_extra["values"], abs=1e-6)
     assert "".join(c["text"] for c in chunks) == whole.text

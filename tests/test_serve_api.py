@@ -11,14 +11,13 @@ layer, the value after the addition is the value before it plus α.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 
 import httpx
 import openai
 import pytest
 import torch
+from conftest import curl_events
 from test_serve import MODEL, PROMPT, STEER_LAYER, VALUE_LAYER, Server, axis, lm, server  # noqa: F401 - fixtures
 
 from valueprobe.serve.hf_engine import HFEngine
@@ -286,26 +285,7 @@ def test_every_refusal_is_an_openai_error_naming_the_field(server, path, patch, 
 
 
 def _curl(server: Server, path: str, body: dict) -> list[dict]:
-    """``curl -N`` (no buffering: each event as it comes) on a streamed request: its data events,
-    parsed, and a check that the stream ends in ``[DONE]``."""
-    out = subprocess.run(
-        [
-            "curl",
-            "-sN",
-            f"{server.url}/{path}",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            json.dumps(body),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    events = [line[len("data: ") :] for line in out.splitlines() if line.startswith("data: ")]
-    assert events and events[-1] == "[DONE]", out
-    return [json.loads(e) for e in events[:-1]]
+    return curl_events(f"{server.url}/{path}", body)
 
 
 def _assemble(events: list[dict], *, chat: bool) -> dict[int, dict]:
