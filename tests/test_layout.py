@@ -111,3 +111,29 @@ def test_nn_module_hooks_are_registered_under_hooks_only():
         if isinstance(node, ast.Attribute) and node.attr.startswith("register_") and "hook" in node.attr
     ]
     assert not calls, calls
+
+
+def test_the_public_names_are_listed_alike_and_load_lazily():
+    """``__all__``, the lazy table and the TYPE_CHECKING imports of valueprobe/__init__.py agree,
+    every name resolves, and ``import valueprobe`` loads none of their modules (nor torch)."""
+    import subprocess
+    import sys
+
+    import valueprobe as vp
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    typed = {
+        (node.module, alias.name)
+        for node in checked.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    lazy = {(module, name) for module, names in vp._HOMES.items() for name in names}
+    assert typed == lazy
+    assert {name for _, name in lazy} | {"__version__"} == set(vp.__all__)
+    for name in vp.__all__:
+        assert getattr(vp, name) is not None
+    code = "import sys, valueprobe; print(sorted(m for m in sys.modules if m.startswith(('torch', 'valueprobe.'))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['valueprobe.version']"

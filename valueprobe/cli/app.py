@@ -90,6 +90,12 @@ ChatTemplateOpt = Annotated[
         help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
     ),
 ]
+AllowLargeOpt = Annotated[
+    bool,
+    typer.Option(
+        help="run strengths past 100% of the layer's mean residual norm (refused otherwise); recorded in the output"
+    ),
+]
 AllowPartialOpt = Annotated[
     bool, typer.Option(help="read a store whose capture did not finish (its row count is printed)")
 ]

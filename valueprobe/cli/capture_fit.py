@@ -38,6 +38,7 @@ from valueprobe.cli.app import (
     write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.calibrate import print_units
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.errors import ValueprobeError
@@ -224,58 +225,90 @@ def capture_command(
         work(out, None, how.device)
 
 
-@app.command("fit")
-def fit_command(
-    store: Annotated[
-        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
-    ],
-    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
-    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+@dataclass(frozen=True)
+class FitOptions(OptionGroup):
+    """How ``fit`` sweeps layers and splits groups (the arguments of `fit_probe`, as options)."""
+
+    panel = "Fit"
+
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means
     layers: Annotated[
         LayerSelection | None,
         typer.Option(
             parser=LayerSelection.parse, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
         ),
-    ] = None,
-    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
-    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
-    seed: int = 0,
-    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
-    target: Annotated[
-        Target, typer.Option(help="auto: pre/post spans if present, else labels")
-    ] = Target.auto,
+    ] = None
+    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5
+    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None
+    seed: int = 0
+    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True
+    target: Annotated[Target, typer.Option(help="auto: pre/post spans if present, else labels")] = Target.auto
     share_groups: Annotated[
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
-    ] = False,
+    ] = False
+
+    def check(self) -> FitOptions:
+        """The counts checked before any store is read; returns these options."""
+        check_at_least("--splits", self.splits, 1)
+        check_at_least("--train-groups", self.train_groups, 1)
+        return self
+
+
+CalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        help="measure μ, σ and the mean norm over the neutral reference on the model (loads it);"
+        " --no-calibrate keeps the fitting set's, and the probe says so when loaded"
+    ),
+]
+StoresModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="the model σ is measured on; default the stores' own")
+]
+
+
+@app.command("fit")
+@grouped
+def fit_command(
+    store: Annotated[
+        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
+    ],
+    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
+    fitting: FitOptions = FitOptions(),
     allow_partial: AllowPartialOpt = False,
+    calibrate: CalibrateOpt = True,
+    model: StoresModelOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
-    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
+    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; σ over the
+    neutral reference; save the probe."""
 
     check_output_dir(out, holds="probe")
-    check_at_least("--splits", splits, 1)
-    check_at_least("--train-groups", train_groups, 1)
+    how, f = load.check(), fitting.check()
     stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
+    lm = how.load(model or stores[0].manifest.model_id) if calibrate else None
     report = fit_probe(
         stores,
-        method=method,
-        layers=layers,
-        n_splits=splits,
-        train_groups=train_groups,
-        seed=seed,
-        transfer=transfer,
-        target=target,
-        share_groups=share_groups,
+        method=f.method,
+        layers=f.layers,
+        n_splits=f.splits,
+        train_groups=f.train_groups,
+        seed=f.seed,
+        transfer=f.transfer,
+        target=f.target,
+        share_groups=f.share_groups,
+        lm=lm,
     )
     report.axis.save(out)
     headers, rows = report.sweep.table()
-    table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
+    table(f"layer sweep ({f.method}, held-out groups, {f.splits} splits)", headers, rows)
     write_figure(sweep_figure(report.sweep), out / "sweep.html")
     if report.transfer is not None:
         headers, rows = report.transfer.table()
         table(f"transfer matrix at layer {report.transfer.layer}", headers, rows)
         write_figure(transfer_heatmap(report.transfer), out / "transfer.html")
     console.print(report.summary())
+    print_units(report.axis)
     console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
 
 

@@ -20,7 +20,16 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, data_option, table
+from valueprobe.cli.app import (
+    AllowLargeOpt,
+    ForceOpt,
+    LoadOptions,
+    ModelOpt,
+    app,
+    console,
+    data_option,
+    table,
+)
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import DecodingOptions, SpecOptions
@@ -34,6 +43,7 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.stats.null import random_directions
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.steering.hook.strength import check_strengths
 
 __all__ = ["PolicyOptions", "guide_command", "parse_number"]
 
@@ -87,6 +97,7 @@ class PolicyOptions(OptionGroup):
     max_rollbacks: Annotated[int | None, typer.Option(help="rollback: at most this many per row")] = None
     alpha: Annotated[str | None, typer.Option(help="rollback: steer +α after a rollback")] = None
     steer_tokens: Annotated[int | None, typer.Option(help="rollback: for this many tokens")] = None
+    allow_large: AllowLargeOpt = False
 
     def to_policy(self) -> Policy:
         """The policy these options say (an option it does not take: one line)."""
@@ -129,6 +140,9 @@ def guide_command(
     chosen = policy.to_policy()
     _check_numbers(score, decoding, batch_size, random_directions_)
     spec = _spec(steering)
+    alpha = getattr(chosen, "alpha", None)
+    if alpha:
+        check_strengths(spec, [alpha], allow_large=policy.allow_large, option="--alpha")
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
     how = load.check()

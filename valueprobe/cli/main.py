@@ -28,6 +28,7 @@ import typer
 from valueprobe.cli import (  # noqa: F401
     attribute,
     caa,
+    calibrate,
     capture_fit,
     guide,
     interop,

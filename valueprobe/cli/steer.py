@@ -23,6 +23,7 @@ import typer
 
 from valueprobe.cli.app import (
     SHIPPED_DATA,
+    AllowLargeOpt,
     ControlsOpt,
     ForceOpt,
     LoadOptions,
@@ -65,6 +66,7 @@ from valueprobe.steering.experiment.prompting import parse_conditions
 from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
 from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.steering.hook.strength import check_strengths, spec_units
 from valueprobe.vllm.generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
 
@@ -139,6 +141,7 @@ class SweepOptions(OptionGroup):
     side_effects: Annotated[
         bool, typer.Option(help="KL, perplexity, task accuracy; the effect-vs-KL front")
     ] = False
+    allow_large: AllowLargeOpt = False
 
 
 @app.command("steer")
@@ -167,8 +170,10 @@ def steer_command(
     how = load.check()
     decoding.check()
     _check_numbers(out, batch_size=batch_size, bootstrap=sweep.bootstrap, limit=sweep.limit)
+    alphas = parse_alphas(sweep.alphas)
     spec = spec.check()
     axis = spec.first_axis()
+    check_strengths(spec, alphas, allow_large=sweep.allow_large)
     other = ValueAxis.load(sweep.other_probe) if sweep.other_probe is not None else None
     examples = _read_prompts(prompts, sweep.limit)
     prompting = resolve_conditions(sweep.conditions, sweep.conditions_file, prompts, examples)
@@ -180,7 +185,7 @@ def steer_command(
         model=model,
         prompts=str(prompts),
         prompts_sha256=sha256_file(prompts),
-        alphas=parse_alphas(sweep.alphas),
+        alphas=alphas,
         samples=sweep.samples,
         max_new_tokens=decoding.max_new_tokens,
         controls=n_random,
@@ -196,6 +201,9 @@ def steer_command(
         conditions=prompting.names,
         conditions_file=prompting.file,
         conditions_sha256=prompting.sha256,
+        alpha_units=spec_units(spec, alphas),
+        sigma_reference=str(axis.sigma_reference),
+        allow_large=sweep.allow_large,
     )
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     # bound, not called: the settings (and so α) reach _sweep_part only in a sharded run
@@ -238,6 +246,9 @@ def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     write_figure(dose_response_figure(result), out / "dose.html")
     n_random = 0 if result.settings is None else result.settings.controls
     table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
+    units = "" if result.settings is None else result.settings.units_text()
+    if units:
+        console.print(f"α: {units}")
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
 
 
