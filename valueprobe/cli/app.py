@@ -90,6 +90,7 @@ ChatTemplateOpt = Annotated[
         help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
     ),
 ]
+LimitOpt = Annotated[int | None, typer.Option(help="only the first N examples of the dataset")]
 AllowLargeOpt = Annotated[
     bool,
     typer.Option(

@@ -9,7 +9,7 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +24,7 @@ from valueprobe.cli.app import (
     AllowPartialOpt,
     ChatTemplateOpt,
     ForceOpt,
+    LimitOpt,
     LoadOptions,
     ModelOpt,
     ShardOpt,
@@ -47,6 +48,7 @@ from valueprobe.model.load import check_device
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
+from valueprobe.probe.readings import family_reading
 from valueprobe.read.readout import ScoreSettings, score_dataset
 from valueprobe.read.score_parts import merge_scores, score_part
 from valueprobe.replicate.axis import replicate_axis as run_replicate
@@ -140,6 +142,7 @@ class CaptureOptions(OptionGroup):
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None
     group_by: GroupByOpt = None
+    limit: LimitOpt = None
     route: Annotated[RouteName, typer.Option(help="route into the model: hooks | nnsight | tlens")] = (
         RouteName.hooks
     )
@@ -201,9 +204,9 @@ def capture_command(
         check_store_out(store_out)
         settings = options.settings()
         check_device(device)
-        regroup(
-            examples := read_jsonl(data), settings.group_by
-        )  # a --group-by linking nothing fails before the load
+        check_at_least("--limit", options.limit, 1)
+        examples = read_jsonl(data)[: options.limit]
+        regroup(examples, settings.group_by)  # a --group-by linking nothing fails before the load
         lm = how.load(model, device=device)
         store = capture_to_store(
             lm,
@@ -319,7 +322,12 @@ class ScoreOptions(OptionGroup):
     panel = "Score"
 
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None
-    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all
+    tokens: Annotated[
+        Tokens | None,
+        typer.Option(
+            help="tokens that make up s; default: as the probe's figure on a shipped family was read, else all"
+        ),
+    ] = None
     batch_size: int = 8
     bootstrap: int = 1000
     seed: int = 0
@@ -329,6 +337,7 @@ class ScoreOptions(OptionGroup):
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None
     chat_template: ChatTemplateOpt = ChatTemplate.model
+    limit: LimitOpt = None
 
     def settings(self) -> ScoreSettings:
         """The library's settings, every number checked."""
@@ -337,9 +346,11 @@ class ScoreOptions(OptionGroup):
             ("--bootstrap", self.bootstrap, 0),
             ("--null", self.null, 0),
             ("--max-length", self.max_length, 1),
+            ("--limit", self.limit, 1),
         ):
             check_at_least(option, value, least)
-        return ScoreSettings(**{f.name: getattr(self, f.name) for f in fields(ScoreSettings)})
+        given = {f.name: getattr(self, f.name) for f in fields(ScoreSettings)}
+        return ScoreSettings(**given | {"tokens": self.tokens or Tokens.all})
 
 
 @app.command("score")
@@ -357,8 +368,16 @@ def score_command(
     check_output_dir(out, holds="scores")
     settings = reading.settings()
     how = load.check()
-    examples = read_jsonl(data)
+    examples = read_jsonl(data)[: reading.limit]
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
+    recorded = family_reading(axis, data)
+    how_read = f"tokens: {settings.tokens.value}"
+    if reading.tokens is None and recorded is not None:
+        settings = replace(settings, tokens=recorded.tokens)
+        how_read = (
+            f"tokens: {recorded.tokens.value}, as {probe.name}'s {recorded.family} figure was read"
+            f" ({recorded.note}; --tokens all reads every token)"
+        )
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
         lm = how.load(model, device=on)
@@ -374,7 +393,7 @@ def score_command(
     res = score_dataset(axis, lm, examples, settings)
     files = res.write(out)
     headers, rows = res.table()
-    table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
+    table(f"score: {probe.name} layer {res.layer} on {data.name}; {how_read}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
 
 

@@ -281,6 +281,7 @@ class _Run:
                 n_splits=size.splits,
                 seed=seed,
                 transfer=False,
+                lm=self.lm(),
             )
             report.axis.save(self.probe_dir)
             return report.sweep.to_dict()
