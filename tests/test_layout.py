@@ -137,3 +137,21 @@ def test_the_public_names_are_listed_alike_and_load_lazily():
     code = "import sys, valueprobe; print(sorted(m for m in sys.modules if m.startswith(('torch', 'valueprobe.'))))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['valueprobe.version']"
+
+
+def test_help_loads_no_heavy_library():
+    """``valueprobe --help`` and every ``VERB --help`` import neither torch nor transformers nor
+    plotly: the library loads when a command runs (cli/app.py; benchmarks/cli_start.py times it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, typer\n"
+        "from valueprobe.cli.main import app\n"
+        "from valueprobe.cli.boundary import run_app\n"
+        "names = [c.name for c in typer.main.get_command(app).commands.values()]\n"
+        "heavy = {'torch', 'transformers', 'plotly', 'scipy', 'sklearn'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy), len(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("]")[0] == "[" and int(out.split()[-1]) >= 15, out

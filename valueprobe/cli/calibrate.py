@@ -10,7 +10,7 @@ written before the neutral reference, an axis made by arithmetic, or another ref
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,17 +18,19 @@ from valueprobe.cli.app import ForceOpt, LoadOptions, app, console, data_option,
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import grouped
 from valueprobe.files import check_output_dir
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.probe.calibrate import calibrate, reference_examples
 from valueprobe.probe.reference import NEUTRAL_TEXT
-from valueprobe.probe.units import alpha_units
 from valueprobe.vocab import Unit
+
+if TYPE_CHECKING:
+    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["calibrate_command", "print_units"]
 
 
 def print_units(axis: ValueAxis) -> None:
     """What α = 1 means on ``axis`` at its best layer, in both units, and over what σ was measured."""
+    from valueprobe.probe.units import alpha_units  # loads the library: when the command runs (cli/app.py)
+
     layer = axis.best_layer
     if not axis.calibrated(layer):
         return
@@ -55,6 +57,10 @@ def calibrate_command(
 ) -> None:
     """Measure an axis's μ, σ and mean residual norm over the neutral reference (the statistics it
     had are kept in probe.json as ``formerly``)."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.probe.calibrate import calibrate, reference_examples
+    from valueprobe.probe.units import alpha_units
+
     check_output_dir(out, holds="probe")
     check_at_least("--batch-size", batch_size, 1)
     how = load.check()

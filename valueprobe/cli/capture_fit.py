@@ -11,14 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.activations.parts import merge_stores
-from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     SHIPPED_DATA,
     AllowPartialOpt,
@@ -44,15 +41,7 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import check_device
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.probe.readings import family_reading
-from valueprobe.read.readout import ScoreSettings, score_dataset
-from valueprobe.read.score_parts import merge_scores, score_part
-from valueprobe.replicate.axis import replicate_axis as run_replicate
-from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
     ALL_LAYERS,
     ChatTemplate,
@@ -67,6 +56,12 @@ from valueprobe.vocab import (
     Tokens,
     layer_ranges,
 )
+
+if TYPE_CHECKING:
+    from valueprobe.activations.capture import CaptureSettings
+    from valueprobe.activations.store import ActivationStore
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.read.readout import ScoreSettings
 
 CheckpointSecondsOpt = Annotated[
     float, typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much")
@@ -153,6 +148,10 @@ class CaptureOptions(OptionGroup):
 
     def settings(self) -> CaptureSettings:
         """The library's settings (a store keeps the embedding output too), every size checked."""
+        from valueprobe.activations.capture import (
+            CaptureSettings,  # loads the library: when the command runs (cli/app.py)
+        )
+
         sizes = (self.batch_size, self.examples_per_shard, self.max_length, self.checkpoint_seconds)
         for option, value in zip(
             ("--batch-size", "--examples-per-shard", "--max-length", "--checkpoint-seconds"),
@@ -196,6 +195,12 @@ def capture_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
+    from valueprobe.activations.store import (  # loads the library: when the command runs (cli/app.py)
+        capture_to_store,
+        check_store_out,
+    )
+    from valueprobe.model.load import check_device
+
     # checked before the ranks meet: every rank refuses the same options alike
     how = load.check()
     options = run
@@ -285,6 +290,11 @@ def fit_command(
 ) -> None:
     """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; σ over the
     neutral reference; save the probe."""
+    from valueprobe.activations.store import (
+        ActivationStore,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.probe.fit import fit_probe
+    from valueprobe.report.plots import sweep_figure, transfer_heatmap
 
     check_output_dir(out, holds="probe")
     how, f = load.check(), fitting.check()
@@ -341,6 +351,10 @@ class ScoreOptions(OptionGroup):
 
     def settings(self) -> ScoreSettings:
         """The library's settings, every number checked."""
+        from valueprobe.read.readout import (
+            ScoreSettings,  # loads the library: when the command runs (cli/app.py)
+        )
+
         for option, value, least in (
             ("--batch-size", self.batch_size, 1),
             ("--bootstrap", self.bootstrap, 0),
@@ -365,6 +379,11 @@ def score_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.probe.readings import family_reading
+    from valueprobe.read.readout import score_dataset
+    from valueprobe.read.score_parts import score_part
+
     check_output_dir(out, holds="scores")
     settings = reading.settings()
     how = load.check()
@@ -416,6 +435,10 @@ def replicate_axis_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.replicate.axis import replicate_axis as run_replicate
+    from valueprobe.report.plots import sweep_figure, transfer_heatmap
+
     how = load
 
     check_output_dir(out, holds="probe")
@@ -486,11 +509,19 @@ def _print_history(history: ValueAxis) -> None:
 
 def print_merged_store(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded capture into the store ``out`` and print it."""
+    from valueprobe.activations.parts import (
+        merge_stores,  # loads the library: when the command runs (cli/app.py)
+    )
+
     print_store(out, merge_stores(out, parts))
 
 
 def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded score into ``out`` and print its table."""
+    from valueprobe.read.score_parts import (
+        merge_scores,  # loads the library: when the command runs (cli/app.py)
+    )
+
     res = merge_scores(out, parts)
     headers, rows = res.table()
     table(f"score (merged): layer {res.layer}", headers, rows)

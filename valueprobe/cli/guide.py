@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 
 from valueprobe.cli.app import (
@@ -37,13 +36,12 @@ from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import POLICIES, Policy, as_policy
-from valueprobe.guided.records import Guided, write_guided
-from valueprobe.guided.run import SCORES, guide
-from valueprobe.model.load import LoadedModel
-from valueprobe.stats.null import random_directions
-from valueprobe.steering.decode.sampling import Decoding
-from valueprobe.steering.hook.spec import SteeringSpec
-from valueprobe.steering.hook.strength import check_strengths
+from valueprobe.guided.records import SCORES, Guided, write_guided
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.steering.decode.sampling import Decoding
+    from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["PolicyOptions", "guide_command", "parse_number"]
 
@@ -137,6 +135,10 @@ def guide_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Best-of-N, prune or rollback by the value read while generating; tokens spent per prompt."""
+    from valueprobe.steering.hook.strength import (
+        check_strengths,  # loads the library: when the command runs (cli/app.py)
+    )
+
     chosen = policy.to_policy()
     _check_numbers(score, decoding, batch_size, random_directions_)
     spec = _spec(steering)
@@ -204,6 +206,11 @@ def _run(
     batch_size: int,
 ) -> list[Guided]:
     """The axis, then each random direction (`valueprobe.stats.null.random_directions`, by --seed)."""
+    import torch  # loads the library: when the command runs (cli/app.py)
+
+    from valueprobe.guided.run import guide
+    from valueprobe.stats.null import random_directions
+
     records = guide(lm, spec, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
     if n_random:
         nulls = torch.from_numpy(

@@ -18,8 +18,6 @@ from valueprobe.cli.groups import grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.steering.experiment.trace import value_trace, write_trace
-from valueprobe.steering.hook.strength import check_strengths, spec_units
 from valueprobe.vocab import parse_layers
 
 __all__ = ["trace_command"]
@@ -40,6 +38,12 @@ def trace_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Per-token value trace of a prompt (and a steered continuation): coloured tokens + line plot."""
+    from valueprobe.steering.experiment.trace import (  # loads the library: when the command runs (cli/app.py)
+        value_trace,
+        write_trace,
+    )
+    from valueprobe.steering.hook.strength import check_strengths, spec_units
+
     if not prompt.strip():
         raise ValueprobeError("--prompt is empty: give the text to trace")
     if generate is not None and generate < 1:
