@@ -83,10 +83,8 @@ def _public_page() -> str:
         " model, capture, fit, the axis, read and score, steer and generate, guide, tune and shift,"
         " attribute. Everything else is reached through its module, on the pages that follow.\n\n"
     ]
-    for name in public_names():
-        parts.append(
-            f"::: {valueprobe._HOME[name]}.{name}\n    options:\n      show_root_full_path: false\n\n"
-        )
+    for name in public_names():  # as valueprobe exports it: an alias, its primary entry on its module's page
+        parts.append(f"::: valueprobe.{name}\n    options:\n      show_root_full_path: false\n\n")
     return "".join(parts)
 
 
