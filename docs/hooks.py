@@ -27,6 +27,8 @@ from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
+import valueprobe  # its names resolve lazily (valueprobe/__init__.py): nothing heavy loads here
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PACKAGE = ROOT / "valueprobe"
@@ -50,14 +52,46 @@ def _modules(sub: str) -> list[str]:
     return sorted(".".join(p.relative_to(folder).parts) for p in [*nested, *modules])
 
 
+# The public API page follows a user's path: load a model, capture, fit, the axis, read, score, steer,
+# generate, guide, shift, attribute, audit. Each name of valueprobe.__all__ listed here comes in this
+# order (a name not yet public is skipped); the others follow in __all__'s order. A new name: add it here.
+USER_PATH = (
+    "load", "wrap", "read_jsonl", "Example",
+    "capture", "CaptureSettings", "capture_to_store", "ActivationStore",
+    "fit_probe", "FitReport", "calibrate",
+    "ValueAxis",
+    "values", "val", "logit_lens",
+    "score_dataset", "ScoreSettings", "ScoreResult",
+    "steer", "SteeringSpec", "Steering",
+    "generate", "Decoding", "Generation",
+    "guide", "Guided",
+    "train", "TuneSettings", "TuneResult", "read_pairs", "shift", "ShiftSettings", "ShiftResult",
+    "attribution", "AttributeSettings", "Attribution",
+    "audit",
+)  # fmt: skip
+
+
+def public_names() -> list[str]:
+    """``valueprobe.__all__`` in the order of `USER_PATH`, then the rest as listed."""
+    listed = [n for n in USER_PATH if n in valueprobe.__all__]
+    return listed + [n for n in valueprobe.__all__ if n not in listed and n != "__version__"]
+
+
+def _public_page() -> str:
+    parts = [
+        "# valueprobe\n\nThe public names (`valueprobe.__all__`), in the order a session uses them: load a"
+        " model, capture, fit, the axis, read and score, steer and generate, guide, tune and shift,"
+        " attribute. Everything else is reached through its module, on the pages that follow.\n\n"
+    ]
+    for name in public_names():  # as valueprobe exports it: an alias, its primary entry on its module's page
+        parts.append(f"::: valueprobe.{name}\n    options:\n      show_root_full_path: false\n\n")
+    return "".join(parts)
+
+
 def _api_pages() -> dict[str, str]:
     """src_uri → markdown for every API page."""
     pages = {
-        "api/index.md": (
-            "# valueprobe\n\nThe public names (`valueprobe.__all__`): what the notebooks and the guides use."
-            " Everything else is reached through its module, on the pages that follow.\n\n"
-            "::: valueprobe\n    options:\n      show_root_heading: false\n      show_submodules: false\n"
-        ),
+        "api/index.md": _public_page(),
         "api/core.md": "# Ground modules\n\n" + "".join(f"::: valueprobe.{m}\n\n" for m in TOP_MODULES),
     }
     for sub in _subpackages():

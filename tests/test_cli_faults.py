@@ -220,10 +220,10 @@ def test_output_path_checked_before_work(
 ):
     # Any model load or store read would fail loudly here: the checks must come first.
     monkeypatch.setattr(
-        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.model.load.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     monkeypatch.setattr(
-        "valueprobe.cli.capture_fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
+        "valueprobe.probe.fit.fit_probe", lambda *a, **k: pytest.fail("fit ran before the check")
     )
     args = {
         "fit": ["fit", "--store", str(store_dir)],
@@ -363,7 +363,7 @@ def test_splits_below_one(splits, store_dir, tmp_path, capsys):
 
 def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.model.load.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     base = ["capture", "--data", str(icrl_small), "--out", str(tmp_path / "s")]
     assert "--batch-size 0" in fails([*base, "--batch-size", "0"], capsys)
@@ -376,7 +376,7 @@ def test_bad_numbers_and_layer_specs_before_the_model(icrl_small, tmp_path, caps
 
 def test_group_by_matching_nothing(icrl_small, tiny_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(
-        "valueprobe.cli.app.load", lambda *a, **k: pytest.fail("model loaded before the check")
+        "valueprobe.model.load.load", lambda *a, **k: pytest.fail("model loaded before the check")
     )
     out = tmp_path / "s"
     line = fails(
@@ -596,7 +596,7 @@ def test_internal_error_names_a_traceback_log(store_dir, tmp_path, capsys, monke
         raise RuntimeError("a bug")
 
     monkeypatch.setenv("VALUEPROBE_LOG_DIR", str(tmp_path / "logs"))
-    monkeypatch.setattr("valueprobe.cli.capture_fit.fit_probe", broken)
+    monkeypatch.setattr("valueprobe.probe.fit.fit_probe", broken)
     line = fails(["fit", "--store", str(store_dir), "--out", str(tmp_path / "p")], capsys, want=1)
     assert "internal error (RuntimeError: a bug)" in line
     (log,) = (tmp_path / "logs").iterdir()

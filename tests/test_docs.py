@@ -79,3 +79,44 @@ def test_the_readme_set_up_commands_are_what_ci_runs():
     assert test_command in readme and test_command in ci
     assert "pip install torch==2.13.0 && pip install -e . && valueprobe demo" in readme
     assert "bash .ci/wheel-check" in ci and "bash .ci/docs" in ci
+
+
+# How the project is run, not what a user needs: issue numbers, who re-takes a figure, loans of machines.
+INTERNAL = re.compile(
+    r"\bissues? #?\d+|\bthe issue's\b|\bthe lead\b|\bthis stop\b|\bclosing note|\bbeen lent\b"
+    r"|\bin this session\b|\bhelper i\d+",
+    re.I,
+)
+
+
+def internal_language(text: str) -> list[str]:
+    return [m.group(0) for m in INTERNAL.finditer(text)]
+
+
+def test_user_facing_text_has_no_internal_language():
+    """The README, the docs, the notebooks and the CLI's help speak to users, not to the project."""
+    import typer
+
+    from valueprobe.cli.main import app
+
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in PAGES}
+    texts |= {
+        p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+        for p in (ROOT / "notebooks").glob("*.ipynb")
+    }
+    command = typer.main.get_command(app)
+    stack = [command]
+    while stack:
+        c = stack.pop()
+        texts[f"--help of {c.name}"] = " ".join(
+            [c.help or "", *(getattr(p, "help", None) or "" for p in c.params)]
+        )
+        stack += list(getattr(c, "commands", {}).values())
+    found = {where: hits for where, text in texts.items() if (hits := internal_language(text))}
+    assert found == {}
+
+
+def test_the_internal_language_check_sees_it():
+    assert internal_language("As issue 27 measured, and the lead re-takes it") == ["issue 27", "the lead"]
+    assert internal_language("No GPU has been lent to this work yet") == ["been lent"]
+    assert internal_language("the issue's sizes") == ["the issue's"]

@@ -469,7 +469,7 @@ def test_rollback_on_a_model_without_a_kv_cache_is_one_line(cli_files, capsys, t
             _NoCache(lm.model), lm.tokenizer, model_id=lm.model_id, layers_path="inner." + lm.layers_path
         )
 
-    monkeypatch.setattr("valueprobe.cli.app.load", no_cache_load)
+    monkeypatch.setattr("valueprobe.model.load.load", no_cache_load)
     code, _, err = run_cli(guide_argv(cli_files, tmp_path / "out", "--policy", "rollback"), capsys)
     assert "returns no KV cache" in one_line(code, err)
 

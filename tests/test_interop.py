@@ -392,3 +392,10 @@ def test_default_model_all_three_formats_match_vp_steer(tmp_path, repeng):
     finally:
         model.unwrap()
     assert torch.equal(_hidden(lm)[-1], base[-1])  # every tool's hooks are gone
+
+
+def test_the_export_help_names_every_format():
+    from valueprobe.cli.interop import FORMAT_NAMES
+    from valueprobe.steering.hook.interop import FORMATS
+
+    assert tuple(FORMATS) == FORMAT_NAMES

@@ -111,3 +111,47 @@ def test_nn_module_hooks_are_registered_under_hooks_only():
         if isinstance(node, ast.Attribute) and node.attr.startswith("register_") and "hook" in node.attr
     ]
     assert not calls, calls
+
+
+def test_the_public_names_are_listed_alike_and_load_lazily():
+    """``__all__``, the lazy table and the TYPE_CHECKING imports of valueprobe/__init__.py agree,
+    every name resolves, and ``import valueprobe`` loads none of their modules (nor torch)."""
+    import subprocess
+    import sys
+
+    import valueprobe as vp
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    typed = {
+        (node.module, alias.name)
+        for node in checked.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    lazy = {(module, name) for module, names in vp._HOMES.items() for name in names}
+    assert typed == lazy
+    assert {name for _, name in lazy} | {"__version__"} == set(vp.__all__)
+    for name in vp.__all__:
+        assert getattr(vp, name) is not None
+    code = "import sys, valueprobe; print(sorted(m for m in sys.modules if m.startswith(('torch', 'valueprobe.'))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['valueprobe.version']"
+
+
+def test_help_loads_no_heavy_library():
+    """``valueprobe --help`` and every ``VERB --help`` import neither torch nor transformers nor
+    plotly: the library loads when a command runs (cli/app.py; benchmarks/cli_start.py times it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, typer\n"
+        "from valueprobe.cli.main import app\n"
+        "from valueprobe.cli.boundary import run_app\n"
+        "names = [c.name for c in typer.main.get_command(app).commands.values()]\n"
+        "heavy = {'torch', 'transformers', 'plotly', 'scipy', 'sklearn'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy), len(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("]")[0] == "[" and int(out.split()[-1]) >= 15, out

@@ -25,7 +25,6 @@ from test_bf16_models import CAPTURE_TOL
 from test_shift import saved  # noqa: F401  (the module fixture: base, tuned, probe, data on disk)
 from test_steer_sweep import chats, tiny_axis
 
-import valueprobe.cli.app as cli_app
 from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
@@ -241,7 +240,7 @@ def test_device_map_under_a_two_rank_torchrun_is_one_line(
     def reached(*_args, **_kw):
         raise AssertionError("the ranks were reached with --device-map")
 
-    monkeypatch.setattr(cli_app, "run_ranks", reached)
+    monkeypatch.setattr("valueprobe.sharded.run_ranks", reached)
     out = tmp_path / "o"
     argv = {
         "capture": ["capture", "--model", tiny_dir, "--data", str(prompts), "--out", str(out)],

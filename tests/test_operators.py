@@ -217,7 +217,7 @@ def test_cli_steer_op_bad_input_one_line_before_model_load(tiny_files, tmp_path,
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli.app.load", no_load)
+    monkeypatch.setattr("valueprobe.model.load.load", no_load)
     r = tiny_files
     base = [
         "steer",
@@ -391,7 +391,7 @@ def test_cli_steer_at_a_site_the_family_lacks_is_one_line(
     monkeypatch,
 ):
     lm = _renamed_mlp(tiny_lm_factory("llama"), tiny_lm_factory("llama").tokenizer)
-    monkeypatch.setattr("valueprobe.cli.app.load", lambda *a, **k: lm)
+    monkeypatch.setattr("valueprobe.model.load.load", lambda *a, **k: lm)
     r = tiny_files
     argv = [
         "steer",

@@ -203,7 +203,8 @@ def test_no_default_points_into_the_repository_or_the_package():
         if not isinstance(default, Path):
             continue
         checked += 1
-        shipped_name = len(default.parts) == 1 and default.name in shipped_axes()
+        shipped = {**shipped_axes(), **shipped_datasets()}
+        shipped_name = len(default.parts) == 1 and default.name in shipped
         assert default.parts[0] == "runs" or default == DATA_DIR or shipped_name, (
             f"{where} {param.name}={default}"
         )

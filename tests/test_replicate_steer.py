@@ -137,7 +137,7 @@ def test_rows_are_checked_before_any_work(tiny_lm_factory, tmp_path, capsys, mon
         with pytest.raises(ValueprobeError, match="--rows"):
             parse_rows(bad)
     assert parse_rows("ablate,add") == ("add", "ablate")
-    monkeypatch.setattr("valueprobe.cli.app.load", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr("valueprobe.model.load.load", lambda *a, **k: pytest.fail("loaded the model"))
     code, _, err = run_cli(["replicate", "steer", "--rows", "ablation", "--out", str(tmp_path / "o")], capsys)
     assert "--rows 'ablation'" in one_line(code, err)
     # results of another axis are not mixed in

@@ -21,7 +21,6 @@ from conftest import run_cli
 from test_replicate_steer import DATA
 from test_steer_sweep import tiny_axis
 
-from valueprobe.cli import steer_eval as cli_eval
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.replicate import steer_eval
@@ -258,7 +257,7 @@ def test_steer_cli_judges_its_sweep(tiny_lm_factory, tiny_dir, tmp_path, capsys,
         "arithmetic": ("task_arithmetic.jsonl", "task_arithmetic/level1", 1, 4),
         "code": ("task_code.jsonl", None, 1, 4),
     }
-    monkeypatch.setattr(cli_eval, "TASKS", small)
+    monkeypatch.setattr("valueprobe.replicate.steer_eval.TASKS", small)
     lm = tiny_lm_factory("llama")
     tiny_axis(lm).save(tmp_path / "probe")
     base = ["steer", "--probe", str(tmp_path / "probe"), "--model", tiny_dir, "--force", "--limit", "2",

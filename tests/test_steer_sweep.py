@@ -345,7 +345,7 @@ def test_cli_steer_bad_input_before_model_load(tiny_files, tmp_path, capsys, mon
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr("valueprobe.cli.app.load", no_load)
+    monkeypatch.setattr("valueprobe.model.load.load", no_load)
     r = tiny_files
     (tmp_path / "other-sweep").mkdir()
     (tmp_path / "other-sweep" / "settings.json").write_text('{"alphas": [1, 2]}')
@@ -388,17 +388,17 @@ def _stop_at_load(*a, **k):
 def test_random_directions_and_its_hidden_old_spelling(command, tiny_files, tmp_path, capsys, monkeypatch):
     """``--random-directions`` was ``--controls``: both spellings set the sweep's count, --help shows
     only the new one, and the two given with different values are one clear error."""
-    from valueprobe.cli import steer as cli_steer
+    from valueprobe.steering.experiment import sweep as lib_sweep  # the command imports it when it runs
 
     counts: list[int] = []
-    real_check = cli_steer.check_settings
+    real_check = lib_sweep.check_settings
 
     def spy(settings, *a, **k):
         counts.append(settings.controls)
         return real_check(settings, *a, **k)
 
-    monkeypatch.setattr(cli_steer, "check_settings", spy)
-    monkeypatch.setattr("valueprobe.cli.app.load", _stop_at_load)
+    monkeypatch.setattr(lib_sweep, "check_settings", spy)
+    monkeypatch.setattr("valueprobe.model.load.load", _stop_at_load)
     r = tiny_files
     base = (
         ["--probe", str(r / "probe"), "--model", str(r / "model"), "--prompts", str(r / "p.jsonl")]
@@ -518,11 +518,29 @@ def test_p_yes_on_the_default_model(default_lm):
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("--prompts", "0"), ("--batch-size", "0"), ("--tokens", "0"), ("--tokens", "nan")]
+    ("option", "value"),
+    [("--n-prompts", "0"), ("--batch-size", "0"), ("--token-scale", "0"), ("--token-scale", "nan")],
 )
 def test_replicate_steer_refuses_impossible_numbers_before_loading(
     option, value, capsys, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr("valueprobe.cli.app.load", _stop_at_load)
+    monkeypatch.setattr("valueprobe.model.load.load", _stop_at_load)
     code, _, err = run(["replicate", "steer", option, value, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and err.startswith(f"error: {option} ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("command", "old", "new"),
+    [
+        (["replicate", "steer"], "--prompts", "--n-prompts"),
+        (["replicate", "steer"], "--tokens", "--token-scale"),
+        (["replicate", "guide"], "--prompts", "--n-prompts"),
+    ],
+)
+def test_an_old_count_option_is_refused_naming_the_new_one(command, old, new, capsys, tmp_path, monkeypatch):
+    """A count is --n-prompts and a length scale --token-scale: --prompts and --tokens mean a dataset
+    and a choice of tokens in every other command, so the old spellings are refused, not aliased."""
+    monkeypatch.setattr("valueprobe.model.load.load", _stop_at_load)
+    code, _, err = run([*command, old, "12", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and err.startswith(f"error: {old} is now {new} ") and err.count("\n") == 1, err
+    assert f"give {new} 12" in err

@@ -132,7 +132,7 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
     code, _, err = run(["steer", "--spec", str(tmp_path / "o" / "spec.json"), f"--alphas=0,{chosen.alpha:g}",
                         "--prompts", str(tmp_path / "p.jsonl"), "--model", tiny_dir, "--max-new-tokens", "2",
                         "--random-directions", "1", "--greedy", "--conditions", "none", "--force",
-                        "--out", str(tmp_path / "s")], capsys)  # fmt: skip
+                        "--allow-large", "--out", str(tmp_path / "s")], capsys)  # fmt: skip
     assert code == 0, err
     ran = json.loads((tmp_path / "s" / "settings.json").read_text())
     assert (ran["layer"], ran["alphas"], ran.get("positions", "all")) == (

@@ -8,39 +8,49 @@
 
 The names below are what the notebooks and the README use, plus the result types they return;
 everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).
+
+Importing the package loads none of them: each name is imported from its home module the first
+time it is used (PEP 562), so ``import valueprobe`` and ``valueprobe --help`` need neither torch nor
+transformers. A new public name goes in three places, which ``tests/test_layout.py`` holds equal:
+the ``TYPE_CHECKING`` imports (what type checkers see), ``_HOMES`` and ``__all__``.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from typing import TYPE_CHECKING
 
-from valueprobe.activations.capture import CaptureSettings, capture
-from valueprobe.activations.store import ActivationStore, capture_to_store
-from valueprobe.attribute.records import Attribution
-from valueprobe.attribute.run import AttributeSettings, attribution
-from valueprobe.datasets.io import Example, read_jsonl
-from valueprobe.errors import ValueprobeError
-from valueprobe.guided.records import Guided
-from valueprobe.guided.run import guide
-from valueprobe.model.load import LoadedModel, load, wrap
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.probe.fit import FitReport, fit_probe
-from valueprobe.probe.layer_sweep import LayerSweepResult
-from valueprobe.probe.transfer import TransferResult
-from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
-from valueprobe.read.scores import ScoreResult
-from valueprobe.report.attribution import attribution_figures
-from valueprobe.report.effects import trace_figure
-from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
-from valueprobe.steering.decode.generation import Generation, generate
-from valueprobe.steering.decode.sampling import Decoding
-from valueprobe.steering.hook.handle import Steering, steer
-from valueprobe.steering.hook.spec import SteeringSpec
-from valueprobe.tune.pairs import read_pairs
-from valueprobe.tune.shift import ShiftSettings, shift
-from valueprobe.tune.shift_records import ShiftResult
-from valueprobe.tune.train import TuneResult, TuneSettings, train
 from valueprobe.version import __version__
+
+if TYPE_CHECKING:
+    from valueprobe.activations.capture import CaptureSettings, capture
+    from valueprobe.activations.store import ActivationStore, capture_to_store
+    from valueprobe.attribute.records import Attribution
+    from valueprobe.attribute.run import AttributeSettings, attribution
+    from valueprobe.datasets.io import Example, read_jsonl
+    from valueprobe.errors import ValueprobeError
+    from valueprobe.guided.records import Guided
+    from valueprobe.guided.run import guide
+    from valueprobe.model.load import LoadedModel, load, wrap
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.probe.calibrate import calibrate
+    from valueprobe.probe.fit import FitReport, fit_probe
+    from valueprobe.probe.layer_sweep import LayerSweepResult
+    from valueprobe.probe.transfer import TransferResult
+    from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
+    from valueprobe.read.scores import ScoreResult
+    from valueprobe.report.attribution import attribution_figures
+    from valueprobe.report.effects import trace_figure
+    from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
+    from valueprobe.steering.decode.generation import Generation, generate
+    from valueprobe.steering.decode.sampling import Decoding
+    from valueprobe.steering.hook.handle import Steering, steer
+    from valueprobe.steering.hook.spec import SteeringSpec
+    from valueprobe.tune.pairs import read_pairs
+    from valueprobe.tune.shift import ShiftSettings, shift
+    from valueprobe.tune.shift_records import ShiftResult
+    from valueprobe.tune.train import TuneResult, TuneSettings, train
 
 __all__ = [
     # load a model, read data
@@ -52,6 +62,7 @@ __all__ = [
     "CaptureSettings",
     "capture_to_store",
     "fit_probe",
+    "calibrate",
     "sweep_figure",
     "shift_figure",
     "trace_figure",
@@ -95,15 +106,97 @@ __all__ = [
     "__version__",
 ]
 
+# home module -> the public names it holds (every name of __all__ but __version__)
+_HOMES: dict[str, tuple[str, ...]] = {
+    "valueprobe.activations.capture": (
+        "CaptureSettings",
+        "capture",
+    ),
+    "valueprobe.activations.store": (
+        "ActivationStore",
+        "capture_to_store",
+    ),
+    "valueprobe.attribute.records": ("Attribution",),
+    "valueprobe.attribute.run": (
+        "AttributeSettings",
+        "attribution",
+    ),
+    "valueprobe.datasets.io": (
+        "Example",
+        "read_jsonl",
+    ),
+    "valueprobe.errors": ("ValueprobeError",),
+    "valueprobe.guided.records": ("Guided",),
+    "valueprobe.guided.run": ("guide",),
+    "valueprobe.model.load": (
+        "LoadedModel",
+        "load",
+        "wrap",
+    ),
+    "valueprobe.probe.axis": ("ValueAxis",),
+    "valueprobe.probe.calibrate": ("calibrate",),
+    "valueprobe.probe.fit": (
+        "FitReport",
+        "fit_probe",
+    ),
+    "valueprobe.probe.layer_sweep": ("LayerSweepResult",),
+    "valueprobe.probe.transfer": ("TransferResult",),
+    "valueprobe.read.readout": (
+        "ScoreSettings",
+        "logit_lens",
+        "score_dataset",
+        "val",
+    ),
+    "valueprobe.read.scores": ("ScoreResult",),
+    "valueprobe.report.attribution": ("attribution_figures",),
+    "valueprobe.report.effects": ("trace_figure",),
+    "valueprobe.report.plots": (
+        "shift_figure",
+        "sweep_figure",
+        "transfer_heatmap",
+    ),
+    "valueprobe.steering.decode.generation": (
+        "Generation",
+        "generate",
+    ),
+    "valueprobe.steering.decode.sampling": ("Decoding",),
+    "valueprobe.steering.hook.handle": (
+        "Steering",
+        "steer",
+    ),
+    "valueprobe.steering.hook.spec": ("SteeringSpec",),
+    "valueprobe.tune.pairs": ("read_pairs",),
+    "valueprobe.tune.shift": (
+        "ShiftSettings",
+        "shift",
+    ),
+    "valueprobe.tune.shift_records": ("ShiftResult",),
+    "valueprobe.tune.train": (
+        "TuneResult",
+        "TuneSettings",
+        "train",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+
 
 def __getattr__(name: str) -> object:
-    # "sweep" alone is the α sweep (steering/experiment/sweep.py); the layer sweep's result was
-    # vp.SweepResult before issue 29 and is still reachable under that name, with a warning.
+    home = _HOME.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+        globals()[name] = value  # the next use is a plain attribute
+        return value
+    # "sweep" alone is the α sweep (steering/experiment/sweep.py); the layer sweep's result keeps its
+    # old name vp.SweepResult, with a warning.
     if name == "SweepResult":
         warnings.warn(
             "vp.SweepResult is vp.LayerSweepResult (the layer sweep's result)",
             DeprecationWarning,
             stacklevel=2,
         )
-        return LayerSweepResult
+        return __getattr__("LayerSweepResult")
     raise AttributeError(f"module 'valueprobe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

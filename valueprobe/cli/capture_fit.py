@@ -9,21 +9,19 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.activations.parts import merge_stores
-from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     SHIPPED_DATA,
     AllowPartialOpt,
     ChatTemplateOpt,
     ForceOpt,
+    LimitOpt,
     LoadOptions,
     ModelOpt,
     ShardOpt,
@@ -38,18 +36,12 @@ from valueprobe.cli.app import (
     write_figure,
 )
 from valueprobe.cli.boundary import check_at_least
+from valueprobe.cli.calibrate import print_units
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import check_device
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
-from valueprobe.read.readout import ScoreSettings, score_dataset
-from valueprobe.read.score_parts import merge_scores, score_part
-from valueprobe.replicate.axis import replicate_axis as run_replicate
-from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
     ALL_LAYERS,
     ChatTemplate,
@@ -64,6 +56,12 @@ from valueprobe.vocab import (
     Tokens,
     layer_ranges,
 )
+
+if TYPE_CHECKING:
+    from valueprobe.activations.capture import CaptureSettings
+    from valueprobe.activations.store import ActivationStore
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.read.readout import ScoreSettings
 
 CheckpointSecondsOpt = Annotated[
     float, typer.Option(help="also end a shard after this many seconds, so a kill loses at most that much")
@@ -139,6 +137,7 @@ class CaptureOptions(OptionGroup):
         str | None, typer.Option(help="with span positions, keep only these span labels: 'pre,post'")
     ] = None
     group_by: GroupByOpt = None
+    limit: LimitOpt = None
     route: Annotated[RouteName, typer.Option(help="route into the model: hooks | nnsight | tlens")] = (
         RouteName.hooks
     )
@@ -149,6 +148,10 @@ class CaptureOptions(OptionGroup):
 
     def settings(self) -> CaptureSettings:
         """The library's settings (a store keeps the embedding output too), every size checked."""
+        from valueprobe.activations.capture import (
+            CaptureSettings,  # loads the library: when the command runs (cli/app.py)
+        )
+
         sizes = (self.batch_size, self.examples_per_shard, self.max_length, self.checkpoint_seconds)
         for option, value in zip(
             ("--batch-size", "--examples-per-shard", "--max-length", "--checkpoint-seconds"),
@@ -192,6 +195,12 @@ def capture_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
+    from valueprobe.activations.store import (  # loads the library: when the command runs (cli/app.py)
+        capture_to_store,
+        check_store_out,
+    )
+    from valueprobe.model.load import check_device
+
     # checked before the ranks meet: every rank refuses the same options alike
     how = load.check()
     options = run
@@ -200,9 +209,9 @@ def capture_command(
         check_store_out(store_out)
         settings = options.settings()
         check_device(device)
-        regroup(
-            examples := read_jsonl(data), settings.group_by
-        )  # a --group-by linking nothing fails before the load
+        check_at_least("--limit", options.limit, 1)
+        examples = read_jsonl(data)[: options.limit]
+        regroup(examples, settings.group_by)  # a --group-by linking nothing fails before the load
         lm = how.load(model, device=device)
         store = capture_to_store(
             lm,
@@ -224,58 +233,95 @@ def capture_command(
         work(out, None, how.device)
 
 
-@app.command("fit")
-def fit_command(
-    store: Annotated[
-        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
-    ],
-    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
-    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means,
+@dataclass(frozen=True)
+class FitOptions(OptionGroup):
+    """How ``fit`` sweeps layers and splits groups (the arguments of `fit_probe`, as options)."""
+
+    panel = "Fit"
+
+    method: Annotated[Method, typer.Option(help="how the direction is fitted")] = Method.diff_means
     layers: Annotated[
         LayerSelection | None,
         typer.Option(
             parser=LayerSelection.parse, metavar="SPEC", help="layers to sweep: 'all', '10:20', '-4:', '::2'"
         ),
-    ] = None,
-    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5,
-    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None,
-    seed: int = 0,
-    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True,
-    target: Annotated[
-        Target, typer.Option(help="auto: pre/post spans if present, else labels")
-    ] = Target.auto,
+    ] = None
+    splits: Annotated[int, typer.Option(help="repeated grouped train/val/test splits")] = 5
+    train_groups: Annotated[int | None, typer.Option(help="groups to train on per split (paper: 35)")] = None
+    seed: int = 0
+    transfer: Annotated[bool, typer.Option(help="with 2+ stores, the family transfer matrix")] = True
+    target: Annotated[Target, typer.Option(help="auto: pre/post spans if present, else labels")] = Target.auto
     share_groups: Annotated[
         bool,
         typer.Option(help="stores hold the same groups (e.g. ICRL and its control): hold a group out in all"),
-    ] = False,
+    ] = False
+
+    def check(self) -> FitOptions:
+        """The counts checked before any store is read; returns these options."""
+        check_at_least("--splits", self.splits, 1)
+        check_at_least("--train-groups", self.train_groups, 1)
+        return self
+
+
+CalibrateOpt = Annotated[
+    bool,
+    typer.Option(
+        help="measure μ, σ and the mean norm over the neutral reference on the model (loads it);"
+        " --no-calibrate keeps the fitting set's, and the probe says so when loaded"
+    ),
+]
+StoresModelOpt = Annotated[
+    str | None, typer.Option("--model", "-m", help="the model σ is measured on; default the stores' own")
+]
+
+
+@app.command("fit")
+@grouped
+def fit_command(
+    store: Annotated[
+        list[Path], typer.Option(help="activation store; repeat for several families (transfer matrix)")
+    ],
+    out: Annotated[Path, typer.Option(help="probe folder, e.g. probes/my-axis")],
+    fitting: FitOptions = FitOptions(),
     allow_partial: AllowPartialOpt = False,
+    calibrate: CalibrateOpt = True,
+    model: StoresModelOpt = None,
+    load: LoadOptions = LoadOptions(),
 ) -> None:
-    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; save the probe."""
+    """Fit the value axis: layer sweep on held-out groups, controls, transfer matrix; σ over the
+    neutral reference; save the probe."""
+    from valueprobe.activations.store import (
+        ActivationStore,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.probe.fit import fit_probe
+    from valueprobe.report.plots import sweep_figure, transfer_heatmap
 
     check_output_dir(out, holds="probe")
-    check_at_least("--splits", splits, 1)
-    check_at_least("--train-groups", train_groups, 1)
+    how, f = load.check(), fitting.check()
     stores = [ActivationStore.open(s, allow_partial=allow_partial) for s in store]
+    lm = how.load(model or stores[0].manifest.model_id) if calibrate else None
     report = fit_probe(
         stores,
-        method=method,
-        layers=layers,
-        n_splits=splits,
-        train_groups=train_groups,
-        seed=seed,
-        transfer=transfer,
-        target=target,
-        share_groups=share_groups,
+        method=f.method,
+        layers=f.layers,
+        n_splits=f.splits,
+        train_groups=f.train_groups,
+        seed=f.seed,
+        transfer=f.transfer,
+        target=f.target,
+        share_groups=f.share_groups,
+        lm=lm,
     )
     report.axis.save(out)
     headers, rows = report.sweep.table()
-    table(f"layer sweep ({method}, held-out groups, {splits} splits)", headers, rows)
+    table(f"layer sweep ({f.method}, held-out groups, {f.splits} splits)", headers, rows)
     write_figure(sweep_figure(report.sweep), out / "sweep.html")
     if report.transfer is not None:
         headers, rows = report.transfer.table()
         table(f"transfer matrix at layer {report.transfer.layer}", headers, rows)
         write_figure(transfer_heatmap(report.transfer), out / "transfer.html")
     console.print(report.summary())
+    print_units(report.axis)
     console.print(f"wrote {out}/axis.safetensors, probe.json, sweep.html")
 
 
@@ -286,7 +332,12 @@ class ScoreOptions(OptionGroup):
     panel = "Score"
 
     layer: Annotated[int | None, typer.Option(help="default: the probe's best layer")] = None
-    tokens: Annotated[Tokens, typer.Option(help="tokens that make up s")] = Tokens.all
+    tokens: Annotated[
+        Tokens | None,
+        typer.Option(
+            help="tokens that make up s; default: as the probe's figure on a shipped family was read, else all"
+        ),
+    ] = None
     batch_size: int = 8
     bootstrap: int = 1000
     seed: int = 0
@@ -296,17 +347,24 @@ class ScoreOptions(OptionGroup):
         int | None, typer.Option(help="truncate longer texts to this many tokens (with a warning)")
     ] = None
     chat_template: ChatTemplateOpt = ChatTemplate.model
+    limit: LimitOpt = None
 
     def settings(self) -> ScoreSettings:
         """The library's settings, every number checked."""
+        from valueprobe.read.readout import (
+            ScoreSettings,  # loads the library: when the command runs (cli/app.py)
+        )
+
         for option, value, least in (
             ("--batch-size", self.batch_size, 1),
             ("--bootstrap", self.bootstrap, 0),
             ("--null", self.null, 0),
             ("--max-length", self.max_length, 1),
+            ("--limit", self.limit, 1),
         ):
             check_at_least(option, value, least)
-        return ScoreSettings(**{f.name: getattr(self, f.name) for f in fields(ScoreSettings)})
+        given = {f.name: getattr(self, f.name) for f in fields(ScoreSettings)}
+        return ScoreSettings(**given | {"tokens": self.tokens or Tokens.all})
 
 
 @app.command("score")
@@ -321,11 +379,24 @@ def score_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Score a dataset on a probe: per-example val(s) and σ-score, per-group AUROC and Cohen's d."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.probe.readings import family_reading
+    from valueprobe.read.readout import score_dataset
+    from valueprobe.read.score_parts import score_part
+
     check_output_dir(out, holds="scores")
     settings = reading.settings()
     how = load.check()
-    examples = read_jsonl(data)
+    examples = read_jsonl(data)[: reading.limit]
     axis = ValueAxis.load(probe)  # a bad probe fails before the model loads; score_dataset checks the match
+    recorded = family_reading(axis, data)
+    how_read = f"tokens: {settings.tokens.value}"
+    if reading.tokens is None and recorded is not None:
+        settings = replace(settings, tokens=recorded.tokens)
+        how_read = (
+            f"tokens: {recorded.tokens.value}, as {probe.name}'s {recorded.family} figure was read"
+            f" ({recorded.note}; --tokens all reads every token)"
+        )
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
         lm = how.load(model, device=on)
@@ -341,7 +412,7 @@ def score_command(
     res = score_dataset(axis, lm, examples, settings)
     files = res.write(out)
     headers, rows = res.table()
-    table(f"score: {probe.name} layer {res.layer} on {data.name}", headers, rows)
+    table(f"score: {probe.name} layer {res.layer} on {data.name}; {how_read}", headers, rows)
     console.print("wrote " + ", ".join(str(p) for p in files.values()))
 
 
@@ -364,6 +435,10 @@ def replicate_axis_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture every family, fit the axis on ICRL (paper's method), transfer matrix, matched control."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.replicate.axis import replicate_axis as run_replicate
+    from valueprobe.report.plots import sweep_figure, transfer_heatmap
+
     how = load
 
     check_output_dir(out, holds="probe")
@@ -434,11 +509,19 @@ def _print_history(history: ValueAxis) -> None:
 
 def print_merged_store(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded capture into the store ``out`` and print it."""
+    from valueprobe.activations.parts import (
+        merge_stores,  # loads the library: when the command runs (cli/app.py)
+    )
+
     print_store(out, merge_stores(out, parts))
 
 
 def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded score into ``out`` and print its table."""
+    from valueprobe.read.score_parts import (
+        merge_scores,  # loads the library: when the command runs (cli/app.py)
+    )
+
     res = merge_scores(out, parts)
     headers, rows = res.table()
     table(f"score (merged): layer {res.layer}", headers, rows)

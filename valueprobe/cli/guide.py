@@ -15,12 +15,20 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 
-from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, data_option, table
+from valueprobe.cli.app import (
+    AllowLargeOpt,
+    ForceOpt,
+    LoadOptions,
+    ModelOpt,
+    app,
+    console,
+    data_option,
+    table,
+)
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import DecodingOptions, SpecOptions
@@ -28,12 +36,12 @@ from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import POLICIES, Policy, as_policy
-from valueprobe.guided.records import Guided, write_guided
-from valueprobe.guided.run import SCORES, guide
-from valueprobe.model.load import LoadedModel
-from valueprobe.stats.null import random_directions
-from valueprobe.steering.decode.sampling import Decoding
-from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.guided.records import SCORES, Guided, write_guided
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.steering.decode.sampling import Decoding
+    from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["PolicyOptions", "guide_command", "parse_number"]
 
@@ -87,6 +95,7 @@ class PolicyOptions(OptionGroup):
     max_rollbacks: Annotated[int | None, typer.Option(help="rollback: at most this many per row")] = None
     alpha: Annotated[str | None, typer.Option(help="rollback: steer +α after a rollback")] = None
     steer_tokens: Annotated[int | None, typer.Option(help="rollback: for this many tokens")] = None
+    allow_large: AllowLargeOpt = False
 
     def to_policy(self) -> Policy:
         """The policy these options say (an option it does not take: one line)."""
@@ -126,9 +135,16 @@ def guide_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Best-of-N, prune or rollback by the value read while generating; tokens spent per prompt."""
+    from valueprobe.steering.hook.strength import (
+        check_strengths,  # loads the library: when the command runs (cli/app.py)
+    )
+
     chosen = policy.to_policy()
     _check_numbers(score, decoding, batch_size, random_directions_)
     spec = _spec(steering)
+    alpha = getattr(chosen, "alpha", None)
+    if alpha:
+        check_strengths(spec, [alpha], allow_large=policy.allow_large, option="--alpha")
     rows = _prompts(prompts, limit)
     check_output_dir(out, holds="guide")
     how = load.check()
@@ -190,6 +206,11 @@ def _run(
     batch_size: int,
 ) -> list[Guided]:
     """The axis, then each random direction (`valueprobe.stats.null.random_directions`, by --seed)."""
+    import torch  # loads the library: when the command runs (cli/app.py)
+
+    from valueprobe.guided.run import guide
+    from valueprobe.stats.null import random_directions
+
     records = guide(lm, spec, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
     if n_random:
         nulls = torch.from_numpy(

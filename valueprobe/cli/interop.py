@@ -22,15 +22,10 @@ from valueprobe.cli.groups import grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
-from valueprobe.model.load import check_model_folder, load
-from valueprobe.steering.hook.interop import (
-    FORMATS,
-    check_format,
-    control_vector,
-    import_axis,
-    read_control_vector,
-    write_control_vector,
-)
+
+# the formats of `valueprobe.steering.hook.interop.FORMATS`, named here so --help needs no torch
+# (tests/test_interop.py holds the two equal)
+FORMAT_NAMES = ("repeng", "gguf-control-vector", "steering-vectors")
 
 __all__ = ["export_command", "import_command"]
 
@@ -45,7 +40,7 @@ _STRENGTH = {
 @app.command("export")
 @grouped
 def export_command(
-    to: Annotated[str, typer.Option(help=f"{' | '.join(FORMATS)}")],
+    to: Annotated[str, typer.Option(help=" | ".join(FORMAT_NAMES))],
     out: Annotated[Path, typer.Option(help="file to write (.gguf, or .safetensors for steering-vectors)")],
     model: ModelOpt = "smollm2-135m",
     alpha: Annotated[float, typer.Option(help="strength baked into the file, in --unit")] = 1.0,
@@ -53,6 +48,12 @@ def export_command(
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Write the axis as another tool's steering vector: its strength s then equals valueprobe's α = s·alpha."""
+    from valueprobe.model.load import (  # loads the library: when the command runs (cli/app.py)
+        check_model_folder,
+        load,
+    )
+    from valueprobe.steering.hook.interop import check_format, control_vector, write_control_vector
+
     check_format(to)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
@@ -81,6 +82,12 @@ def import_command(
     ] = False,
 ) -> None:
     """Read a GGUF control vector into a probe folder (resid_post, unit directions, σ uncalibrated)."""
+    from valueprobe.model.load import (  # loads the library: when the command runs (cli/app.py)
+        check_model_folder,
+        load,
+    )
+    from valueprobe.steering.hook.interop import import_axis, read_control_vector
+
     cv = read_control_vector(path)
     check_output_dir(out, holds="probe")
     check_model_folder(model)

@@ -28,6 +28,7 @@ import typer
 from valueprobe.cli import (  # noqa: F401
     attribute,
     caa,
+    calibrate,
     capture_fit,
     guide,
     interop,
@@ -50,10 +51,7 @@ from valueprobe.cli.app import (
 from valueprobe.cli.boundary import check_at_least, run_app
 from valueprobe.datasets import build
 from valueprobe.files import PACKAGE_DIR, check_output_dir, check_output_file
-from valueprobe.model.load import check_device, check_model_folder
 from valueprobe.probe.registry import resolve_axis_name
-from valueprobe.replicate.demo import run_demo
-from valueprobe.report.page import SECTIONS, load_results, write_report
 
 
 @app.command("demo")
@@ -63,12 +61,17 @@ def demo_command(
     ),
     model: ModelOpt = "smollm2-135m",
     quick: Annotated[
-        bool, typer.Option(help="smaller sets and 3 splits: about 3 minutes on 2 cores")
+        bool, typer.Option(help="smaller sets and 3 splits: about 2 minutes on 2 quiet cores")
     ] = False,
     seed: int = 0,
     device: DeviceOpt = "cpu",
 ) -> None:
     """The main job: datasets, capture, fit with controls (two constructions), transfer, a live trace, report."""
+    from valueprobe.model.load import (  # loads the library: when the command runs (cli/app.py)
+        check_device,
+        check_model_folder,
+    )
+    from valueprobe.replicate.demo import run_demo
 
     check_output_dir(out, holds="demo")
     check_device(device)
@@ -139,6 +142,12 @@ def report_command(
     ] = None,
 ) -> None:
     """Rebuild one self-contained HTML report (plotly inlined, opens offline) from saved results."""
+    from valueprobe.report.page import (  # loads the library: when the command runs (cli/app.py)
+        SECTIONS,
+        load_results,
+        write_report,
+    )
+
     shipped = from_.resolve().is_relative_to(PACKAGE_DIR)  # never write into the installed package
     target = check_output_file(out or (Path("runs") / from_.name if shipped else from_) / "report.html")
     results = load_results(from_)

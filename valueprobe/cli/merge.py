@@ -13,31 +13,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from valueprobe.activations.parts import STORE_PARTS
-from valueprobe.attribute.parts import ATTRIBUTION_PARTS
 from valueprobe.cli.app import app, console
 from valueprobe.cli.attribute import print_merged_attribution
 from valueprobe.cli.capture_fit import print_merged_scores, print_merged_store
 from valueprobe.cli.steer import print_merged_sweeps
 from valueprobe.cli.tune import print_merged_shifts
 from valueprobe.errors import ValueprobeError
-from valueprobe.read.score_parts import SCORE_PARTS
-from valueprobe.sharded import PartKind, kind_of
-from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS
-from valueprobe.tune.shift_parts import SHIFT_PARTS
 
-# Each kind of part (found by its marker file, in this order) -> how its merge is printed.
-MERGERS: dict[PartKind[Any, Any], Callable[[Path, Sequence[Path]], None]] = {
-    STORE_PARTS: print_merged_store,
-    SCORE_PARTS: print_merged_scores,
-    SWEEP_PARTS: print_merged_sweeps,
-    SHIFT_PARTS: print_merged_shifts,
-    ATTRIBUTION_PARTS: print_merged_attribution,
-}
+if TYPE_CHECKING:
+    from valueprobe.sharded import PartKind
+
+
+def mergers() -> dict[PartKind[Any, Any], Callable[[Path, Sequence[Path]], None]]:
+    """Each kind of part (found by its marker file, in this order) -> how its merge is printed."""
+    from valueprobe.activations.parts import (
+        STORE_PARTS,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.attribute.parts import ATTRIBUTION_PARTS
+    from valueprobe.read.score_parts import SCORE_PARTS
+    from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS
+    from valueprobe.tune.shift_parts import SHIFT_PARTS
+
+    return {
+        STORE_PARTS: print_merged_store,
+        SCORE_PARTS: print_merged_scores,
+        SWEEP_PARTS: print_merged_sweeps,
+        SHIFT_PARTS: print_merged_shifts,
+        ATTRIBUTION_PARTS: print_merged_attribution,
+    }
 
 
 @app.command("merge")
@@ -47,11 +54,14 @@ def merge_command(
 ) -> None:
     """Join the parts of a sharded run (`--shard I/N`, torchrun) into one result; refuse parts that
     do not belong together."""
-    kind = kind_of(parts[0], list(MERGERS))
+    from valueprobe.sharded import kind_of  # loads the library: when the command runs (cli/app.py)
+
+    table = mergers()
+    kind = kind_of(parts[0], list(table))
     if kind is None:
         raise ValueprobeError(
-            f"part {parts[0]} holds no sharded result ({', '.join(k.marker for k in MERGERS)}): pass the"
+            f"part {parts[0]} holds no sharded result ({', '.join(k.marker for k in table)}): pass the"
             " folders that `valueprobe capture --shard I/N` wrote"
         )
-    MERGERS[kind](out, parts)
+    table[kind](out, parts)
     console.print(f"merged {len(parts)} parts into {out}")

@@ -1,6 +1,6 @@
 """``valueprobe replicate guide``: guided decoding against its baselines on the checkable tasks.
 
-    valueprobe replicate guide --tasks arithmetic --prompts 24 --samples 8 --out probes/guide-smollm2-135m
+    valueprobe replicate guide --tasks arithmetic --n-prompts 24 --samples 8 --out probes/guide-smollm2-135m
 
 Checks the probes, the task files (an answer that does not parse: one line naming file:line),
 the sizes and the output folder before the model loads (`valueprobe.replicate.guide`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +21,7 @@ from valueprobe.cli.app import (
     ModelOpt,
     console,
     data_dir_option,
+    refuse_renamed,
     replicate_app,
     table,
 )
@@ -30,14 +31,17 @@ from valueprobe.datasets.answers import read_tasks
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path
-from valueprobe.replicate.guide import TASK_FILES, GuideRun, replicate_guide
+
+if TYPE_CHECKING:
+    from valueprobe.replicate.guide import GuideRun
 
 __all__ = ["replicate_guide_command"]
 
 
 def _task_files(data: Path, tasks: str) -> dict[str, Path]:
+    from valueprobe.replicate.guide import TASK_FILES  # loads the library: when the command runs (cli/app.py)
+
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if not names or any(n not in TASK_FILES for n in names):
         raise ValueprobeError(f"--tasks {tasks!r}: give a comma list of {', '.join(TASK_FILES)}")
@@ -57,7 +61,8 @@ class GuideRunOptions(OptionGroup):
 
     panel = "Sampling and policies"
 
-    prompts: Annotated[int, typer.Option(help="prompts per task, spread over its groups")] = 24
+    n_prompts: Annotated[int, typer.Option(help="prompts per task, spread over its groups")] = 24
+    prompts: Annotated[str | None, typer.Option("--prompts", hidden=True)] = None  # --n-prompts's old name
     samples: Annotated[int, typer.Option(help="N: samples per prompt")] = 8
     temperature: float = 0.8
     max_new_tokens: int = 128
@@ -74,8 +79,13 @@ class GuideRunOptions(OptionGroup):
 
     def run(self, batch_size: int) -> GuideRun:
         """The library's run, every option checked (the policies too) before the model loads."""
+        from valueprobe.replicate.guide import (
+            GuideRun,  # loads the library: when the command runs (cli/app.py)
+        )
+
+        refuse_renamed("--prompts", self.prompts, "--n-prompts", "the number of prompts per task")
         for name, value in (
-            ("--prompts", self.prompts),
+            ("--n-prompts", self.n_prompts),
             ("--samples", self.samples),
             ("--max-new-tokens", self.max_new_tokens),
         ):
@@ -93,7 +103,7 @@ class GuideRunOptions(OptionGroup):
         for policy in policies:
             as_policy(policy)  # checked before the model loads: a quantile outside (0, 1), τ not a number...
         return GuideRun(
-            self.prompts, self.samples, self.temperature, self.max_new_tokens, self.random_directions,
+            self.n_prompts, self.samples, self.temperature, self.max_new_tokens, self.random_directions,
             self.seed, batch_size, prune, rollbacks,
         )  # fmt: skip
 
@@ -116,6 +126,9 @@ def replicate_guide_command(
 ) -> None:
     """Accuracy against tokens spent: greedy, one sample, best-of-N by the axis, by log-prob, by random
     directions, self-consistency, the oracle, and the prune and rollback policies, for each axis."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.replicate.guide import replicate_guide
+
     run = sampling.run(batch_size)
     if not (math.isfinite(timeout) and timeout > 0):
         raise ValueprobeError(f"--timeout {timeout} must be a positive number of seconds")

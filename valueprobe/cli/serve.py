@@ -34,10 +34,9 @@ from valueprobe.cli.app import LoadOptions, ModelOpt, app, console, table
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
-from valueprobe.serve.engine import ServeOptions
 
 if TYPE_CHECKING:
-    from valueprobe.serve.engine import Engine
+    from valueprobe.serve.engine import Engine, ServeOptions
 
 __all__ = ["ENGINES", "serve_command"]
 
@@ -148,6 +147,8 @@ def serve_command(
     how = load.check()
     if engine == "vllm" and how.device_map is not None:
         raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
+    from valueprobe.serve.engine import ServeOptions  # loads the library: when the command runs (cli/app.py)
+
     spec = steering.to_spec().check()  # a bad probe or spec fails before the model loads
     axis = spec.first_axis()
     with bind(host, port) as sock:  # a port in use fails before the model loads

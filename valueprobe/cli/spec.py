@@ -15,17 +15,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from valueprobe.cli.app import probe_option
 from valueprobe.cli.groups import OptionGroup
 from valueprobe.errors import ValueprobeError
-from valueprobe.steering.decode.sampling import Decoding
-from valueprobe.steering.hook.operators import Operator
-from valueprobe.steering.hook.spec import WHERE, SteeringSpec, Where
 from valueprobe.vocab import HookSite, Op, Unit
+
+if TYPE_CHECKING:
+    from valueprobe.steering.decode.sampling import Decoding
+    from valueprobe.steering.hook.spec import SteeringSpec, Where
 
 __all__ = ["DecodingOptions", "SpecOptions"]
 
@@ -87,6 +88,11 @@ class SpecOptions(OptionGroup):
 
     def to_spec(self) -> SteeringSpec:
         """The spec these options say (its probe is read on first use: ``spec.check()``)."""
+        from valueprobe.steering.hook.operators import (
+            Operator,  # loads the library: when the command runs (cli/app.py)
+        )
+        from valueprobe.steering.hook.spec import SteeringSpec
+
         given = self._given()
         if self.spec_file is not None:
             if given:
@@ -128,6 +134,11 @@ class SpecOptions(OptionGroup):
 
 
 def _positions(text: str) -> Where:
+    from valueprobe.steering.hook.spec import (  # loads the library: when the command runs (cli/app.py)
+        WHERE,
+        Where,
+    )
+
     if text not in WHERE:
         raise ValueprobeError(f"--positions {text!r}: use one of {', '.join(WHERE)}")
     return cast(Where, text)
@@ -167,6 +178,10 @@ class DecodingOptions(OptionGroup):
 
     def decoding(self, *, samples: int = 1) -> Decoding:
         """The library's `Decoding` with these options."""
+        from valueprobe.steering.decode.sampling import (
+            Decoding,  # loads the library: when the command runs (cli/app.py)
+        )
+
         return Decoding(
             max_new_tokens=self.max_new_tokens,
             samples=samples,

@@ -17,12 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from valueprobe.cli.app import (
     SHIPPED_DATA,
+    AllowLargeOpt,
     ControlsOpt,
     ForceOpt,
     LoadOptions,
@@ -34,6 +35,7 @@ from valueprobe.cli.app import (
     data_dir_option,
     data_option,
     probe_option,
+    refuse_renamed,
     renamed,
     replicate_app,
     run_sharded,
@@ -48,25 +50,16 @@ from valueprobe.cli.steer_options import AUTO, ConditionsFileOpt, ConditionsOpt,
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer import (
-    ReplicateSteer,
-    ReplicateSteerSettings,
-    parse_benchmarks,
-    parse_rows,
-    plan,
-    replicate_steer,
-)
-from valueprobe.report.effects import dose_response_figure
-from valueprobe.steering.decode.generation import Generation, generate
 from valueprobe.steering.experiment.behaviour import METRICS
-from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import parse_conditions
-from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
-from valueprobe.steering.hook.spec import SteeringSpec
-from valueprobe.vllm.generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
+
+if TYPE_CHECKING:
+    from valueprobe.replicate.steer import ReplicateSteer, ReplicateSteerSettings
+    from valueprobe.steering.decode.generation import Generation
+    from valueprobe.steering.experiment.dose import SteerSweep
+    from valueprobe.steering.experiment.sweep import SweepSettings
+    from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
@@ -139,6 +132,7 @@ class SweepOptions(OptionGroup):
     side_effects: Annotated[
         bool, typer.Option(help="KL, perplexity, task accuracy; the effect-vs-KL front")
     ] = False
+    allow_large: AllowLargeOpt = False
 
 
 @app.command("steer")
@@ -159,6 +153,11 @@ def steer_command(
 ) -> None:
     """Steer generations along an axis at several strengths, with random directions as the null and
     prompting (a system prompt asking for the behaviour, or its opposite) as the baseline."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, run_sweep
+    from valueprobe.steering.experiment.sweep_parts import run_sweep_part
+    from valueprobe.steering.hook.strength import check_strengths, spec_units
+
     n_random = renamed(
         ctx, "--random-directions", sweep.random_directions, old="--controls", old_value=sweep.controls
     )
@@ -167,8 +166,10 @@ def steer_command(
     how = load.check()
     decoding.check()
     _check_numbers(out, batch_size=batch_size, bootstrap=sweep.bootstrap, limit=sweep.limit)
+    alphas = parse_alphas(sweep.alphas)
     spec = spec.check()
     axis = spec.first_axis()
+    check_strengths(spec, alphas, allow_large=sweep.allow_large)
     other = ValueAxis.load(sweep.other_probe) if sweep.other_probe is not None else None
     examples = _read_prompts(prompts, sweep.limit)
     prompting = resolve_conditions(sweep.conditions, sweep.conditions_file, prompts, examples)
@@ -180,7 +181,7 @@ def steer_command(
         model=model,
         prompts=str(prompts),
         prompts_sha256=sha256_file(prompts),
-        alphas=parse_alphas(sweep.alphas),
+        alphas=alphas,
         samples=sweep.samples,
         max_new_tokens=decoding.max_new_tokens,
         controls=n_random,
@@ -196,6 +197,9 @@ def steer_command(
         conditions=prompting.names,
         conditions_file=prompting.file,
         conditions_sha256=prompting.sha256,
+        alpha_units=spec_units(spec, alphas),
+        sigma_reference=str(axis.sigma_reference),
+        allow_large=sweep.allow_large,
     )
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     # bound, not called: the settings (and so α) reach _sweep_part only in a sharded run
@@ -222,6 +226,11 @@ def _sweep_part(
 ) -> None:
     """One shard's sweep (``run``: `run_sweep_part` with the command's options) into its part folder
     (`run_sharded` calls it with the part's folder, shard and device)."""
+    from valueprobe.steering.experiment.sweep import (
+        check_settings,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.steering.experiment.sweep_parts import check_part_out
+
     check_settings(settings, part_out, examples, part=True)
     check_part_out(part_out, part)
     n_rows = run(how.load(model, device=on), examples, part_out, settings, shard=part)
@@ -230,14 +239,25 @@ def _sweep_part(
 
 def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded sweep into ``out``, write its figure and print its table."""
+    from valueprobe.steering.experiment.sweep_parts import (
+        merge_sweeps,  # loads the library: when the command runs (cli/app.py)
+    )
+
     print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
 
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     """Write the dose figure next to a sweep's files and print its table."""
+    from valueprobe.report.effects import (
+        dose_response_figure,  # loads the library: when the command runs (cli/app.py)
+    )
+
     write_figure(dose_response_figure(result), out / "dose.html")
     n_random = 0 if result.settings is None else result.settings.controls
     table(f"{title} ({result.n_rows} outputs, {n_random} random directions)", *result.table())
+    units = "" if result.settings is None else result.settings.units_text()
+    if units:
+        console.print(f"α: {units}")
     console.print(f"wrote {out}/generations.jsonl, metrics.json, metrics.csv, dose.html")
 
 
@@ -245,6 +265,8 @@ def _check_engine(
     engine: str, *, spec: SteeringSpec, shard: ShardSpec | None, device_map: str | None
 ) -> None:
     """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
+    from valueprobe.vllm.generate import INSTALL  # loads the library: when the command runs (cli/app.py)
+
     if engine not in ("hf", "vllm"):
         raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
     if engine == "vllm":
@@ -267,6 +289,11 @@ def _check_engine(
 def _generator(engine: str, model: str, seed: int, how: LoadOptions) -> Callable[..., list[Generation]]:
     """What generates the sweep's rows: the HF route, or one vLLM request per row, in the dtype the
     HF side loads (it scores the rows)."""
+    from valueprobe.steering.decode.generation import (
+        generate,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.vllm.generate import VllmGenerator, open_llm
+
     if engine == "hf":
         return generate
     return VllmGenerator(open_llm(model, seed=seed, dtype=how.dtype.value))
@@ -274,6 +301,10 @@ def _generator(engine: str, model: str, seed: int, how: LoadOptions) -> Callable
 
 def _metrics(metrics: str | None, prompts: Path, examples: list) -> tuple[str, ...]:
     """``--metrics``, checked against the known ones; default by prompt set."""
+    from valueprobe.steering.experiment.sweep import (
+        metrics_for,  # loads the library: when the command runs (cli/app.py)
+    )
+
     chosen = (
         tuple(m.strip() for m in metrics.split(",") if m.strip())
         if metrics
@@ -296,7 +327,7 @@ def _check_outputs(out: Path, runs: Path) -> None:
 def _check_tokens(tokens: float) -> None:
     if not (math.isfinite(tokens) and tokens > 0):
         raise ValueprobeError(
-            f"--tokens {tokens} must be a positive scale of each benchmark's max new tokens"
+            f"--token-scale {tokens} must be a positive scale of each benchmark's max new tokens"
         )
 
 
@@ -322,13 +353,15 @@ class ReplicateSteerOptions(OptionGroup):
     runs: Annotated[Path, typer.Option(help="where the resumable sweeps go")] = Path(
         "runs/steer-smollm2-135m"
     )
-    prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12
+    n_prompts: Annotated[int, typer.Option(help="prompts (rows) per benchmark")] = 12
+    prompts: Annotated[str | None, typer.Option("--prompts", hidden=True)] = None  # --n-prompts's old name
     alphas: Annotated[str, typer.Option(help="strengths, comma separated")] = "-30,-15,0,15,30"
     unit: Annotated[Unit, typer.Option(help="sigma | norm | raw")] = Unit.norm
     samples: int = 1
     random_directions: RandomDirectionsOpt = 8
     controls: ControlsOpt = None
-    tokens: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0
+    token_scale: Annotated[float, typer.Option(help="scale every benchmark's max new tokens")] = 1.0
+    tokens: Annotated[str | None, typer.Option("--tokens", hidden=True)] = None  # --token-scale's old name
     seed: int = 0
     rows: RowsOpt = "add,ablate"
     benchmarks: Annotated[
@@ -338,23 +371,35 @@ class ReplicateSteerOptions(OptionGroup):
 
     def settings(self, ctx: typer.Context) -> ReplicateSteerSettings:
         """The library's settings, every option checked (one line) before the model loads."""
+        from valueprobe.replicate.steer import (  # loads the library: when the command runs (cli/app.py)
+            ReplicateSteerSettings,
+            parse_benchmarks,
+            parse_rows,
+        )
+
         n_random = renamed(
             ctx, "--random-directions", self.random_directions, old="--controls", old_value=self.controls
         )
-        check_at_least("--prompts", self.prompts, 1)
-        _check_tokens(self.tokens)
+        refuse_renamed("--prompts", self.prompts, "--n-prompts", "the number of prompts per benchmark")
+        if self.tokens is not None:
+            raise ValueprobeError(
+                f"--tokens is now --token-scale (the scale of each benchmark's max new tokens; --tokens"
+                f" chooses tokens in score): give --token-scale {self.tokens}"
+            )
+        check_at_least("--n-prompts", self.n_prompts, 1)
+        _check_tokens(self.token_scale)
         return ReplicateSteerSettings(
             probe=self.probe,
             other_probe=self.other_probe,
             data_dir=self.data,
             runs_dir=self.runs,
-            prompts=self.prompts,
+            prompts=self.n_prompts,
             alphas=parse_alphas(self.alphas),
             unit=self.unit.value,
             samples=self.samples,
             controls=n_random,
             seed=self.seed,
-            tokens=self.tokens,
+            tokens=self.token_scale,
             rows=parse_rows(self.rows),
             benchmarks=parse_benchmarks(self.benchmarks),
             conditions=parse_conditions(self.conditions),
@@ -376,6 +421,10 @@ def replicate_steer_command(
     ] = True,
 ) -> None:
     """The paper's steering benchmarks (confidence, backtracking, code) plus refusal and length; and the axis ablated."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.replicate.steer import plan, replicate_steer
+    from valueprobe.steering.experiment.sweep import check_settings
+
     settings = run.settings(ctx)
     how = load.check()
     check_at_least("--batch-size", batch_size, 1)
@@ -396,6 +445,10 @@ def replicate_steer_command(
 
 def print_replicate_steer(report: ReplicateSteer, out: Path, settings: ReplicateSteerSettings) -> None:
     """Write ``replicate steer``'s figures and print its tables."""
+    from valueprobe.report.effects import (
+        dose_response_figure,  # loads the library: when the command runs (cli/app.py)
+    )
+
     probe, other_probe = settings.probe.name, settings.other_probe.name
     if report.sweeps:
         write_figure(dose_response_figure(report.combined()), out / "dose.html")

@@ -11,28 +11,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from valueprobe.cli.app import table, write_figure
 from valueprobe.datasets.answers import read_tasks
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import jsonable, write_json
-from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.steer_eval import TASKS, BenchEval, SteerEvaluation, reliability_table
-from valueprobe.report.steering_eval import (
-    baseline_figure,
-    front_figure,
-    reliability_figure,
-    side_effects_figure,
-)
-from valueprobe.steering.experiment.baseline import baseline_table, prompt_baseline
-from valueprobe.steering.experiment.dose import SteerSweep
-from valueprobe.steering.experiment.front import effect_front
 from valueprobe.steering.experiment.prompting import conditions_path, read_target
-from valueprobe.steering.experiment.reliability import item_reliability
-from valueprobe.steering.experiment.side_effects import measure_side_effects, sweep_plan
-from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
+
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.steering.experiment.dose import SteerSweep
 
 __all__ = ["judge_sweep", "print_evaluation", "side_effect_folder"]
 
@@ -40,6 +31,18 @@ __all__ = ["judge_sweep", "print_evaluation", "side_effect_folder"]
 def print_evaluation(path: Path, out: Path) -> str:
     """Print the tables of ``evaluation.json`` at ``path`` and draw its figures into ``out``; the
     files written, as a suffix for the command's last line ("" when there is no evaluation)."""
+    from valueprobe.replicate.steer_eval import (  # loads the library: when the command runs (cli/app.py)
+        SteerEvaluation,
+        reliability_table,
+    )
+    from valueprobe.report.steering_eval import (
+        baseline_figure,
+        front_figure,
+        reliability_figure,
+        side_effects_figure,
+    )
+    from valueprobe.steering.experiment.baseline import baseline_table
+
     if not path.is_file():
         return ""
     ev = SteerEvaluation.from_dict(json.loads(path.read_text(encoding="utf-8")))
@@ -71,6 +74,8 @@ NEUTRAL = "neutral_text.jsonl"
 def side_effect_folder(prompts: Path) -> Path:
     """The folder holding the neutral corpus and the task files side effects read: the prompts'
     own (``data/``); one line, before any model loads, when one of them is not there."""
+    from valueprobe.replicate.steer_eval import TASKS  # loads the library: when the command runs (cli/app.py)
+
     folder = prompts.parent
     for name in (NEUTRAL, *(f for f, _, _, _ in TASKS.values())):
         if not (folder / name).is_file():
@@ -87,6 +92,18 @@ def judge_sweep(
     """What ``steer`` prints beside its dose table: steering against asking and per-item reliability
     for the set's stated target, and with ``side_effects`` the side effects and the effect-vs-KL front
     (``side_effects.json``, ``side_effects.html``, ``front.html``)."""
+    from valueprobe.replicate.steer_eval import (  # loads the library: when the command runs (cli/app.py)
+        TASKS,
+        BenchEval,
+        reliability_table,
+    )
+    from valueprobe.report.steering_eval import front_figure, side_effects_figure
+    from valueprobe.steering.experiment.baseline import baseline_table, prompt_baseline
+    from valueprobe.steering.experiment.front import effect_front
+    from valueprobe.steering.experiment.reliability import item_reliability
+    from valueprobe.steering.experiment.side_effects import measure_side_effects, sweep_plan
+    from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
+
     settings = result.settings
     if settings is None:
         return

@@ -13,12 +13,11 @@ from typing import Annotated
 
 import typer
 
-from valueprobe.cli.app import LoadOptions, ModelOpt, app, console, table
+from valueprobe.cli.app import AllowLargeOpt, LoadOptions, ModelOpt, app, console, table
 from valueprobe.cli.groups import grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.steering.experiment.trace import value_trace, write_trace
 from valueprobe.vocab import parse_layers
 
 __all__ = ["trace_command"]
@@ -35,9 +34,16 @@ def trace_command(
     read_layers: Annotated[str, typer.Option(help="more layers to read, e.g. '10,20' (resid_post)")] = "",
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the chat template")] = True,
     steering: SpecOptions = SpecOptions(),
+    allow_large: AllowLargeOpt = False,
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Per-token value trace of a prompt (and a steered continuation): coloured tokens + line plot."""
+    from valueprobe.steering.experiment.trace import (  # loads the library: when the command runs (cli/app.py)
+        value_trace,
+        write_trace,
+    )
+    from valueprobe.steering.hook.strength import check_strengths, spec_units
+
     if not prompt.strip():
         raise ValueprobeError("--prompt is empty: give the text to trace")
     if generate is not None and generate < 1:
@@ -45,6 +51,8 @@ def trace_command(
     check_output_dir(out, holds="trace")
     how = load.check()
     spec = steering.to_spec().check()  # a bad probe, layer or unit fails before the model loads
+    check_strengths(spec, [alpha], allow_large=allow_large, option="--alpha")
+    both = spec_units(spec, [alpha])
     lm = how.load(model)
     spec.first_axis().check(lm)
     reads = parse_layers(read_layers, n_layers=lm.n_layers) if read_layers.strip() else []
@@ -66,7 +74,7 @@ def trace_command(
                 len(tr.tokens),
                 sum(steered[: tr.n_prompt]) / max(1, tr.n_prompt),
                 (sum(gen) / len(gen)) if gen else "-",
-                f"{alpha:g} {spec.unit.value}",
+                f"{alpha:g} {spec.unit.value}" + (f" = {both[0]}" if both and alpha else ""),
             ]
         ],
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Annotated, NamedTuple, TypeVar
 
 import typer
 
@@ -38,19 +38,13 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
-from valueprobe.model.load import load
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path
-from valueprobe.replicate.dpo_words import replicate_dpo_words as run_dpo_words
-from valueprobe.replicate.dpo_words import write_words_report as write_words
-from valueprobe.replicate.safety import replicate_safety as run_safety
-from valueprobe.replicate.safety import write_safety_report as write_safety
-from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
-from valueprobe.tune.shift import ShiftResult, ShiftSettings, check_groups, group_by, shift
-from valueprobe.tune.shift_parts import merge_shifts, shift_part
-from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
-from valueprobe.vocab import LayerSelection, Positions, ShardSpec
+from valueprobe.vocab import LayerSelection, Positions, ShardSpec, TuneMethod
+
+if TYPE_CHECKING:
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.tune.shift import ShiftResult, ShiftSettings
 
 __all__ = [
     "print_merged_shifts",
@@ -113,6 +107,12 @@ def tune_command(
 ) -> None:
     """Fine-tune with TRL and a LoRA adapter: tune dpo, or tune sft (loss on the completion only).
     Rerun the same command to resume an interrupted run."""
+    from valueprobe.tune.train import (  # loads the library: when the command runs (cli/app.py)
+        TuneSettings,
+        check_out,
+        train,
+    )
+
     check_out(out, overwrite=overwrite)
     groups = [g.strip() for g in group.split(",") if g.strip()] if group else None
     t = training
@@ -148,6 +148,8 @@ SHIPPED = "smollm2-135m-value,smollm2-135m-reward-history"
 
 
 def _axes(spec: str) -> dict[str, ValueAxis]:
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+
     paths = [probe_path(p.strip()) for p in spec.split(",") if p.strip()]
     return {p.name: ValueAxis.load(p) for p in paths}
 
@@ -166,6 +168,9 @@ class _Inputs(NamedTuple):
 
 def _replicate(run: Callable[..., R], inputs: _Inputs, **options: object) -> R:
     """Check the training settings, load the probes and the model, then run one replication."""
+    from valueprobe.model.load import load  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.tune.train import TuneSettings
+
     settings = TuneSettings(epochs=inputs.epochs, learning_rate=inputs.lr, max_steps=inputs.max_steps)
     settings.check()
     axes = _axes(inputs.probes)
@@ -198,6 +203,11 @@ def replicate_dpo_words_command(
     seed: int = 0,
 ) -> None:
     """DPO k models toward one word and `avoid` away from one; the axis ranking, control words and null."""
+    from valueprobe.replicate.dpo_words import (  # loads the library: when the command runs (cli/app.py)
+        replicate_dpo_words as run_dpo_words,
+    )
+    from valueprobe.replicate.dpo_words import write_words_report as write_words
+
     if k < 1 or avoid < 0 or k + avoid > 12 or n_random < 1:
         raise ValueprobeError(
             f"need 1 <= k, 0 <= avoid, k + avoid <= 12 target words and --n-random >= 1 (got {k}, {avoid})"
@@ -234,6 +244,11 @@ def replicate_safety_command(
     seed: int = 0,
 ) -> None:
     """DPO toward refusing harmful and answering benign; refusal rate and the shift of four prompt groups."""
+    from valueprobe.replicate.safety import (  # loads the library: when the command runs (cli/app.py)
+        replicate_safety as run_safety,
+    )
+    from valueprobe.replicate.safety import write_safety_report as write_safety
+
     if n_random < 1 or (per_group is not None and per_group < 2):
         raise ValueprobeError("--n-random must be >= 1 and --per-group >= 2")
     report = _replicate(
@@ -282,6 +297,10 @@ class ShiftOptions(OptionGroup):
 
     def settings(self) -> ShiftSettings:
         """The library's settings, every number checked."""
+        from valueprobe.tune.shift import (
+            ShiftSettings,  # loads the library: when the command runs (cli/app.py)
+        )
+
         check_at_least("--n-random", self.n_random, 1)
         check_at_least("--bootstrap", self.bootstrap, 0)
         check_at_least("--batch-size", self.batch_size, 1)
@@ -315,6 +334,9 @@ def shift_command(
     shard: ShardOpt = None,
 ) -> None:
     """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.tune.shift import check_groups, group_by, shift
+
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
     check_output_dir(out, holds="shift")
@@ -344,6 +366,9 @@ def _shift_work(
     force: bool,
 ) -> Callable[[Path, ShardSpec, str], None]:
     """One shard of a shift (both models loaded on ``on``) into its part folder."""
+    from valueprobe.tune.shift_parts import (
+        shift_part,  # loads the library: when the command runs (cli/app.py)
+    )
 
     def work(part_out: Path, part: ShardSpec, on: str) -> None:
         base_lm, tuned_lm = (how.load(m, device=on) for m in (base, tuned))
@@ -366,11 +391,17 @@ def _shift_work(
 
 def print_merged_shifts(out: Path, parts: Sequence[Path]) -> None:
     """Merge the parts of a sharded shift into ``out`` (a new folder) and print its table."""
+    from valueprobe.tune.shift_parts import (
+        merge_shifts,  # loads the library: when the command runs (cli/app.py)
+    )
+
     print_shift(merge_shifts(out, parts), out, overwrite=False, title="shift (merged)")
 
 
 def print_shift(res: ShiftResult, out: Path, *, overwrite: bool, title: str) -> None:
     """Write a shift's files (figure included) and print its table."""
+    from valueprobe.report.plots import shift_figure  # loads the library: when the command runs (cli/app.py)
+
     res.write(out, overwrite=overwrite, figure=shift_figure(res))
     headers, rows = res.table()
     table(f"{title}, layer {res.layer} (σ of the base reference)", headers, rows)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -37,15 +37,12 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, jsonable, write_json
-from valueprobe.probe.axis import ValueAxis
-from valueprobe.report.steering_eval import front_figure
-from valueprobe.steering.experiment.front import envelope
 from valueprobe.steering.experiment.prompting import Goal, conditions_path, read_target
-from valueprobe.steering.experiment.search import SearchSpace, SteerSearch, check_space, tune_steer
-from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for
-from valueprobe.steering.hook.operators import Operator
-from valueprobe.steering.hook.spec import SteeringSpec, Where
 from valueprobe.vocab import Op, Unit
+
+if TYPE_CHECKING:
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.steering.experiment.search import SearchSpace, SteerSearch
 
 __all__ = ["tune_steer_command"]
 
@@ -95,6 +92,11 @@ class SearchOptions(OptionGroup):
 
     def space(self, axis: ValueAxis) -> SearchSpace:
         """The search space, checked (one line when empty or the bound is not positive)."""
+        from valueprobe.steering.experiment.search import (  # loads the library: when the command runs (cli/app.py)
+            SearchSpace,
+            check_space,
+        )
+
         layers = (
             tuple(int(x) for x in _floats(self.layers, "--layers")) if self.layers else (axis.best_layer,)
         )
@@ -137,6 +139,11 @@ def tune_steer_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Search layer × α × positions × operator for the largest move toward the target at KL ≤ --max-kl."""  # fmt: skip
+    from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.steering.experiment.search import tune_steer
+    from valueprobe.steering.experiment.sweep import SweepSettings, metrics_for
+    from valueprobe.steering.hook.spec import SteeringSpec
+
     axis = ValueAxis.load(probe)
     space = search.space(axis)
     check_at_least("--random-directions", sweep.random_directions, 1)
@@ -172,6 +179,13 @@ def tune_steer_command(
 
 def _print(found: SteerSearch, out: Path, probe: Path) -> None:
     """The candidates, the random front beside the chosen setting, and the files."""
+    from valueprobe.report.steering_eval import (
+        front_figure,  # loads the library: when the command runs (cli/app.py)
+    )
+    from valueprobe.steering.experiment.front import envelope
+    from valueprobe.steering.hook.operators import Operator
+    from valueprobe.steering.hook.spec import SteeringSpec, Where
+
     goal = found.target
     table(f"tune-steer: {goal.metric} on {goal.subset} (sign {goal.sign:+d}), KL ≤ {found.space.max_kl:g}; "
           f"{found.n_val} validation / {found.n_test} test prompts", *found.table())  # fmt: skip

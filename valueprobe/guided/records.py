@@ -22,7 +22,9 @@ from typing import Any
 from valueprobe.files import atomic_write_text, jsonable, write_json
 from valueprobe.records import Record
 
-__all__ = ["Candidate", "GuideSummary", "Guided", "tail_mean", "write_guided"]
+__all__ = ["SCORES", "Candidate", "GuideSummary", "Guided", "tail_mean", "write_guided"]
+
+SCORES: tuple[str, ...] = ("sigma", "cos", "logprob")  # what a pick reads: the axis's σ, cos, or log-prob
 
 
 def tail_mean(values: Sequence[float], last_k: int | None) -> float:

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.cache import CachedDecoder
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
-from valueprobe.guided.records import Guided, tail_mean
+from valueprobe.guided.records import SCORES, Guided, tail_mean
 from valueprobe.guided.rows import Row, prune_rows, rollback_due
 from valueprobe.hooks.padding import pad_id_for
 from valueprobe.hooks.route import Handle, Point, Recording, record
@@ -53,7 +53,6 @@ from valueprobe.steering.hook.spec import SteeringSpec, as_spec
 __all__ = ["SCORES", "Score", "guide", "pick"]
 
 Score = Literal["sigma", "cos", "logprob"]
-SCORES: tuple[str, ...] = ("sigma", "cos", "logprob")
 
 
 @dataclass(frozen=True)

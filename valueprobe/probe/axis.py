@@ -6,7 +6,7 @@ folder (``axis.safetensors`` + ``probe.json``), and read back checked against th
     from valueprobe.probe.axis import ValueAxis
     axis = ValueAxis.load("smollm2-135m-value", lm=lm)          # a shipped axis; checks d_model + fingerprint
     axis.score(h, layer=18)                                     # (h·v̂ − μ)/σ
-    (axis_a - axis_b).save("probes/diff")                       # μ, σ uncalibrated until calibrate()
+    (axis_a - axis_b).save("probes/diff")                       # μ, σ uncalibrated until vp.calibrate
 
 Sign convention everywhere: positive = success / value up (label 1, span ``post``).
 """
@@ -14,6 +14,7 @@ Sign convention everywhere: positive = success / value up (label 1, span ``post`
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, jsonable, write_json
 from valueprobe.model.fingerprint import check_model, check_records
+from valueprobe.probe.reference import SigmaReference
 from valueprobe.probe.registry import probe_path
 from valueprobe.records import Record, refuse_newer
 from valueprobe.version import __version__
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
 FORMAT_VERSION = 1
+CALIBRATE = "vp.calibrate(axis, lm), or valueprobe calibrate --probe P --out DIR"
+log = logging.getLogger("valueprobe")
 ArrayOrTensor = TypeVar("ArrayOrTensor", torch.Tensor, np.ndarray)
 
 
@@ -74,12 +78,12 @@ def check_combinable(axes: Sequence[ValueAxis]) -> None:
 
 # unit -> (the axis statistic one unit is a fraction of, its name in errors, that fraction, the fix)
 _UNIT_STATS: dict[Unit, tuple[str, str, float, str]] = {
-    Unit.sigma: ("sigma", "σ", 1.0, "calibrate it with valueprobe.probe.fit.calibrate or use --unit raw"),
+    Unit.sigma: ("sigma", "σ", 1.0, f"calibrate it ({CALIBRATE}) or use --unit raw"),
     Unit.norm: (
         "mean_norm",
         "mean residual norm",
         0.01,
-        "refit the probe with norm statistics or use --unit sigma",
+        f"calibrate it ({CALIBRATE}) or use --unit sigma",
     ),
 }
 
@@ -88,15 +92,18 @@ _UNIT_STATS: dict[Unit, tuple[str, str, float, str]] = {
 class ValueAxis:
     """The value axis: one unit direction per layer plus what is needed to use it.
 
-    ``mu``/``sigma`` are the mean and standard deviation of ``h @ v̂`` over ``sigma_reference``
-    (default: the rows the axis was fitted on, both classes pooled). ``mean_norm`` is the mean
-    L2 norm of the residual at each layer over the same rows, for α as a % of norm.
+    ``mu``/``sigma`` are the mean and standard deviation of ``h @ v̂`` over ``sigma_reference``:
+    :func:`valueprobe.probe.calibrate.calibrate` measures them over the one neutral reference every
+    axis shares (`valueprobe.probe.reference`), so 1σ is a comparable push on every axis; a fitter
+    leaves its fitting set's until then. ``mean_norm`` is the mean L2 norm of the residual at each
+    layer over the rows the axis was fitted on, for α as a % of norm. ``formerly`` keeps the
+    statistics a recalibration replaced (`former`): what was written in their units is read in them.
 
     Arithmetic: ``-axis`` flips every direction (and μ); ``k * axis`` keeps the unit
     directions and multiplies ``scale``, the steering strength (negative k also flips);
     ``a - b`` / ``a + b`` combine ``scale·v̂`` per shared layer and renormalize, and
     ``a.orthogonalize(b)`` projects b's direction out of a's, each leaving μ and σ uncalibrated
-    (NaN) until :func:`valueprobe.probe.fit.calibrate` and recording in ``made`` (``probe.json``)
+    (NaN) until :func:`valueprobe.probe.calibrate.calibrate` and recording in ``made`` (``probe.json``)
     the operation, the layers and the `provenance` of both axes. ``axis[18]`` keeps one layer.
     Readouts (``project``, ``score``) ignore ``scale``.
 
@@ -116,12 +123,14 @@ class ValueAxis:
     fingerprint: str
     d_model: int
     scale: float = 1.0
-    sigma_reference: str = "fitting set"
+    sigma_reference: SigmaReference = SigmaReference("fitting set")
     metrics: dict = field(default_factory=dict)
     datasets: tuple[dict, ...] = ()
     ops: tuple[str, ...] = ()
     version: str = __version__
     made: dict = field(default_factory=dict)  # how axis arithmetic made it: {"op", "layers", "from": [...]}
+    # the statistics a recalibration replaced: {"sigma_reference": {...}, "mu", "sigma", "mean_norm": [...]}
+    formerly: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.layers)
@@ -157,7 +166,7 @@ class ValueAxis:
             site=str(self.site),
             mu=float(self.mu[i]),
             sigma=float(self.sigma[i]),
-            sigma_reference=self.sigma_reference,
+            sigma_reference=str(self.sigma_reference),
         )
 
     def direction(self, layer: int | None = None) -> torch.Tensor:
@@ -181,8 +190,8 @@ class ValueAxis:
         i = self._index(layer)
         if not self.calibrated(self.layers[i]):
             raise ValueprobeError(
-                f"axis layer {self.layers[i]} has no σ calibration ({self.sigma_reference});"
-                " run valueprobe.probe.fit.calibrate(axis, store) first"
+                f"axis layer {self.layers[i]} has no σ calibration ({self.sigma_reference}):"
+                f" calibrate it first ({CALIBRATE})"
             )
         return float(self.sigma[i])
 
@@ -240,10 +249,22 @@ class ValueAxis:
             sigma=self.sigma[keep],
             mean_norm=self.mean_norm[keep],
             best_layer=layer,
+            formerly=self._formerly_map(lambda name, xs: xs[keep]),
         )
 
     def __neg__(self) -> ValueAxis:
-        return replace(self, directions=-self.directions, mu=-self.mu, ops=(*self.ops, "neg"))
+        flip = lambda name, xs: [None if x is None else -x for x in xs] if name == "mu" else xs  # noqa: E731
+        return replace(
+            self,
+            directions=-self.directions,
+            mu=-self.mu,
+            ops=(*self.ops, "neg"),
+            formerly=self._formerly_map(flip),
+        )
+
+    def _formerly_map(self, fn: Any) -> dict:
+        """``formerly`` with ``fn(name, values)`` applied to each per-layer list (μ, σ, mean norm)."""
+        return {k: v if k == "sigma_reference" else fn(k, v) for k, v in self.formerly.items()}
 
     def __mul__(self, k: float) -> ValueAxis:
         if not isinstance(k, (int, float)) or not math.isfinite(k):
@@ -300,7 +321,7 @@ class ValueAxis:
             model_id=self.model_id,
             fingerprint=self.fingerprint,
             d_model=self.d_model,
-            sigma_reference="uncalibrated (axis arithmetic): run valueprobe.probe.fit.calibrate(axis, store)",
+            sigma_reference=SigmaReference(f"uncalibrated (axis arithmetic): run {CALIBRATE}"),
             datasets=self.datasets + other.datasets,
             ops=(*self.ops, f"{symbol} axis"),
             made={"op": how, "layers": list(shared), "from": [self.provenance(), other.provenance()]},
@@ -376,7 +397,8 @@ class ValueAxis:
             "site": str(self.site),
             "method": self.method,
             "scale": self.scale,
-            "sigma_reference": self.sigma_reference,
+            "sigma_reference": self.sigma_reference.to_dict(),
+            **({"formerly": self.formerly} if self.formerly else {}),
             "ops": list(self.ops),
             **({"made": self.made} if self.made else {}),
             "datasets": list(self.datasets),
@@ -394,7 +416,7 @@ class ValueAxis:
         20
         >>> ValueAxis.load("probes/my-axis", lm=lm)                # a folder written by fit or save
         """
-        path = probe_path(path)
+        given, path = str(path), probe_path(path)
         meta_path, tensor_path = path / "probe.json", path / "axis.safetensors"
         if not meta_path.is_file() or not tensor_path.is_file():
             raise ValueprobeError(f"{path} is not a probe folder: it needs probe.json and axis.safetensors")
@@ -420,7 +442,8 @@ class ValueAxis:
                 fingerprint=info["fingerprint"],
                 d_model=int(info["d_model"]),
                 scale=float(info.get("scale", 1.0)),
-                sigma_reference=info.get("sigma_reference", ""),
+                sigma_reference=SigmaReference.read(info.get("sigma_reference")),
+                formerly=info.get("formerly", {}),
                 metrics=info.get("metrics", {}),
                 datasets=tuple(info.get("datasets", [])),
                 ops=tuple(info.get("ops", [])),
@@ -433,4 +456,37 @@ class ValueAxis:
             raise ValueprobeError(f"{path}: layers in probe.json and axis.safetensors disagree; refit it")
         if lm is not None:
             axis.check(lm, force=force)
+        if not isinstance(info.get("sigma_reference"), dict):  # written before σ references
+            axis.note_units(given)
         return axis
+
+    def note_units(self, where: str) -> None:
+        """One line when α in σ means another push here than on every other axis: statistics from
+        another reference than the shared neutral one (an axis written before that reference) are
+        read as recorded, never rescaled."""
+        ref = self.sigma_reference
+        if ref.standard or not self.calibrated(self.best_layer):
+            return
+        layer = self.best_layer
+        share = self.unit_size(layer, Unit.sigma) / self.unit_size(layer, Unit.norm)
+        log.warning(
+            f"{where}: σ is measured over {ref}, not the neutral reference every axis shares;"
+            f" α in σ is read in those units (1σ = {share:.1f}% of the mean residual norm at layer"
+            f" {layer}): recalibrate it with {CALIBRATE}"
+        )
+
+    def former(self) -> ValueAxis:
+        """This axis with the statistics its last recalibration replaced (``formerly``): what a
+        spec or result written before then meant by α in σ. Raises when there are none."""
+        if not self.formerly:
+            raise ValueprobeError(f"this axis ({self.model_id}, {self.method}) keeps no former calibration")
+        f = self.formerly
+        t = lambda xs: torch.tensor([math.nan if x is None else x for x in xs], dtype=torch.float32)  # noqa: E731
+        return replace(
+            self,
+            mu=t(f["mu"]),
+            sigma=t(f["sigma"]),
+            mean_norm=t(f["mean_norm"]),
+            sigma_reference=SigmaReference.read(f["sigma_reference"]),
+            formerly={},
+        )

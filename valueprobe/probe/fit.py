@@ -1,10 +1,14 @@
-"""Fit the value axis from activation stores: the layer sweep, then the transfer matrix; and calibration.
+"""Fit the value axis from activation stores: the layer sweep, then the transfer matrix, then σ.
 
 ``valueprobe fit --store runs/icrl --method diff_means --out probes/value`` calls :func:`fit_probe`::
 
     from valueprobe.probe.fit import fit_probe
-    report = fit_probe(["runs/icrl", "runs/code"], method="diff_means")
+    report = fit_probe(["runs/icrl", "runs/code"], method="diff_means", lm=lm)
     report.axis.save("probes/value"); print(report.summary())
+
+With ``lm`` the axis's μ, σ and mean norm are measured over the neutral reference
+(:func:`valueprobe.probe.calibrate.calibrate`); without, they are its fitting set's, and the axis
+says so when it is loaded.
 
 The primitives live below this module: :func:`valueprobe.probe.layer_sweep.sweep_layers` (held-out groups,
 controls) and :func:`valueprobe.probe.transfer.transfer_matrix` (family to family).
@@ -14,18 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
-from valueprobe.model.fingerprint import check_records
+from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.calibrate import calibrate
 from valueprobe.probe.fitters import Method, MethodArg
 from valueprobe.probe.layer_sweep import LayerSweepResult, sweep_layers
-from valueprobe.probe.project import layer_moments
 from valueprobe.probe.source import Source, Stores
 from valueprobe.probe.transfer import TransferResult, transfer_matrix
 from valueprobe.vocab import LayerSpec, Target
 
-__all__ = ["FitReport", "calibrate", "fit_probe"]
+__all__ = ["FitReport", "fit_probe"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +59,7 @@ def fit_probe(
     transfer: bool = True,
     target: Target = Target.auto,
     share_groups: bool = False,
+    lm: LoadedModel | None = None,
 ) -> FitReport:
     """Sweep layers on the union of the stores, then (with two or more stores) the transfer matrix
     between them at the chosen layer; the returned axis carries both in ``metrics``.
@@ -66,6 +69,7 @@ def fit_probe(
         method: fitter name or zero-argument factory; layers: a layer spec ("all", "10:20", "::2").
         transfer: with two or more stores, also the transfer matrix at the best layer.
         share_groups: the stores hold the same groups (ICRL and its control): hold a group out in all.
+        lm: the stores' model: μ, σ and the mean norm are then measured over the neutral reference.
 
     >>> report = fit_probe({"icrl": "runs/icrl", "code": "runs/code"}, method="diff_means")
     >>> report.axis.save("probes/value"); print(report.summary())
@@ -93,27 +97,5 @@ def fit_probe(
             target=target,
         )
         metrics["transfer"] = result.to_dict()
-    return FitReport(replace(sweep.axis, metrics=metrics), sweep, result)
-
-
-def calibrate(axis: ValueAxis, stores: Stores | Source, *, force: bool = False) -> ValueAxis:
-    """Recompute μ, σ and the mean norm of every axis layer over all rows of ``stores``.
-
-    Args:
-        force: calibrate on stores of another model (fingerprint differs) anyway.
-
-    >>> axis = calibrate(axis_a - axis_b, "runs/neutral-smollm2")
-    """
-    src = stores if isinstance(stores, Source) else Source(stores, target=Target.label, need_both=False)
-    check_records(
-        src.fingerprint, axis.fingerprint, what=f"store {src.model_id} and axis {axis.model_id}", force=force
-    )
-    moments = [layer_moments(src, layer, axis.direction(layer).double().numpy()) for layer in axis.layers]
-    mu, sigma, norm = (torch.tensor(col, dtype=torch.float32) for col in zip(*moments, strict=True))
-    return replace(
-        axis,
-        mu=mu,
-        sigma=sigma,
-        mean_norm=norm,
-        sigma_reference=f"all {len(src.y)} rows of {', '.join(src.names)}",
-    )
+    axis = replace(sweep.axis, metrics=metrics)
+    return FitReport(axis if lm is None else calibrate(axis, lm), sweep, result)

@@ -23,6 +23,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.baselines import oriented_auroc, shuffle_within_group
 from valueprobe.probe.fitters import Fitter, Method, MethodArg, make_fitter, method_name, unit_or_zero
 from valueprobe.probe.project import project_layer
+from valueprobe.probe.reference import SigmaReference
 from valueprobe.probe.source import Source, Split, Stores, grouped_splits, resolve_layers
 from valueprobe.records import Record
 from valueprobe.stats.metrics import MeanSd, auroc, cohens_d, mean_sd
@@ -306,7 +307,9 @@ def _axis(src: Source, method: MethodArg, layers: list[int], fits: list[_LayerFi
         model_id=src.model_id,
         fingerprint=src.fingerprint,
         d_model=src.d_model,
-        sigma_reference=f"fitting set: {int(src.keep.sum())} rows of {', '.join(src.names)}, both classes pooled",
+        sigma_reference=SigmaReference(
+            f"fitting set: {int(src.keep.sum())} rows of {', '.join(src.names)}, both classes pooled"
+        ),
         datasets=src.provenance(),
     )
 

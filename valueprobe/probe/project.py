@@ -15,7 +15,7 @@ import numpy as np
 from valueprobe.probe.source import Source
 from valueprobe.vocab import LayerKey
 
-__all__ = ["layer_moments", "project_layer"]
+__all__ = ["project_layer"]
 
 
 def project_layer(src: Source, layer: LayerKey, *directions: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -40,15 +40,3 @@ def project_layer(src: Source, layer: LayerKey, *directions: np.ndarray) -> tupl
         out.append(part[:, 0] if np.ndim(given) == 1 else part)
         start += m.shape[1]
     return tuple(out)
-
-
-def layer_moments(src: Source, layer: LayerKey, direction: np.ndarray) -> tuple[float, float, float]:
-    """(μ, σ, mean norm) over all rows of ``layer``: the mean and population sd of the projection
-    on ``direction`` [d_model], and the mean L2 norm of the residual."""
-    v = np.asarray(direction, dtype=np.float64)
-    proj, norms = [], []
-    for x, _ in src.iter_layer(layer):
-        proj.append(x @ v)
-        norms.append(np.linalg.norm(x, axis=1))
-    p = np.concatenate(proj)
-    return float(p.mean()), float(p.std()), float(np.concatenate(norms).mean())

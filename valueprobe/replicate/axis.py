@@ -7,7 +7,8 @@ Steps, each resumable (rerun the same command after an interruption):
 1. capture every contrast family into ``RUNS/FAMILY`` (all layers plus the embedding output);
 2. fit the axis on ICRL with the paper's construction (``span_diff``: per rule, mean of ``post``
    spans minus mean of ``pre`` spans, averaged over rules), sweeping layers with held-out rules
-   (35 train rules, the rest split into validation and test, as in the paper);
+   (35 train rules, the rest split into validation and test, as in the paper), then its μ and σ
+   over the neutral reference (`valueprobe.probe.calibrate`);
 3. the transfer matrix between the families at the chosen layer (``diff_means`` per family);
 4. the logit lens of the axis at the chosen layer (top promoted and suppressed tokens);
 5. the matched ICRL control: the same final paragraph after a history that never rewarded the
@@ -193,6 +194,7 @@ def replicate_axis(
         train_groups=train_groups,
         seed=seed,
         transfer=False,
+        lm=lm,
     )
     transfer = transfer_matrix(
         {name: stores[name] for name in TRANSFER_FAMILIES},
@@ -214,12 +216,19 @@ def replicate_axis(
     if out is not None:
         axis.save(out)
     if history_out is not None:
-        fit_history_axis(stores, n_splits=n_splits, seed=seed).save(history_out)
+        fit_history_axis(stores, n_splits=n_splits, seed=seed, lm=lm).save(history_out)
     return FitReport(axis, report.sweep, transfer)
 
 
-def fit_history_axis(stores: Mapping[str, ActivationStore], *, n_splits: int = 5, seed: int = 0) -> ValueAxis:
-    """Fit rewarded-vs-never-rewarded history at identical text, then score it on every family."""
+def fit_history_axis(
+    stores: Mapping[str, ActivationStore],
+    *,
+    n_splits: int = 5,
+    seed: int = 0,
+    lm: LoadedModel | None = None,
+) -> ValueAxis:
+    """Fit rewarded-vs-never-rewarded history at identical text, then score it on every family
+    (with ``lm``, σ over the neutral reference: `valueprobe.probe.calibrate`)."""
     report = fit_probe(
         {"icrl": stores["icrl"], "icrl_control": stores["icrl_control"]},
         method=Method.diff_means,
@@ -228,7 +237,11 @@ def fit_history_axis(stores: Mapping[str, ActivationStore], *, n_splits: int = 5
         n_splits=n_splits,
         seed=seed,
         transfer=False,
+        lm=lm,
     )
     others = {name: stores[name] for name in TRANSFER_FAMILIES}
     evaluated = {name: e.to_dict() for name, e in evaluate_axis(report.axis, others, seed=seed).items()}
-    return replace(report.axis, metrics={**report.axis.metrics, "evaluated_on": evaluated})
+    families = {name: vars(spec) for name, spec in FAMILIES.items()}  # how each figure was read
+    return replace(
+        report.axis, metrics={**report.axis.metrics, "evaluated_on": evaluated, "families": families}
+    )

@@ -48,6 +48,7 @@ from valueprobe.files import atomic_write_text, jsonable, markdown_table, write_
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
+from valueprobe.probe.reference import SigmaReference
 from valueprobe.stats.null import mean_ci, null_range, random_directions
 from valueprobe.steering.experiment.ab import Setting, ab_match
 from valueprobe.steering.experiment.baseline import prompt_baseline
@@ -133,7 +134,7 @@ def fit_caa_vectors(
         directions=t(units), layers=tuple(layers), mu=t(mus), sigma=t(sigmas), mean_norm=t(norms),
         best_layer=layers[len(layers) // 2], site=Site.resid_post, method="caa_diff_means", model_id=lm.model_id,
         fingerprint=lm.fingerprint, d_model=lm.d_model,
-        sigma_reference=f"{behaviour}: {len(train)} training items, both answers",
+        sigma_reference=SigmaReference(f"{behaviour}: {len(train)} training items, both answers"),
         metrics={"caa_norm": lengths, "train_items": [i.index for i in train]},
     )  # fmt: skip
 

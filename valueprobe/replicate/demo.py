@@ -1,7 +1,7 @@
 """The main job, end to end: find the value axis, check it against controls, read it live, report.
 
     valueprobe demo                    # ~15 min on 2 CPU cores -> runs/demo/report.html, results.json
-    valueprobe demo --quick            # ~3 min, smaller sets, 3 splits
+    valueprobe demo --quick            # ~2 min, smaller sets, 3 splits
 
 Stages (each cached by its inputs under ``OUT/stages``: a re-run reuses them, an interrupted run
 resumes; captures also resume shard by shard):
@@ -281,6 +281,7 @@ class _Run:
                 n_splits=size.splits,
                 seed=seed,
                 transfer=False,
+                lm=self.lm(),
             )
             report.axis.save(self.probe_dir)
             return report.sweep.to_dict()

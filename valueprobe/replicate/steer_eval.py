@@ -1,7 +1,7 @@
 """``replicate steer``'s judgement of its sweeps: the prompt baseline, side effects with a null, the
 effect-vs-KL front and per-item reliability, for every steering set's stated target.
 
-    valueprobe replicate steer --prompts 8 --alphas=-30,0,30 --out probes/steering-eval-smollm2-135m
+    valueprobe replicate steer --n-prompts 8 --alphas=-30,0,30 --out probes/steering-eval-smollm2-135m
 
 Writes ``evaluation.json`` (`SteerEvaluation`) beside ``results.json`` (the CLI draws
 ``baseline.html``, ``front.html``, ``reliability.html`` and ``side_effects.html`` from it); its

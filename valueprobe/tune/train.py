@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -42,6 +42,7 @@ from valueprobe.model.adapter import TUNE_FILE, TunedBase, ignore_old_checkpoint
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.records import Record
 from valueprobe.tune.pairs import Pair
+from valueprobe.vocab import TuneMethod
 
 __all__ = [
     "METHODS",
@@ -54,9 +55,6 @@ __all__ = [
 ]
 
 FORMAT = 1
-
-
-TuneMethod = Literal["dpo", "sft"]  # DPO on chosen/rejected pairs, or SFT on prompt + chosen
 
 
 @dataclass(frozen=True)

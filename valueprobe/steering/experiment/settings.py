@@ -19,6 +19,7 @@ from typing import Any
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import record_from_dict
+from valueprobe.probe.units import AlphaUnits
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.spec import SteeringSpec
 
@@ -58,6 +59,11 @@ class SweepSettings:
     conditions: tuple[str, ...] = ()
     conditions_file: str | None = None
     conditions_sha256: str | None = None
+    # α in both units (σ of the axis's reference, % of the layer's mean norm), what σ was measured
+    # over, and whether a push past 100% of the norm was allowed (``--allow-large``)
+    alpha_units: tuple[AlphaUnits, ...] = ()
+    sigma_reference: str | None = None
+    allow_large: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec.probe, str):
@@ -98,7 +104,13 @@ class SweepSettings:
         out |= {key: rest[key] for key, default in _RARE_DEFAULTS.items() if rest[key] != default}
         if "conditions" in out:
             out["conditions"] = list(self.conditions)
+        if "alpha_units" in out:
+            out["alpha_units"] = [u.to_dict() for u in self.alpha_units]
         return out
+
+    def units_text(self) -> str:
+        """``α in σ = % of the norm`` for each strength, for tables and figures ("" when unknown)."""
+        return ", ".join(str(u) for u in self.alpha_units)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SweepSettings:
@@ -138,5 +150,8 @@ _RARE_DEFAULTS: dict[str, Any] = {
     "conditions": (),
     "conditions_file": None,
     "conditions_sha256": None,
+    "alpha_units": (),
+    "sigma_reference": None,
+    "allow_large": False,
 }
 _RECORD_FIELDS = {f.name for f in fields(SweepSettings)} - {"spec"}

@@ -64,7 +64,8 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write
-from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.axis import CALIBRATE, ValueAxis
+from valueprobe.probe.reference import SigmaReference
 from valueprobe.steering.hook.handle import Specified
 from valueprobe.steering.hook.spec import as_spec
 from valueprobe.vocab import HookSite, Op, Site, layer_ranges
@@ -299,7 +300,7 @@ def import_axis(lm: LoadedModel, cv: ControlVector, *, force: bool = False, sour
         fingerprint=lm.fingerprint,
         d_model=lm.d_model,
         scale=float(norms[0]) if shared else 1.0,
-        sigma_reference="uncalibrated (imported control vector): run valueprobe.probe.fit.calibrate(axis, store)",
+        sigma_reference=SigmaReference(f"uncalibrated (imported control vector): run {CALIBRATE}"),
         metrics={
             "control_vector": {
                 "source": source,

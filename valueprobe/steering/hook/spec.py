@@ -51,6 +51,7 @@ from valueprobe.files import write_json
 from valueprobe.hooks.route import Point
 from valueprobe.probe.axis import ValueAxis, check_combinable
 from valueprobe.probe.registry import portable_name
+from valueprobe.probe.units import BEFORE_REFERENCES, in_units_of
 from valueprobe.steering.hook.condition import Condition
 from valueprobe.steering.hook.operators import Operator, as_operator
 from valueprobe.vocab import HookSite, LayerSelection, LayerSpec, Op, Unit, choice, parse_layers
@@ -70,7 +71,7 @@ __all__ = [
 ]
 
 FORMAT = "valueprobe.steering"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: records the σ reference of its axes (format 1 was written before the neutral one)
 Where = Literal["prompt", "generated", "all"]
 WHERE: tuple[str, ...] = ("prompt", "generated", "all")
 Axes = ValueAxis | tuple[ValueAxis, ...]
@@ -137,6 +138,9 @@ class SteeringSpec:
     read_layer: int | None = None
     direction: Float[Tensor, " d_model"] | None = field(default=None, repr=False)
     direction_name: str | None = None
+    # what each axis's μ, σ and mean norm were measured over when the spec was written (its JSON's
+    # ``sigma_reference``); None: take the axes as they are (`valueprobe.probe.units.in_units_of`)
+    sigma_reference: tuple[str | None, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: normalise once, here
@@ -171,7 +175,11 @@ class SteeringSpec:
         loaded = self.__dict__.get("_loaded")
         if loaded is None:
             probes = (self.probe,) if isinstance(self.probe, str) else tuple(self.probe or ())
-            loaded = tuple(ValueAxis.load(p) for p in probes)
+            recorded = self.sigma_reference or (None,) * len(probes)
+            loaded = tuple(
+                in_units_of(ValueAxis.load(p), r, where=f"the spec's probe {p}")
+                for p, r in zip(probes, recorded, strict=True)
+            )
             object.__setattr__(self, "_loaded", loaded)
         return loaded
 
@@ -207,7 +215,7 @@ class SteeringSpec:
             raise ValueprobeError(
                 f"steering direction has shape {tuple(self.direction.shape)}, expected ({first.d_model},)"
             )
-        known = self._known_layers()
+        known = self.known_layers()
         for axis in axes:
             for layer in known:
                 axis.unit_size(layer, self.unit)
@@ -222,7 +230,7 @@ class SteeringSpec:
         # the axes read: specs made from this one (dataclasses.replace) keep them, not the folder
         return replace(self, axis=axes if len(axes) > 1 else first)
 
-    def _known_layers(self) -> list[int]:
+    def known_layers(self) -> list[int]:
         """The steered layers that are known without a model (None, or whole non-negative ints)."""
         if self.layers is None:
             return self.steered_layers(0)
@@ -308,7 +316,16 @@ class SteeringSpec:
             "read_layer": self.read_layer,
             "direction": None if self.direction is None else self.direction.tolist(),
             "direction_name": self.direction_name,
+            "sigma_reference": self._references(),
         }
+
+    def _references(self) -> list[str | None]:
+        """What each axis's σ was measured over, as written (null: its probe cannot be read now)."""
+        try:
+            return [str(a.sigma_reference) for a in self.axes()]
+        except ValueprobeError:
+            n = 1 if isinstance(self.probe, str) else len(self.probe or ())
+            return [None] * n
 
     @classmethod
     def from_dict(cls, d: Any, *, where: str = "steering spec") -> SteeringSpec:
@@ -321,6 +338,7 @@ class SteeringSpec:
             raise _bad(where, unknown[0], f"unknown field: use {', '.join(KEYS)}")
         _check_format(d, where)
         fields = {key: parse(d.get(key), where, key) for key, parse in _PARSERS.items() if key in d}
+        fields["sigma_reference"] = _references(d, where)
         bounds = {k: fields.pop(k) for k in ("op", "lo", "hi", "target") if k in fields}
         try:
             op = Operator(**bounds)
@@ -384,7 +402,7 @@ def as_spec(spec: SteeringSpec | ValueAxis | Sequence[ValueAxis]) -> SteeringSpe
 
 KEYS: tuple[str, ...] = (
     "format", "format_version", "probe", "layers", "site", "unit", "op", "lo", "hi", "target",
-    "positions", "window", "condition", "read_layer", "direction", "direction_name",
+    "positions", "window", "condition", "read_layer", "direction", "direction_name", "sigma_reference",
 )  # fmt: skip
 
 
@@ -400,6 +418,17 @@ def _check_format(d: Mapping[str, Any], where: str) -> None:
         raise _bad(where, "format_version", f"expected a whole number >= 1, got {version!r}")
     if version > FORMAT_VERSION:
         raise _bad(where, "format_version", f"{version} is newer than this valueprobe reads: upgrade it")
+
+
+def _references(d: Mapping[str, Any], where: str) -> tuple[str | None, ...]:
+    """The σ reference recorded for each probe; a format-1 file recorded none (`in_units_of`)."""
+    n = len(d["probe"]) if isinstance(d.get("probe"), list) else 1
+    if d.get("format_version", FORMAT_VERSION) < 2:
+        return (BEFORE_REFERENCES,) * n
+    refs = d.get("sigma_reference", [None] * n)  # none recorded (a sweep's settings): as they are
+    if not (isinstance(refs, list) and len(refs) == n and all(isinstance(r, str | None) for r in refs)):
+        raise _bad(where, "sigma_reference", f"expected one text (or null) per probe ({n}), got {refs!r}")
+    return tuple(refs)
 
 
 def _number(value: Any, where: str, key: str) -> float | None:
