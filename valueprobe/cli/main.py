@@ -29,6 +29,7 @@ from valueprobe.cli import (  # noqa: F401
     attribute,
     caa,
     capture_fit,
+    evals,
     guide,
     interop,
     merge,

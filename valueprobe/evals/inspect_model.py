@@ -91,7 +91,8 @@ class ValueprobeAPI(ModelAPI):
         self.value_at = value_at
         # the engine reads each request's value at the spec's read layer: resolved once, here
         self.spec = replace(chosen, read_layer=chosen.read_at(self.lm.n_layers))
-        self.engine = HFEngine(self.lm, model=model_name, window_s=0.05, max_batch=int(max_batch))
+        # a wide window: the samples Inspect sends together (up to max_connections) make one batch
+        self.engine = HFEngine(self.lm, model=model_name, window_s=0.25, max_batch=int(max_batch))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def max_tokens(self) -> int | None:

@@ -17,7 +17,7 @@ several layers or axes) or ``probe`` (a shipped axis's name or folder, every def
 (the strength in the spec's unit, default 0), ``random`` (steer along random direction K instead,
 with the axis's sizes: the null, `valueprobe.evals.steering.along_random`), ``seed`` (of the
 random directions and of sampling), ``batch_size``, ``device``, ``max_length``, ``allow_large``
-(α past the server's cap), ``force`` (a probe of another architecture).
+(α past the server's cap), ``force`` (a probe of another architecture), ``progress``.
 
 Requests: ``loglikelihood`` and ``loglikelihood_rolling`` are scored by
 `valueprobe.evals.likelihood.continuation_logprobs` (the context is the prompt, the continuation
@@ -76,6 +76,7 @@ class ValueprobeLM(TemplateLM):
         max_length: int | None = None,
         allow_large: bool = False,
         force: bool = False,
+        progress: bool = True,
         lm: LoadedModel | None = None,
     ) -> None:
         super().__init__()
@@ -89,6 +90,7 @@ class ValueprobeLM(TemplateLM):
         self.tokenizer = self.lm.tokenizer
         self.batch = _batch_size(batch_size, max_batch_size)
         self.max_length = int(max_length) if max_length is not None else model_max_length(self.lm)
+        self.progress = bool(progress)
 
     # ---- tokens, as lm-eval's HFLM makes them -------------------------------------------------------
 
@@ -128,7 +130,7 @@ class ValueprobeLM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list:
         rows = [Scored(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         out = []
-        for start in tqdm(range(0, len(rows), self.batch), desc="valueprobe loglikelihood", disable=disable_tqdm):
+        for start in tqdm(range(0, len(rows), self.batch), desc="valueprobe loglikelihood", disable=disable_tqdm or not self.progress):
             part = rows[start : start + self.batch]
             out += continuation_logprobs(
                 self.lm, self.spec, part, [self.alpha] * len(part), batch_size=self.batch,
@@ -159,7 +161,7 @@ class ValueprobeLM(TemplateLM):
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         out: list[str] = []
         indexed = list(enumerate(req.args for req in requests))
-        for start in tqdm(range(0, len(indexed), self.batch), desc="valueprobe generate", disable=disable_tqdm):
+        for start in tqdm(range(0, len(indexed), self.batch), desc="valueprobe generate", disable=disable_tqdm or not self.progress):
             out += self._generate(indexed[start : start + self.batch])
         for req, text in zip(requests, out, strict=True):
             self.cache_hook.add_partial("generate_until", req.args, text)

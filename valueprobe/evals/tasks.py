@@ -29,14 +29,15 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from valueprobe.datasets.answers import Task, check
 from valueprobe.datasets.caa import read_caa
 from valueprobe.datasets.shipped import DATA_DIR, dataset_path
 from valueprobe.errors import ValueprobeError
+
+if TYPE_CHECKING:
+    import datasets
 
 __all__ = [
     "AB_NEW_TOKENS",
@@ -105,6 +106,9 @@ def lm_eval_folder() -> Path:
 
 def arithmetic_rows() -> list[dict[str, Any]]:
     """Every arithmetic task as ``{id, group, prompt, answer}`` (one user turn each), in file order."""
+    # `datasets` comes with the [evals] extra (lm-eval needs it), imported when a task is read
+    import datasets
+
     path = dataset_path("task_arithmetic")
     table = datasets.load_dataset("json", data_files={"test": str(path)}, split="test")
     rows = []
@@ -129,6 +133,8 @@ def corrigible_rows() -> list[dict[str, Any]]:
 
 
 def _dataset(rows: Callable[[], list[dict[str, Any]]]) -> datasets.DatasetDict:
+    import datasets  # the [evals] extra's, as in `arithmetic_rows`
+
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows())})
 
 
