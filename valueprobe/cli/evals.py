@@ -70,7 +70,9 @@ def eval_command(
     model: ModelOpt = "smollm2-135m",
     random_directions: RandomDirectionsOpt = 8,
     limit: Annotated[int | None, typer.Option(help="the first N items of the task (default: all)")] = None,
-    batch_size: Annotated[int, typer.Option(help="rows per batch (lm-eval) / samples in flight (Inspect)")] = 16,
+    batch_size: Annotated[
+        int, typer.Option(help="rows per batch (lm-eval) / samples in flight (Inspect)")
+    ] = 16,
     seed: Annotated[int, typer.Option(help="seed of the random directions")] = 0,
     allow_large: Annotated[bool, typer.Option(help="allow |α| past the server's cap")] = False,
     shard: ShardOpt = None,
@@ -82,9 +84,15 @@ def eval_command(
     settings = EvalSettings(
         check_harness(harness), shipped_task(task).name, parse_alphas(alphas), random_directions, limit, seed, batch_size
     )  # fmt: skip
-    for option, value in (("--random-directions", random_directions), ("--limit", limit), ("--batch-size", batch_size)):
+    for option, value in (
+        ("--random-directions", random_directions),
+        ("--limit", limit),
+        ("--batch-size", batch_size),
+    ):
         if value is not None and value < (0 if option == "--random-directions" else 1):
-            raise ValueprobeError(f"{option} {value}: give a whole number >= {0 if option == '--random-directions' else 1}")
+            raise ValueprobeError(
+                f"{option} {value}: give a whole number >= {0 if option == '--random-directions' else 1}"
+            )
     spec = steering.to_spec().check()
     how = loading.check()
     check_output_dir(out, holds="eval")

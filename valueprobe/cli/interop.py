@@ -2,9 +2,12 @@
 
     valueprobe export --probe probes/smollm2-135m-value --to gguf-control-vector --layers 18:23 --out value.gguf
     valueprobe export --probe probes/smollm2-135m-value --to steering-vectors --out value.safetensors
+    valueprobe export --probe smollm2-135m-value --to lm-eval --unit norm --alpha 15 --layer 20 --out steer.pt
     valueprobe import value.gguf --model smollm2-135m --out probes/imported-value
 
-The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`. Both
+The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`, and
+for lm-evaluation-harness's steer config (``--to lm-eval``: ``lm_eval --model steered``) in
+`valueprobe.evals.lm_eval_steer`. Both
 commands check their arguments and output path before the model loads. ``export`` takes the
 steering spec's options (`valueprobe.cli.spec.SpecOptions`), so ``--spec FILE`` exports a spec.
 """
@@ -21,8 +24,9 @@ from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, table
 from valueprobe.cli.groups import grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
+from valueprobe.evals.lm_eval_steer import steer_config, write_steer_config
 from valueprobe.files import check_output_dir, check_output_file
-from valueprobe.model.load import check_model_folder, load
+from valueprobe.model.load import LoadedModel, check_model_folder, load
 from valueprobe.steering.hook.interop import (
     FORMATS,
     check_format,
@@ -31,9 +35,11 @@ from valueprobe.steering.hook.interop import (
     read_control_vector,
     write_control_vector,
 )
+from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["export_command", "import_command"]
 
+LM_EVAL = "lm-eval"  # lm-eval's steer config, beside the control-vector formats
 # what the other tool calls its strength, per format
 _STRENGTH = {
     "repeng": "ControlModel.set_control(vector, coeff)",
@@ -45,15 +51,18 @@ _STRENGTH = {
 @app.command("export")
 @grouped
 def export_command(
-    to: Annotated[str, typer.Option(help=f"{' | '.join(FORMATS)}")],
-    out: Annotated[Path, typer.Option(help="file to write (.gguf, or .safetensors for steering-vectors)")],
+    to: Annotated[str, typer.Option(help=f"{' | '.join([*FORMATS, LM_EVAL])}")],
+    out: Annotated[
+        Path, typer.Option(help="file to write (.gguf; .safetensors for steering-vectors; .pt for lm-eval)")
+    ],
     model: ModelOpt = "smollm2-135m",
     alpha: Annotated[float, typer.Option(help="strength baked into the file, in --unit")] = 1.0,
     force: ForceOpt = False,
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Write the axis as another tool's steering vector: its strength s then equals valueprobe's α = s·alpha."""
-    check_format(to)
+    if to != LM_EVAL:
+        check_format(to)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
     spec = steering.to_spec().check()
@@ -61,6 +70,9 @@ def export_command(
     check_model_folder(model)
     lm = load(model)
     spec.first_axis().check(lm, force=force)
+    if to == LM_EVAL:
+        _export_lm_eval(lm, spec, alpha, out)
+        return
     cv = control_vector(lm, spec, alpha=alpha)
     write_control_vector(cv, out, to=to)
     rows = [(f"direction.{b}", float(cv.vectors[b].norm())) for b in cv.layers]
@@ -69,6 +81,21 @@ def export_command(
         f"export {probe} → {to} ({cv.model_hint}, α = {alpha:g} {spec.unit.value})", ["tensor", "norm"], rows
     )
     console.print(f"wrote {out}: its strength s ({_STRENGTH[to]}) is valueprobe steer α = s·{alpha:g}")
+
+
+def _export_lm_eval(lm: LoadedModel, spec: SteeringSpec, alpha: float, out: Path) -> None:
+    config = steer_config(lm, spec, alpha=alpha)
+    write_steer_config(config, out)
+    rows = [
+        (name, e["action"], float(e["steering_vector"].norm()), e["steering_coefficient"])
+        for name, e in config.items()
+    ]
+    table(f"export {Path(str(spec.probe)).name} → lm-eval ({spec.op.describe()}, α = {alpha:g} {spec.unit.value})",
+          ["hook point", "action", "vector norm", "coefficient"], rows)  # fmt: skip
+    console.print(
+        f"wrote {out}: lm_eval --model steered --model_args pretrained=MODEL,steer_path={out}"
+        " (an add's coefficient is valueprobe's α)"
+    )
 
 
 @app.command("import")

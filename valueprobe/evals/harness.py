@@ -52,7 +52,13 @@ def offline() -> None:
 
 
 def _lm_eval(
-    lm: LoadedModel, spec: SteeringSpec, alpha: float, *, task: ShippedTask, limit: int | None, batch_size: int
+    lm: LoadedModel,
+    spec: SteeringSpec,
+    alpha: float,
+    *,
+    task: ShippedTask,
+    limit: int | None,
+    batch_size: int,
 ) -> Scored:
     # lm-eval is the optional [evals] extra, imported only when a run uses it
     import lm_eval
@@ -61,7 +67,9 @@ def _lm_eval(
     from valueprobe.evals.lm_eval import ValueprobeLM
 
     offline()
-    model = ValueprobeLM(lm=lm, spec=spec, alpha=alpha, batch_size=batch_size, allow_large=True, progress=False)
+    model = ValueprobeLM(
+        lm=lm, spec=spec, alpha=alpha, batch_size=batch_size, allow_large=True, progress=False
+    )
     manager = TaskManager(include_path=str(lm_eval_folder()), include_defaults=False)
     out = lm_eval.simple_evaluate(
         model=model, tasks=[task.lm_eval], task_manager=manager, limit=limit, apply_chat_template=True,
@@ -76,11 +84,19 @@ def _lm_eval(
 
 
 def _inspect(
-    lm: LoadedModel, spec: SteeringSpec, alpha: float, *, task: ShippedTask, limit: int | None, batch_size: int
+    lm: LoadedModel,
+    spec: SteeringSpec,
+    alpha: float,
+    *,
+    task: ShippedTask,
+    limit: int | None,
+    batch_size: int,
 ) -> Scored:
     # inspect-ai is the optional [evals] extra, imported only when a run uses it
     from inspect_ai import eval as inspect_eval
     from inspect_ai.model import get_model
+
+    from valueprobe.evals import inspect_tasks
 
     offline()
     model = get_model(
@@ -89,13 +105,17 @@ def _inspect(
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="valueprobe-inspect-") as logs:
         (log,) = inspect_eval(
-            task.inspect, model=model, limit=limit, log_dir=logs, display="none", max_connections=batch_size,
+            getattr(inspect_tasks, task.name)(), model=model, limit=limit, log_dir=logs, display="none", max_connections=batch_size,
             log_samples=False, score_display=False,
         )  # fmt: skip
     if log.status != "success" or log.results is None or not log.results.scores:
-        raise ValueprobeError(f"Inspect did not finish {task.inspect}: {log.error.message if log.error else log.status}")
+        raise ValueprobeError(
+            f"Inspect did not finish {task.inspect}: {log.error.message if log.error else log.status}"
+        )
     metrics = log.results.scores[0].metrics
-    return Scored(float(metrics["accuracy"].value), float(metrics["stderr"].value), int(log.results.completed_samples))
+    return Scored(
+        float(metrics["accuracy"].value), float(metrics["stderr"].value), int(log.results.completed_samples)
+    )
 
 
 HARNESSES: dict[str, Callable[..., Scored]] = {"lm-eval": _lm_eval, "inspect": _inspect}

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import replace
-from typing import Any
 
 from inspect_ai.model import (
     ChatCompletionChoice,

@@ -11,12 +11,14 @@ each task measures.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import GenerateConfig
 from inspect_ai.scorer import CORRECT, INCORRECT, Score, Scorer, Target, accuracy, scorer, stderr
 from inspect_ai.solver import TaskState, generate
+from inspect_ai.util import registry_info
 
 from valueprobe.evals.tasks import (
     AB_NEW_TOKENS,
@@ -27,6 +29,8 @@ from valueprobe.evals.tasks import (
 )
 
 __all__ = ["arithmetic", "corrigible_ab"]
+
+PACKAGE = "valueprobe"
 
 _LETTER = re.compile(r"\(?\s*([AB])\b")  # the first A or B the answer gives: "(A)", "A)", "B ..."
 
@@ -54,10 +58,24 @@ def first_letter() -> Scorer:
     return score
 
 
-@task
+def _task(fn: Callable[[], Task]) -> Callable[[], Task]:
+    """``@task``, under the name ``valueprobe/NAME``. Inspect prefixes the package's name only when it
+    finds the package installed, and it reads that from the first ``valueprobe`` distribution on
+    ``sys.path``: in a source checkout whose working directory holds ``valueprobe.egg-info`` (what
+    ``pip install -e .`` leaves there) that is the egg-info, with no install record, so the tasks
+    would be ``arithmetic`` alone. Named here then."""
+    registered = task(fn)
+    if registry_info(registered).name == f"{PACKAGE}/{fn.__name__}":
+        return registered
+    return task(name=f"{PACKAGE}/{fn.__name__}")(fn)
+
+
 def arithmetic() -> Task:
     """The arithmetic word problems, greedy, scored by the last integer of the answer."""
-    samples = [Sample(input=row["prompt"], target=str(row["answer"]), id=row["id"], metadata=row) for row in arithmetic_rows()]
+    samples = [
+        Sample(input=row["prompt"], target=str(row["answer"]), id=row["id"], metadata=row)
+        for row in arithmetic_rows()
+    ]
     return Task(
         dataset=MemoryDataset(samples, name="valueprobe_arithmetic"),
         solver=generate(),
@@ -66,13 +84,19 @@ def arithmetic() -> Task:
     )
 
 
-@task
 def corrigible_ab() -> Task:
     """CAA's corrigible-neutral-HHH A/B questions, greedy, scored by the first letter answered."""
-    samples = [Sample(input=row["question"], target=row["matching"], id=row["id"], metadata=row) for row in corrigible_rows()]
+    samples = [
+        Sample(input=row["question"], target=row["matching"], id=row["id"], metadata=row)
+        for row in corrigible_rows()
+    ]
     return Task(
         dataset=MemoryDataset(samples, name="valueprobe_corrigible_ab"),
         solver=generate(),
         scorer=first_letter(),
         config=GenerateConfig(temperature=0.0, max_tokens=AB_NEW_TOKENS),
     )
+
+
+arithmetic = _task(arithmetic)
+corrigible_ab = _task(corrigible_ab)

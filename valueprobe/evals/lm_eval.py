@@ -29,9 +29,12 @@ each row stops at EOS, its ``max_gen_toks``, or its first ``until`` string (left
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
@@ -82,7 +85,7 @@ class ValueprobeLM(TemplateLM):
         super().__init__()
         chosen = eval_spec(spec, probe=probe)
         self.spec = chosen if random is None else along_random(chosen, int(random), seed=int(seed))
-        self.lm = lm if lm is not None else load(model, device=device or "cpu")
+        self.lm = lm if lm is not None else load(model, device=_device(device))
         check_fit(self.lm, self.spec, force=bool(force))
         self.alpha = float(alpha)
         check_alphas(self.spec, [self.alpha], n_layers=self.lm.n_layers, allow_large=bool(allow_large))
@@ -115,7 +118,9 @@ class ValueprobeLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return str(getattr(self.tokenizer, "name_or_path", self.lm.model_id)).replace("/", "__")
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         return str(
             self.tokenizer.apply_chat_template(
                 chat_history,
@@ -130,7 +135,11 @@ class ValueprobeLM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list:
         rows = [Scored(tuple(ctx), tuple(cont)) for _, ctx, cont in requests]
         out = []
-        for start in tqdm(range(0, len(rows), self.batch), desc="valueprobe loglikelihood", disable=disable_tqdm or not self.progress):
+        for start in tqdm(
+            range(0, len(rows), self.batch),
+            desc="valueprobe loglikelihood",
+            disable=disable_tqdm or not self.progress,
+        ):
             part = rows[start : start + self.batch]
             out += continuation_logprobs(
                 self.lm, self.spec, part, [self.alpha] * len(part), batch_size=self.batch,
@@ -146,7 +155,10 @@ class ValueprobeLM(TemplateLM):
         for i, (text,) in enumerate(req.args for req in requests):
             tokens = self.tok_encode(text)
             for w in get_rolling_token_windows(
-                token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+                token_list=tokens,
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
             ):
                 windows.append((None, *make_disjoint_window(w)))
                 owner.append(i)
@@ -161,7 +173,11 @@ class ValueprobeLM(TemplateLM):
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         out: list[str] = []
         indexed = list(enumerate(req.args for req in requests))
-        for start in tqdm(range(0, len(indexed), self.batch), desc="valueprobe generate", disable=disable_tqdm or not self.progress):
+        for start in tqdm(
+            range(0, len(indexed), self.batch),
+            desc="valueprobe generate",
+            disable=disable_tqdm or not self.progress,
+        ):
             out += self._generate(indexed[start : start + self.batch])
         for req, text in zip(requests, out, strict=True):
             self.cache_hook.add_partial("generate_until", req.args, text)
@@ -181,7 +197,10 @@ class ValueprobeLM(TemplateLM):
                 if step is None or step.finish is not None:
                     continue
                 made[j].append(step.token_id)
-                if stops[j] and _first_stop(self.tokenizer.decode(made[j], skip_special_tokens=True), stops[j]) >= 0:
+                if (
+                    stops[j]
+                    and _first_stop(self.tokenizer.decode(made[j], skip_special_tokens=True), stops[j]) >= 0
+                ):
                     done.append(j)
             return done
 
@@ -229,11 +248,25 @@ def _batch_size(batch_size: int | str, max_batch_size: int | None) -> int:
     return size
 
 
+def _device(device: str | None) -> str:
+    """lm-eval's ``--device`` (its default is ``cuda:0``): the CPU where there is no CUDA, as its HFLM
+    falls back."""
+    if device is None or (device.startswith("cuda") and not torch.cuda.is_available()):
+        if device is not None:
+            warnings.warn(f"--device {device}: no CUDA device here, running on the CPU", stacklevel=2)
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def main() -> None:
-    """lm-eval's own command line with the ``valueprobe`` model registered (this module's import)."""
-    cli_evaluate()
+    """lm-eval's own command line with the ``valueprobe`` model registered (this module's import);
+    bad input to the model (a spec that does not fit, α past the cap) ends in one line, exit 2."""
+    try:
+        cli_evaluate()
+    except ValueprobeError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
     main()
-

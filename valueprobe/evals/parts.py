@@ -23,7 +23,17 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.evals.records import EvalPoint, EvalResult, EvalSettings
 from valueprobe.files import atomic_write_dir, jsonable
 from valueprobe.records import Record
-from valueprobe.sharded import Part, PartKind, Words, merge, new_folder, partial, read_head, reading, write_head
+from valueprobe.sharded import (
+    Part,
+    PartKind,
+    Words,
+    merge,
+    new_folder,
+    partial,
+    read_head,
+    reading,
+    write_head,
+)
 from valueprobe.vocab import ShardSpec
 
 __all__ = ["EVAL_PARTS", "EvalPart", "merge_evals"]

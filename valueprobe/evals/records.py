@@ -98,7 +98,9 @@ class EvalResult(Record):
         """Every point as CSV: direction, α in both units, score, standard error, n."""
         out = io.StringIO()
         w = csv.writer(out, lineterminator="\n")
-        w.writerow(["direction", f"alpha_{self.unit}", f"alpha_{self.other_unit}", self.metric, "stderr", "n"])
+        w.writerow(
+            ["direction", f"alpha_{self.unit}", f"alpha_{self.other_unit}", self.metric, "stderr", "n"]
+        )
         for p in self.points:
             w.writerow([p.direction, repr(p.alpha), repr(p.alpha_other), repr(p.score), repr(p.stderr), p.n])
         return out.getvalue()

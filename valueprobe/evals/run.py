@@ -35,6 +35,7 @@ from valueprobe.vocab import ShardSpec
 
 __all__ = ["OTHER_UNIT", "eval_part", "eval_settings", "run_eval"]
 
+ONE_PROCESS = ShardSpec(0, 1)  # a run that is not sharded is its own only part
 OTHER_UNIT = {"sigma": "norm", "norm": "sigma", "raw": "norm"}  # every α is also stated in this unit
 
 
@@ -66,7 +67,7 @@ def eval_part(
     settings: EvalSettings,
     *,
     out: str | Path,
-    shard: ShardSpec = ShardSpec(0, 1),
+    shard: ShardSpec = ONE_PROCESS,
     progress: bool = True,
     harness: Callable[..., Scored] | None = None,
 ) -> EvalPart:
@@ -84,7 +85,12 @@ def eval_part(
     done: dict[tuple[str, float], EvalPoint] = {}
     if (out / PART).exists():
         old, old_shard = read_part(out)
-        if (old.fingerprint, old.spec, old.settings, old_shard) != (part.fingerprint, part.spec, settings, shard):
+        if (old.fingerprint, old.spec, old.settings, old_shard) != (
+            part.fingerprint,
+            part.spec,
+            settings,
+            shard,
+        ):
             raise ValueprobeError(
                 f"{out} holds a part of another run (model, spec, settings or shard): use a new --out"
             )
@@ -96,7 +102,9 @@ def eval_part(
                                  unit="setting", disable=not progress):  # fmt: skip
         got = run(lm, _steering(spec, direction, settings.seed), alpha, task=task, limit=settings.limit,
                   batch_size=settings.batch_size)  # fmt: skip
-        points.append(EvalPoint(direction, alpha, _other_alpha(spec, alpha, layer), got.score, got.stderr, got.n))
+        points.append(
+            EvalPoint(direction, alpha, _other_alpha(spec, alpha, layer), got.score, got.stderr, got.n)
+        )
         part = EvalPart(**{**part.__dict__, "points": tuple(points)})
         part.write(out, shard)
     order = {k: i for i, k in enumerate(mine)}  # a resumed part keeps the settings' order

@@ -81,7 +81,11 @@ def check_alphas(
         cap = limits.alpha_cap(layer, spec.unit.value) if spec.op.op.value in ("add", "add-norm") else 1.0
         large = [a for a in alphas if abs(a) > cap]
         if large:
-            what = ALPHA_RULE if spec.op.op.value in ("add", "add-norm") else "the operator's share (0 off, 1 on)"
+            what = (
+                ALPHA_RULE
+                if spec.op.op.value in ("add", "add-norm")
+                else "the operator's share (0 off, 1 on)"
+            )
             raise ValueprobeError(
                 f"--alphas {large[0]:g} is past the cap {cap:.4g} {spec.unit.value} at layer {layer}"
                 f" ({what}): give smaller strengths, or --allow-large"

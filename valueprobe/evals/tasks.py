@@ -117,7 +117,12 @@ def arithmetic_rows() -> list[dict[str, Any]]:
         if len(messages) != 1 or messages[0]["role"] != "user":
             raise ValueprobeError(f"{path}: task {doc['id']} is not one user turn: the shipped task asks one")
         rows.append(
-            {"id": doc["id"], "group": doc["group"], "prompt": messages[0]["content"], "answer": int(doc["meta"]["answer"])}
+            {
+                "id": doc["id"],
+                "group": doc["group"],
+                "prompt": messages[0]["content"],
+                "answer": int(doc["meta"]["answer"]),
+            }
         )
     return rows
 

@@ -45,12 +45,16 @@ def eval_figure(points: Sequence[ScorePoint], *, metric: str, unit: str, title: 
     base = [p for p in points if p.alpha == 0]
 
     def curve(name: str) -> list[ScorePoint]:
-        return sorted(base + [p for p in points if p.direction == name and p.alpha != 0], key=lambda p: p.alpha)
+        return sorted(
+            base + [p for p in points if p.direction == name and p.alpha != 0], key=lambda p: p.alpha
+        )
 
     fig = go.Figure()
     randoms = sorted({p.direction for p in points if p.direction.startswith(RANDOM_PREFIX)})
     if randoms:
-        by_alpha = {a: [p.score for p in points if p.alpha == a and (a == 0 or p.direction != AXIS)] for a in alphas}
+        by_alpha = {
+            a: [p.score for p in points if p.alpha == a and (a == 0 or p.direction != AXIS)] for a in alphas
+        }
         ranges = [null_range(by_alpha[a]) for a in alphas]
         band(fig, alphas, [lo for lo, _ in ranges], [hi for _, hi in ranges], "#999999",
              f"{len(randoms)} random directions (95%)", legend=True)  # fmt: skip
