@@ -15,7 +15,8 @@ starts, the probe must fit the model (as ``steer`` refuses one).
 from __future__ import annotations
 
 import shlex
-import sys
+from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated
 
@@ -44,9 +45,31 @@ from valueprobe.evals.steering import check_alphas, check_fit
 from valueprobe.evals.tasks import shipped_task
 from valueprobe.files import atomic_write_text, check_output_dir, markdown_table
 from valueprobe.model.load import LoadedModel, check_model_folder
+from valueprobe.probe.registry import portable_name
 from valueprobe.vocab import ShardSpec
 
 __all__ = ["eval_command", "print_merged_evals"]
+
+
+def _command(
+    settings: EvalSettings, steering: SpecOptions, *, model: str, out: Path, allow_large: bool
+) -> str:
+    """The command that makes this run, as its summary states it (a shipped probe by its name)."""
+    s = settings
+    words = ["valueprobe eval", f"--harness {s.harness}", f"--task {s.task}", f"--model {model}"]
+    default = SpecOptions()
+    for f in fields(SpecOptions):
+        value = getattr(steering, f.name)
+        if value is None or value == getattr(default, f.name):
+            continue
+        text = portable_name(value) if f.name == "probe" else getattr(value, "value", value)
+        words.append(
+            f"--{'spec' if f.name == 'spec_file' else f.name.replace('_', '-')} {shlex.quote(str(text))}"
+        )
+    words += [f"--alphas={','.join(f'{a:g}' for a in s.alphas)}", f"--random-directions {s.random_directions}",
+              *([f"--limit {s.limit}"] if s.limit is not None else []), f"--batch-size {s.batch_size}",
+              f"--seed {s.seed}", *(["--allow-large"] if allow_large else []), f"--out {shlex.quote(str(out))}"]  # fmt: skip
+    return " ".join(words)
 
 
 def _print(result: EvalResult, out: Path) -> None:
@@ -55,7 +78,11 @@ def _print(result: EvalResult, out: Path) -> None:
     table(f"{s.task} through {s.harness} ({result.metric}) -> {out}", headers, rows)
 
 
-def print_merged_evals(out: Path, parts: list[Path]) -> None:
+def _cell(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def print_merged_evals(out: Path, parts: Sequence[Path]) -> None:
     """``valueprobe merge`` of `valueprobe eval` parts: the table of the merged run."""
     _print(merge_evals(out, parts), out)
 
@@ -113,8 +140,8 @@ def eval_command(
     if run_sharded(out, shard, how.device, work, merge_evals):
         return
     result = run_eval(ready(), spec, settings, out=out)
-    command = "valueprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = _command(settings, steering, model=model, out=out, allow_large=allow_large)
     md = [f"# {settings.task} through {settings.harness}: {result.metric} against α", "",
-          *markdown_table(*result.table()), "", "Made by:", "", "```", command, "```"]  # fmt: skip
+          *markdown_table(*result.table(), cell=_cell), "", "Made by:", "", "```", command, "```"]  # fmt: skip
     atomic_write_text(out / "summary.md", "\n".join(md) + "\n")
     _print(result, out)

@@ -38,6 +38,7 @@ from inspect_ai.model import (
     ModelAPI,
     ModelOutput,
     ModelUsage,
+    StopReason,
     TopLogprob,
     modelapi,
 )
@@ -143,7 +144,7 @@ class ValueprobeAPI(ModelAPI):
     def _output(self, request: SteerRequest, chunks: list[Chunk]) -> ModelOutput:
         text = "".join(c.text for c in chunks)
         last = chunks[-1] if chunks else None
-        stop = "max_tokens" if last is not None and last.finish_reason == "length" else "stop"
+        stop: StopReason = "max_tokens" if last is not None and last.finish_reason == "length" else "stop"
         logprobs = None
         if request.logprobs is not None:
             logprobs = Logprobs(
