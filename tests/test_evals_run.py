@@ -158,3 +158,29 @@ def test_alphas_past_the_cap_are_one_line_unless_allowed(capsys, tmp_path, tiny_
     code, out, err = run_cli([*argv, "--out", str(tmp_path / "e2"), "--allow-large"], capsys)
     assert code == 0, err
     assert len(calls) == 5 and (tmp_path / "e2" / "summary.md").read_text().count("valueprobe eval") == 1
+
+
+@pytest.mark.slow
+def test_both_harnesses_agree_with_valueprobes_own_accuracy_on_the_default_model(default_lm):
+    # α = 0 through lm-eval and through Inspect is the model valueprobe's task runs read: the same
+    # answers, so the same accuracy; the A/B task runs through each harness's own reading
+    from valueprobe.datasets.answers import check, read_tasks
+    from valueprobe.datasets.shipped import dataset_path
+    from valueprobe.evals.harness import HARNESSES
+    from valueprobe.evals.tasks import ARITHMETIC_NEW_TOKENS, shipped_task
+    from valueprobe.steering.decode.generation import generate
+    from valueprobe.steering.decode.sampling import Decoding
+
+    spec = SteeringSpec(probe="smollm2-135m-value", unit="norm").check()
+    n = 4
+    tasks = read_tasks(dataset_path("task_arithmetic"))[:n]
+    gens = generate(default_lm, spec, [list(t.messages) for t in tasks], alphas=[0.0], batch_size=n, progress=False,
+                    decoding=Decoding(greedy=True, max_new_tokens=ARITHMETIC_NEW_TOKENS))  # fmt: skip
+    own = sum(check(t, g.text).correct for t, g in zip(tasks, gens, strict=True)) / n
+    got = {h: run(default_lm, spec, 0.0, task=shipped_task("arithmetic"), limit=n, batch_size=n)
+           for h, run in HARNESSES.items()}  # fmt: skip
+    assert got["lm-eval"].score == got["inspect"].score == own
+    assert got["lm-eval"].n == got["inspect"].n == n
+    for h, run in HARNESSES.items():
+        ab = run(default_lm, spec, 0.0, task=shipped_task("corrigible_ab"), limit=n, batch_size=n)
+        assert ab.n == n and 0.0 <= ab.score <= 1.0, h

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,7 +117,7 @@ def _inspect(
     )
 
 
-HARNESSES: dict[str, Callable[..., Scored]] = {"lm-eval": _lm_eval, "inspect": _inspect}
+HARNESSES: dict[str, Harness] = {"lm-eval": _lm_eval, "inspect": _inspect}
 
 
 def check_harness(name: str) -> str:

@@ -18,13 +18,12 @@ and ``eval.html`` are written; ``--shard I/N`` runs the I-th contiguous share of
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.evals.harness import HARNESSES, Scored
+from valueprobe.evals.harness import HARNESSES, Harness
 from valueprobe.evals.parts import PART, EvalPart, read_part
 from valueprobe.evals.records import EvalPoint, EvalResult, EvalSettings
 from valueprobe.evals.steering import AXIS, RANDOM_PREFIX, along_random
@@ -69,7 +68,7 @@ def eval_part(
     out: str | Path,
     shard: ShardSpec = ONE_PROCESS,
     progress: bool = True,
-    harness: Callable[..., Scored] | None = None,
+    harness: Harness | None = None,
 ) -> EvalPart:
     """Score shard ``shard`` of the run's settings into the part file ``out/eval-part.json``,
     resuming the points already there (when they are of this run)."""
@@ -120,7 +119,7 @@ def run_eval(
     *,
     out: str | Path,
     progress: bool = True,
-    harness: Callable[..., Scored] | None = None,
+    harness: Harness | None = None,
 ) -> EvalResult:
     """Every setting in one process (part 0/1 in ``out``), then the run's ``eval.json``,
     ``eval.csv`` and ``eval.html`` beside it."""

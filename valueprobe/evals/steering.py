@@ -25,6 +25,7 @@ from valueprobe.serve.protocol import ALPHA_RULE, Limits
 from valueprobe.stats.null import random_directions
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX
 from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import Op
 
 __all__ = ["AXIS", "RANDOM_PREFIX", "along_random", "check_alphas", "check_fit", "eval_spec"]
 
@@ -77,16 +78,13 @@ def check_alphas(
     if allow_large:
         return
     limits = Limits(model="", spec=spec)
+    adds = spec.op.op in (Op.add, Op.add_norm)  # the other operators' α is a share of their move
     for layer in spec.steered_layers(n_layers):
-        cap = limits.alpha_cap(layer, spec.unit.value) if spec.op.op.value in ("add", "add-norm") else 1.0
+        cap = limits.alpha_cap(layer, spec.unit.value) if adds else 1.0
         large = [a for a in alphas if abs(a) > cap]
         if large:
-            what = (
-                ALPHA_RULE
-                if spec.op.op.value in ("add", "add-norm")
-                else "the operator's share (0 off, 1 on)"
-            )
+            rule = ALPHA_RULE if adds else "the operator's share of its move: 0 off, 1 on"
             raise ValueprobeError(
                 f"--alphas {large[0]:g} is past the cap {cap:.4g} {spec.unit.value} at layer {layer}"
-                f" ({what}): give smaller strengths, or --allow-large"
+                f" ({rule}): give smaller strengths, or --allow-large"
             )
