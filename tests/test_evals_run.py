@@ -160,6 +160,20 @@ def test_alphas_past_the_cap_are_one_line_unless_allowed(capsys, tmp_path, tiny_
     assert len(calls) == 5 and (tmp_path / "e2" / "summary.md").read_text().count("valueprobe eval") == 1
 
 
+def test_each_harness_scores_the_shipped_tasks_on_the_tiny_model(lm, spec):
+    from valueprobe.evals.harness import HARNESSES
+    from valueprobe.evals.tasks import shipped_task
+
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("inspect_ai")
+    arithmetic = {h: run(lm, spec, 3.0, task=shipped_task("arithmetic"), limit=3, batch_size=3)
+                  for h, run in HARNESSES.items()}  # fmt: skip
+    assert arithmetic["lm-eval"] == arithmetic["inspect"]  # the same answers, by the same rule
+    for h, run in HARNESSES.items():
+        ab = run(lm, spec, 3.0, task=shipped_task("corrigible_ab"), limit=3, batch_size=3)
+        assert ab.n == 3 and ab.score in (0.0, 1 / 3, 2 / 3, 1.0), h
+
+
 @pytest.mark.slow
 def test_both_harnesses_agree_with_valueprobes_own_accuracy_on_the_default_model(default_lm):
     # α = 0 through lm-eval and through Inspect is the model valueprobe's task runs read: the same

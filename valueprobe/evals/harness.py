@@ -102,7 +102,7 @@ def _inspect(
         f"valueprobe/{lm.model_id}", lm=lm, spec=spec, alpha=alpha, allow_large=True, max_batch=batch_size,
         memoize=False,
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="valueprobe-inspect-") as logs:
+    with model, tempfile.TemporaryDirectory(prefix="valueprobe-inspect-") as logs:
         (log,) = inspect_eval(
             getattr(inspect_tasks, task.name)(), model=model, limit=limit, log_dir=logs, display="none", max_connections=batch_size,
             log_samples=False, score_display=False,

@@ -95,6 +95,10 @@ class ValueprobeAPI(ModelAPI):
         self.engine = HFEngine(self.lm, model=model_name, window_s=0.25, max_batch=int(max_batch))
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def close(self) -> None:
+        """Stop the engine's worker thread (``with model:`` calls this on leaving)."""
+        self.engine.worker.shutdown(wait=False, cancel_futures=True)
+
     def max_tokens(self) -> int | None:
         return DEFAULT_MAX_TOKENS
 
