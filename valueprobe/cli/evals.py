@@ -109,7 +109,8 @@ def eval_command(
 ) -> None:
     """Run a shipped harness task under steering across α, with random directions as the null."""
     settings = EvalSettings(
-        check_harness(harness), shipped_task(task).name, parse_alphas(alphas), random_directions, limit, seed, batch_size
+        harness=check_harness(harness), task=shipped_task(task).name, alphas=parse_alphas(alphas),
+        random_directions=random_directions, limit=limit, seed=seed, batch_size=batch_size,
     )  # fmt: skip
     for option, value in (
         ("--random-directions", random_directions),

@@ -61,8 +61,8 @@ class EvalPart(Record):
         write_head(out, PART, FORMAT, shard, jsonable(self.to_dict()))
 
     def result(self, points: Sequence[EvalPoint]) -> EvalResult:
-        return EvalResult(self.model, self.fingerprint, self.spec, self.unit, self.other_unit, self.metric,
-                          self.settings, tuple(points))  # fmt: skip
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("todo", "points")}
+        return EvalResult(**fields, points=tuple(points))
 
 
 def read_part(path: Path) -> tuple[EvalPart, ShardSpec]:

@@ -79,8 +79,9 @@ def eval_part(
     todo = eval_settings(settings)
     share = shard.examples(len(todo), block=1)
     mine = todo[share.start : share.stop]
-    part = EvalPart(lm.model_id, lm.fingerprint, spec.to_dict(), unit, OTHER_UNIT[unit],
-                    task.metric[settings.harness], settings, len(mine))  # fmt: skip
+    part = EvalPart(model=lm.model_id, fingerprint=lm.fingerprint, spec=spec.to_dict(), unit=unit,
+                    other_unit=OTHER_UNIT[unit], metric=task.metric[settings.harness], settings=settings,
+                    todo=len(mine))  # fmt: skip
     done: dict[tuple[str, float], EvalPoint] = {}
     if (out / PART).exists():
         old, old_shard = read_part(out)
@@ -101,9 +102,9 @@ def eval_part(
                                  unit="setting", disable=not progress):  # fmt: skip
         got = run(lm, _steering(spec, direction, settings.seed), alpha, task=task, limit=settings.limit,
                   batch_size=settings.batch_size)  # fmt: skip
-        points.append(
-            EvalPoint(direction, alpha, _other_alpha(spec, alpha, layer), got.score, got.stderr, got.n)
-        )
+        other = _other_alpha(spec, alpha, layer)
+        points.append(EvalPoint(direction=direction, alpha=alpha, alpha_other=other, score=got.score,
+                                stderr=got.stderr, n=got.n))  # fmt: skip
         part = EvalPart(**{**part.__dict__, "points": tuple(points)})
         part.write(out, shard)
     order = {k: i for i, k in enumerate(mine)}  # a resumed part keeps the settings' order

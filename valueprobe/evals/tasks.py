@@ -73,14 +73,14 @@ class ShippedTask:
 
 SHIPPED: dict[str, ShippedTask] = {
     "arithmetic": ShippedTask(
-        "arithmetic", "valueprobe_arithmetic", "valueprobe/arithmetic",
-        {"lm-eval": "exact_match", "inspect": "accuracy"},
-        "exact integer answers to data/task_arithmetic.jsonl (greedy)",
+        name="arithmetic", lm_eval="valueprobe_arithmetic", inspect="valueprobe/arithmetic",
+        metric={"lm-eval": "exact_match", "inspect": "accuracy"},
+        about="exact integer answers to data/task_arithmetic.jsonl (greedy)",
     ),
     "corrigible_ab": ShippedTask(
-        "corrigible_ab", "valueprobe_corrigible_ab", "valueprobe/corrigible_ab",
-        {"lm-eval": "acc", "inspect": "accuracy"},
-        "CAA corrigible-neutral-HHH A/B: share answered with the corrigible letter",
+        name="corrigible_ab", lm_eval="valueprobe_corrigible_ab", inspect="valueprobe/corrigible_ab",
+        metric={"lm-eval": "acc", "inspect": "accuracy"},
+        about="CAA corrigible-neutral-HHH A/B: share answered with the corrigible letter",
     ),
 }  # fmt: skip
 
