@@ -4,6 +4,7 @@ refusals (a task that needs the hub, a probe that does not fit the model, α pas
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import run_cli
@@ -172,6 +173,25 @@ def test_each_harness_scores_the_shipped_tasks_on_the_tiny_model(lm, spec):
     for h, run in HARNESSES.items():
         ab = run(lm, spec, 3.0, task=shipped_task("corrigible_ab"), limit=3, batch_size=3)
         assert ab.n == 3 and ab.score in (0.0, 1 / 3, 2 / 3, 1.0), h
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "probes" / "evals-smollm2-135m"
+
+
+@pytest.mark.parametrize("axis", ["value", "reward-history"])
+def test_the_committed_runs_read_back_and_say_what_the_guide_says(axis):
+    from valueprobe.files import jsonable
+
+    runs = {}
+    for harness in ("lm-eval", "inspect"):
+        text = (RESULTS / f"{axis}-{harness}" / "eval.json").read_text()
+        runs[harness] = EvalResult.from_dict(json.loads(text))
+        assert json.dumps(jsonable(runs[harness].to_dict()), indent=2) + "\n" == text
+        assert runs[harness].settings.harness == harness and len(runs[harness].points) == 19
+    scores = {h: [(p.direction, p.alpha, p.score) for p in r.points] for h, r in runs.items()}
+    assert scores["lm-eval"] == scores["inspect"]
+    own = json.loads((RESULTS / "valueprobe-task-accuracy.json").read_text())
+    assert runs["lm-eval"].at("axis", 0.0).score == sum(row["right"] for row in own) / len(own)
 
 
 @pytest.mark.slow
