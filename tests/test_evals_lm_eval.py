@@ -228,3 +228,22 @@ def test_python_m_runs_lm_evals_command_line_with_the_model_registered(tiny_dir,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "valueprobe_corrigible_ab" in run.stdout and "acc" in run.stdout
+
+
+def test_valueprobe_export_to_lm_eval_writes_the_file_and_refuses_in_one_line(
+    tiny_dir, axis, tmp_path, capsys
+):
+    from conftest import run_cli
+    from test_cli_faults import one_line
+
+    axis.save(tmp_path / "probe")
+    argv = ["export", "--to", "lm-eval", "--probe", str(tmp_path / "probe"), "--model", tiny_dir, "--unit", "sigma",
+            "--alpha", "2", "--layer", "1"]  # fmt: skip
+    code, out, err = run_cli([*argv, "--out", str(tmp_path / "steer.pt")], capsys)
+    assert code == 0, err
+    config = torch.load(tmp_path / "steer.pt", weights_only=True)
+    assert list(config) == ["layers.1"] and config["layers.1"]["steering_coefficient"] == 2.0
+    code, _, err = run_cli([*argv, "--out", str(tmp_path / "steer.gguf")], capsys)
+    assert ".pt" in one_line(code, err)
+    code, _, err = run_cli([*argv, "--positions", "generated", "--out", str(tmp_path / "g.pt")], capsys)
+    assert "every position" in one_line(code, err)

@@ -24,7 +24,12 @@ from valueprobe.cli.app import ForceOpt, ModelOpt, app, console, table
 from valueprobe.cli.groups import grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
-from valueprobe.evals.lm_eval_steer import steer_config, write_steer_config
+from valueprobe.evals.lm_eval_steer import (
+    check_expressible,
+    check_steer_path,
+    steer_config,
+    write_steer_config,
+)
 from valueprobe.files import check_output_dir, check_output_file
 from valueprobe.model.load import LoadedModel, check_model_folder, load
 from valueprobe.steering.hook.interop import (
@@ -61,11 +66,15 @@ def export_command(
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Write the axis as another tool's steering vector: its strength s then equals valueprobe's α = s·alpha."""
-    if to != LM_EVAL:
+    if to == LM_EVAL:
+        check_steer_path(out)
+    else:
         check_format(to)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
     spec = steering.to_spec().check()
+    if to == LM_EVAL:
+        check_expressible(spec, alpha=alpha)
     check_output_file(out)
     check_model_folder(model)
     lm = load(model)

@@ -46,7 +46,7 @@ from valueprobe.steering.hook.handle import Specified
 from valueprobe.steering.hook.spec import SteerPoint, as_spec
 from valueprobe.vocab import HookSite, Op
 
-__all__ = ["hookpoint", "steer_config", "write_steer_config"]
+__all__ = ["check_expressible", "check_steer_path", "hookpoint", "steer_config", "write_steer_config"]
 
 SteerConfig = dict[str, dict[str, Any]]
 
@@ -90,8 +90,8 @@ def _clamp_value(spec_op: Any, t: SteerPoint) -> float:
     return t.mu + score * t.sigma
 
 
-def steer_config(lm: LoadedModel, spec: Specified, *, alpha: float) -> SteerConfig:
-    """lm-eval's steer config for ``spec`` at ``alpha`` (see the module doc for what is expressible)."""
+def check_expressible(spec: Specified, *, alpha: float) -> None:
+    """Refuse, in one line and without a model, a spec or α lm-eval's steered model cannot express."""
     spec = as_spec(spec)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
@@ -107,6 +107,13 @@ def steer_config(lm: LoadedModel, spec: Specified, *, alpha: float) -> SteerConf
             f"lm-eval's steered model adds or clamps to one value: --op {op.describe()} at α {alpha:g} has no"
             " lm-eval action (export add, or ablate / set / a clamp with lo = hi at α = 1)"
         )
+
+
+def steer_config(lm: LoadedModel, spec: Specified, *, alpha: float) -> SteerConfig:
+    """lm-eval's steer config for ``spec`` at ``alpha`` (see the module doc for what is expressible)."""
+    spec = as_spec(spec)
+    check_expressible(spec, alpha=alpha)
+    op = spec.op
     config: SteerConfig = {}
     for t in spec.points(lm):
         name = hookpoint(lm, HookSite(str(t.point.site)), t.point.layer)
@@ -127,11 +134,16 @@ def _entry(action: str, vector: torch.Tensor, coefficient: float) -> dict[str, A
             "bias": None, "head_index": None}  # fmt: skip
 
 
-def write_steer_config(config: SteerConfig, path: str | Path) -> Path:
-    """``config`` as lm-eval's ``.pt`` steer file (atomically); the name must end in ``.pt``."""
+def check_steer_path(path: str | Path) -> Path:
+    """``path``, or one line when its name does not end in ``.pt`` (lm-eval reads no other name)."""
     path = Path(path)
     if path.suffix not in (".pt", ".pth"):
         raise ValueprobeError(
             f"--out {path}: lm-eval reads a steer config from a .pt file; end the name in .pt"
         )
-    return atomic_write(path, lambda tmp: torch.save(config, tmp))
+    return path
+
+
+def write_steer_config(config: SteerConfig, path: str | Path) -> Path:
+    """``config`` as lm-eval's ``.pt`` steer file (atomically)."""
+    return atomic_write(check_steer_path(path), lambda tmp: torch.save(config, tmp))
