@@ -2,6 +2,7 @@
 
     python benchmarks/task_accuracy.py --tasks data/task_arithmetic.jsonl --new 128
     python benchmarks/task_accuracy.py --tasks data/task_code.jsonl --new 200
+    python benchmarks/task_accuracy.py --new 48 --limit 24 --batch-size 24   # valueprobe eval's α = 0 check
 
 Generates one greedy answer per task (batched; the probe is only carried, α = 0 steers nothing),
 checks it by the task's stated rule (`valueprobe.datasets.answers.check`) and prints the share right
@@ -33,9 +34,10 @@ def main() -> None:
     p.add_argument("--tasks", default=str(ROOT / "data" / "task_arithmetic.jsonl"))
     p.add_argument("--new", type=int, default=128, help="max new tokens")
     p.add_argument("--batch-size", type=int, default=60)
+    p.add_argument("--limit", type=int, default=None, help="the first N tasks of the file (default: all)")
     p.add_argument("--out", default=None, help="write every answer and its verdict here (JSON)")
     args = p.parse_args()
-    tasks = read_tasks(args.tasks)
+    tasks = read_tasks(args.tasks)[: args.limit]
     lm = load(args.model)
     axis = ValueAxis.load(args.probe, lm=lm)
     start = time.perf_counter()

@@ -284,7 +284,7 @@ def test_bad_input_through_the_real_entry_point(tmp_path):
 def test_cli_imports_no_optional_heavy_dependency():
     """`valueprobe --help` must not pay for TRL, peft, HF datasets, nnsight or TransformerLens:
     the commands that need them import them when they run."""
-    heavy = ["trl", "peft", "datasets", "nnsight", "transformer_lens"]
+    heavy = ["trl", "peft", "datasets", "nnsight", "transformer_lens", "lm_eval", "inspect_ai"]
     code = f"import sys, valueprobe.cli.main; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

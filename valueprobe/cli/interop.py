@@ -2,10 +2,12 @@
 
     valueprobe export --probe probes/smollm2-135m-value --to gguf-control-vector --layers 18:23 --out value.gguf
     valueprobe export --probe probes/smollm2-135m-value --to steering-vectors --out value.safetensors
+    valueprobe export --probe smollm2-135m-value --to lm-eval --unit norm --alpha 15 --layer 20 --out steer.pt
     valueprobe import value.gguf --model smollm2-135m --out probes/imported-value
 
-The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`. Both
-commands check their arguments and output path before the model loads. ``export`` takes the
+The conventions (layer index, sign, scale, positions) are in `valueprobe.steering.hook.interop`, and
+for lm-evaluation-harness's steer config (``--to lm-eval``: ``lm_eval --model steered``) in
+`valueprobe.evals.lm_eval_steer`. Both commands check their arguments and output path before the model loads. ``export`` takes the
 steering spec's options (`valueprobe.cli.spec.SpecOptions`), so ``--spec FILE`` exports a spec.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,9 +25,14 @@ from valueprobe.cli.spec import SpecOptions
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir, check_output_file
 
+if TYPE_CHECKING:
+    from valueprobe.model.load import LoadedModel
+    from valueprobe.steering.hook.spec import SteeringSpec
+
 # the formats of `valueprobe.steering.hook.interop.FORMATS`, named here so --help needs no torch
 # (tests/test_interop.py holds the two equal)
 FORMAT_NAMES = ("repeng", "gguf-control-vector", "steering-vectors")
+LM_EVAL = "lm-eval"  # lm-eval's steer config, beside the control-vector formats
 
 __all__ = ["export_command", "import_command"]
 
@@ -40,28 +47,39 @@ _STRENGTH = {
 @app.command("export")
 @grouped
 def export_command(
-    to: Annotated[str, typer.Option(help=" | ".join(FORMAT_NAMES))],
-    out: Annotated[Path, typer.Option(help="file to write (.gguf, or .safetensors for steering-vectors)")],
+    to: Annotated[str, typer.Option(help=" | ".join([*FORMAT_NAMES, LM_EVAL]))],
+    out: Annotated[
+        Path, typer.Option(help="file to write (.gguf; .safetensors for steering-vectors; .pt for lm-eval)")
+    ],
     model: ModelOpt = "smollm2-135m",
     alpha: Annotated[float, typer.Option(help="strength baked into the file, in --unit")] = 1.0,
     force: ForceOpt = False,
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Write the axis as another tool's steering vector: its strength s then equals valueprobe's α = s·alpha."""
+    from valueprobe.evals.lm_eval_steer import check_expressible, check_steer_path
     from valueprobe.model.load import (  # loads the library: when the command runs (cli/app.py)
         check_model_folder,
         load,
     )
     from valueprobe.steering.hook.interop import check_format, control_vector, write_control_vector
 
-    check_format(to)
+    if to == LM_EVAL:
+        check_steer_path(out)
+    else:
+        check_format(to)
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
     spec = steering.to_spec().check()
+    if to == LM_EVAL:
+        check_expressible(spec, alpha=alpha)
     check_output_file(out)
     check_model_folder(model)
     lm = load(model)
     spec.first_axis().check(lm, force=force)
+    if to == LM_EVAL:
+        _export_lm_eval(lm, spec, alpha, out)
+        return
     cv = control_vector(lm, spec, alpha=alpha)
     write_control_vector(cv, out, to=to)
     rows = [(f"direction.{b}", float(cv.vectors[b].norm())) for b in cv.layers]
@@ -70,6 +88,23 @@ def export_command(
         f"export {probe} → {to} ({cv.model_hint}, α = {alpha:g} {spec.unit.value})", ["tensor", "norm"], rows
     )
     console.print(f"wrote {out}: its strength s ({_STRENGTH[to]}) is valueprobe steer α = s·{alpha:g}")
+
+
+def _export_lm_eval(lm: LoadedModel, spec: SteeringSpec, alpha: float, out: Path) -> None:
+    from valueprobe.evals.lm_eval_steer import steer_config, write_steer_config
+
+    config = steer_config(lm, spec, alpha=alpha)
+    write_steer_config(config, out)
+    rows = [
+        (name, e["action"], float(e["steering_vector"].norm()), e["steering_coefficient"])
+        for name, e in config.items()
+    ]
+    title = f"export {Path(str(spec.probe)).name} → lm-eval ({spec.op.describe()}, α = {alpha:g} {spec.unit.value})"
+    table(title, ["hook point", "action", "vector norm", "coefficient"], rows)
+    console.print(
+        f"wrote {out}: lm_eval --model steered --model_args pretrained=MODEL,steer_path={out}"
+        " (an add's coefficient is valueprobe's α)"
+    )
 
 
 @app.command("import")

@@ -30,6 +30,7 @@ from valueprobe.cli import (  # noqa: F401
     caa,
     calibrate,
     capture_fit,
+    evals,
     guide,
     interop,
     merge,

@@ -5,7 +5,7 @@ valueprobe capture --data data/icrl.jsonl --shard 1/2 --out runs/icrl.part1
 valueprobe merge runs/icrl runs/icrl.part0 runs/icrl.part1
 
 The same for `score --shard` (scores.csv), `steer --shard` (generations.jsonl), `shift --shard`
-(shift-part.json) and `attribute --shard` (attribution-run.json) parts: the kind of part is found
+(shift-part.json), `attribute --shard` (attribution-run.json) and `eval --shard` (eval-part.json) parts: the kind of part is found
 by its marker file (`valueprobe.sharded.kind_of`).
 """
 
@@ -20,6 +20,7 @@ import typer
 from valueprobe.cli.app import app, console
 from valueprobe.cli.attribute import print_merged_attribution
 from valueprobe.cli.capture_fit import print_merged_scores, print_merged_store
+from valueprobe.cli.evals import print_merged_evals
 from valueprobe.cli.steer import print_merged_sweeps
 from valueprobe.cli.tune import print_merged_shifts
 from valueprobe.errors import ValueprobeError
@@ -34,6 +35,7 @@ def mergers() -> dict[PartKind[Any, Any], Callable[[Path, Sequence[Path]], None]
         STORE_PARTS,  # loads the library: when the command runs (cli/app.py)
     )
     from valueprobe.attribute.parts import ATTRIBUTION_PARTS
+    from valueprobe.evals.parts import EVAL_PARTS
     from valueprobe.read.score_parts import SCORE_PARTS
     from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS
     from valueprobe.tune.shift_parts import SHIFT_PARTS
@@ -44,6 +46,7 @@ def mergers() -> dict[PartKind[Any, Any], Callable[[Path, Sequence[Path]], None]
         SWEEP_PARTS: print_merged_sweeps,
         SHIFT_PARTS: print_merged_shifts,
         ATTRIBUTION_PARTS: print_merged_attribution,
+        EVAL_PARTS: print_merged_evals,
     }
 
 
