@@ -90,7 +90,7 @@ def test_chat_logprobs_are_the_models_own(server, lm):
 def test_completion_logprobs_streamed_equal_whole(server, lm):
     client = server.client()
     whole = _text(client, logprobs=2).choices[0]
-    (prompt,) = encode_prompts(lm, [PROMPT])
+    (prompt,) = encode_prompts(lm, [PROMPT], chat=False)
     ref = _reference_logprobs(lm, prompt, whole.model_extra["token_ids"])
     ids = whole.model_extra["token_ids"]
     assert whole.logprobs.token_logprobs == pytest.approx(
@@ -174,7 +174,7 @@ def test_penalties_are_vllms(server, lm):
     """Greedy with frequency 1.5 and presence 0.5 equals a hand loop: logit - f·count - p·[count > 0]
     over the generated tokens."""
     got = _text(server.client(), frequency_penalty=1.5, presence_penalty=0.5, max_tokens=8).choices[0]
-    (ids,) = encode_prompts(lm, [PROMPT])
+    (ids,) = encode_prompts(lm, [PROMPT], chat=False)
     out: list[int] = []
     for _ in range(8):
         with torch.no_grad():

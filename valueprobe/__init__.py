@@ -4,7 +4,8 @@
     >>> lm = vp.load("smollm2-135m")
     >>> axis = vp.ValueAxis.load("smollm2-135m-value", lm=lm)      # a shipped axis, or a probe folder
     >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("code")[:50])  # a shipped dataset, or a JSONL path
-    >>> gens = vp.generate(lm, vp.SteeringSpec(axis, unit="norm"), ["Is 7 prime?"], alphas=[-25, 0, 25])
+    >>> v = vp.values(lm, axis, "Is 91 prime?")                       # each token's σ, projection, cos
+    >>> (g,) = vp.generate(lm, axis, ["Is 91 prime?"], alphas=[2.0], trace=True)   # g.values: the same record
 
 The names below are what the notebooks and the README use, plus the result types they return;
 everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).
@@ -29,11 +30,13 @@ from valueprobe.probe.layer_sweep import LayerSweepResult
 from valueprobe.probe.transfer import TransferResult
 from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
+from valueprobe.read.values import Values, values
 from valueprobe.report.attribution import attribution_figures
 from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
 from valueprobe.steering.decode.generation import Generation, generate
 from valueprobe.steering.decode.sampling import Decoding
+from valueprobe.steering.experiment.trace import value_trace
 from valueprobe.steering.hook.handle import Steering, steer
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.tune.pairs import read_pairs
@@ -61,6 +64,8 @@ __all__ = [
     "SteeringSpec",
     "Decoding",
     "val",
+    "values",
+    "value_trace",
     "score_dataset",
     "ScoreSettings",
     "logit_lens",
@@ -85,6 +90,7 @@ __all__ = [
     "LayerSweepResult",
     "TransferResult",
     "TuneResult",
+    "Values",
     "ValueprobeError",
     # tune and measure the shift
     "TuneSettings",

@@ -24,7 +24,8 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.serve.protocol import Chunk, RequestError, SteerRequest
 from valueprobe.steering.decode.generation import encode_prompts
-from valueprobe.steering.decode.rows import RowSpec, RowStep, ValueAt, generate_rows
+from valueprobe.steering.decode.reading import ValueAt
+from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
 from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["HFEngine"]
@@ -88,7 +89,7 @@ class HFEngine:
         assert prompt is not None
         try:
             with self.tokenizer_lock:
-                (ids,) = encode_prompts(self.lm, [prompt])
+                (ids,) = encode_prompts(self.lm, [prompt], chat=False)  # completions: raw, as OpenAI
         except ValueprobeError as exc:
             raise RequestError(field_name, str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - no chat template, or one that refuses the turns (jinja)

@@ -36,7 +36,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.serve.errors import RequestError, error_body
 from valueprobe.serve.logprobs import chat_logprobs, completion_logprobs
 from valueprobe.serve.messages import chat_messages
-from valueprobe.steering.decode.rows import ValueAt
+from valueprobe.steering.decode.reading import ValueAt
 from valueprobe.steering.hook.spec import WHERE as POSITIONS
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Unit
