@@ -154,7 +154,8 @@ def test_completion_is_the_steered_generation_with_its_values(server, lm, axis, 
     assert len(values) == len(ids) == 6
     assert values == pytest.approx(_reference_values(lm, axis, PROMPT, alpha, ids), abs=1e-4)
     assert (
-        got.usage.prompt_tokens == len(encode_prompts(lm, [PROMPT], chat=False)[0]) and got.usage.completion_tokens == 6
+        got.usage.prompt_tokens == len(encode_prompts(lm, [PROMPT], chat=False)[0])
+        and got.usage.completion_tokens == 6
     )
     assert got.model_extra["steering"] == {
         "alpha": alpha,

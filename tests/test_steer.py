@@ -463,8 +463,12 @@ def test_trace_and_values_read_after_the_addition_by_default(tiny_lm_factory, ar
     # token k of the generation was produced at column n - 1 + k: no NaN, the last token included
     want = h[n - 1 : n - 1 + len(g.token_ids)]
     assert v.produced and v.token_ids == g.token_ids and len(v) == len(g.token_ids) == 5
-    torch.testing.assert_close(torch.tensor(v.sigma).double(), axis.score(want, 1).double(), atol=1e-4, rtol=0)
-    torch.testing.assert_close(torch.tensor(v.projection).double(), axis.project(want, 1).double(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor(v.sigma).double(), axis.score(want, 1).double(), atol=1e-4, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(v.projection).double(), axis.project(want, 1).double(), atol=1e-4, rtol=0
+    )
     cos = axis.project(want, 1) / want.norm(dim=-1)
     torch.testing.assert_close(torch.tensor(v.cos).double(), cos.double(), atol=1e-5, rtol=0)
     assert v.tokens == tuple(lm.tokenizer.decode([t]) for t in g.token_ids)
