@@ -31,8 +31,8 @@ from valueprobe.hooks.route import position_ids_from_mask
 from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.limits import Limits
 from valueprobe.serve.ops import Operations
-from valueprobe.serve.protocol import Limits
 from valueprobe.steering.decode.generation import encode_prompts, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import steer

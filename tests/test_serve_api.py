@@ -21,7 +21,7 @@ from conftest import curl_events
 from test_serve import MODEL, PROMPT, STEER_LAYER, VALUE_LAYER, Server, axis, lm, server  # noqa: F401 - fixtures
 
 from valueprobe.serve.hf_engine import HFEngine
-from valueprobe.serve.protocol import Limits
+from valueprobe.serve.limits import Limits
 from valueprobe.steering.decode.generation import encode_prompts
 from valueprobe.steering.hook.spec import SteeringSpec
 
@@ -206,6 +206,7 @@ def test_value_at_the_steered_layer_shows_the_steering(server):
         "layer": STEER_LAYER,
         "at": "after",
         "steered_layer": STEER_LAYER,
+        "read": f"resid_post[{STEER_LAYER}], after the addition",
     }
     assert before.model_extra["value_read"]["at"] == "before"
     later = _text(client, extra_body={"steering": {"alpha": alpha}, "value_layer": VALUE_LAYER})
@@ -213,6 +214,7 @@ def test_value_at_the_steered_layer_shows_the_steering(server):
         "layer": VALUE_LAYER,
         "at": "after",
         "steered_layer": STEER_LAYER,
+        "read": f"resid_post[{VALUE_LAYER}], after the addition at layer {STEER_LAYER}",
     }
     assert _refused(server, "completions", {"model": MODEL, "prompt": PROMPT, "value_at": "during"})[
         "param"

@@ -396,7 +396,7 @@ def vllm_server(engine):
     import uvicorn
 
     from valueprobe.serve.app import bind, build_app
-    from valueprobe.serve.protocol import Limits
+    from valueprobe.serve.limits import Limits
     from valueprobe.serve.vllm_engine import VllmEngine
 
     lm, axis, _ = engine

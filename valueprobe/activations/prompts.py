@@ -16,7 +16,7 @@ assistant turn opened. OpenAI's ``/v1/completions`` sends its ``prompt`` raw, as
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -90,9 +90,9 @@ def prompt_ids(
         else:
             ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     elif is_chat(prompt):
-        ids = _render_chat(tokenizer, prompt, where)  # type: ignore[arg-type]  # is_chat checked it
+        ids = _render_chat(tokenizer, cast(Sequence[Mapping[str, str]], prompt), where)
     elif isinstance(prompt, torch.Tensor | Sequence):
-        ids = _checked_ids(tokenizer, prompt, where)  # type: ignore[arg-type]  # a chat is handled above
+        ids = _checked_ids(tokenizer, cast(Sequence[int] | torch.Tensor, prompt), where)
     else:
         raise ValueprobeError(
             f"{where}: expected text, a chat list or token ids, got {type(prompt).__name__}"

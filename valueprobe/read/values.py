@@ -37,7 +37,7 @@ from valueprobe.records import Record
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["Reader", "Values", "layer_values", "values"]
+__all__ = ["Reader", "Values", "layer_values", "read_context", "values"]
 
 
 class Reader:
@@ -149,10 +149,11 @@ def _decode_each(lm: LoadedModel, ids: Sequence[int]) -> list[str]:
 
 
 @torch.no_grad()
-def layer_values(
+def read_context(
     lm: LoadedModel, axis: ValueAxis, ids: Sequence[int], layers: Sequence[int]
-) -> dict[int, Values]:
-    """`values` of the token ids ``ids`` at each of ``layers``, from one forward."""
+) -> tuple[dict[int, Values], Tensor]:
+    """`values` of the token ids ``ids`` at each of ``layers``, and the log-probabilities of the
+    next token after the last one (``[vocab]``, float32), from one forward."""
     axis.check(lm)
     points = {layer: Point(layer, axis.site) for layer in layers}
     readers = {layer: Reader(axis, layer) for layer in layers}
@@ -160,18 +161,26 @@ def layer_values(
     mask = torch.ones_like(seq)
     recs = [record(lm, [points[layer]], reduce=readers[layer]) for layer in layers]
     try:
-        lm.model(input_ids=seq, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+        out = lm.model(input_ids=seq, attention_mask=mask, position_ids=position_ids_from_mask(mask))
     finally:
         for rec in recs:
             rec.remove()
     tokens = _decode_each(lm, ids)
     read = "after any steering on the model"
-    return {
+    by_layer = {
         layer: Values.of(
             axis, ids, tokens, rec[points[layer]][0], layer=layer, read=f"{axis.site}[{layer}], {read}"
         )
         for layer, rec in zip(layers, recs, strict=True)
     }
+    return by_layer, torch.log_softmax(out.logits[0, -1].float(), dim=-1).cpu()
+
+
+def layer_values(
+    lm: LoadedModel, axis: ValueAxis, ids: Sequence[int], layers: Sequence[int]
+) -> dict[int, Values]:
+    """`values` of the token ids ``ids`` at each of ``layers``, from one forward."""
+    return read_context(lm, axis, ids, layers)[0]
 
 
 def values(

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Collection
+from collections.abc import AsyncGenerator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
@@ -29,6 +30,8 @@ from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
 from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["HFEngine"]
+
+T = TypeVar("T")
 
 _Key = tuple[SteeringSpec, ValueAt]  # what the rows of one batch share
 
@@ -110,6 +113,10 @@ class HFEngine:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
         )
+
+    async def on_model(self, fn: Callable[[LoadedModel], T]) -> T:
+        """``fn(lm)`` in the worker thread that owns the model, after the batch it is running."""
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, self.lm)
 
     async def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
         if self.pending is None:
