@@ -50,6 +50,7 @@ class BrowserCheck:
     n_drawn: int = 0
     console_errors: list[str] = field(default_factory=list)
     network_requests: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)  # the browser's own log of HTTP errors
     page_height: int = 0
 
     @property
@@ -58,13 +59,14 @@ class BrowserCheck:
             self.n_figures > 0
             and self.n_drawn == self.n_figures
             and not self.console_errors
-            and not (self.network_requests)
+            and not self.network_requests
+            and not self.failed_requests
         )
 
     def problems(self) -> str:
         return (
             f"{self.n_drawn}/{self.n_figures} figures drew; console errors: {self.console_errors};"
-            f" network requests: {self.network_requests}"
+            f" network requests: {self.network_requests}; failed requests: {self.failed_requests}"
         )
 
 
@@ -192,6 +194,11 @@ class Browser:
             raise RuntimeError("the browser is not open: use Browser(...) as a context manager")
         return self.dt
 
+    def add_init_script(self, source: str) -> None:
+        """Run ``source`` in every document this page opens from now on, before the page's own
+        scripts (a test's instrument, such as a copy of every response the page reads)."""
+        self._tools().send("Page.addScriptToEvaluateOnNewDocument", source=source)
+
     def open(self, url: str) -> None:
         """Navigate to ``url`` (returns once the navigation is sent; `wait_for` what must be there)."""
         self._tools().send("Page.navigate", url=url)
@@ -288,7 +295,10 @@ def _collect(events: list[dict], check: BrowserCheck, *, allowed: tuple[str, ...
         elif method == "Runtime.exceptionThrown":
             check.console_errors.append(p["exceptionDetails"].get("text", "exception"))
         elif method == "Log.entryAdded" and p["entry"].get("level") == "error":
-            check.console_errors.append(p["entry"].get("text", ""))
+            entry = p["entry"]
+            # a response with an error status is the network's entry; anything else is the page's
+            kind = check.failed_requests if entry.get("source") == "network" else check.console_errors
+            kind.append(entry.get("text", "") + (f" ({entry['url']})" if entry.get("url") else ""))
         elif method == "Network.requestWillBeSent":
             req = p["request"]["url"]
             if not req.startswith(_LOCAL_SCHEMES + allowed):

@@ -215,4 +215,4 @@ def _command(alpha: float) -> str:
     """``valueprobe steer`` with the spec file at this α beside 0, over a prompts file of yours."""
     alphas = f"0,{alpha:g}" if alpha else "0,1"
     words = ["valueprobe", "steer", "--spec", "spec.json", "--prompts", "prompts.jsonl", f"--alphas={alphas}"]
-    return shlex.join([*words, "--random-directions", "0", "--out", "runs/workbench"])
+    return shlex.join([*words, "--out", "runs/workbench"])

@@ -37,9 +37,20 @@ function el(tag, text, cls) {
   return node;
 }
 
+// A seed is a 64-bit integer (valueprobe steer writes row seeds up to 2**62), past what a JavaScript
+// number holds exactly: the page keeps it as its digits and writes them into the JSON as a number.
+function stringify(value) {
+  return JSON.stringify(value, (k, v) => (k === "seed" ? `@@seed${v}@@` : v)).replace(/"@@seed(\d+)@@"/g, "$1");
+}
+
+function seedDigits() {
+  const digits = $("seed").value.trim();
+  return /^\d{1,19}$/.test(digits) ? digits.replace(/^0+(?=\d)/, "") : "0";
+}
+
 async function api(path, body) {
   const init = body === undefined ? {} : {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+    method: "POST", headers: {"Content-Type": "application/json"}, body: stringify(body),
   };
   const response = await fetch(path, init);
   const data = await response.json();
@@ -128,7 +139,7 @@ function body(column) {
     model: state.model,
     max_tokens: Number($("max-tokens").value) || 48,
     temperature: Number($("temperature").value),
-    seed: Number($("seed").value) || 0,
+    seed: seedDigits(),
     value_layer: Number($("layer").value),
     stream: true,
     ...state.prompt,
@@ -163,7 +174,7 @@ async function run(column) {
   box.querySelector(".status").textContent = "generating…";
   try {
     const response = await fetch(route(), {
-      method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(b),
+      method: "POST", headers: {"Content-Type": "application/json"}, body: stringify(b),
       signal: controller.signal,
     });
     if (!response.ok) {
@@ -405,7 +416,7 @@ function exportJsonl() {
       tokens: col.tokens.map((t) => t.text), token_ids: col.tokens.map((t) => t.id), values: col.tokens.map((t) => t.value),
     });
   }
-  const text = lines.map((l) => JSON.stringify(l)).join("\n") + "\n";
+  const text = lines.map((l) => stringify(l)).join("\n") + "\n";
   $("exports").hidden = false;
   $("jsonl-out").textContent = text;
   download("conversation.jsonl", text, "application/x-ndjson");
