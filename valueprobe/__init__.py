@@ -33,6 +33,7 @@ from valueprobe.read.scores import ScoreResult
 from valueprobe.read.values import Values, values
 from valueprobe.report.attribution import attribution_figures
 from valueprobe.report.effects import trace_figure
+from valueprobe.report.explore import explore
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
 from valueprobe.steering.decode.generation import Generation, generate
 from valueprobe.steering.decode.sampling import Decoding
@@ -71,6 +72,7 @@ __all__ = [
     "logit_lens",
     "generate",
     "steer",
+    "explore",
     "guide",
     # where value comes from: attribution, patching, ablation
     "attribution",
