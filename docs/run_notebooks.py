@@ -71,6 +71,9 @@ def _quantize(png: bytes) -> bytes:
 def run(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     os.environ["PLOTLY_RENDERER"] = "plotly_mimetype"  # the kernel inherits it: figures as JSON only
+    # progress bars are clutter to a reader: with ipywidgets installed tqdm draws them as widgets
+    # (kept as outputs), not on stderr (dropped below)
+    os.environ["TQDM_DISABLE"] = "1"
     NotebookClient(
         nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     ).execute()
