@@ -137,16 +137,18 @@ class Explorer:
         slider.observe(moved, names="value")
         return widgets.VBox([slider, out])
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display  # a notebook: IPython is there
-
+    def _repr_mimebundle_(self, **kw: Any) -> dict[str, Any]:
+        """The slider in a live notebook; the strips at the starting α wherever widgets do not
+        render (a saved notebook on the web, the docs site, no ipywidgets)."""
+        bundle = {"text/html": self.strips().markup, "text/plain": repr(self)}
         try:
-            display(self.widget())
+            widget = self.widget()
         except ValueprobeError:
-            display(self.strips())
+            return bundle
+        return {**widget._repr_mimebundle_(**kw), **bundle}
 
-    def _repr_html_(self) -> str:
-        return self.strips().markup
+    def __repr__(self) -> str:
+        return f"Explorer(α = {self.alpha:g} {self.spec.unit.value}, null {self.null.direction_name})"
 
 
 def explore(
