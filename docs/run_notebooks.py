@@ -86,6 +86,12 @@ def run(path: Path) -> None:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":  # stderr is progress bars and library warnings: clutter to a reader
             cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
+            # a widget with no static form (a progress bar drawn as one) leaves nothing to read
+            cell.outputs = [
+                o
+                for o in cell.outputs
+                if not (WIDGET in o.get("data", {}) and set(o.data) <= {WIDGET, "text/plain"})
+            ]
             for out in cell.outputs:
                 out.get("data", {}).pop(WIDGET, None)
         for out in cell.get("outputs", []):
