@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.workbench:
         out = Path(__file__).with_name("workbench.png") if args.out.endswith("report.png") else Path(args.out)
-        data = _quantize(workbench_png(height=min(args.height, 1250)))
+        data = _quantize(workbench_png(height=min(args.height, 960)))
         if len(data) > MAX_BYTES:
             sys.exit(f"screenshot is {len(data)} bytes (> {MAX_BYTES}); lower --height")
         out.write_bytes(data)
@@ -56,7 +56,7 @@ def main() -> None:
     print(f"wrote {args.out} ({len(data) // 1000} kB, {check.n_figures} figures drew)")
 
 
-def workbench_png(*, height: int, prompt: str = "Is 91 a prime number?", alpha: float = 2.0) -> bytes:
+def workbench_png(*, height: int, prompt: str = "Is 91 a prime number?", alpha: float = 0.5) -> bytes:
     """The workbench on the default model and the shipped value axis, after one prompt, a slider
     move to ``alpha`` and a click on a steered token: a PNG of the page's top ``height`` pixels."""
     import threading
@@ -96,7 +96,9 @@ def workbench_png(*, height: int, prompt: str = "Is 91 a prime number?", alpha: 
                 " s.dispatchEvent(new Event('input', {bubbles: true})); })()"
             )
             b.wait_for(f"{done} && state.columns.steered.body.steering.alpha === {alpha}", timeout=600)
-            b.evaluate("document.querySelector('#col-steered .tok[data-index=\"6\"]').click()")
+            b.evaluate(
+                "(() => { const t = document.querySelectorAll('#col-steered .tok'); t[Math.min(6, t.length - 1)].click(); })()"
+            )
             b.wait_for("document.getElementById('lens').textContent", timeout=120)
             with tempfile.TemporaryDirectory() as tmp:
                 png = b.screenshot(Path(tmp) / "workbench.png", height=height).read_bytes()

@@ -5,6 +5,7 @@ the ones CI runs. ``.ci/docs`` builds the site itself (``mkdocs build --strict``
 
 from __future__ import annotations
 
+import linecache
 import re
 from pathlib import Path
 
@@ -155,4 +156,7 @@ def test_every_python_snippet_runs(page, docs_folder):
             if missing and importlib.util.find_spec(missing[0]) is None:
                 pytest.skip(f"snippet {i + 1} needs {OPTIONAL[missing[0]]}")
             code = _serve_for(page, code, stack)
-            exec(compile(code, f"{page.relative_to(ROOT)} (snippet {i + 1})", "exec"), namespace)
+            name = f"{page.relative_to(ROOT)} (snippet {i + 1})"
+            # the source where tracebacks (and nnsight, which reads a `with` block's body back) find it
+            linecache.cache[name] = (len(code), None, code.splitlines(keepends=True), name)
+            exec(compile(code, name, "exec"), namespace)

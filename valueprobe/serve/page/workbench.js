@@ -332,8 +332,8 @@ function drawPlot(layers, marked) {
   };
   line(pad, y(0), w - pad, y(0), "#999");
   label(2, y(0) + 3, "0");
-  label(2, y(hi) + 3, hi.toFixed(1));
-  label(2, y(lo) + 3, lo.toFixed(1));
+  if (hi > 0) label(2, y(hi) + 3, hi.toFixed(1));
+  if (lo < 0) label(2, y(lo) + 3, lo.toFixed(1));
   label(w / 2 - 10, h - 6, "layer");
   const path = document.createElementNS(ns, "polyline");
   path.setAttribute("points", layers.map((p, i) => `${x(i)},${y(p.value)}`).join(" "));
