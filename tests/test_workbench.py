@@ -26,7 +26,7 @@ from valueprobe.activations.prompts import prompt_ids
 from valueprobe.read.readout import logit_lens
 from valueprobe.serve.guard import COOKIE, cookie_value
 from valueprobe.serve.hf_engine import HFEngine
-from valueprobe.serve.limits import Limits
+from valueprobe.serve.limits import Limits, random_spec
 from valueprobe.serve.workbench import CSP
 from valueprobe.stats.null import random_directions
 from valueprobe.steering.hook.spec import SteeringSpec
@@ -229,8 +229,6 @@ def test_explore_refuses_a_probe_of_another_model(tmp_path, tiny_dir, tiny_lm_fa
 
 
 def test_the_random_spec_is_the_axis_spec_along_r(axis):  # noqa: F811
-    from valueprobe.serve.limits import random_spec
-
     spec = SteeringSpec(axis, layers=1)
     got = random_spec(5, spec)
     r = torch.from_numpy(random_directions(axis.d_model, 1, seed=5)[0]).float()
