@@ -23,6 +23,16 @@ tokens differ. The script exits 1 if any level lost or got wrong a response.
 Overload: a second server with ``--max-queue Q`` takes a burst of ``--overload-burst`` requests at
 once; it reports 200s and 429s (each 429 must carry ``Retry-After``; any other status is an
 error), and that the server still serves a request afterwards with nothing left in flight.
+
+Slider (the workbench, ``--slider-moves N``): one client does what the page at ``/`` does on an α
+slider move. It streams the steered and the random-direction columns of one chat (temperature 0.7,
+a seed, ``--slider-new`` tokens); after ``--slider-after`` tokens of the steered stream it moves
+the slider: both streams are dropped (the connections closed, which cancels their rows) and the two
+columns are asked again at the next α. Reported: the time from that move to the first token of the
+new steered stream, median and max over the moves (the goal: within 1 s on the default model, CPU,
+one client), on a server of its own. ``--slider-only`` runs this leg alone:
+
+    python benchmarks/serve.py --slider-only                       # the workbench's figure
 The machine is shared: the load average is printed and saved with the figures.
 """
 
@@ -285,6 +295,93 @@ def ratios(rows: list[dict]) -> list[dict]:
     ]
 
 
+SLIDER_ALPHAS = (1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 1.5, -1.5)
+NULL_SEED = 12345  # the session's random direction (the page draws one per session)
+
+
+def slider_body(model: str, alpha: float, *, random: bool, new: int) -> dict:
+    steering: dict = {"alpha": alpha} | ({"random": NULL_SEED} if random else {})
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Is 91 a prime number? Explain briefly."}],
+        "max_tokens": new,
+        "temperature": 0.7,
+        "seed": 7,
+        "ignore_eos": True,
+        "stream": True,
+        "steering": steering,
+    }
+
+
+async def _first_tokens(
+    client: httpx.AsyncClient, url: str, body: dict, want: int, first: asyncio.Future
+) -> None:
+    """Stream ``body``; set ``first`` at its first token; return after ``want`` tokens (dropping the stream)."""
+    seen = 0
+    async with client.stream("POST", f"{url}/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            seen += sum(len(c["token_ids"]) for c in json.loads(line[6:])["choices"])
+            if seen and not first.done():
+                first.set_result(time.perf_counter())
+            if seen >= want:
+                return  # leaving the block closes the connection: the server cancels the row
+
+
+async def slider_moves(url: str, model: str, args: argparse.Namespace) -> list[float]:
+    """Seconds from each slider move to the new steered stream's first token."""
+    out = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for i in range(args.slider_moves + 1):
+            alpha = SLIDER_ALPHAS[i % len(SLIDER_ALPHAS)]
+            loop = asyncio.get_running_loop()
+            first, other = loop.create_future(), loop.create_future()
+            moved = time.perf_counter()
+            steered = asyncio.create_task(
+                _first_tokens(
+                    client,
+                    url,
+                    slider_body(model, alpha, random=False, new=args.slider_new),
+                    args.slider_after,
+                    first,
+                )
+            )
+            random = asyncio.create_task(
+                _first_tokens(
+                    client, url, slider_body(model, alpha, random=True, new=args.slider_new), 1, other
+                )
+            )
+            await steered  # the user watches a few tokens arrive, then moves the slider again
+            random.cancel()
+            if i:  # the first request warms the server; every later one follows a move
+                out.append(first.result() - moved)
+    return out
+
+
+def slider(engine: str, python: str, args: argparse.Namespace) -> dict:
+    proc, base = start(engine, python, args.model)
+    try:
+        model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        got = asyncio.run(slider_moves(f"{base}/v1", model, args))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    row = {
+        "engine": engine,
+        "moves": len(got),
+        "first_token_median_s": statistics.median(got),
+        "first_token_max_s": max(got),
+        "first_token_s": got,
+    }
+    print(
+        f"{engine:5} slider move -> first steered token: median {row['first_token_median_s']:.3f} s,"
+        f" max {row['first_token_max_s']:.3f} s over {row['moves']} moves (1 client, {args.slider_new} new tokens asked,"
+        f" moved after {args.slider_after})"
+    )
+    return row
+
+
 def bench_engine(engine: str, python: str, args: argparse.Namespace) -> tuple[list[dict], dict | None]:
     proc, base = start(engine, python, args.model)
     try:
@@ -309,6 +406,12 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--overload-queue", type=int, default=8, help="the overload server's --max-queue")
     parser.add_argument("--overload-burst", type=int, default=64, help="requests sent at once (0: no leg)")
+    parser.add_argument(
+        "--slider-moves", type=int, default=8, help="workbench slider moves timed (0: no leg)"
+    )
+    parser.add_argument("--slider-new", type=int, default=48, help="tokens each slider request asks for")
+    parser.add_argument("--slider-after", type=int, default=4, help="steered tokens seen before each move")
+    parser.add_argument("--slider-only", action="store_true", help="run the slider leg alone")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-serve.json")
     return parser.parse_args()
 
@@ -316,13 +419,16 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     pythons = {"hf": sys.executable, "vllm": args.vllm_python}
-    rows, legs = [], []
+    rows, legs, sliders = [], [], []
     for engine in args.engines.split(","):
-        got, leg = bench_engine(engine, pythons[engine], args)
-        rows += got
-        legs += [leg] if leg else []
+        if not args.slider_only:
+            got, leg = bench_engine(engine, pythons[engine], args)
+            rows += got
+            legs += [leg] if leg else []
+        if args.slider_moves:
+            sliders.append(slider(engine, pythons[engine], args))
     load = os.getloadavg()
-    result = {"rows": rows, "ratios": ratios(rows), "overload": legs, "loadavg": load}
+    result = {"rows": rows, "ratios": ratios(rows), "overload": legs, "slider": sliders, "loadavg": load}
     result["args"] = {k: str(v) for k, v in vars(args).items()}
     for r in result["ratios"]:
         print(

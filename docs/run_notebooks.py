@@ -34,6 +34,7 @@ from valueprobe.report.browser import open_report
 ROOT = Path(__file__).resolve().parents[1]
 MAX_BYTES = 1_000_000  # per notebook, as tests/test_notebook_outputs.py checks
 PLOTLY = "application/vnd.plotly.v1+json"
+WIDGET = "application/vnd.jupyter.widget-view+json"
 _PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8">
 <style>body {{ margin: 0; background: white; }}</style><script>{plotlyjs}</script></head><body>
 <div id="fig" class="plotly-graph-div" style="width:{w}px;height:{h}px"></div>
@@ -71,14 +72,28 @@ def _quantize(png: bytes) -> bytes:
 def run(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     os.environ["PLOTLY_RENDERER"] = "plotly_mimetype"  # the kernel inherits it: figures as JSON only
+    # progress bars are clutter to a reader: with ipywidgets installed tqdm draws them as widgets
+    # (kept as outputs), not on stderr (dropped below)
+    os.environ["TQDM_DISABLE"] = "1"
     NotebookClient(
         nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     ).execute()
     figures = []
+    # a widget (vp.explore's slider) lives in a running kernel only: a saved notebook keeps the
+    # HTML beside it, and no widget state, whose viewer would be fetched from a CDN
+    nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         if cell.cell_type == "code":  # stderr is progress bars and library warnings: clutter to a reader
             cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
+            # a widget with no static form (a progress bar drawn as one) leaves nothing to read
+            cell.outputs = [
+                o
+                for o in cell.outputs
+                if not (WIDGET in o.get("data", {}) and set(o.data) <= {WIDGET, "text/plain"})
+            ]
+            for out in cell.outputs:
+                out.get("data", {}).pop(WIDGET, None)
         for out in cell.get("outputs", []):
             if out.output_type == "error":
                 sys.exit(f"{path.name}: a cell failed: {out.ename}: {out.evalue}")

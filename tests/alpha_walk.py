@@ -164,7 +164,7 @@ def serve_walk(lm: Any, probe: str) -> Tracer:
 
     from valueprobe.serve.app import bind, build_app
     from valueprobe.serve.hf_engine import HFEngine
-    from valueprobe.serve.protocol import Limits
+    from valueprobe.serve.limits import Limits
     from valueprobe.steering.hook.spec import SteeringSpec
 
     engine = HFEngine(lm, model="served", window_s=0.0)

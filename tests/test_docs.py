@@ -5,6 +5,7 @@ the ones CI runs. ``.ci/docs`` builds the site itself (``mkdocs build --strict``
 
 from __future__ import annotations
 
+import linecache
 import re
 from pathlib import Path
 
@@ -120,3 +121,83 @@ def test_the_internal_language_check_sees_it():
     assert internal_language("As issue 27 measured, and the lead re-takes it") == ["issue 27", "the lead"]
     assert internal_language("No GPU has been lent to this work yet") == ["been lent"]
     assert internal_language("the issue's sizes") == ["the issue's"]
+
+
+# ---- every Python snippet on every page runs as written -------------------------------------------
+
+PYTHON = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+# a page's snippets that need a package outside the test extras: skipped without it
+OPTIONAL = {"vllm": "the vllm extra (its own venv: bash .ci/vllm-env)"}
+
+
+def python_snippets(page: Path) -> list[str]:
+    """The page's ```python blocks, in order (they run one after another in one namespace)."""
+    return PYTHON.findall(page.read_text(encoding="utf-8"))
+
+
+SNIPPET_PAGES = [p for p in PAGES if python_snippets(p)]
+
+
+def test_the_snippet_finder_sees_every_python_block(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("x\n```python\na = 1\n```\n```bash\nls\n```\n```python\nb = a + 1\n```\n")
+    assert python_snippets(page) == ["a = 1\n", "b = a + 1\n"]
+
+
+@pytest.fixture
+def docs_folder(tmp_path, monkeypatch):
+    """An empty working folder where the repository's probes/ and data/ read as in a checkout."""
+    for name in ("probes", "data"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _serve_for(page: Path, code: str, stack):
+    """``serving.md``'s client talks to 127.0.0.1:8000: start ``valueprobe serve`` on a free port
+    and point the snippet there (the one change made to a snippet before it runs)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if "127.0.0.1:8000" not in code:
+        return code
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "valueprobe", "serve", "--probe", "smollm2-135m-value", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack.callback(proc.wait, 30)
+    stack.callback(proc.terminate)
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"{page.name}: the server did not start"
+            )
+            time.sleep(0.5)
+    return code.replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", SNIPPET_PAGES, ids=[p.relative_to(ROOT).as_posix() for p in SNIPPET_PAGES])
+def test_every_python_snippet_runs(page, docs_folder):
+    import contextlib
+    import importlib.util
+
+    namespace: dict = {"__name__": "__docs__"}
+    with contextlib.ExitStack() as stack:
+        for i, code in enumerate(python_snippets(page)):
+            missing = [m for m in OPTIONAL if f"from {m} " in code or f"import {m}" in code]
+            if missing and importlib.util.find_spec(missing[0]) is None:
+                pytest.skip(f"snippet {i + 1} needs {OPTIONAL[missing[0]]}")
+            code = _serve_for(page, code, stack)
+            name = f"{page.relative_to(ROOT)} (snippet {i + 1})"
+            # the source where tracebacks (and nnsight, which reads a `with` block's body back) find it
+            linecache.cache[name] = (len(code), None, code.splitlines(keepends=True), name)
+            exec(compile(code, name, "exec"), namespace)

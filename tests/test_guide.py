@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_cli
 
-from valueprobe import guide
+from valueprobe import guide as guide_chat
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import jsonable
 from valueprobe.guided.cache import CachedDecoder
@@ -19,11 +20,16 @@ from valueprobe.guided.policy import BestOfN, Prune, Rollback, as_policy
 from valueprobe.guided.records import Guided
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.read.readout import token_cos, val
-from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.generation import encode_prompts as encode_chat
+from valueprobe.steering.decode.generation import generate as generate_chat
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.spec import SteeringSpec
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Wait, that's not right. Let me"]
+# these prompts are completions, read as typed (chat=False); a chat list is rendered either way
+guide = partial(guide_chat, chat=False)
+generate = partial(generate_chat, chat=False)
+encode_prompts = partial(encode_chat, chat=False)
 LAYER = 1
 
 

@@ -64,17 +64,31 @@ def test_trace_writes_html_and_csv(saved, tmp_path, capsys):
     parts = [r["part"] for r in rows]
     assert parts.count("generated") == 5 and parts[0] == "prompt"
     gen = [r for r in rows if r["part"] == "generated"]
-    assert all(float(r["alpha"]) == 1.5 for r in gen[:-1]) and math.isnan(float(gen[-1]["resid_post[1]"]))
-    # the prompt's values equal an unsteered score of the same tokens at the axis's layer
+    read = "resid_post[1], after the addition"  # the read point, named in the CSV, the page and the table
+    assert read in page and read in stdout
+    assert all(float(r["alpha"]) == 1.5 for r in gen[:-1]) and math.isnan(float(gen[-1][read]))
+    # the prompt's values, read after the addition on every position: the unsteered score + α, exactly
     ids = lm.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Is 7 prime?"}], tokenize=False, add_generation_prompt=True
     )
     enc = lm.tokenizer(ids, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         hs = lm.model(**enc, output_hidden_states=True).hidden_states[2][0]
-    want = axis.score(hs, 1)
-    got = torch.tensor([float(r["resid_post[1]"]) for r in rows if r["part"] == "prompt"])
+    want = axis.score(hs, 1) + 1.5
+    got = torch.tensor([float(r[read]) for r in rows if r["part"] == "prompt"])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # --raw: the prompt as typed, no template; --value-at before: the unsteered score
+    raw = tmp_path / "raw"
+    args = ["trace", "--probe", str(probe), "--model", model, "--prompt", "Is 7 prime?", "--out", str(raw)]
+    code, _, err = run([*args, "--raw", "--alpha", "1.5", "--value-at", "before"], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader((raw / "trace.csv").open()))
+    enc = lm.tokenizer("Is 7 prime?", return_tensors="pt")
+    assert [r["token"] for r in rows] == [lm.tokenizer.decode([t]) for t in enc["input_ids"][0].tolist()]
+    with torch.no_grad():
+        hs = lm.model(**enc, output_hidden_states=True).hidden_states[2][0]
+    got = torch.tensor([float(r["resid_post[1], before the addition"]) for r in rows])
+    torch.testing.assert_close(got, axis.score(hs, 1), atol=1e-4, rtol=0)
 
 
 def _one_line(code: int, err: str) -> str:

@@ -10,7 +10,14 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 # What each notebook must print once it has really run (a notebook without an entry fails).
 EXPECTED = {
     "01_find_the_value_axis.ipynb": ("held-out-rule AUROC", "promoted:"),
-    "02_steering.ipynb": ("'yes' rate along the axis", "along a random direction", "trace points:"),
+    "02_steering.ipynb": (
+        "'yes' rate along the axis",
+        "along a random direction",
+        "trace points:",
+        "values at:",
+        "steered: mean σ",
+        "the null: random-",
+    ),
     "03_tuning_shift.ipynb": ("shift along the axis", "random directions"),
     "04_where_value_comes_from.ipynb": (
         "terms sum to h.v within",

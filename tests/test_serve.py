@@ -31,8 +31,8 @@ from valueprobe.hooks.route import position_ids_from_mask
 from valueprobe.serve import hf_engine
 from valueprobe.serve.app import bind, build_app
 from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.limits import Limits
 from valueprobe.serve.ops import Operations
-from valueprobe.serve.protocol import Limits
 from valueprobe.steering.decode.generation import encode_prompts, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import steer
@@ -117,7 +117,7 @@ def _together(server: Server, alphas: list[float | None], *, max_tokens: int) ->
 def _reference_values(lm, axis, prompt: str, alpha: float, token_ids: list[int]) -> list[float]:
     """Each generated token's σ-score at VALUE_LAYER, from ``output_hidden_states`` under `steer`:
     token i is read at the position that produced it (the last prompt token for i = 0)."""
-    (ids,) = encode_prompts(lm, [prompt])
+    (ids,) = encode_prompts(lm, [prompt], chat=False)  # /v1/completions: the prompt as is
     full = torch.tensor([ids + token_ids[:-1]])
     mask = torch.ones_like(full)
     with steer(lm, SteeringSpec(axis, layers=[STEER_LAYER]), alpha), torch.no_grad():
@@ -146,6 +146,7 @@ def test_completion_is_the_steered_generation_with_its_values(server, lm, axis, 
         decoding=Decoding(greedy=True, max_new_tokens=6),
         alphas=[alpha],
         progress=False,
+        chat=False,
     )[0]
     ids = choice.model_extra["token_ids"]
     assert ids == list(ref.token_ids)[: len(ids)] and choice.text == ref.text
@@ -153,7 +154,8 @@ def test_completion_is_the_steered_generation_with_its_values(server, lm, axis, 
     assert len(values) == len(ids) == 6
     assert values == pytest.approx(_reference_values(lm, axis, PROMPT, alpha, ids), abs=1e-4)
     assert (
-        got.usage.prompt_tokens == len(encode_prompts(lm, [PROMPT])[0]) and got.usage.completion_tokens == 6
+        got.usage.prompt_tokens == len(encode_prompts(lm, [PROMPT], chat=False)[0])
+        and got.usage.completion_tokens == 6
     )
     assert got.model_extra["steering"] == {
         "alpha": alpha,
@@ -445,7 +447,7 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
 def test_each_row_ends_at_eos_unless_it_ignores_eos(lm, axis, monkeypatch):
     from valueprobe.steering.decode import rows as rows_module
 
-    (ids,) = encode_prompts(lm, [PROMPT])
+    (ids,) = encode_prompts(lm, [PROMPT], chat=False)
     spec = rows_module.RowSpec(tuple(ids), max_new_tokens=4)
     steering = SteeringSpec(axis, layers=STEER_LAYER, read_layer=VALUE_LAYER)
     (free,) = rows_module.generate_rows(lm, steering, [spec], [0.0])

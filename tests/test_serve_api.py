@@ -21,7 +21,7 @@ from conftest import curl_events
 from test_serve import MODEL, PROMPT, STEER_LAYER, VALUE_LAYER, Server, axis, lm, server  # noqa: F401 - fixtures
 
 from valueprobe.serve.hf_engine import HFEngine
-from valueprobe.serve.protocol import Limits
+from valueprobe.serve.limits import Limits
 from valueprobe.steering.decode.generation import encode_prompts
 from valueprobe.steering.hook.spec import SteeringSpec
 
@@ -90,7 +90,7 @@ def test_chat_logprobs_are_the_models_own(server, lm):
 def test_completion_logprobs_streamed_equal_whole(server, lm):
     client = server.client()
     whole = _text(client, logprobs=2).choices[0]
-    (prompt,) = encode_prompts(lm, [PROMPT])
+    (prompt,) = encode_prompts(lm, [PROMPT], chat=False)
     ref = _reference_logprobs(lm, prompt, whole.model_extra["token_ids"])
     ids = whole.model_extra["token_ids"]
     assert whole.logprobs.token_logprobs == pytest.approx(
@@ -174,7 +174,7 @@ def test_penalties_are_vllms(server, lm):
     """Greedy with frequency 1.5 and presence 0.5 equals a hand loop: logit - f·count - p·[count > 0]
     over the generated tokens."""
     got = _text(server.client(), frequency_penalty=1.5, presence_penalty=0.5, max_tokens=8).choices[0]
-    (ids,) = encode_prompts(lm, [PROMPT])
+    (ids,) = encode_prompts(lm, [PROMPT], chat=False)
     out: list[int] = []
     for _ in range(8):
         with torch.no_grad():
@@ -206,6 +206,7 @@ def test_value_at_the_steered_layer_shows_the_steering(server):
         "layer": STEER_LAYER,
         "at": "after",
         "steered_layer": STEER_LAYER,
+        "read": f"resid_post[{STEER_LAYER}], after the addition",
     }
     assert before.model_extra["value_read"]["at"] == "before"
     later = _text(client, extra_body={"steering": {"alpha": alpha}, "value_layer": VALUE_LAYER})
@@ -213,6 +214,7 @@ def test_value_at_the_steered_layer_shows_the_steering(server):
         "layer": VALUE_LAYER,
         "at": "after",
         "steered_layer": STEER_LAYER,
+        "read": f"resid_post[{VALUE_LAYER}], after the addition at layer {STEER_LAYER}",
     }
     assert _refused(server, "completions", {"model": MODEL, "prompt": PROMPT, "value_at": "during"})[
         "param"

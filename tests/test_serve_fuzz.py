@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from test_serve import MODEL, PROMPT, STEER_LAYER, VALUE_LAYER, Server, axis, lm  # noqa: F401 - fixtures
 
 from valueprobe.serve.hf_engine import HFEngine
-from valueprobe.serve.protocol import Limits
+from valueprobe.serve.limits import Limits
 from valueprobe.steering.hook.spec import SteeringSpec
 
 EXAMPLES = (

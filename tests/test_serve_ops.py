@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_serve import MODEL, PROMPT, Server, axis, lm, probe_dir, server  # noqa: F401 - fixtures
 
 from valueprobe.serve.hf_engine import HFEngine
+from valueprobe.serve.limits import Limits
 from valueprobe.serve.ops import Operations
-from valueprobe.serve.protocol import Limits
 from valueprobe.steering.hook.spec import SteeringSpec
 
 

@@ -415,8 +415,10 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
         trace=True,
         read_layers=[2],
         progress=False,
+        value_at="before",
     )
     tr = g.trace
+    assert tr.at == "before" and tr.read == "resid_post[1], before the addition"
     seq = torch.tensor([list(ids[0]) + list(g.token_ids)])
     base = _forward(lm, seq, torch.ones_like(seq), output_hidden_states=True).hidden_states
     # (the last hidden state is after the final norm, so resid_post[2] is read by a recorder)
@@ -431,6 +433,54 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
     )
     assert math.isnan(tr.values["resid_post[1]"][-1])
     assert tr.alpha[:-1] == (2.0,) * (n - 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trace_and_values_read_after_the_addition_by_default(tiny_lm_factory, arch):
+    """The default read point is after the addition (as the server reads it); ``g.values`` has
+    every generated token, each read in the forward that produced it: σ, projection and cos equal
+    a no-cache forward of the final sequence under the same steering."""
+    lm = tiny_lm_factory(arch)
+    axis = planted_axis(lm)
+    (g,) = generate(
+        lm, axis, PROMPTS[:1], decoding=Decoding(greedy=True, max_new_tokens=5), alphas=[2.0], trace=True,
+        progress=False,
+    )  # fmt: skip
+    (ids,) = encode_prompts(lm, PROMPTS[:1])
+    seq = torch.tensor([ids + list(g.token_ids)])
+    with steer(lm, axis, 2.0), record(lm, [Point(1)]) as rec:
+        _forward(lm, seq, torch.ones_like(seq))
+    h = rec[Point(1)][0]  # resid_post[1] after the addition, every column
+    tr, v = g.trace, g.values
+    assert tr.at == "after" and tr.read == "resid_post[1], after the addition" == v.read
+    n = len(ids)
+    torch.testing.assert_close(
+        torch.tensor(tr.values["resid_post[1]"][:-1]),
+        axis.score(h, 1)[: len(tr.tokens) - 1],
+        atol=1e-4,
+        rtol=0,
+    )
+    # token k of the generation was produced at column n - 1 + k: no NaN, the last token included
+    want = h[n - 1 : n - 1 + len(g.token_ids)]
+    assert v.produced and v.token_ids == g.token_ids and len(v) == len(g.token_ids) == 5
+    torch.testing.assert_close(
+        torch.tensor(v.sigma).double(), axis.score(want, 1).double(), atol=1e-4, rtol=0
+    )
+    torch.testing.assert_close(
+        torch.tensor(v.projection).double(), axis.project(want, 1).double(), atol=1e-4, rtol=0
+    )
+    cos = axis.project(want, 1) / want.norm(dim=-1)
+    torch.testing.assert_close(torch.tensor(v.cos).double(), cos.double(), atol=1e-5, rtol=0)
+    assert v.tokens == tuple(lm.tokenizer.decode([t]) for t in g.token_ids)
+    # the unsteered row reads the same point before and after: nothing was added
+    (g0,) = generate(
+        lm, axis, PROMPTS[:1], decoding=Decoding(greedy=True, max_new_tokens=5), trace=True, progress=False
+    )
+    (b0,) = generate(
+        lm, axis, PROMPTS[:1], decoding=Decoding(greedy=True, max_new_tokens=5), trace=True, progress=False,
+        value_at="before",
+    )  # fmt: skip
+    assert g0.trace.values["resid_post[1]"][:-1] == b0.trace.values["resid_post[1]"][:-1]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

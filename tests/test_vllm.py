@@ -396,7 +396,7 @@ def vllm_server(engine):
     import uvicorn
 
     from valueprobe.serve.app import bind, build_app
-    from valueprobe.serve.protocol import Limits
+    from valueprobe.serve.limits import Limits
     from valueprobe.serve.vllm_engine import VllmEngine
 
     lm, axis, _ = engine
@@ -588,7 +588,7 @@ def test_vllm_serves_value_at_logprobs_penalties_n_and_stop_through_the_shared_l
     pen = _post(vllm_server, "completions", body | {"frequency_penalty": 1.5, "presence_penalty": 0.5})
     ids = pen["choices"][0]["token_ids"]
     assert ids != plain, "the penalties changed nothing"
-    (prompt,) = encode_prompts(lm, [body["prompt"]])
+    (prompt,) = encode_prompts(lm, [body["prompt"]], chat=False)
     logits = _hf_logits(lm, prompt, ids)
     for i, t in enumerate(ids):
         counts = torch.bincount(torch.tensor(ids[:i], dtype=torch.long), minlength=logits.shape[1]).float()

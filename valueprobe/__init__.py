@@ -4,7 +4,8 @@
     >>> lm = vp.load("smollm2-135m")
     >>> axis = vp.ValueAxis.load("smollm2-135m-value", lm=lm)      # a shipped axis, or a probe folder
     >>> res = vp.score_dataset(axis, lm, vp.read_jsonl("code")[:50])  # a shipped dataset, or a JSONL path
-    >>> gens = vp.generate(lm, vp.SteeringSpec(axis, unit="norm"), ["Is 7 prime?"], alphas=[-25, 0, 25])
+    >>> v = vp.values(lm, axis, "Is 91 prime?")                       # each token's σ, projection, cos
+    >>> (g,) = vp.generate(lm, axis, ["Is 91 prime?"], alphas=[2.0], trace=True)   # g.values: the same record
 
 The names below are what the notebooks and the README use, plus the result types they return;
 everything else is reached through its module (``valueprobe.stats.metrics.auroc``, ``valueprobe.vocab.Site``).
@@ -40,11 +41,14 @@ if TYPE_CHECKING:
     from valueprobe.probe.transfer import TransferResult
     from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
     from valueprobe.read.scores import ScoreResult
+    from valueprobe.read.values import Values, values
     from valueprobe.report.attribution import attribution_figures
     from valueprobe.report.effects import trace_figure
+    from valueprobe.report.explore import explore
     from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
     from valueprobe.steering.decode.generation import Generation, generate
     from valueprobe.steering.decode.sampling import Decoding
+    from valueprobe.steering.experiment.trace import value_trace
     from valueprobe.steering.hook.handle import Steering, steer
     from valueprobe.steering.hook.spec import SteeringSpec
     from valueprobe.tune.pairs import read_pairs
@@ -72,11 +76,14 @@ __all__ = [
     "SteeringSpec",
     "Decoding",
     "val",
+    "values",
+    "value_trace",
     "score_dataset",
     "ScoreSettings",
     "logit_lens",
     "generate",
     "steer",
+    "explore",
     "guide",
     # where value comes from: attribution, patching, ablation
     "attribution",
@@ -96,6 +103,7 @@ __all__ = [
     "LayerSweepResult",
     "TransferResult",
     "TuneResult",
+    "Values",
     "ValueprobeError",
     # tune and measure the shift
     "TuneSettings",
@@ -148,8 +156,13 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "val",
     ),
     "valueprobe.read.scores": ("ScoreResult",),
+    "valueprobe.read.values": (
+        "Values",
+        "values",
+    ),
     "valueprobe.report.attribution": ("attribution_figures",),
     "valueprobe.report.effects": ("trace_figure",),
+    "valueprobe.report.explore": ("explore",),
     "valueprobe.report.plots": (
         "shift_figure",
         "sweep_figure",
@@ -160,6 +173,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "generate",
     ),
     "valueprobe.steering.decode.sampling": ("Decoding",),
+    "valueprobe.steering.experiment.trace": ("value_trace",),
     "valueprobe.steering.hook.handle": (
         "Steering",
         "steer",

@@ -27,6 +27,8 @@ from valueprobe.errors import ValueprobeError
 
 __all__ = [
     "ALL_LAYERS",
+    "VALUE_AT",
+    "ValueAt",
     "RouteName",
     "ChatTemplate",
     "Dtype",
@@ -90,6 +92,12 @@ class Op(StrEnum):
     set = "set"
     clamp = "clamp"
     add_norm = "add-norm"
+
+
+# Where a steered generation reads the value at the steered layer: after the addition (the default
+# everywhere: vp.generate, trace, serve) or before it (`valueprobe.steering.decode.reading`).
+ValueAt = Literal["before", "after"]
+VALUE_AT: tuple[str, ...] = ("after", "before")
 
 
 class Positions(StrEnum):

@@ -211,12 +211,14 @@ def _run(
     from valueprobe.guided.run import guide
     from valueprobe.stats.null import random_directions
 
-    records = guide(lm, spec, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
+    records = guide(lm, spec, rows, policy, score=score, decoding=decoding, batch_size=batch_size, chat=False)
     if n_random:
         nulls = torch.from_numpy(
             random_directions(spec.first_axis().d_model, n_random, seed=decoding.seed)
         ).float()
         for i in range(n_random):
             null = replace(spec, direction=nulls[i], direction_name=f"random-{i}")
-            records += guide(lm, null, rows, policy, score=score, decoding=decoding, batch_size=batch_size)
+            records += guide(
+                lm, null, rows, policy, score=score, decoding=decoding, batch_size=batch_size, chat=False
+            )
     return records

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.cache import CachedDecoder
 from valueprobe.guided.policy import Policy, Prune, Rollback, as_policy
@@ -44,7 +45,7 @@ from valueprobe.hooks.padding import pad_id_for
 from valueprobe.hooks.route import Handle, Point, Recording, record
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.decode.generation import Prompt, encode_prompts
+from valueprobe.steering.decode.generation import encode_prompts
 from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
 from valueprobe.steering.hook.handle import Specified, Steering
 from valueprobe.steering.hook.resident import OnDevice
@@ -121,6 +122,7 @@ def guide(
     decoding: Decoding = Decoding(),
     batch_size: int = 32,
     progress: bool = True,
+    chat: bool = True,
 ) -> list[Guided]:
     """Guided decoding of each prompt: one `Guided` record per prompt, in order.
 
@@ -132,7 +134,8 @@ def guide(
             null, with the axis's μ and σ); rollback's α pushes at the steered layers, in the
             spec's unit and with its operator. Results record ``direction_name`` (default ``axis``,
             or ``direction`` for an override).
-        prompts: raw strings, or chats rendered with the chat template.
+        prompts: strings (a user turn through the chat template; ``chat=False``: as is), chats, or
+            token ids (`valueprobe.activations.prompts.prompt_ids`).
         policy: ``best-of-n``, ``prune``, ``rollback`` (defaults) or a policy object
             (`valueprobe.guided.policy`: ``BestOfN(n=8, last_k=16)``, ``Prune(...)``, ``Rollback(...)``).
         score: what picks the candidate: ``sigma`` (mean σ-score, the default), ``cos`` (the paper's
@@ -151,7 +154,7 @@ def guide(
     vector = (axis.direction(read) if spec.direction is None else spec.direction).detach().float().cpu()
     if vector.shape != (lm.d_model,) or not bool(vector.norm() > 0):
         raise ValueprobeError(f"the read direction must be a non-zero vector of d_model {lm.d_model}")
-    encoded = encode_prompts(lm, prompts)
+    encoded = encode_prompts(lm, prompts, chat=chat)
     eos = getattr(lm.tokenizer, "eos_token_id", None)
     run = _Run(
         policy=policy,

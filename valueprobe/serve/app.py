@@ -7,14 +7,15 @@
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream:
 true`` gives server-sent events ``data: {...}`` ending in ``data: [DONE]``). A bad request is a 400
 whose JSON error names the field (``param``), checked before the engine sees it; the first chunk
-of a stream is awaited before the 200 goes out, so an engine's refusal is a 400 too. With an API
-key every ``/v1`` route wants ``Authorization: Bearer KEY`` (401 otherwise).
+of a stream is awaited before the 200 goes out, so an engine's refusal is a 400 too. The
+workbench page is at ``/`` with the routes it reads (`valueprobe.serve.workbench`). With an API
+key every ``/v1`` route and the page want the key (401 otherwise), and no other origin may call
+at all (`valueprobe.serve.guard`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import signal
@@ -35,25 +36,25 @@ from starlette.routing import Route
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.engine import Engine
 from valueprobe.serve.errors import RequestError, error_body
+from valueprobe.serve.guard import LOCAL_HOSTS, Guard
+from valueprobe.serve.limits import Limits, probe_card
 from valueprobe.serve.ops import Admission, Metrics, Operations, Refused, Tally, log_request
 from valueprobe.serve.protocol import (
     Chunk,
-    Limits,
     SteerRequest,
     StreamUsage,
     completion,
     parse_request,
-    probe_card,
     stream_chunk,
     stream_usage,
     usage,
     usage_chunk,
 )
 from valueprobe.serve.streams import first_chunks, merged, until_stop
+from valueprobe.serve.workbench import workbench_routes
 
-__all__ = ["LOCAL_HOSTS", "bind", "build_app", "check_host", "serve"]
+__all__ = ["bind", "build_app", "check_host", "serve"]
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 log = logging.getLogger("valueprobe.serve")
 
 
@@ -265,10 +266,16 @@ def _loop_time(deadline: float) -> float:
 
 
 def build_app(
-    engine: Engine, limits: Limits, *, api_key: str | None = None, ops: Operations | None = None
+    engine: Engine,
+    limits: Limits,
+    *,
+    api_key: str | None = None,
+    ops: Operations | None = None,
+    local: bool = True,
 ) -> Starlette:
-    """The ASGI app: the three ``/v1`` routes, ``/health`` and ``/metrics``, Bearer auth on ``/v1``
-    when ``api_key`` is set, every refusal an OpenAI error object; ``ops``: the operator's settings."""
+    """The ASGI app: the ``/v1`` routes, the workbench page at ``/``, ``/health`` and ``/metrics``;
+    the key (when ``api_key`` is set) and origin rules of `valueprobe.serve.guard` (``local``: it
+    listens on this machine only); every refusal an OpenAI error object; ``ops``: the operator's settings."""
     metrics = Metrics()
     ops = ops or Operations()
     ctx = _Context(engine, limits, ops, metrics, Admission(ops, metrics))
@@ -311,34 +318,15 @@ def build_app(
             Route("/v1/chat/completions", _handler(ctx, chat=True), methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
+            *workbench_routes(engine, limits),
         ],
         exception_handlers={HTTPException: http_error, Exception: internal},
         lifespan=lifespan,
     )
     app.state.gate = ctx.gate
     app.state.ops = ops
-    if api_key:
-        app.add_middleware(_BearerAuth, key=api_key)
+    app.add_middleware(Guard, key=api_key, local=local)
     return app
-
-
-class _BearerAuth:
-    """ASGI middleware: every HTTP request must carry ``Authorization: Bearer KEY``."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):  # /health, /metrics: open
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                body = error_body(
-                    "missing or wrong API key: send 'Authorization: Bearer KEY'", kind="authentication_error"
-                )
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def serve(app: Starlette, sock: socket.socket, *, log_level: str = "info") -> None:

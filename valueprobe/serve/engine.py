@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from valueprobe.model.load import LoadedModel
 from valueprobe.serve.protocol import Chunk, SteerRequest
 from valueprobe.steering.hook.spec import SteeringSpec
 
-__all__ = ["Engine", "ServeOptions"]
+__all__ = ["Engine", "OnModel", "ServeOptions"]
+
+T = TypeVar("T")
 
 
 @runtime_checkable
@@ -51,6 +53,17 @@ class Engine(Protocol):
         e.g. a prompt longer than the model's context. Leaving the iterator early (a client that
         disconnected) cancels the request without touching the others.
         """
+        ...
+
+
+@runtime_checkable
+class OnModel(Protocol):
+    """An engine that holds the transformers model (``hf``): the workbench's reads of one
+    context (values at every layer, the next token's alternatives, the logit lens) run on it,
+    in its own worker, between batches. The vllm engine has no such model: those routes 404."""
+
+    async def on_model(self, fn: Callable[[LoadedModel], T]) -> T:
+        """``fn(lm)`` run where the engine runs its batches; its result."""
         ...
 
 

@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Collection
+from collections.abc import AsyncGenerator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
 from valueprobe.serve.protocol import Chunk, RequestError, SteerRequest
 from valueprobe.steering.decode.generation import encode_prompts
-from valueprobe.steering.decode.rows import RowSpec, RowStep, ValueAt, generate_rows
+from valueprobe.steering.decode.reading import ValueAt
+from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
 from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["HFEngine"]
+
+T = TypeVar("T")
 
 _Key = tuple[SteeringSpec, ValueAt]  # what the rows of one batch share
 
@@ -88,7 +92,7 @@ class HFEngine:
         assert prompt is not None
         try:
             with self.tokenizer_lock:
-                (ids,) = encode_prompts(self.lm, [prompt])
+                (ids,) = encode_prompts(self.lm, [prompt], chat=False)  # completions: raw, as OpenAI
         except ValueprobeError as exc:
             raise RequestError(field_name, str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - no chat template, or one that refuses the turns (jinja)
@@ -109,6 +113,10 @@ class HFEngine:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
         )
+
+    async def on_model(self, fn: Callable[[LoadedModel], T]) -> T:
+        """``fn(lm)`` in the worker thread that owns the model, after the batch it is running."""
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn, self.lm)
 
     async def submit(self, request: SteerRequest) -> AsyncGenerator[Chunk, None]:
         if self.pending is None:

@@ -10,11 +10,12 @@ engine contract built on them.
 What valueprobe adds to the OpenAI API, and nothing else differs:
 - request: ``steering: {"alpha": 2, "unit": "sigma", "layer": 20, "positions": "all"}`` (all but
   ``alpha`` optional; the rest default to the server's steering spec, ``serve --spec``, else the
-  probe's best layer in σ on every position), ``value_layer`` (the layer the value is read at;
-  default the spec's read layer, else the probe's best), and vLLM's ``ignore_eos``;
+  probe's best layer in σ on every position; a ``window`` and a ``random`` direction too:
+  `valueprobe.serve.limits`), ``value_layer`` (the layer the value is read at; default the
+  spec's read layer, else the probe's best), and vLLM's ``ignore_eos``;
 - response: each choice carries ``values`` (one σ per generated token, an EOS included) and
   ``token_ids``; each stream chunk's choice carries the values of its own tokens; the top level
-  echoes the resolved ``steering`` and ``value_layer``.
+  echoes the resolved ``steering``, ``value_layer`` and ``value_read`` (the read point, in words too).
 
 Each request becomes the server's `SteeringSpec` with the request's layer, unit, positions and
 value layer, and its α (the spec's only per-row part).
@@ -34,9 +35,19 @@ from uuid import uuid4
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.serve.errors import RequestError, error_body
+from valueprobe.serve.limits import (
+    ALPHA_RULE,
+    STEERING_KEYS,
+    UNITS,
+    Limits,
+    check_layer,
+    random_spec,
+    served_layer,
+    steering_window,
+)
 from valueprobe.serve.logprobs import chat_logprobs, completion_logprobs
 from valueprobe.serve.messages import chat_messages
-from valueprobe.steering.decode.rows import ValueAt
+from valueprobe.steering.decode.reading import VALUE_AT, ValueAt, describe
 from valueprobe.steering.hook.spec import WHERE as POSITIONS
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Unit
@@ -44,7 +55,6 @@ from valueprobe.vocab import Unit
 __all__ = [
     "Chunk",
     "FinishReason",
-    "Limits",
     "RequestError",
     "SteerRequest",
     "StreamUsage",
@@ -59,20 +69,7 @@ __all__ = [
 
 FinishReason = Literal["stop", "length"]
 
-UNITS = ("sigma", "norm")
-STEERING_KEYS = ("alpha", "unit", "layer", "positions")
-VALUE_AT = ("after", "before")
-NORM_MULTIPLE = 1.0
-ALPHA_RULE = (
-    f"|alpha| * unit size <= {NORM_MULTIPLE:g} x the layer's mean residual norm (the probe's mean_norm):"
-    " no addition larger than the residual it is added to"
-)
 MAX_LOGPROBS = 20
-VALUE_MEANING = (
-    "each token's (h.v - mu)/sigma at the value layer in the forward that produced it; at the steered"
-    " layer read after the addition (value_at: after, the default: it shows the steering) or before it;"
-    " at a later layer it is after the steering, at an earlier one before it"
-)
 
 
 @dataclass(frozen=True)
@@ -134,12 +131,17 @@ class SteerRequest:
         """Where the value is read, stated in each response: the layer, and ``before`` or ``after``
         the steering's addition (resolved: a layer past the steered one is after it, one before is before)."""
         out: dict[str, Any] = {"layer": self.value_layer, "at": self.value_at}
+        steered = None
         if self.steered:
             layers = self.spec.layers
             steered = layers[0] if isinstance(layers, tuple) else layers
             if isinstance(steered, int) and steered != self.value_layer:
                 out["at"] = "after" if self.value_layer > steered else "before"
             out["steered_layer"] = steered
+        site = str(self.spec.first_axis().site)
+        out["read"] = describe(
+            self.value_layer, site, self.value_at, steered if isinstance(steered, int) else None
+        )
         return out
 
     def steering(self) -> dict[str, Any] | None:
@@ -148,12 +150,17 @@ class SteerRequest:
             return None
         layers = self.spec.layers
         layer = layers[0] if isinstance(layers, tuple) else layers
-        return {
+        out = {
             "alpha": self.alpha,
             "unit": self.spec.unit.value,
             "layer": layer,
             "positions": self.spec.positions,
         }
+        if self.spec.window is not None:
+            out["window"] = list(self.spec.window)
+        if self.spec.direction_name is not None:
+            out["direction"] = self.spec.direction_name  # a random direction: random-<seed>
+        return out
 
 
 @dataclass(frozen=True)
@@ -180,43 +187,6 @@ class Chunk:
     logprob: float | None = None
     token: str = ""
     top: tuple[tuple[str, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What every request is checked against: the served model's id, the server's steering spec
-    (its probe, and the defaults of every request's steering), the α cap."""
-
-    model: str
-    spec: SteeringSpec
-    max_alpha: float | None = None
-    max_tokens: int = 4096
-    max_n: int = 16
-
-    def alpha_cap(self, layer: int, unit: str) -> float:
-        """The largest |α| served at ``layer`` in ``unit``: ``--max-alpha``, else the probe's rule
-        (`ALPHA_RULE`): the addition α·unit stays within ``NORM_MULTIPLE`` × the layer's mean
-        residual norm. No norm statistics and no ``--max-alpha``: nothing is served steered (0)."""
-        if self.max_alpha is not None:
-            return self.max_alpha
-        axis = self.spec.first_axis()
-        norm = float(axis.mean_norm[axis.layers.index(layer)])
-        if not (math.isfinite(norm) and norm > 0):
-            return 0.0
-        return NORM_MULTIPLE * norm / axis.unit_size(layer, unit)
-
-    def caps(self) -> dict[str, Any]:
-        """The α caps ``/v1/models`` states: the rule, and the cap per unit and layer."""
-        rule = "--max-alpha" if self.max_alpha is not None else ALPHA_RULE
-        layers = self.spec.first_axis().layers
-        per = {u: {str(layer): round(self._cap_or_nan(layer, u), 4) for layer in layers} for u in UNITS}
-        return {"rule": rule, "by_unit": per}
-
-    def _cap_or_nan(self, layer: int, unit: str) -> float:
-        try:
-            return self.alpha_cap(layer, unit)
-        except ValueprobeError:  # a unit the probe cannot express (no σ calibration)
-            return 0.0
 
 
 def _number(
@@ -253,26 +223,18 @@ def _flag(body: Mapping[str, Any], key: str) -> bool:
     return value
 
 
-def _layer(value: Any, limits: Limits, param: str, default: int | None) -> int:
-    axis = limits.spec.first_axis()
+def _alpha(value: Any) -> float:
     if value is None:
-        return axis.best_layer if default is None else default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(param, f"must be an integer layer, got {value!r}")
-    if value not in axis.layers:
-        raise RequestError(param, f"the probe has no layer {value}: use one of {list(axis.layers)}")
-    return value
-
-
-def _served_layer(spec: SteeringSpec) -> int | None:
-    """The server spec's steered layer, when it names exactly one (else each request's default is the best)."""
-    return spec.layers[0] if isinstance(spec.layers, tuple) and len(spec.layers) == 1 else None
+        raise RequestError("steering.alpha", "missing: give the strength (positive is value up)")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError("steering.alpha", f"must be a number, got {value!r}")
+    return float(value)
 
 
 def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | None:
-    """The ``steering`` field: None, or an object with ``alpha`` and optional unit, layer, positions;
-    the request's spec (the server's, with these; its read layer is the request's ``value_layer``)
-    and its α."""
+    """The ``steering`` field: None, or an object with ``alpha`` and optional unit, layer,
+    positions, window and random; the request's spec (the server's, with these; its read layer is
+    the request's ``value_layer``) and its α."""
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -280,9 +242,7 @@ def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | N
     for key in value:
         if key not in STEERING_KEYS:
             raise RequestError(f"steering.{key}", f"unknown steering field: use {', '.join(STEERING_KEYS)}")
-    if "alpha" not in value:
-        raise RequestError("steering.alpha", "missing: give the strength (positive is value up)")
-    alpha = _number(value, "alpha", 0.0, lo=-math.inf, hi=math.inf, param="steering.alpha")
+    alpha = _alpha(value.get("alpha"))
     unit = value.get("unit")
     if unit is None:
         unit = limits.spec.unit.value  # the server's spec says it (sigma unless serve --spec says otherwise)
@@ -293,7 +253,8 @@ def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | N
         raise RequestError(
             "steering.positions", f"unknown positions {positions!r}: use one of {', '.join(POSITIONS)}"
         )
-    layer = _layer(value.get("layer"), limits, "steering.layer", _served_layer(limits.spec))
+    window = steering_window(value.get("window"), positions) if "window" in value else limits.spec.window
+    layer = check_layer(value.get("layer"), limits, "steering.layer", served_layer(limits.spec))
     try:
         cap = limits.alpha_cap(layer, unit)
     except ValueprobeError as exc:
@@ -304,7 +265,8 @@ def parse_steering(value: Any, limits: Limits) -> tuple[SteeringSpec, float] | N
             "steering.alpha",
             f"|alpha| = {abs(alpha):g} {unit} at layer {layer} is beyond this server's {why} of {cap:g}",
         )
-    return replace(limits.spec, layers=(layer,), unit=Unit(unit), positions=positions), alpha
+    spec = replace(limits.spec, layers=(layer,), unit=Unit(unit), positions=positions, window=window)
+    return random_spec(value.get("random"), spec), alpha
 
 
 def _prompt(body: Mapping[str, Any], chat: bool) -> tuple[str | None, tuple[Mapping[str, str], ...] | None]:
@@ -395,7 +357,7 @@ def parse_request(body: Any, limits: Limits, *, chat: bool) -> SteerRequest:
     max_tokens = _integer(body, tokens_key, 16 if not chat else 256, lo=1, hi=limits.max_tokens)
     stop, stop_token_ids = _stops(body)
     steering = parse_steering(body.get("steering"), limits)
-    value_layer = _layer(body.get("value_layer"), limits, "value_layer", limits.spec.read_layer)
+    value_layer = check_layer(body.get("value_layer"), limits, "value_layer", limits.spec.read_layer)
     # no steering: the server's spec at the value layer with α = 0, which adds nothing at all
     spec, alpha = steering or (replace(limits.spec, layers=(value_layer,)), 0.0)
     assert max_tokens is not None and n is not None
@@ -468,31 +430,6 @@ def usage_chunk(
     (the prompt once, every choice's tokens), as vLLM sends it."""
     header = _header(req, limits, chat=chat, stream=True)
     return header | {"choices": [], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def probe_card(limits: Limits) -> dict[str, Any]:
-    """What ``/v1/models`` says of the probe: its layers, the steering and value defaults, where
-    the value is read relative to the steering, and the α caps with their rule."""
-    spec = limits.spec
-    axis = spec.first_axis()
-    return {
-        "probe": str(spec.probe) if spec.probe is not None else axis.model_id,
-        "layers": list(axis.layers),
-        "best_layer": axis.best_layer,
-        "steering_defaults": {
-            "layer": _served_layer(spec) or axis.best_layer,
-            "unit": spec.unit.value,
-            "positions": spec.positions,
-        },
-        "value": {
-            "unit": "sigma",
-            "default_layer": spec.read_layer if spec.read_layer is not None else axis.best_layer,
-            "default_at": "after",
-            "value_at": list(VALUE_AT),
-            "meaning": VALUE_MEANING,
-        },
-        "max_alpha": limits.caps(),
-    }
 
 
 def _header(req: SteerRequest, limits: Limits, *, chat: bool, stream: bool) -> dict[str, Any]:

@@ -96,7 +96,8 @@ class VllmEngine:
         prompt: Any = request.prompt if request.messages is None else [dict(m) for m in request.messages]
         field = "prompt" if request.messages is None else "messages"
         try:
-            ids = encode_prompts(cast(Any, SimpleNamespace(tokenizer=self.tokenizer)), [prompt])[0]
+            tokenizer = cast(Any, SimpleNamespace(tokenizer=self.tokenizer))
+            ids = encode_prompts(tokenizer, [prompt], chat=False)[0]  # completions: raw, as OpenAI
         except ValueprobeError as e:
             raise RequestError(field, str(e)) from None
         if len(ids) + request.max_tokens > self.context:

@@ -29,10 +29,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.gguf import ALIASES, alias_dir
 from valueprobe.model.load import LoadedModel, cache_dir
-from valueprobe.steering.decode.generation import Generation, Prompt, encode_prompts
+from valueprobe.steering.decode.generation import Generation, encode_prompts
 from valueprobe.steering.decode.sampling import Decoding, row_seed
 from valueprobe.steering.hook.handle import Specified
 from valueprobe.steering.hook.spec import SteeringSpec, as_spec
@@ -189,6 +190,7 @@ class VllmGenerator:
         decoding: Decoding = Decoding(),
         batch_size: int = 0,  # noqa: ARG002 - vLLM batches by itself
         progress: bool = True,
+        chat: bool = True,
     ) -> list[VllmRow]:
         """Every (prompt, sample, α) row, in that nested order, with its per-token values."""
         from vllm import SamplingParams  # optional dependency: the [vllm] extra
@@ -196,7 +198,7 @@ class VllmGenerator:
 
         spec = absolute(as_spec(spec))
         check_spec(spec)
-        encoded = encode_prompts(lm, prompts)
+        encoded = encode_prompts(lm, prompts, chat=chat)
         eos = getattr(lm.tokenizer, "eos_token_id", None)
         rows, requests, params = [], [], []
         for p, ids in enumerate(encoded):

@@ -18,19 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessorList
 
+from valueprobe.activations.prompts import Prompt, prompt_ids
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_id_for, pad_rows
 from valueprobe.hooks.route import Decode, Point, Route, route_for
+from valueprobe.read.values import Values
 from valueprobe.records import Record
+from valueprobe.steering.decode.reading import VALUE_AT, Reading, ValueAt, describe, read_value
 from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
-from valueprobe.steering.hook.handle import AlphaSource, Specified, Steering
+from valueprobe.steering.hook.handle import AlphaSource, Specified, Steering, to_host
 from valueprobe.steering.hook.spec import SteeringSpec, as_spec
 from valueprobe.vocab import HookSite, RouteName
 
@@ -39,23 +42,28 @@ if TYPE_CHECKING:
 
 __all__ = ["Generation", "Trace", "encode_prompts", "generate"]
 
-Prompt = str | Sequence[dict[str, str]]  # raw text, or a chat (rendered with the chat template)
-
 
 @dataclass(frozen=True)
 class Trace(Record):
     """Per-token readout of one row: σ-scores by layer, and the α applied, for every token fed.
 
-    ``values[name]`` has one entry per token of ``tokens`` (prompt then generated); the last
-    generated token is never fed back, so its entries are NaN. Names are ``"resid_post[21]"``;
-    at the steered point the value is read *before* the addition.
+    ``values[name]`` has one entry per token of ``tokens`` (prompt then generated), read at that
+    token; the last generated token is never fed back, so its entries are NaN (``Generation.values``
+    has every generated token's value, read in the forward that produced it). Names are
+    ``"resid_post[21]"``. ``steered`` names the read point (the spec's read layer, default the
+    steered one), read ``at`` its addition: ``after`` (the default) or ``before`` it; ``read``
+    says it in words. Other read layers see the steering upstream.
     """
+
+    OMIT: ClassVar = {"at": "before", "read": ""}  # traces written before the read point was named
 
     tokens: tuple[str, ...]
     n_prompt: int
     values: dict[str, tuple[float, ...]]
     alpha: tuple[float, ...]
-    steered: str  # the name in ``values`` of the steered point
+    steered: str  # the name in ``values`` of the read point
+    at: ValueAt = "before"
+    read: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,11 @@ class Generation(Record):
         finished: whether the row stopped on EOS before ``max_new_tokens``.
         trace: the per-token readout, when asked for.
         op: the steering operator (`valueprobe.steering.hook.operators.Operator.describe`), e.g. ``ablate``.
+        values: with ``trace=True``, each generated token and its value (σ, projection, cos) at
+            the read point, read in the forward that produced it (`valueprobe.read.values.Values`).
     """
+
+    OMIT: ClassVar = {"values": None}
 
     prompt: int
     sample: int
@@ -83,23 +95,14 @@ class Generation(Record):
     finished: bool
     trace: Trace | None = field(default=None, compare=False)
     op: str = "add"
+    values: Values | None = field(default=None, compare=False)
 
 
-def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt]) -> list[list[int]]:
-    """Token ids of each prompt: text as is, a chat list through the chat template (with the
-    assistant turn opened)."""
-    out = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            text, special = p, True
-        else:
-            text = lm.tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True)
-            special = False
-        ids = lm.tokenizer(text, add_special_tokens=special)["input_ids"]
-        if not ids:
-            raise ValueprobeError(f"prompt {i} is empty: give at least one token of text")
-        out.append(list(ids))
-    return out
+def encode_prompts(lm: LoadedModel, prompts: Sequence[Prompt], *, chat: bool = True) -> list[list[int]]:
+    """Token ids of each prompt, by `valueprobe.activations.prompts.prompt_ids`: a string as a user
+    turn through the chat template (``chat=False``: the text as is), a chat through the template,
+    token ids as they are."""
+    return [prompt_ids(lm, p, chat=chat, where=f"prompt {i}") for i, p in enumerate(prompts)]
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class _Run:
     spec: SteeringSpec
     read_layers: Sequence[int]
     trace: bool
+    value_at: ValueAt = "after"
 
 
 def _check_sizes(
@@ -178,6 +182,8 @@ def generate(
     route: RouteName | str = RouteName.hooks,
     source: Callable[[int], AlphaSource] | None = None,
     progress: bool = True,
+    chat: bool = True,
+    value_at: ValueAt = "after",
 ) -> list[Generation]:
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
@@ -186,31 +192,41 @@ def generate(
         spec: what to steer (`valueprobe.steering.hook.spec.SteeringSpec`); an axis (``-axis``
             flips it) or a list of axes means every default. An operator but ``add``, a site off
             the residual stream, a window or a condition run on the hooks route only.
-        prompts: raw strings, or chats (lists of ``{"role", "content"}``) rendered with the template.
+        prompts: strings (each a user turn through the chat template; ``chat=False``: the text
+            as is), chats (lists of ``{"role", "content"}``) or token ids
+            (`valueprobe.activations.prompts.prompt_ids`).
         alphas: strengths in the spec's unit, one row each per (prompt, sample).
         decoding: samples, seed, lengths, greedy or temperature and top-p
             (`valueprobe.steering.decode.sampling.Decoding`); row seeds are ``row_seed(seed, prompt, sample)``.
-        trace: return a per-token `Trace` with each row.
+        trace: read the value as the rows are generated: each `Generation` then carries
+            ``values`` (every generated token's value at the read point) and a per-token `Trace`.
         read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
         batch_size: rows per ``generate`` call (memory grows with it, time falls).
         route: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
             ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count,
             returns the hook's α source. Hooks route only.
+        chat: render string prompts with the chat template (the default, as ``valueprobe trace``).
+        value_at: the read point (the spec's read layer, default the steered one): ``after`` the
+            addition (the default, as ``valueprobe serve`` reads it) or ``before`` it.
 
     Each `Generation` records the spec's unit, operator and ``direction_name`` (default ``axis``).
 
-    >>> gens = generate(lm, SteeringSpec(axis, unit="norm"), prompts, alphas=[-50, 0, 50],
-    ...                 decoding=Decoding(greedy=True))
+    >>> (g,) = generate(lm, axis, ["Is 7 prime?"], alphas=[2.0], trace=True)
+    >>> g.text, g.values.sigma          # one σ per generated token, read after the +2 σ addition
     """
     spec = as_spec(spec)
     _check_sizes(prompts, alphas, decoding, batch_size)
     impl = route_for(route)
     spec.points(lm)  # every check of the spec against the model, before any work
-    encoded = encode_prompts(lm, prompts)
+    if value_at not in VALUE_AT:
+        raise ValueprobeError(f"value_at {value_at!r}: use one of {', '.join(VALUE_AT)}")
+    encoded = encode_prompts(lm, prompts, chat=chat)
     rows = _rows(len(prompts), decoding.samples, alphas, seed=decoding.seed, greedy=decoding.greedy)
     config = _config(lm, max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens)
-    run = _Run(config=config, decoding=decoding, spec=spec, read_layers=read_layers, trace=trace)
+    run = _Run(
+        config=config, decoding=decoding, spec=spec, read_layers=read_layers, trace=trace, value_at=value_at
+    )
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
@@ -220,10 +236,28 @@ def generate(
     return out
 
 
-def _reads(steering: Steering) -> tuple[dict[str, list[Tensor]], list[Tensor]]:
-    """A chunk's traces by point name, and the α applied."""
+@dataclass(frozen=True)
+class _Reads:
+    """A chunk's readings on the host: σ per forward by point name, α applied, and the read point's
+    (σ, ‖h‖) per column, ``[rows, columns, 2]``."""
+
+    by_name: dict[str, list[Tensor]]
+    applied: list[Tensor]
+    point: Tensor
+    name: str
+    at: ValueAt
+    read: str
+
+
+def _reads(lm: LoadedModel, steering: Steering, reading: Reading, steered: int) -> _Reads:
+    """A chunk's traces by point name, the α applied, and the read point's series (two host copies)."""
     values, applied = steering.traced()
-    return {_point_name(p): v for p, v in values.items()}, applied
+    by_name = {_point_name(p): v for p, v in values.items()}
+    series = torch.cat(to_host(reading.series()), dim=1)
+    name = _point_name(Point(reading.layer, steering.axis.site))
+    by_name[name] = [series[..., 0]]
+    read = describe(reading.layer, str(steering.axis.site), reading.at, steered)
+    return _Reads(by_name, applied, series, name, reading.at, read)
 
 
 def _run_chunk(
@@ -249,12 +283,20 @@ def _run_chunk(
         source=source,
         read_layers=run.read_layers,
     )
-    seqs = impl.generate(Decode(lm, ids, mask, config=run.config, processors=processors, steering=steering))
-    reads, applied = _reads(steering) if run.trace else (None, [])
-    steered = _point_name(steering.points[0].point)
+    steered = steering.points[0].layer
+    reading = (
+        read_value(lm, steering, layer=run.spec.read_at(lm.n_layers), at=run.value_at) if run.trace else None
+    )
+    try:
+        seqs = impl.generate(
+            Decode(lm, ids, mask, config=run.config, processors=processors, steering=steering)
+        )
+    finally:
+        if reading is not None:
+            reading.remove()
+    reads = None if reading is None else _reads(lm, steering, reading, steered)
     return [
-        _row_result(lm, i, r, seqs[i].cpu(), ids.shape[1], mask[i], run, reads, applied, steered)
-        for i, r in enumerate(chunk)
+        _row_result(lm, i, r, seqs[i].cpu(), ids.shape[1], mask[i], run, reads) for i, r in enumerate(chunk)
     ]
 
 
@@ -266,31 +308,27 @@ def _row_result(
     width: int,
     prompt_mask: Tensor,
     run: _Run,
-    reads: dict[str, list[Tensor]] | None,
-    applied: list[Tensor],
-    steered: str,
+    reads: _Reads | None,
 ) -> Generation:
     new = seq[width:].tolist()
     eos = run.config.eos_token_id
     finished = eos is not None and eos in new
     kept = new[: new.index(eos)] if finished else new
     text = lm.tokenizer.decode(kept, skip_special_tokens=True)
-    trace = None
+    trace = values = None
     if reads is not None:
-        n_prompt = int(prompt_mask.sum())
-        cols = list(range(width - n_prompt, width + len(kept)))
-        pieces = [lm.tokenizer.decode([t]) for t in seq[width - n_prompt : width + len(kept)].tolist()]
-
-        def per_token(parts: list[Tensor]) -> tuple[float, ...]:
-            full = torch.cat(parts, dim=1)[i].tolist() if parts else []  # one host read per row
-            return tuple(float(full[c]) if c < len(full) else float("nan") for c in cols)
-
-        trace = Trace(
-            tokens=tuple(pieces),
-            n_prompt=n_prompt,
-            values={name: per_token(parts) for name, parts in reads.items()},
-            alpha=per_token(applied),
-            steered=steered,
+        trace = _trace(lm, i, seq, width, int(prompt_mask.sum()), len(kept), reads)
+        # generated token k was produced by the forward at column width - 1 + k (the last prompt
+        # token's for k = 0): every kept token has a value, the last one included
+        point = reads.point[i, width - 1 : width - 1 + len(kept)]
+        values = Values.of(
+            run.spec.first_axis(),
+            kept,
+            [lm.tokenizer.decode([t]) for t in kept],
+            point,
+            layer=run.spec.read_at(lm.n_layers),
+            read=reads.read,
+            produced=True,
         )
     return Generation(
         prompt=row.prompt,
@@ -304,4 +342,27 @@ def _row_result(
         finished=finished,
         trace=trace,
         op=run.spec.op.describe(),
+        values=values,
+    )
+
+
+def _trace(
+    lm: LoadedModel, i: int, seq: Tensor, width: int, n_prompt: int, n_kept: int, reads: _Reads
+) -> Trace:
+    """Row ``i``'s `Trace`: each token fed (prompt, then generated) with its value at each point."""
+    cols = list(range(width - n_prompt, width + n_kept))
+    pieces = [lm.tokenizer.decode([t]) for t in seq[width - n_prompt : width + n_kept].tolist()]
+
+    def per_token(parts: list[Tensor]) -> tuple[float, ...]:
+        full = torch.cat(parts, dim=1)[i].tolist() if parts else []  # one host read per row
+        return tuple(float(full[c]) if c < len(full) else float("nan") for c in cols)
+
+    return Trace(
+        tokens=tuple(pieces),
+        n_prompt=n_prompt,
+        values={name: per_token(parts) for name, parts in reads.by_name.items()},
+        alpha=per_token(reads.applied),
+        steered=reads.name,
+        at=reads.at,
+        read=reads.read,
     )

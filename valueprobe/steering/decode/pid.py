@@ -34,9 +34,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Step
-from valueprobe.steering.decode.generation import Generation, Prompt, generate
+from valueprobe.steering.decode.generation import Generation, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import AlphaSource, Specified
 from valueprobe.steering.hook.spec import SteerPoint, as_spec
@@ -105,11 +106,12 @@ def control(
     read_layers: LayerSpec = (),
     batch_size: int = 32,
     progress: bool = True,
+    chat: bool = True,
 ) -> list[Generation]:
     """Generate with α set per token by ``pid``; each `Generation` carries the α and value traces.
 
     Args:
-        lm, prompts, decoding, batch_size: as in `valueprobe.steering.decode.generation.generate`.
+        lm, prompts, decoding, batch_size, chat: as in `valueprobe.steering.decode.generation.generate`.
         spec: the steered (and read) layer, one, default the axis's best (an axis means that);
             the PID adds along it, in σ, on generated tokens.
         pid: target in σ, gains and the cap on |α| (σ units).
@@ -137,6 +139,8 @@ def control(
         batch_size=batch_size,
         source=lambda rows: _source(pid, axis, rows),
         progress=progress,
+        chat=chat,
+        value_at="before",  # y, what the model carries on its own; z = y + gain·α is added below
     )
     return [_with_after(g, float(axis.scale)) for g in gens]
 

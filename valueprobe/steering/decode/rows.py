@@ -12,9 +12,8 @@ batches requests by their spec) and each has its own α, the spec's only per-row
 bit and rows never see each other's steering.
 
 A token's value is the σ-score at the spec's read layer (the first axis's site) in the forward
-that produced the token, read in that forward: at the first steered point before the addition
-(the handle's trace) or after it (``value_at="after"``), elsewhere after any steering upstream
-(a recording at that point). Rows may ask for log-probabilities and vLLM's penalties too.
+that produced the token, read in that forward, where `valueprobe.steering.decode.reading.read_value`
+says: after the addition (the default, as ``vp.generate`` reads it) or before it. Rows may ask for log-probabilities and vLLM's penalties too.
 """
 
 from __future__ import annotations
@@ -30,19 +29,18 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
-from valueprobe.hooks.route import Decode, Point, Recording, record, route_for
+from valueprobe.hooks.route import Decode, route_for
 from valueprobe.model.load import LoadedModel
 from valueprobe.steering.decode.generation import _config
+from valueprobe.steering.decode.reading import ValueAt, read_value
 from valueprobe.steering.decode.sampling import RowSampler
 from valueprobe.steering.hook.handle import Specified, Steering
-from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import as_spec
 from valueprobe.vocab import RouteName
 
-__all__ = ["RowOutput", "RowSpec", "RowStep", "ValueAt", "generate_rows"]
+__all__ = ["RowOutput", "RowSpec", "RowStep", "generate_rows"]
 
 Finish = Literal["stop", "length"]
-ValueAt = Literal["before", "after"]
 
 
 @dataclass(frozen=True)
@@ -240,22 +238,6 @@ class _Steps(StoppingCriteria):
         return self._flags[1]  # type: ignore[return-value]
 
 
-def _value_reader(
-    lm: LoadedModel, steering: Steering, value_layer: int, value_at: ValueAt
-) -> tuple[Recording | None, Callable[[], Tensor]]:
-    """Where the per-token value comes from: the steering handle's own trace at the first steered
-    point (``before`` its addition), or a recording of the σ-score at the value layer, which runs
-    after the steering hooks there (they go first, `valueprobe.hooks.patch.intervene`): ``after``."""
-    first = steering.points[0]
-    if value_layer == first.layer and value_at == "before":
-        return None, lambda: steering.reads[first.point][-1][:, -1]
-    axis = steering.axis
-    point = Point(value_layer, axis.site)
-    scorer = Scorer(axis, value_layer)
-    rec = record(lm, [point], reduce=lambda h: scorer(h.detach()))
-    return rec, lambda: rec[point][:, -1]
-
-
 def generate_rows(
     lm: LoadedModel,
     spec: Specified,
@@ -264,7 +246,7 @@ def generate_rows(
     *,
     on_step: OnStep | None = None,
     route: RouteName | str = RouteName.hooks,
-    value_at: ValueAt = "before",
+    value_at: ValueAt = "after",
 ) -> list[RowOutput]:
     """Run every row in one batch; report each step through ``on_step``; return each row's run.
 
@@ -299,9 +281,9 @@ def generate_rows(
     first_layer = spec.steered_layers(lm.n_layers)[0]
     trace = value_layer == first_layer and value_at == "before"
     steering = Steering(lm, spec, alpha, prompt_length=width, trace=trace)
-    recording, read = _value_reader(lm, steering, value_layer, value_at)
+    reading = read_value(lm, steering, layer=value_layer, at=value_at)
     sampling = _RowSampling(rows, width)
-    steps = _Steps(rows, width, eos, read, on_step or (lambda k, s: ()), sampling)
+    steps = _Steps(rows, width, eos, reading.latest, on_step or (lambda k, s: ()), sampling)
     decode = Decode(
         lm,
         ids,
@@ -314,6 +296,5 @@ def generate_rows(
     try:
         route_for(route).generate(decode)
     finally:
-        if recording is not None:
-            recording.remove()
+        reading.remove()
     return steps.outputs

@@ -327,8 +327,16 @@ def _run_block(
     prompts = [_prompt(ex) if condition is None else condition.apply(_prompt(ex)) for ex in block]
     block_seed = int(np.random.SeedSequence([settings.seed, b]).generate_state(1)[0] >> 1)
     decoding = settings.decoding(block_seed)
+    # a dataset's text is the prompt as is (messages are the chat form): chat=False
     gens = generator(
-        lm, spec, prompts, alphas=settings.alphas, decoding=decoding, batch_size=batch_size, progress=False
+        lm,
+        spec,
+        prompts,
+        alphas=settings.alphas,
+        decoding=decoding,
+        batch_size=batch_size,
+        progress=False,
+        chat=False,
     )
     pyes: dict[tuple[int, float], float] = {}
     if "p_yes" in settings.metrics:

@@ -8,8 +8,11 @@ writes ``trace.html`` (tokens coloured by value, then a line plot; plotly.js inl
     >>> tr = value_trace(lm, axis, "Is 91 prime?", generate_tokens=40, alpha=2.0)   # or a SteeringSpec
     >>> write_trace(tr, "runs/trace")
 
-At the steered layer the value is read *before* the addition, so the plot shows what the model
-carries on its own, with α beside it; read layers (``--read-layers``) see the steering upstream.
+The prompt is a user turn through the chat template (``--raw``, ``chat=False``: the text as is),
+as everywhere (`valueprobe.activations.prompts.prompt_ids`). At the steered layer the value is read
+*after* the addition by default, as ``valueprobe serve`` reads it (``value_at="before"``: what the
+model carries on its own, with α beside it); read layers (``--read-layers``) see the steering
+upstream. Every output names the read point.
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ import html
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
+from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, write_html
-from valueprobe.steering.decode.generation import Prompt, Trace, generate
+from valueprobe.read.strip import token_strip
+from valueprobe.steering.decode.generation import Trace, generate
+from valueprobe.steering.decode.reading import ValueAt
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import Specified
 
@@ -44,6 +51,8 @@ def value_trace(
     generate_tokens: int = 0,
     alpha: float = 0.0,
     read_layers: Sequence[int] = (),
+    chat: bool = True,
+    value_at: ValueAt = "after",
 ) -> Trace:
     """Per-token σ-scores of ``prompt`` and, with ``generate_tokens > 0``, of a greedy continuation
     steered by ``alpha`` (0: unsteered) as ``spec`` says (default the axis's best layer, in σ).
@@ -51,10 +60,13 @@ def value_trace(
     Args:
         lm: the model; spec: what to steer and where the value is read (its first steered
             layer), `valueprobe.steering.hook.spec.SteeringSpec` or an axis.
-        prompt: text, or a chat list rendered with the chat template.
+        prompt: text (a user turn through the chat template; ``chat=False``: as is), a chat list,
+            or token ids.
         generate_tokens: new tokens to generate (0: the prompt alone).
         alpha: the steering strength, in the spec's unit.
         read_layers: more layers to read.
+        chat: render a string prompt with the chat template.
+        value_at: read the steered point ``after`` the addition (the default) or ``before`` it.
     """
     if generate_tokens < 0:
         raise ValueprobeError(f"generate must be >= 1 new tokens (or omitted), got {generate_tokens}")
@@ -67,17 +79,15 @@ def value_trace(
         trace=True,
         read_layers=read_layers,
         progress=False,
+        chat=chat,
+        value_at=value_at,
     )
     assert g.trace is not None
     tr = g.trace
     if generate_tokens == 0:  # the one token generated to run the prompt pass: drop it
         n = tr.n_prompt
-        tr = Trace(
-            tokens=tr.tokens[:n],
-            n_prompt=n,
-            values={k: v[:n] for k, v in tr.values.items()},
-            alpha=tr.alpha[:n],
-            steered=tr.steered,
+        tr = replace(
+            tr, tokens=tr.tokens[:n], values={k: v[:n] for k, v in tr.values.items()}, alpha=tr.alpha[:n]
         )
     return tr
 
@@ -91,7 +101,7 @@ def read_points_figure(tr: Trace) -> go.Figure:
     fig = go.Figure()
     x = list(range(len(tr.tokens)))
     for name, values in tr.values.items():
-        label = f"{name} (before steering)" if name == tr.steered else name
+        label = _label(tr, name)
         fig.add_trace(
             go.Scatter(
                 x=x,
@@ -125,41 +135,34 @@ def read_points_figure(tr: Trace) -> go.Figure:
     return fig
 
 
+def _label(tr: Trace, name: str) -> str:
+    """A series' name; the read point's says where it is read (``resid_post[20], after the addition``)."""
+    if name != tr.steered:
+        return name
+    return tr.read or f"{name}, before the addition"  # a trace written before the read point was named
+
+
 def _none(v: float) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _colour(v: float, scale: float) -> str:
-    """Blue for value up, red for value down, white at zero (the trace's own scale)."""
-    if math.isnan(v):
-        return "#eeeeee"
-    t = max(-1.0, min(1.0, v / scale)) if scale > 0 else 0.0
-    fade = int(255 * (1 - abs(t)))
-    return f"rgb({fade},{fade},255)" if t > 0 else f"rgb(255,{fade},{fade})"
-
-
 def trace_html(tr: Trace, fig: go.Figure | None = None) -> str:
-    """A self-contained page: tokens coloured by the steered point's value, then the figure."""
+    """A self-contained page: tokens coloured by the read point's value, then the figure."""
     values = tr.values[tr.steered]
-    finite = [abs(v) for v in values if not math.isnan(v)]
-    scale = max(finite) if finite else 1.0
-    spans = []
-    for i, (tok, v) in enumerate(zip(tr.tokens, values, strict=True)):
-        title = f"token {i}: {'nan' if math.isnan(v) else f'{v:+.2f} σ'}, α {tr.alpha[i]:g}"
-        cls = "p" if i < tr.n_prompt else "g"
-        spans.append(
-            f'<span class="{cls}" style="background:{_colour(v, scale)}" title="{html.escape(title)}">'
-            f"{html.escape(tok)}</span>"
-        )
+    details = [
+        f"token {i}: {'no value' if math.isnan(v) else f'{v:+.2f} σ'}, α {tr.alpha[i]:g}"
+        + (" (prompt)" if i < tr.n_prompt else "")
+        for i, v in enumerate(values)
+    ]
+    strip = token_strip(tr.tokens, values, title=f"value (σ) at {_label(tr, tr.steered)}", details=details)
     plot = (fig or read_points_figure(tr)).to_html(include_plotlyjs=True, full_html=False)
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>value trace</title><style>"
-        "body{font-family:sans-serif;margin:2em} .tok{white-space:pre-wrap;font-family:monospace;"
-        "line-height:1.8} .g{border-bottom:2px solid #333}</style></head><body>"
-        f"<h2>value trace at {html.escape(tr.steered)}</h2>"
-        f"<p>colour: score before steering, ±{scale:.2f} σ full scale (blue up, red down); "
-        "generated tokens underlined; hover for values.</p>"
-        f"<div class='tok'>{''.join(spans)}</div>{plot}</body></html>"
+        "body{font-family:sans-serif;margin:2em}</style></head><body>"
+        f"<h2>value trace at {html.escape(_label(tr, tr.steered))}</h2>"
+        f"<p>{tr.n_prompt} prompt tokens, then {len(tr.tokens) - tr.n_prompt} generated; each token's "
+        "value is read at that token (the last generated one is never fed back: no value); hover for values.</p>"
+        f"{strip}{plot}</body></html>"
     )
 
 
@@ -168,7 +171,7 @@ def trace_csv(tr: Trace) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
     names = list(tr.values)
-    w.writerow(["index", "part", "token", "alpha", *names])
+    w.writerow(["index", "part", "token", "alpha", *[_label(tr, n) for n in names]])
     for i, tok in enumerate(tr.tokens):
         part = "prompt" if i < tr.n_prompt else "generated"
         w.writerow([i, part, tok, tr.alpha[i], *[tr.values[n][i] for n in names]])

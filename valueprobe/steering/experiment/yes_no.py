@@ -68,7 +68,7 @@ def p_yes(
     if len(prompts) != len(alphas):
         raise ValueprobeError(f"p_yes: {len(prompts)} prompts but {len(alphas)} strengths")
     yes, no = answer_tokens(lm.tokenizer)
-    encoded = encode_prompts(lm, prompts)
+    encoded = encode_prompts(lm, prompts, chat=False)  # text as is, as the sweep generates it
     pad = pad_id_for(lm.tokenizer)
     out = np.empty(len(encoded))
     for start in range(0, len(encoded), batch_size):
