@@ -79,9 +79,16 @@ def eval_part(
     todo = eval_settings(settings)
     share = shard.examples(len(todo), block=1)
     mine = todo[share.start : share.stop]
-    part = EvalPart(model=lm.model_id, fingerprint=lm.fingerprint, spec=spec.to_dict(), unit=unit,
-                    other_unit=OTHER_UNIT[unit], metric=task.metric[settings.harness], settings=settings,
-                    todo=len(mine))  # fmt: skip
+    part = EvalPart(
+        model=lm.model_id,
+        fingerprint=lm.fingerprint,
+        spec=spec.to_dict(),
+        unit=unit,
+        other_unit=OTHER_UNIT[unit],
+        metric=task.metric[settings.harness],
+        settings=settings,
+        todo=len(mine),
+    )
     done: dict[tuple[str, float], EvalPoint] = {}
     if (out / PART).exists():
         old, old_shard = read_part(out)
@@ -98,13 +105,27 @@ def eval_part(
     out.mkdir(parents=True, exist_ok=True)
     layer = spec.steered_layers(lm.n_layers)[0]
     points = [done[k] for k in mine if k in done]
-    for direction, alpha in tqdm([k for k in mine if k not in done], desc=f"{settings.harness} {task.name}",
-                                 unit="setting", disable=not progress):  # fmt: skip
-        got = run(lm, _steering(spec, direction, settings.seed), alpha, task=task, limit=settings.limit,
-                  batch_size=settings.batch_size)  # fmt: skip
-        other = _other_alpha(spec, alpha, layer)
-        points.append(EvalPoint(direction=direction, alpha=alpha, alpha_other=other, score=got.score,
-                                stderr=got.stderr, n=got.n))  # fmt: skip
+    left = [k for k in mine if k not in done]
+    for direction, alpha in tqdm(
+        left, desc=f"{settings.harness} {task.name}", unit="setting", disable=not progress
+    ):
+        got = run(
+            lm,
+            _steering(spec, direction, settings.seed),
+            alpha,
+            task=task,
+            limit=settings.limit,
+            batch_size=settings.batch_size,
+        )
+        point = EvalPoint(
+            direction=direction,
+            alpha=alpha,
+            alpha_other=_other_alpha(spec, alpha, layer),
+            score=got.score,
+            stderr=got.stderr,
+            n=got.n,
+        )
+        points.append(point)
         part = EvalPart(**{**part.__dict__, "points": tuple(points)})
         part.write(out, shard)
     order = {k: i for i, k in enumerate(mine)}  # a resumed part keeps the settings' order
