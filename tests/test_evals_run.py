@@ -11,6 +11,7 @@ from conftest import run_cli
 from test_cli_faults import one_line
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
+from valueprobe.errors import ValueprobeError
 from valueprobe.evals import harness as harness_module
 from valueprobe.evals.harness import Scored
 from valueprobe.evals.parts import merge_evals
@@ -107,6 +108,33 @@ def test_a_rerun_resumes_the_part_and_a_part_of_another_run_is_refused(lm, spec,
             progress=False,
             harness=fake_harness([]),
         )
+
+
+def _as_before_sigma_references(part: Path) -> None:
+    """Rewrite a part as one written before σ had a reference: spec format 1, α in σ of another σ."""
+    head = json.loads((part / "eval-part.json").read_text())
+    head["spec"] = {k: v for k, v in head["spec"].items() if k != "sigma_reference"} | {"format_version": 1}
+    head["points"] = [p | {"alpha_other": p["alpha_other"] * 3.0} for p in head["points"]]
+    (part / "eval-part.json").write_text(json.dumps(head))
+
+
+def test_a_part_from_before_sigma_was_recalibrated_resumes_in_norm_and_restates_its_sigma(lm, spec, tmp_path):
+    first = run_eval(lm, spec, SETTINGS, out=tmp_path / "r", progress=False, harness=fake_harness([]))
+    _as_before_sigma_references(tmp_path / "r")
+    calls: list = []
+    again = run_eval(lm, spec, SETTINGS, out=tmp_path / "r", progress=False, harness=fake_harness(calls))
+    assert calls == [] and again == first  # nothing scored again; every α in σ as the axis says now
+    assert json.loads((tmp_path / "r" / "eval-part.json").read_text())["spec"] == spec.to_dict()
+
+
+def test_a_part_in_sigma_of_another_reference_is_refused(lm, spec, tmp_path):
+    in_sigma = SteeringSpec(probe=spec.probe, layers=[1], unit="sigma").check()
+    eval_part(lm, in_sigma, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
+    _as_before_sigma_references(tmp_path / "p")
+    with pytest.raises(ValueprobeError, match="its α is in σ, measured over another reference"):
+        eval_part(lm, in_sigma, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
+    with pytest.raises(ValueprobeError, match="another steering spec"):
+        eval_part(lm, spec, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
 
 
 def test_the_table_puts_the_axis_beside_its_random_null_in_both_units(lm, spec, tmp_path):
