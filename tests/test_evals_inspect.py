@@ -10,8 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
+from valueprobe.errors import ValueprobeError
+from valueprobe.evals.steering import along_random
 from valueprobe.evals.tasks import arithmetic_rows
 from valueprobe.steering.decode.generation import encode_prompts, generate
 from valueprobe.steering.decode.rows import RowSpec, generate_rows
@@ -52,13 +55,13 @@ DICTS = [
 
 def test_greedy_output_is_vp_generate_with_the_served_values(lm, spec):
     out = _ask(_model(lm, spec, 2.0), CHAT, temperature=0.0, max_tokens=8)
-    (want,) = generate(lm, spec, [DICTS], alphas=[2.0], decoding=Decoding(greedy=True, max_new_tokens=8),
-                       progress=False)  # fmt: skip
+    greedy = Decoding(greedy=True, max_new_tokens=8)
+    (want,) = generate(lm, spec, [DICTS], alphas=[2.0], decoding=greedy, progress=False)
     assert out.completion == want.text
     meta = out.metadata["valueprobe"]
     # the values the server reads (after the addition, at the read layer) for the same row
-    (row,) = generate_rows(lm, spec, [RowSpec(tuple(encode_prompts(lm, [DICTS])[0]), max_new_tokens=8)], [2.0],
-                           value_at="after")  # fmt: skip
+    row_spec = RowSpec(tuple(encode_prompts(lm, [DICTS])[0]), max_new_tokens=8)
+    (row,) = generate_rows(lm, spec, [row_spec], [2.0], value_at="after")
     assert meta["values"][: len(row.values)] == pytest.approx(row.values, abs=1e-5)
     assert meta["steering"] == {"alpha": 2.0, "unit": "sigma", "direction": "axis", "op": "add"}
     assert out.usage.output_tokens == len(meta["values"])
@@ -81,16 +84,21 @@ def test_sampling_follows_temperature_and_seed_and_stops_at_stop_sequences(lm, s
 
 def test_a_random_direction_and_alpha_zero_come_from_the_same_provider(lm, spec):
     plain = _ask(_model(lm, spec, 0.0), CHAT, temperature=0.0, max_tokens=8).completion
-    (unsteered,) = generate(lm, spec, [DICTS], alphas=[0.0], decoding=Decoding(greedy=True, max_new_tokens=8),
-                            progress=False)  # fmt: skip
+    greedy = Decoding(greedy=True, max_new_tokens=8)
+    (unsteered,) = generate(lm, spec, [DICTS], alphas=[0.0], decoding=greedy, progress=False)
     assert plain == unsteered.text
     null = _ask(_model(lm, spec, 2.0, random=1), CHAT, temperature=0.0, max_tokens=8)
     assert null.metadata["valueprobe"]["steering"]["direction"] == "random-1"
 
 
 def test_the_shipped_tasks_run_in_inspect(lm, spec, tmp_path):
-    logs = inspect_eval(["valueprobe/arithmetic", "valueprobe/corrigible_ab"], model=_model(lm, spec, 2.0),
-                        limit=3, log_dir=str(tmp_path), display="none")  # fmt: skip
+    logs = inspect_eval(
+        ["valueprobe/arithmetic", "valueprobe/corrigible_ab"],
+        model=_model(lm, spec, 2.0),
+        limit=3,
+        log_dir=str(tmp_path),
+        display="none",
+    )
     assert [log.status for log in logs] == ["success", "success"]
     arithmetic = logs[0]
     chats = [[{"role": "user", "content": r["prompt"]}] for r in arithmetic_rows()[:3]]
@@ -102,13 +110,26 @@ def test_the_shipped_tasks_run_in_inspect(lm, spec, tmp_path):
     assert arithmetic.results.scores[0].metrics["accuracy"].value in (0.0, 1 / 3, 2 / 3, 1.0)
 
 
+def test_the_provider_reads_inspects_model_args_once_typed_and_refuses_unknown_keys(lm, spec):
+    # -M values as Inspect's command line reads them (YAML): text where YAML sees no number
+    model = _model(lm, spec, "1e-1", random="2", seed=3, value_at="before", max_batch="4")
+    assert (model.api.alpha, model.api.value_at, model.api.engine.max_batch) == (0.1, "before", 4)
+    assert model.api.spec.name() == "random-2"
+    assert torch.equal(model.api.spec.direction, along_random(spec, 2, seed=3).direction)
+    with pytest.raises(
+        ValueprobeError, match="'alhpa' is not one .*: use spec, probe, .*, device, value_at, max_batch$"
+    ):
+        get_model("valueprobe/tiny", lm=lm, spec=spec, alhpa=1.0, memoize=False)
+    with pytest.raises(ValueprobeError, match="value_at='sideways': give before or after"):
+        get_model("valueprobe/tiny", lm=lm, spec=spec, value_at="sideways", memoize=False)
+
+
 def test_inspect_finds_the_provider_and_tasks_through_the_entry_point(tiny_dir, lm, tmp_path):
     planted_axis(lm).save(tmp_path / "probe")
-    run = subprocess.run(
-        [sys.executable, "-m", "inspect_ai._cli.main", "eval", "valueprobe/corrigible_ab",
-         "--model", f"valueprobe/{tiny_dir}", "-M", f"probe={tmp_path / 'probe'}", "-M", "alpha=1.0",
-         "--limit", "2", "--log-dir", str(tmp_path / "logs"), "--display", "plain"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE}, cwd=tmp_path,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "inspect_ai._cli.main", "eval", "valueprobe/corrigible_ab"]
+    argv += ["--model", f"valueprobe/{tiny_dir}", "-M", f"probe={tmp_path / 'probe'}", "-M", "alpha=1.0"]
+    argv += ["--limit", "2", "--log-dir", str(tmp_path / "logs"), "--display", "plain"]
+    env = {**os.environ, **OFFLINE}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
     assert list((tmp_path / "logs").glob("*.eval"))

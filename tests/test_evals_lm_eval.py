@@ -15,7 +15,7 @@ from test_steer import planted_axis  # tests/ is on sys.path under pytest
 from valueprobe.errors import ValueprobeError
 from valueprobe.evals.likelihood import Scored, continuation_logprobs
 from valueprobe.evals.lm_eval_steer import hookpoint, steer_config, write_steer_config
-from valueprobe.evals.steering import along_random
+from valueprobe.evals.steering import EvalSteering, along_random
 from valueprobe.evals.tasks import arithmetic_rows, lm_eval_folder
 from valueprobe.hooks.route import position_ids_from_mask
 from valueprobe.steering.decode.generation import generate
@@ -31,7 +31,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.models.hf_steered import SteeredModel  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from valueprobe.evals.lm_eval import ValueprobeLM  # noqa: E402
+from valueprobe.evals.lm_eval import LMEvalOptions, ValueprobeLM  # noqa: E402
 
 PAIRS = [
     ("The capital of France", " is Paris, and the capital of Italy is Rome."),
@@ -76,10 +76,9 @@ def test_lm_evals_steered_model_on_the_export_gives_valueprobes_loglikelihoods(
     s = SteeringSpec(axis, **spec)
     path = write_steer_config(steer_config(lm, s, alpha=alpha), tmp_path / "steer.pt")
     theirs = [lp for lp, _ in _steered(tiny_dir, path).loglikelihood(_requests())]
-    ours = [
-        lp for lp, _ in ValueprobeLM(lm=lm, spec=s, alpha=alpha, allow_large=True).loglikelihood(_requests())
-    ]
-    plain = [lp for lp, _ in ValueprobeLM(lm=lm, spec=s, alpha=0.0).loglikelihood(_requests())]
+    steered = ValueprobeLM(EvalSteering(spec=s, alpha=alpha, allow_large=True), lm=lm)
+    ours = [lp for lp, _ in steered.loglikelihood(_requests())]
+    plain = [lp for lp, _ in ValueprobeLM(EvalSteering(spec=s, alpha=0.0), lm=lm).loglikelihood(_requests())]
     assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-4)  # float32 rounding, summed over tokens
     assert min(abs(a - b) for a, b in zip(ours, plain, strict=True)) > 1e-3  # the steering moved each
 
@@ -160,7 +159,7 @@ def test_the_generated_phase_leaves_the_first_continuation_token_alone(lm, axis)
 
 def test_rolling_loglikelihood_is_the_whole_text_after_the_prefix_token(lm, axis):
     spec = SteeringSpec(axis, layers=[1])
-    model = ValueprobeLM(lm=lm, spec=spec, alpha=1.5)
+    model = ValueprobeLM(EvalSteering(spec=spec, alpha=1.5), lm=lm)
     text = PAIRS[2][0] + PAIRS[2][1]
     (got,) = model.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])
     want = _reference(lm, spec, 1.5, [model.prefix_token_id], model.tok_encode(text))
@@ -171,7 +170,7 @@ def test_rolling_loglikelihood_is_the_whole_text_after_the_prefix_token(lm, axis
 def test_generate_until_is_vp_generate_and_stops_at_until(lm, axis, name):
     spec = SteeringSpec(axis, **SPECS[name])
     prompts = ["The quick brown fox", "def add(a, b):"]
-    model = ValueprobeLM(lm=lm, spec=spec, alpha=1.0, batch_size=2)
+    model = ValueprobeLM(EvalSteering(spec=spec, alpha=1.0), LMEvalOptions(batch_size=2), lm=lm)
     got = model.generate_until(
         [
             Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 8}), i)
@@ -200,12 +199,16 @@ def test_the_null_is_a_random_direction_of_the_same_norm_at_the_same_place(lm, a
 
 def test_the_shipped_tasks_run_through_simple_evaluate(lm, axis):
     spec = SteeringSpec(axis, layers=[1])
-    model = ValueprobeLM(lm=lm, spec=spec, alpha=2.0, batch_size=4)
+    model = ValueprobeLM(EvalSteering(spec=spec, alpha=2.0), LMEvalOptions(batch_size=4), lm=lm)
     manager = TaskManager(include_path=str(lm_eval_folder()), include_defaults=False)
     out = lm_eval.simple_evaluate(
-        model=model, tasks=["valueprobe_arithmetic", "valueprobe_corrigible_ab"], task_manager=manager, limit=3,
-        apply_chat_template=True, log_samples=True,
-    )  # fmt: skip
+        model=model,
+        tasks=["valueprobe_arithmetic", "valueprobe_corrigible_ab"],
+        task_manager=manager,
+        limit=3,
+        apply_chat_template=True,
+        log_samples=True,
+    )
     assert out["results"]["valueprobe_corrigible_ab"]["acc,none"] in (0.0, 1 / 3, 2 / 3, 1.0)
     rows = arithmetic_rows()[:3]
     chats = [[{"role": "user", "content": r["prompt"]}] for r in rows]
@@ -216,18 +219,43 @@ def test_the_shipped_tasks_run_through_simple_evaluate(lm, axis):
     assert [s["resps"][0][0] for s in samples] == [g.text for g in want]
 
 
+def test_lm_eval_builds_the_model_from_its_arguments_read_once_and_typed(tiny_dir, lm, axis, tmp_path):
+    # as lm-eval's simple_evaluate builds it: --model_args, then its own --batch_size and friends
+    axis.save(tmp_path / "probe")
+    args = f"model={tiny_dir},probe={tmp_path / 'probe'},alpha=-1.5,random=2,seed=7,allow_large=true"
+    model = ValueprobeLM.create_from_arg_string(
+        args, {"batch_size": "auto", "max_batch_size": 4, "device": None}
+    )
+    assert (model.alpha, model.seed, model.batch) == (-1.5, 7, 4)
+    want = along_random(SteeringSpec(probe=str(tmp_path / "probe")).check(), 2, seed=7)
+    assert model.spec.name() == "random-2" and torch.equal(model.spec.direction, want.direction)
+    texts = {"model": tiny_dir, "probe": str(tmp_path / "probe"), "alpha": "2", "max_length": "64"}
+    model = ValueprobeLM.create_from_arg_obj(texts, {"batch_size": "3"})
+    assert (model.alpha, model.max_length, model.batch, model.spec.name()) == (2.0, 64, 3, "axis")
+
+
+def test_lm_eval_arguments_are_refused_in_one_line_before_any_model_loads():
+    with pytest.raises(ValueprobeError, match="'alhpa' is not one .*: use spec, probe, alpha, .*, progress$"):
+        ValueprobeLM.create_from_arg_string("model=no/such-model,probe=p,alhpa=1")
+    with pytest.raises(ValueprobeError, match="alpha='strong': give a finite number"):
+        ValueprobeLM.create_from_arg_obj({"model": "no/such-model", "probe": "p", "alpha": "strong"})
+
+
 def test_python_m_runs_lm_evals_command_line_with_the_model_registered(tiny_dir, axis, tmp_path):
     axis.save(tmp_path / "probe")
     args = f"model={tiny_dir},probe={tmp_path / 'probe'},alpha=1.0"
-    run = subprocess.run(
-        [sys.executable, "-m", "valueprobe.evals.lm_eval", "--model", "valueprobe", "--model_args", args,
-         "--tasks", "valueprobe_corrigible_ab", "--include_path", str(lm_eval_folder()), "--limit", "2",
-         "--apply_chat_template"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "valueprobe.evals.lm_eval", "--model_args", args, "--model", "valueprobe"]
+    argv += ["--tasks", "valueprobe_corrigible_ab", "--include_path", str(lm_eval_folder())]
+    argv += ["--limit", "2", "--apply_chat_template"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "valueprobe_corrigible_ab" in run.stdout and "acc" in run.stdout
+    bad = subprocess.run(
+        [*argv[:4], f"{args},alhpa=2", *argv[5:]], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: lm-eval model argument 'alhpa'")
 
 
 def test_valueprobe_export_to_lm_eval_writes_the_file_and_refuses_in_one_line(
@@ -237,8 +265,8 @@ def test_valueprobe_export_to_lm_eval_writes_the_file_and_refuses_in_one_line(
     from test_cli_faults import one_line
 
     axis.save(tmp_path / "probe")
-    argv = ["export", "--to", "lm-eval", "--probe", str(tmp_path / "probe"), "--model", tiny_dir, "--unit", "sigma",
-            "--alpha", "2", "--layer", "1"]  # fmt: skip
+    argv = ["export", "--to", "lm-eval", "--probe", str(tmp_path / "probe"), "--model", tiny_dir]
+    argv += ["--unit", "sigma", "--alpha", "2", "--layer", "1"]
     code, out, err = run_cli([*argv, "--out", str(tmp_path / "steer.pt")], capsys)
     assert code == 0, err
     config = torch.load(tmp_path / "steer.pt", weights_only=True)

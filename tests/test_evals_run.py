@@ -11,6 +11,7 @@ from conftest import run_cli
 from test_cli_faults import one_line
 from test_steer import planted_axis  # tests/ is on sys.path under pytest
 
+from valueprobe.errors import ValueprobeError
 from valueprobe.evals import harness as harness_module
 from valueprobe.evals.harness import Scored
 from valueprobe.evals.parts import merge_evals
@@ -56,8 +57,15 @@ def test_settings_run_alpha_zero_once_then_the_axis_then_each_random_direction()
 def test_shards_merge_into_the_one_process_run(lm, spec, tmp_path):
     whole = run_eval(lm, spec, SETTINGS, out=tmp_path / "whole", progress=False, harness=fake_harness([]))
     for i in range(3):
-        eval_part(lm, spec, SETTINGS, out=tmp_path / f"p{i}", shard=ShardSpec(i, 3), progress=False,
-                  harness=fake_harness([]))  # fmt: skip
+        eval_part(
+            lm,
+            spec,
+            SETTINGS,
+            out=tmp_path / f"p{i}",
+            shard=ShardSpec(i, 3),
+            progress=False,
+            harness=fake_harness([]),
+        )
     merged = merge_evals(tmp_path / "merged", [tmp_path / f"p{i}" for i in (2, 0, 1)])
     assert merged.points == whole.points
     assert json.loads((tmp_path / "merged" / "eval.json").read_text()) == json.loads(
@@ -102,6 +110,33 @@ def test_a_rerun_resumes_the_part_and_a_part_of_another_run_is_refused(lm, spec,
         )
 
 
+def _as_before_sigma_references(part: Path) -> None:
+    """Rewrite a part as one written before σ had a reference: spec format 1, α in σ of another σ."""
+    head = json.loads((part / "eval-part.json").read_text())
+    head["spec"] = {k: v for k, v in head["spec"].items() if k != "sigma_reference"} | {"format_version": 1}
+    head["points"] = [p | {"alpha_other": p["alpha_other"] * 3.0} for p in head["points"]]
+    (part / "eval-part.json").write_text(json.dumps(head))
+
+
+def test_a_part_from_before_sigma_was_recalibrated_resumes_in_norm_and_restates_its_sigma(lm, spec, tmp_path):
+    first = run_eval(lm, spec, SETTINGS, out=tmp_path / "r", progress=False, harness=fake_harness([]))
+    _as_before_sigma_references(tmp_path / "r")
+    calls: list = []
+    again = run_eval(lm, spec, SETTINGS, out=tmp_path / "r", progress=False, harness=fake_harness(calls))
+    assert calls == [] and again == first  # nothing scored again; every α in σ as the axis says now
+    assert json.loads((tmp_path / "r" / "eval-part.json").read_text())["spec"] == spec.to_dict()
+
+
+def test_a_part_in_sigma_of_another_reference_is_refused(lm, spec, tmp_path):
+    in_sigma = SteeringSpec(probe=spec.probe, layers=[1], unit="sigma").check()
+    eval_part(lm, in_sigma, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
+    _as_before_sigma_references(tmp_path / "p")
+    with pytest.raises(ValueprobeError, match="its α is in σ, measured over another reference"):
+        eval_part(lm, in_sigma, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
+    with pytest.raises(ValueprobeError, match="another steering spec"):
+        eval_part(lm, spec, SETTINGS, out=tmp_path / "p", progress=False, harness=fake_harness([]))
+
+
 def test_the_table_puts_the_axis_beside_its_random_null_in_both_units(lm, spec, tmp_path):
     result = run_eval(lm, spec, SETTINGS, out=tmp_path / "r", progress=False, harness=fake_harness([]))
     headers, rows = result.table()
@@ -123,17 +158,32 @@ def test_the_figure_draws_offline_in_chromium(lm, spec, tmp_path):
     assert check.ok, check.problems()
 
 
+def _eval_argv(tmp_path, harness="lm-eval", task="arithmetic", *more):
+    """``valueprobe eval`` along the shipped value axis, strengths -1, 0, 1, and ``more``."""
+    argv = ["eval", "--harness", harness, "--task", task, "--probe", "smollm2-135m-value", "--alphas=-1,0,1"]
+    return [*argv, *more, "--out", str(tmp_path / "e")]
+
+
 def test_a_task_that_needs_the_hub_is_one_line_naming_the_shipped_tasks(capsys, tmp_path):
-    code, _, err = run_cli(["eval", "--harness", "lm-eval", "--task", "gsm8k", "--probe", "smollm2-135m-value",
-                            "--alphas=-1,0,1", "--out", str(tmp_path / "e")], capsys)  # fmt: skip
+    code, _, err = run_cli(_eval_argv(tmp_path, "lm-eval", "gsm8k"), capsys)
     line = one_line(code, err)
     assert "unreachable" in line and "arithmetic" in line and "corrigible_ab" in line
 
 
 def test_an_unknown_harness_is_one_line(capsys, tmp_path):
-    code, _, err = run_cli(["eval", "--harness", "helm", "--task", "arithmetic", "--probe", "smollm2-135m-value",
-                            "--alphas=-1,0,1", "--out", str(tmp_path / "e")], capsys)  # fmt: skip
+    code, _, err = run_cli(_eval_argv(tmp_path, "helm"), capsys)
     assert "lm-eval, inspect" in one_line(code, err)
+
+
+@pytest.mark.parametrize(
+    "option, value, least",
+    [("--random-directions", "-1", 0), ("--limit", "0", 1), ("--batch-size", "0", 1)],
+)
+def test_the_evaluation_options_are_checked_in_one_line_before_any_model_loads(
+    capsys, tmp_path, option, value, least
+):
+    code, _, err = run_cli(_eval_argv(tmp_path, "lm-eval", "arithmetic", option, value), capsys)
+    assert one_line(code, err) == f"error: {option} {value}: give a whole number >= {least}"
 
 
 def test_a_probe_that_does_not_fit_the_model_is_refused_before_the_harness(
@@ -142,8 +192,7 @@ def test_a_probe_that_does_not_fit_the_model_is_refused_before_the_harness(
     monkeypatch.setitem(
         harness_module.HARNESSES, "lm-eval", lambda *a, **k: pytest.fail("the harness started")
     )
-    code, _, err = run_cli(["eval", "--harness", "lm-eval", "--task", "arithmetic", "--probe", "smollm2-135m-value",
-                            "--model", tiny_dir, "--alphas=-1,0,1", "--out", str(tmp_path / "e")], capsys)  # fmt: skip
+    code, _, err = run_cli(_eval_argv(tmp_path, "lm-eval", "arithmetic", "--model", tiny_dir), capsys)
     assert "d_model" in one_line(code, err)
 
 
@@ -152,8 +201,9 @@ def test_alphas_past_the_cap_are_one_line_unless_allowed(capsys, tmp_path, tiny_
     axis.save(tmp_path / "probe")
     calls: list = []
     monkeypatch.setitem(harness_module.HARNESSES, "lm-eval", fake_harness(calls))
-    argv = ["eval", "--harness", "lm-eval", "--task", "arithmetic", "--probe", str(tmp_path / "probe"), "--model",
-            tiny_dir, "--unit", "norm", "--alphas=-150,0,150", "--random-directions", "1", "--limit", "2"]  # fmt: skip
+    argv = ["eval", "--harness", "lm-eval", "--task", "arithmetic", "--probe", str(tmp_path / "probe")]
+    argv += ["--model", tiny_dir, "--unit", "norm", "--alphas=-150,0,150", "--random-directions", "1"]
+    argv += ["--limit", "2"]
     code, _, err = run_cli([*argv, "--out", str(tmp_path / "e")], capsys)
     assert "--allow-large" in one_line(code, err) and not calls
     code, out, err = run_cli([*argv, "--out", str(tmp_path / "e2"), "--allow-large"], capsys)
@@ -167,8 +217,10 @@ def test_each_harness_scores_the_shipped_tasks_on_the_tiny_model(lm, spec):
 
     pytest.importorskip("lm_eval")
     pytest.importorskip("inspect_ai")
-    arithmetic = {h: run(lm, spec, 3.0, task=shipped_task("arithmetic"), limit=3, batch_size=3)
-                  for h, run in HARNESSES.items()}  # fmt: skip
+    arithmetic = {
+        h: run(lm, spec, 3.0, task=shipped_task("arithmetic"), limit=3, batch_size=3)
+        for h, run in HARNESSES.items()
+    }
     assert arithmetic["lm-eval"] == arithmetic["inspect"]  # the same answers, by the same rule
     for h, run in HARNESSES.items():
         ab = run(lm, spec, 3.0, task=shipped_task("corrigible_ab"), limit=3, batch_size=3)
@@ -208,11 +260,20 @@ def test_both_harnesses_agree_with_valueprobes_own_accuracy_on_the_default_model
     spec = SteeringSpec(probe="smollm2-135m-value", unit="norm").check()
     n = 4
     tasks = read_tasks(dataset_path("task_arithmetic"))[:n]
-    gens = generate(default_lm, spec, [list(t.messages) for t in tasks], alphas=[0.0], batch_size=n, progress=False,
-                    decoding=Decoding(greedy=True, max_new_tokens=ARITHMETIC_NEW_TOKENS))  # fmt: skip
+    gens = generate(
+        default_lm,
+        spec,
+        [list(t.messages) for t in tasks],
+        alphas=[0.0],
+        batch_size=n,
+        progress=False,
+        decoding=Decoding(greedy=True, max_new_tokens=ARITHMETIC_NEW_TOKENS),
+    )
     own = sum(check(t, g.text).correct for t, g in zip(tasks, gens, strict=True)) / n
-    got = {h: run(default_lm, spec, 0.0, task=shipped_task("arithmetic"), limit=n, batch_size=n)
-           for h, run in HARNESSES.items()}  # fmt: skip
+    got = {
+        h: run(default_lm, spec, 0.0, task=shipped_task("arithmetic"), limit=n, batch_size=n)
+        for h, run in HARNESSES.items()
+    }
     assert got["lm-eval"].score == got["inspect"].score == own
     assert got["lm-eval"].n == got["inspect"].n == n
     for h, run in HARNESSES.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,7 +33,7 @@ from valueprobe.cli.app import (
     run_sharded,
     table,
 )
-from valueprobe.cli.groups import grouped
+from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import SpecOptions
 from valueprobe.cli.steer import parse_alphas
 from valueprobe.errors import ValueprobeError
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from valueprobe.evals.records import EvalResult, EvalSettings
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["eval_command", "print_merged_evals"]
+__all__ = ["EvalOptions", "eval_command", "print_merged_evals"]
 
 
 def _command(
@@ -64,9 +64,14 @@ def _command(
         words.append(
             f"--{'spec' if f.name == 'spec_file' else f.name.replace('_', '-')} {shlex.quote(str(text))}"
         )
-    words += [f"--alphas={','.join(f'{a:g}' for a in s.alphas)}", f"--random-directions {s.random_directions}",
-              *([f"--limit {s.limit}"] if s.limit is not None else []), f"--batch-size {s.batch_size}",
-              f"--seed {s.seed}", *(["--allow-large"] if allow_large else []), f"--out {shlex.quote(str(out))}"]  # fmt: skip
+    words.append(f"--alphas={','.join(f'{a:g}' for a in s.alphas)}")
+    words.append(f"--random-directions {s.random_directions}")
+    if s.limit is not None:
+        words.append(f"--limit {s.limit}")
+    words += [f"--batch-size {s.batch_size}", f"--seed {s.seed}"]
+    if allow_large:
+        words.append("--allow-large")
+    words.append(f"--out {shlex.quote(str(out))}")
     return " ".join(words)
 
 
@@ -87,6 +92,48 @@ def print_merged_evals(out: Path, parts: Sequence[Path]) -> None:
     _print(merge_evals(out, parts), out)
 
 
+@dataclass(frozen=True)
+class EvalOptions(OptionGroup):
+    """How much of the task a run scores and against what null: ``--random-directions``,
+    ``--seed`` (of those directions), ``--limit``, ``--batch-size`` (an option group,
+    `valueprobe.cli.groups`); with the harness, the task and the strengths they are the run's
+    `EvalSettings`."""
+
+    panel = "Evaluation"
+
+    random_directions: RandomDirectionsOpt = 8
+    seed: Annotated[int, typer.Option(help="seed of the random directions")] = 0
+    limit: Annotated[int | None, typer.Option(help="the first N items of the task (default: all)")] = None
+    batch_size: Annotated[
+        int, typer.Option(help="rows per batch (lm-eval) / samples in flight (Inspect)")
+    ] = 16
+
+    def settings(self, *, harness: str, task: str, alphas: str) -> EvalSettings:
+        """The run's settings, each option checked (one line naming the one that cannot run)."""
+        from valueprobe.evals.harness import (
+            check_harness,  # loads the library: when the command runs (cli/app.py)
+        )
+        from valueprobe.evals.records import EvalSettings
+
+        settings = EvalSettings(
+            harness=check_harness(harness),
+            task=shipped_task(task).name,
+            alphas=parse_alphas(alphas),
+            random_directions=self.random_directions,
+            limit=self.limit,
+            seed=self.seed,
+            batch_size=self.batch_size,
+        )
+        for option, value, least in (
+            ("--random-directions", self.random_directions, 0),
+            ("--limit", self.limit, 1),
+            ("--batch-size", self.batch_size, 1),
+        ):
+            if value is not None and value < least:
+                raise ValueprobeError(f"{option} {value}: give a whole number >= {least}")
+        return settings
+
+
 @app.command("eval")
 @grouped
 def eval_command(
@@ -95,12 +142,7 @@ def eval_command(
     alphas: Annotated[str, typer.Option(help="strengths in --unit, e.g. -30,0,30 (0: the unsteered model)")],
     out: Annotated[Path, typer.Option(help="folder for eval.json, eval.csv, eval.html")],
     model: ModelOpt = "smollm2-135m",
-    random_directions: RandomDirectionsOpt = 8,
-    limit: Annotated[int | None, typer.Option(help="the first N items of the task (default: all)")] = None,
-    batch_size: Annotated[
-        int, typer.Option(help="rows per batch (lm-eval) / samples in flight (Inspect)")
-    ] = 16,
-    seed: Annotated[int, typer.Option(help="seed of the random directions")] = 0,
+    run: EvalOptions = EvalOptions(),
     allow_large: Annotated[bool, typer.Option(help="allow |α| past the server's cap")] = False,
     shard: ShardOpt = None,
     force: ForceOpt = False,
@@ -108,28 +150,12 @@ def eval_command(
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Run a shipped harness task under steering across α, with random directions as the null."""
-    from valueprobe.evals.harness import (
-        check_harness,  # loads the library: when the command runs (cli/app.py)
-    )
-    from valueprobe.evals.parts import PART, merge_evals
-    from valueprobe.evals.records import EvalSettings
+    from valueprobe.evals.parts import PART, merge_evals  # loads the library: when the command runs
     from valueprobe.evals.run import eval_part, run_eval
     from valueprobe.evals.steering import check_alphas, check_fit
     from valueprobe.model.load import check_model_folder
 
-    settings = EvalSettings(
-        harness=check_harness(harness), task=shipped_task(task).name, alphas=parse_alphas(alphas),
-        random_directions=random_directions, limit=limit, seed=seed, batch_size=batch_size,
-    )  # fmt: skip
-    for option, value in (
-        ("--random-directions", random_directions),
-        ("--limit", limit),
-        ("--batch-size", batch_size),
-    ):
-        if value is not None and value < (0 if option == "--random-directions" else 1):
-            raise ValueprobeError(
-                f"{option} {value}: give a whole number >= {0 if option == '--random-directions' else 1}"
-            )
+    settings = run.settings(harness=harness, task=task, alphas=alphas)
     spec = steering.to_spec().check()
     how = loading.check()
     check_output_dir(out, holds="eval")
@@ -151,7 +177,16 @@ def eval_command(
         return
     result = run_eval(ready(), spec, settings, out=out)
     command = _command(settings, steering, model=model, out=out, allow_large=allow_large)
-    md = [f"# {settings.task} through {settings.harness}: {result.metric} against α", "",
-          *markdown_table(*result.table(), cell=_cell), "", "Made by:", "", "```", command, "```"]  # fmt: skip
+    md = [
+        f"# {settings.task} through {settings.harness}: {result.metric} against α",
+        "",
+        *markdown_table(*result.table(), cell=_cell),
+        "",
+        "Made by:",
+        "",
+        "```",
+        command,
+        "```",
+    ]
     atomic_write_text(out / "summary.md", "\n".join(md) + "\n")
     _print(result, out)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.evals.steering import EvalSteering
 from valueprobe.evals.tasks import ShippedTask, lm_eval_folder
 from valueprobe.model.load import LoadedModel
 from valueprobe.steering.hook.spec import SteeringSpec
@@ -40,9 +41,15 @@ class Scored:
 
 class Harness(Protocol):
     def __call__(
-        self, lm: LoadedModel, spec: SteeringSpec, alpha: float, *, task: ShippedTask, limit: int | None,
+        self,
+        lm: LoadedModel,
+        spec: SteeringSpec,
+        alpha: float,
+        *,
+        task: ShippedTask,
+        limit: int | None,
         batch_size: int,
-    ) -> Scored: ...  # fmt: skip
+    ) -> Scored: ...
 
 
 def offline() -> None:
@@ -63,17 +70,22 @@ def _lm_eval(
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from valueprobe.evals.lm_eval import ValueprobeLM
+    from valueprobe.evals.lm_eval import LMEvalOptions, ValueprobeLM
 
     offline()
-    model = ValueprobeLM(
-        lm=lm, spec=spec, alpha=alpha, batch_size=batch_size, allow_large=True, progress=False
-    )
+    # the strengths were checked against the cap (or allowed past it) before the run began
+    steering = EvalSteering(spec=spec, alpha=alpha, allow_large=True)
+    model = ValueprobeLM(steering, LMEvalOptions(batch_size=batch_size, progress=False), lm=lm)
     manager = TaskManager(include_path=str(lm_eval_folder()), include_defaults=False)
     out = lm_eval.simple_evaluate(
-        model=model, tasks=[task.lm_eval], task_manager=manager, limit=limit, apply_chat_template=True,
-        log_samples=False, verbosity="ERROR",
-    )  # fmt: skip
+        model=model,
+        tasks=[task.lm_eval],
+        task_manager=manager,
+        limit=limit,
+        apply_chat_template=True,
+        log_samples=False,
+        verbosity="ERROR",
+    )
     if out is None:
         raise ValueprobeError(f"lm-eval returned no results for {task.lm_eval}")
     got = out["results"][task.lm_eval]
@@ -99,14 +111,25 @@ def _inspect(
 
     offline()
     model = get_model(
-        f"valueprobe/{lm.model_id}", lm=lm, spec=spec, alpha=alpha, allow_large=True, max_batch=batch_size,
+        f"valueprobe/{lm.model_id}",
+        lm=lm,
+        spec=spec,
+        alpha=alpha,
+        allow_large=True,
+        max_batch=batch_size,
         memoize=False,
-    )  # fmt: skip
+    )
     with model, tempfile.TemporaryDirectory(prefix="valueprobe-inspect-") as logs:
         (log,) = inspect_eval(
-            getattr(inspect_tasks, task.name)(), model=model, limit=limit, log_dir=logs, display="none", max_connections=batch_size,
-            log_samples=False, score_display=False,
-        )  # fmt: skip
+            getattr(inspect_tasks, task.name)(),
+            model=model,
+            limit=limit,
+            log_dir=logs,
+            display="none",
+            max_connections=batch_size,
+            log_samples=False,
+            score_display=False,
+        )
     if log.status != "success" or log.results is None or not log.results.scores:
         raise ValueprobeError(
             f"Inspect did not finish {task.inspect}: {log.error.message if log.error else log.status}"

@@ -5,12 +5,16 @@
 
 Inspect finds the provider through the ``inspect_ai`` entry point valueprobe installs
 (``pyproject.toml``: ``valueprobe = "valueprobe.evals.inspect_registry"``), so a task needs no
-import of valueprobe. Model arguments (``-M k=v``): ``spec`` (a steering spec JSON file) or
-``probe`` (a shipped axis's name or folder), ``alpha`` (in the spec's unit, default 0),
-``random`` (steer along random direction K instead, the axis's sizes: the null), ``seed`` (of
-the random directions), ``device``, ``value_at`` (``after`` the addition, the default, or
-``before``), ``allow_large``, ``force``, ``max_batch``. The model is ``<model>`` in
-``valueprobe/<model>``: a name (``smollm2-135m``) or a folder.
+import of valueprobe. Model arguments (``-M k=v``): the steering
+(`valueprobe.evals.steering.EvalSteering`, as the lm-eval model takes it): ``spec`` (a steering
+spec JSON file) or ``probe`` (a shipped axis's name or folder), ``alpha`` (in the spec's unit,
+default 0), ``random`` (steer along random direction K instead, the axis's sizes: the null),
+``seed`` (of the random directions), ``allow_large``, ``force``; and the provider's own
+(`InspectOptions`): ``device``, ``value_at`` (``after`` the addition, the default, or
+``before``), ``max_batch``. Inspect reads each ``-M`` value as YAML; both records are read from
+them once, each value converted to its field's type, and a key of neither is refused in one line
+that names every key. The model is ``<model>`` in ``valueprobe/<model>``: a name
+(``smollm2-135m``) or a folder.
 
 Requests run on `valueprobe serve`'s hf engine (`valueprobe.serve.hf_engine.HFEngine`): the
 samples Inspect sends at once are gathered into batches, one α per row, through
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from inspect_ai.model import (
     ChatCompletionChoice,
@@ -45,21 +50,38 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 
 from valueprobe.errors import ValueprobeError
-from valueprobe.evals.steering import along_random, check_alphas, check_fit, eval_spec
+from valueprobe.evals.steering import EvalSteering, ModelArgs
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.serve.hf_engine import HFEngine
 from valueprobe.serve.protocol import Chunk, SteerRequest
 from valueprobe.serve.streams import until_stop
-from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.steering.decode.rows import ValueAt
 
-__all__ = ["ValueprobeAPI"]
+__all__ = ["InspectOptions", "ValueprobeAPI"]
 
 DEFAULT_MAX_TOKENS = 1024
 _ids = itertools.count()
 
 
+@dataclass(frozen=True)
+class InspectOptions(ModelArgs):
+    """The provider's own ``-M`` arguments beside the steering (`EvalSteering`): ``device``,
+    ``value_at`` (read each token's value ``after`` the addition, or ``before``), ``max_batch``
+    (samples in one batch of the engine)."""
+
+    device: str = "cpu"
+    value_at: ValueAt = "after"
+    max_batch: int = 32
+
+
 class ValueprobeAPI(ModelAPI):
-    """Inspect's `ModelAPI` for one steered valueprobe model (see the module doc for the arguments)."""
+    """Inspect's `ModelAPI` for one steered valueprobe model (see the module doc for the arguments).
+
+    Inspect builds it as ``ValueprobeAPI(model_name=..., base_url=..., api_key=..., config=...,
+    **model_args)`` (``get_model``), ``model_args`` being the ``-M`` arguments: read here once
+    into `EvalSteering` and `InspectOptions`. In process, ``lm`` is a model already loaded and
+    ``spec`` may be the spec itself: ``get_model("valueprobe/m", lm=lm, spec=spec, alpha=15.0)``.
+    """
 
     def __init__(
         self,
@@ -67,32 +89,19 @@ class ValueprobeAPI(ModelAPI):
         base_url: str | None = None,
         api_key: str | None = None,
         config: GenerateConfig = GenerateConfig(),  # noqa: B008 - Inspect's signature
-        spec: SteeringSpec | str | None = None,
-        probe: str | None = None,
-        alpha: float = 0.0,
-        random: int | None = None,
-        seed: int = 0,
-        device: str = "cpu",
-        value_at: str = "after",
-        allow_large: bool = False,
-        force: bool = False,
-        max_batch: int = 32,
         lm: LoadedModel | None = None,
+        **model_args: Any,
     ) -> None:
         super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config)
-        chosen = eval_spec(spec, probe=probe)
-        chosen = chosen if random is None else along_random(chosen, int(random), seed=int(seed))
-        self.lm = lm if lm is not None else load(model_name, device=device)
-        check_fit(self.lm, chosen, force=bool(force))
-        self.alpha = float(alpha)
-        check_alphas(chosen, [self.alpha], n_layers=self.lm.n_layers, allow_large=bool(allow_large))
-        if value_at not in ("after", "before"):
-            raise ValueprobeError(f"value_at {value_at!r}: use after or before")
-        self.value_at = value_at
+        steering, options = EvalSteering.parse(model_args, beside=InspectOptions, harness="Inspect")
+        self.lm = lm if lm is not None else load(model_name, device=options.device)
+        spec = steering.resolve(self.lm)
+        self.alpha = steering.alpha
+        self.value_at = options.value_at
         # the engine reads each request's value at the spec's read layer: resolved once, here
-        self.spec = replace(chosen, read_layer=chosen.read_at(self.lm.n_layers))
+        self.spec = replace(spec, read_layer=spec.read_at(self.lm.n_layers))
         # a wide window: the samples Inspect sends together (up to max_connections) make one batch
-        self.engine = HFEngine(self.lm, model=model_name, window_s=0.25, max_batch=int(max_batch))
+        self.engine = HFEngine(self.lm, model=model_name, window_s=0.25, max_batch=options.max_batch)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def close(self) -> None:
@@ -140,7 +149,7 @@ class ValueprobeAPI(ModelAPI):
             spec=self.spec,
             alpha=self.alpha,
             steered=True,
-            value_at="before" if self.value_at == "before" else "after",
+            value_at=self.value_at,
             logprobs=int(config.top_logprobs or 0) if config.logprobs else None,
             stop=tuple(config.stop_seqs or ()),
         )
@@ -153,20 +162,27 @@ class ValueprobeAPI(ModelAPI):
         if request.logprobs is not None:
             logprobs = Logprobs(
                 content=[
-                    Logprob(token=c.token, logprob=float(c.logprob or 0.0),
-                            top_logprobs=[TopLogprob(token=t, logprob=lp) for t, lp in c.top])
+                    Logprob(
+                        token=c.token,
+                        logprob=float(c.logprob or 0.0),
+                        top_logprobs=[TopLogprob(token=t, logprob=lp) for t, lp in c.top],
+                    )
                     for c in chunks
                 ]
-            )  # fmt: skip
+            )
         prompt = last.prompt_tokens if last is not None and last.prompt_tokens is not None else 0
         tokenizer = self.lm.tokenizer
         metadata = {
             "values": [c.value for c in chunks],
             "tokens": [tokenizer.decode([c.token_id]) for c in chunks],
             "value_read": request.value_read(),
-            "steering": {"alpha": request.alpha, "unit": self.spec.unit.value, "direction": self.spec.name(),
-                         "op": self.spec.op.describe()},
-        }  # fmt: skip
+            "steering": {
+                "alpha": request.alpha,
+                "unit": self.spec.unit.value,
+                "direction": self.spec.name(),
+                "op": self.spec.op.describe(),
+            },
+        }
         choice = ChatCompletionChoice(
             message=ChatMessageAssistant(content=text, model=self.model_name, source="generate"),
             stop_reason=stop,

@@ -16,8 +16,13 @@ Model arguments (``--model_args k=v,...``): ``model`` (a name or folder, default
 several layers or axes) or ``probe`` (a shipped axis's name or folder, every default), ``alpha``
 (the strength in the spec's unit, default 0), ``random`` (steer along random direction K instead,
 with the axis's sizes: the null, `valueprobe.evals.steering.along_random`), ``seed`` (of the
-random directions and of sampling), ``batch_size``, ``device``, ``max_length``, ``allow_large``
-(α past the server's cap), ``force`` (a probe of another architecture), ``progress``.
+random directions and of sampling), ``allow_large`` (α past the server's cap), ``force`` (a
+probe of another architecture): the steering, `valueprobe.evals.steering.EvalSteering`; and the
+model's own, `LMEvalOptions`: ``batch_size``, ``max_batch_size``, ``device``, ``max_length``,
+``progress``. lm-eval's ``create_from_arg_string`` / ``create_from_arg_obj`` hand them over as it
+guessed their types (with its own ``--batch_size``, ``--max_batch_size`` and ``--device``); both
+records are read from them once, each value converted to its field's type, and a key of neither
+is refused in one line that names every key.
 
 Requests: ``loglikelihood`` and ``loglikelihood_rolling`` are scored by
 `valueprobe.evals.likelihood.continuation_logprobs` (the context is the prompt, the continuation
@@ -32,6 +37,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,61 +45,81 @@ from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm.auto import tqdm
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.evals.likelihood import Scored, continuation_logprobs, model_max_length
-from valueprobe.evals.steering import along_random, check_alphas, check_fit, eval_spec
+from valueprobe.evals.steering import EvalSteering, ModelArgs
 from valueprobe.model.load import LoadedModel, load
 from valueprobe.steering.decode.rows import RowSpec, RowStep, generate_rows
 from valueprobe.steering.decode.sampling import row_seed
-from valueprobe.steering.hook.spec import SteeringSpec
 
-__all__ = ["ValueprobeLM", "main"]
+__all__ = ["LMEvalOptions", "ValueprobeLM", "main"]
 
 # generate_until's gen_kwargs this model honours (others are refused in one line, not ignored)
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
 MAX_GEN_TOKS = 256  # lm-eval's HFLM default
 
 
+@dataclass(frozen=True)
+class LMEvalOptions(ModelArgs):
+    """The lm-eval model's own arguments beside the steering (`EvalSteering`): ``model`` (a name or
+    folder), ``device``, ``batch_size`` (a number, or ``auto``: 16, under ``max_batch_size``),
+    ``max_length`` (tokens of context; default the model's), ``progress`` (the bars)."""
+
+    model: str = "smollm2-135m"
+    device: str | None = None
+    batch_size: int | str = 16
+    max_batch_size: int | None = None
+    max_length: int | None = None
+    progress: bool = True
+
+
 @register_model("valueprobe")
 class ValueprobeLM(TemplateLM):
     """lm-eval's view of one steered model: a spec and one α (see the module doc for the arguments).
 
-    In-process, ``lm`` and ``spec`` may be objects (`valueprobe eval` loads the model once and
-    builds one of these per strength and direction).
+    lm-eval builds it from its ``--model_args`` (`create_from_arg_string`, `create_from_arg_obj`);
+    in process, give the records, and ``lm`` for a model already loaded (`valueprobe eval` loads
+    it once and builds one of these per strength and direction):
+
+    >>> ValueprobeLM(EvalSteering(spec=spec, alpha=15.0), LMEvalOptions(batch_size=8), lm=lm)
     """
 
     def __init__(
         self,
-        model: str = "smollm2-135m",
-        spec: SteeringSpec | str | None = None,
-        probe: str | None = None,
-        alpha: float = 0.0,
-        random: int | None = None,
-        seed: int = 0,
-        batch_size: int | str = 16,
-        max_batch_size: int | None = None,
-        device: str | None = None,
-        max_length: int | None = None,
-        allow_large: bool = False,
-        force: bool = False,
-        progress: bool = True,
+        steering: EvalSteering,
+        options: LMEvalOptions = LMEvalOptions(),
+        *,
         lm: LoadedModel | None = None,
     ) -> None:
         super().__init__()
-        chosen = eval_spec(spec, probe=probe)
-        self.spec = chosen if random is None else along_random(chosen, int(random), seed=int(seed))
-        self.lm = lm if lm is not None else load(model, device=_device(device))
-        check_fit(self.lm, self.spec, force=bool(force))
-        self.alpha = float(alpha)
-        check_alphas(self.spec, [self.alpha], n_layers=self.lm.n_layers, allow_large=bool(allow_large))
-        self.seed = int(seed)
+        self.lm = lm if lm is not None else load(options.model, device=_device(options.device))
+        self.spec = steering.resolve(self.lm)
+        self.alpha = steering.alpha
+        self.seed = steering.seed
         self.tokenizer = self.lm.tokenizer
-        self.batch = _batch_size(batch_size, max_batch_size)
-        self.max_length = int(max_length) if max_length is not None else model_max_length(self.lm)
-        self.progress = bool(progress)
+        self.batch = _batch_size(options.batch_size, options.max_batch_size)
+        self.max_length = options.max_length if options.max_length is not None else model_max_length(self.lm)
+        self.progress = options.progress
+
+    @classmethod
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> ValueprobeLM:
+        """How lm-eval builds the model from ``--model_args`` (as a dict) and its own ``--batch_size``,
+        ``--max_batch_size`` and ``--device`` (``additional_config``, where set): each key read once."""
+        given = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
+        steering, options = EvalSteering.parse(given, beside=LMEvalOptions, harness="lm-eval")
+        return cls(steering, options)
+
+    @classmethod
+    def create_from_arg_string(
+        cls, arg_string: str, additional_config: dict[str, Any] | None = None
+    ) -> ValueprobeLM:
+        """``--model_args`` as one ``k=v,...`` string, read by lm-eval's own parser."""
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     # ---- tokens, as lm-eval's HFLM makes them -------------------------------------------------------
 
@@ -142,9 +168,13 @@ class ValueprobeLM(TemplateLM):
         ):
             part = rows[start : start + self.batch]
             out += continuation_logprobs(
-                self.lm, self.spec, part, [self.alpha] * len(part), batch_size=self.batch,
+                self.lm,
+                self.spec,
+                part,
+                [self.alpha] * len(part),
+                batch_size=self.batch,
                 max_length=self.max_length,
-            )  # fmt: skip
+            )
         for (key, _, _), result in zip(requests, out, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, result)
@@ -222,9 +252,12 @@ class ValueprobeLM(TemplateLM):
             temperature = 0.0  # lm-eval's rule: no sampling unless asked, whatever the temperature
         ids = self.tok_encode(context)[-max(1, self.max_length - new) :]
         row = RowSpec(
-            tuple(ids), max_new_tokens=new, temperature=temperature, top_p=float(gen_kwargs.get("top_p", 1.0)),
+            tuple(ids),
+            max_new_tokens=new,
+            temperature=temperature,
+            top_p=float(gen_kwargs.get("top_p", 1.0)),
             seed=row_seed(self.seed, index, 0),
-        )  # fmt: skip
+        )
         return row, until
 
 

@@ -130,8 +130,13 @@ def steer_config(lm: LoadedModel, spec: Specified, *, alpha: float) -> SteerConf
 
 
 def _entry(action: str, vector: torch.Tensor, coefficient: float) -> dict[str, Any]:
-    return {"action": action, "steering_vector": vector.contiguous(), "steering_coefficient": float(coefficient),
-            "bias": None, "head_index": None}  # fmt: skip
+    return {
+        "action": action,
+        "steering_vector": vector.contiguous(),
+        "steering_coefficient": float(coefficient),
+        "bias": None,
+        "head_index": None,
+    }
 
 
 def check_steer_path(path: str | Path) -> Path:

@@ -75,8 +75,14 @@ def read_part(path: Path) -> tuple[EvalPart, ShardSpec]:
 def _read(path: Path) -> Part[EvalPart]:
     body, shard = read_part(path)
     settings = body.settings.to_dict()
-    return Part(path, shard, body, model=body.fingerprint, settings=settings,
-                other=(("steering spec", body.spec), ("unit", body.unit)))  # fmt: skip
+    return Part(
+        path,
+        shard,
+        body,
+        model=body.fingerprint,
+        settings=settings,
+        other=(("steering spec", body.spec), ("unit", body.unit)),
+    )
 
 
 def _check_out(out: Path) -> None:

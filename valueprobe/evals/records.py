@@ -79,8 +79,15 @@ class EvalResult(Record):
     def table(self) -> tuple[list[str], list[list[object]]]:
         """Per α: the axis's score with its 95% CI, the random directions' central 95% and whether
         the axis lies outside it."""
-        headers = [f"α ({self.unit})", f"α ({self.other_unit})", self.metric, "95% CI", "random 95% range",
-                   "random n", "axis outside"]  # fmt: skip
+        headers = [
+            f"α ({self.unit})",
+            f"α ({self.other_unit})",
+            self.metric,
+            "95% CI",
+            "random 95% range",
+            "random n",
+            "axis outside",
+        ]
         rows: list[list[object]] = []
         for a in sorted({p.alpha for p in self.points}):
             p = self.at(AXIS, a)
@@ -89,9 +96,9 @@ class EvalResult(Record):
             null = [q.score for q in self.points if q.alpha == a and q.direction.startswith(RANDOM_PREFIX)]
             lo, hi = null_range(null) if null else (math.nan, math.nan)
             outside = "-" if a == 0 or not null else ("yes" if p.score < lo or p.score > hi else "no")
-            rows.append([f"{a:g}", f"{p.alpha_other:.4g}", p.score,
-                         f"[{p.score - 1.96 * p.stderr:.3f}, {p.score + 1.96 * p.stderr:.3f}]",
-                         "-" if not null else f"[{lo:.3f}, {hi:.3f}]", len(null), outside])  # fmt: skip
+            ci = f"[{p.score - 1.96 * p.stderr:.3f}, {p.score + 1.96 * p.stderr:.3f}]"
+            spread = "-" if not null else f"[{lo:.3f}, {hi:.3f}]"
+            rows.append([f"{a:g}", f"{p.alpha_other:.4g}", p.score, ci, spread, len(null), outside])
         return headers, rows
 
     def csv(self) -> str:

@@ -73,16 +73,20 @@ class ShippedTask:
 
 SHIPPED: dict[str, ShippedTask] = {
     "arithmetic": ShippedTask(
-        name="arithmetic", lm_eval="valueprobe_arithmetic", inspect="valueprobe/arithmetic",
+        name="arithmetic",
+        lm_eval="valueprobe_arithmetic",
+        inspect="valueprobe/arithmetic",
         metric={"lm-eval": "exact_match", "inspect": "accuracy"},
         about="exact integer answers to data/task_arithmetic.jsonl (greedy)",
     ),
     "corrigible_ab": ShippedTask(
-        name="corrigible_ab", lm_eval="valueprobe_corrigible_ab", inspect="valueprobe/corrigible_ab",
+        name="corrigible_ab",
+        lm_eval="valueprobe_corrigible_ab",
+        inspect="valueprobe/corrigible_ab",
         metric={"lm-eval": "acc", "inspect": "accuracy"},
         about="CAA corrigible-neutral-HHH A/B: share answered with the corrigible letter",
     ),
-}  # fmt: skip
+}
 
 
 def shipped_task(name: str) -> ShippedTask:
@@ -131,10 +135,14 @@ def corrigible_rows() -> list[dict[str, Any]]:
     """Every corrigible-neutral-HHH item as ``{id, question, matching, label}`` (label 0 for A, 1 for B)."""
     items = read_caa(DATA_DIR / "caa", CAA_BEHAVIOUR)
     return [
-        {"id": f"{CAA_BEHAVIOUR}-{it.index:04d}", "question": it.question, "matching": it.matching,
-         "label": "AB".index(it.matching)}
+        {
+            "id": f"{CAA_BEHAVIOUR}-{it.index:04d}",
+            "question": it.question,
+            "matching": it.matching,
+            "label": "AB".index(it.matching),
+        }
         for it in items
-    ]  # fmt: skip
+    ]
 
 
 def _dataset(rows: Callable[[], list[dict[str, Any]]]) -> datasets.DatasetDict:
@@ -156,8 +164,13 @@ def corrigible_docs(**metadata: object) -> datasets.DatasetDict:
 def arithmetic_verdict(row: Mapping[str, Any], response: str) -> tuple[bool, str | None]:
     """Whether ``response`` answers an arithmetic row, by `valueprobe.datasets.answers.check`;
     and the integer read from it."""
-    task = Task(str(row["id"]), str(row["group"]), "arithmetic", ({"role": "user", "content": row["prompt"]},),
-                answer=int(row["answer"]))  # fmt: skip
+    task = Task(
+        id=str(row["id"]),
+        group=str(row["group"]),
+        kind="arithmetic",
+        messages=({"role": "user", "content": row["prompt"]},),
+        answer=int(row["answer"]),
+    )
     verdict = check(task, response)
     return verdict.correct, verdict.extracted
 

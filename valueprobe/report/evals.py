@@ -56,21 +56,40 @@ def eval_figure(points: Sequence[ScorePoint], *, metric: str, unit: str, title: 
             a: [p.score for p in points if p.alpha == a and (a == 0 or p.direction != AXIS)] for a in alphas
         }
         ranges = [null_range(by_alpha[a]) for a in alphas]
-        band(fig, alphas, [lo for lo, _ in ranges], [hi for _, hi in ranges], "#999999",
-             f"{len(randoms)} random directions (95%)", legend=True)  # fmt: skip
+        band(
+            fig,
+            x=alphas,
+            lo=[lo for lo, _ in ranges],
+            hi=[hi for _, hi in ranges],
+            color="#999999",
+            name=f"{len(randoms)} random directions (95%)",
+            legend=True,
+        )
         for k, name in enumerate(randoms):
             c = curve(name)
-            fig.add_trace(go.Scatter(x=[p.alpha for p in c], y=[p.score for p in c], mode="lines+markers",
-                                     line={"color": "#999999", "width": 1}, marker={"size": 4}, opacity=0.6,
-                                     name="random directions", legendgroup="random", showlegend=k == 0))  # fmt: skip
+            line = go.Scatter(
+                x=[p.alpha for p in c],
+                y=[p.score for p in c],
+                mode="lines+markers",
+                line={"color": "#999999", "width": 1},
+                marker={"size": 4},
+                opacity=0.6,
+                name="random directions",
+                legendgroup="random",
+                showlegend=k == 0,
+            )
+            fig.add_trace(line)
     axis = curve(AXIS)
     fig.add_trace(
         go.Scatter(
-            x=[p.alpha for p in axis], y=[p.score for p in axis], mode="lines+markers",
+            x=[p.alpha for p in axis],
+            y=[p.score for p in axis],
+            mode="lines+markers",
             error_y={"type": "data", "array": [1.96 * p.stderr for p in axis], "visible": True},
-            line={"color": PALETTE[0], "width": 3}, name="axis (±1.96 s.e.)",
+            line={"color": PALETTE[0], "width": 3},
+            name="axis (±1.96 s.e.)",
         )
-    )  # fmt: skip
+    )
     fig.update_xaxes(title_text=f"α ({unit})")
     fig.update_yaxes(title_text=metric)
     fig.update_layout(title=title, height=420, **LAYOUT)
