@@ -18,7 +18,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
 from valueprobe.hooks.route import ROUTES, Point, position_ids_from_mask, record
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.generation import Tracing, encode_prompts, generate
 from valueprobe.steering.decode.pid import PID, control
 from valueprobe.steering.decode.sampling import Decoding, RowSampler, row_seed
 from valueprobe.steering.hook.handle import steer
@@ -412,10 +412,8 @@ def test_trace_reads_before_the_addition(tiny_lm_factory, arch):
         PROMPTS[:1],
         decoding=Decoding(greedy=True, max_new_tokens=4),
         alphas=[2.0],
-        trace=True,
-        read_layers=[2],
+        trace=Tracing(value_at="before", read_layers=(2,)),
         progress=False,
-        value_at="before",
     )
     tr = g.trace
     assert tr.at == "before" and tr.read == "resid_post[1], before the addition"
@@ -477,9 +475,13 @@ def test_trace_and_values_read_after_the_addition_by_default(tiny_lm_factory, ar
         lm, axis, PROMPTS[:1], decoding=Decoding(greedy=True, max_new_tokens=5), trace=True, progress=False
     )
     (b0,) = generate(
-        lm, axis, PROMPTS[:1], decoding=Decoding(greedy=True, max_new_tokens=5), trace=True, progress=False,
-        value_at="before",
-    )  # fmt: skip
+        lm,
+        axis,
+        PROMPTS[:1],
+        decoding=Decoding(greedy=True, max_new_tokens=5),
+        trace=Tracing(value_at="before"),
+        progress=False,
+    )
     assert g0.trace.values["resid_post[1]"][:-1] == b0.trace.values["resid_post[1]"][:-1]
 
 

@@ -40,7 +40,7 @@ from valueprobe.vocab import HookSite, RouteName
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["Generation", "Trace", "encode_prompts", "generate"]
+__all__ = ["Generation", "Trace", "Tracing", "encode_prompts", "generate"]
 
 
 @dataclass(frozen=True)
@@ -114,15 +114,32 @@ class _Row:
 
 
 @dataclass(frozen=True)
+class Tracing:
+    """What a traced `generate` reads (``trace=True`` is ``trace=Tracing()``).
+
+    ``value_at``: the read point at the spec's read layer (default the steered one), ``after`` the
+    addition (as ``valueprobe serve`` reads it) or ``before`` it (what the model carried on its own);
+    ``read_layers``: also trace the σ-score at these layers (resid_post, after any steering upstream).
+
+    >>> generate(lm, axis, ["Is 7 prime?"], alphas=[2.0], trace=Tracing(value_at="before", read_layers=(10,)))
+    """
+
+    value_at: ValueAt = "after"
+    read_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.value_at not in VALUE_AT:
+            raise ValueprobeError(f"value_at {self.value_at!r}: use one of {', '.join(VALUE_AT)}")
+
+
+@dataclass(frozen=True)
 class _Run:
-    """What every chunk of one `generate` call shares."""
+    """What every chunk of one `generate` call shares (``tracing`` None: no trace)."""
 
     config: GenerationConfig
     decoding: Decoding
     spec: SteeringSpec
-    read_layers: Sequence[int]
-    trace: bool
-    value_at: ValueAt = "after"
+    tracing: Tracing | None
 
 
 def _check_sizes(
@@ -176,14 +193,12 @@ def generate(
     *,
     alphas: Sequence[float] = (0.0,),
     decoding: Decoding = Decoding(),
-    trace: bool = False,
-    read_layers: Sequence[int] = (),
+    trace: bool | Tracing = False,
     batch_size: int = 32,
     route: RouteName | str = RouteName.hooks,
     source: Callable[[int], AlphaSource] | None = None,
     progress: bool = True,
     chat: bool = True,
-    value_at: ValueAt = "after",
 ) -> list[Generation]:
     """Generate every (prompt, sample, α) row, batched; rows come back in that nested order.
 
@@ -199,16 +214,14 @@ def generate(
         decoding: samples, seed, lengths, greedy or temperature and top-p
             (`valueprobe.steering.decode.sampling.Decoding`); row seeds are ``row_seed(seed, prompt, sample)``.
         trace: read the value as the rows are generated: each `Generation` then carries
-            ``values`` (every generated token's value at the read point) and a per-token `Trace`.
-        read_layers: also trace the σ-score at these layers (resid_post, after any steering upstream).
+            ``values`` (every generated token's value at the read point) and a per-token `Trace`;
+            a `Tracing` says where (the read point before or after the addition, more layers).
         batch_size: rows per ``generate`` call (memory grows with it, time falls).
         route: the route that generates (`valueprobe.hooks.route.Route.generate`): ``hooks``, or
             ``nnsight`` (open loop only, no trace: the NDIF route).
         source: closed-loop α (`valueprobe.steering.decode.pid`); given the chunk's row count,
             returns the hook's α source. Hooks route only.
         chat: render string prompts with the chat template (the default, as ``valueprobe trace``).
-        value_at: the read point (the spec's read layer, default the steered one): ``after`` the
-            addition (the default, as ``valueprobe serve`` reads it) or ``before`` it.
 
     Each `Generation` records the spec's unit, operator and ``direction_name`` (default ``axis``).
 
@@ -219,14 +232,11 @@ def generate(
     _check_sizes(prompts, alphas, decoding, batch_size)
     impl = route_for(route)
     spec.points(lm)  # every check of the spec against the model, before any work
-    if value_at not in VALUE_AT:
-        raise ValueprobeError(f"value_at {value_at!r}: use one of {', '.join(VALUE_AT)}")
+    tracing = Tracing() if trace is True else (trace or None)
     encoded = encode_prompts(lm, prompts, chat=chat)
     rows = _rows(len(prompts), decoding.samples, alphas, seed=decoding.seed, greedy=decoding.greedy)
     config = _config(lm, max_new_tokens=decoding.max_new_tokens, min_new_tokens=decoding.min_new_tokens)
-    run = _Run(
-        config=config, decoding=decoding, spec=spec, read_layers=read_layers, trace=trace, value_at=value_at
-    )
+    run = _Run(config=config, decoding=decoding, spec=spec, tracing=tracing)
     out: list[Generation] = []
     with tqdm(total=len(rows), desc="generate", unit="row", disable=not progress) as bar:
         for chunk in _chunks(rows, batch_size):
@@ -279,13 +289,15 @@ def _run_chunk(
         run.spec,
         torch.tensor([r.alpha for r in chunk]),
         prompt_length=ids.shape[1],
-        trace=run.trace,
+        trace=run.tracing is not None,
         source=source,
-        read_layers=run.read_layers,
+        read_layers=() if run.tracing is None else run.tracing.read_layers,
     )
     steered = steering.points[0].layer
     reading = (
-        read_value(lm, steering, layer=run.spec.read_at(lm.n_layers), at=run.value_at) if run.trace else None
+        None
+        if run.tracing is None
+        else read_value(lm, steering, layer=run.spec.read_at(lm.n_layers), at=run.tracing.value_at)
     )
     try:
         seqs = impl.generate(

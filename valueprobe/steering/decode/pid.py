@@ -37,7 +37,7 @@ from torch import Tensor
 from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.route import Step
-from valueprobe.steering.decode.generation import Generation, generate
+from valueprobe.steering.decode.generation import Generation, Tracing, generate
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import AlphaSource, Specified
 from valueprobe.steering.hook.spec import SteerPoint, as_spec
@@ -134,13 +134,12 @@ def control(
         prompts,
         alphas=[pid.target],
         decoding=decoding,
-        read_layers=reads,
-        trace=True,
+        # y, what the model carries on its own, read before the addition; z = y + gain·α is added below
+        trace=Tracing(value_at="before", read_layers=tuple(reads)),
         batch_size=batch_size,
         source=lambda rows: _source(pid, axis, rows),
         progress=progress,
         chat=chat,
-        value_at="before",  # y, what the model carries on its own; z = y + gain·α is added below
     )
     return [_with_after(g, float(axis.scale)) for g in gens]
 

@@ -32,7 +32,7 @@ from valueprobe.activations.prompts import Prompt
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, write_html
 from valueprobe.read.strip import token_strip
-from valueprobe.steering.decode.generation import Trace, generate
+from valueprobe.steering.decode.generation import Trace, Tracing, generate
 from valueprobe.steering.decode.reading import ValueAt
 from valueprobe.steering.decode.sampling import Decoding
 from valueprobe.steering.hook.handle import Specified
@@ -76,11 +76,9 @@ def value_trace(
         [prompt],
         alphas=[alpha],
         decoding=Decoding(greedy=True, max_new_tokens=max(1, generate_tokens)),
-        trace=True,
-        read_layers=read_layers,
+        trace=Tracing(value_at=value_at, read_layers=tuple(read_layers)),
         progress=False,
         chat=chat,
-        value_at=value_at,
     )
     assert g.trace is not None
     tr = g.trace
