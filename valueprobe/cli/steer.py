@@ -64,9 +64,10 @@ from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import parse_conditions
 from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
 from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
+from valueprobe.steering.hook.additive import VLLM, check_additive
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vllm.generate import INSTALL, VllmGenerator, open_llm
-from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
+from valueprobe.vocab import ShardSpec, Unit
 
 __all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
 
@@ -254,14 +255,7 @@ def _check_engine(
             raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
         if importlib.util.find_spec("vllm") is None:
             raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
-        if spec.op.op != Op.add:
-            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {spec.op.op.value}")
-        if spec.site is not None and spec.site not in (HookSite.resid_post, HookSite.resid_pre):
-            raise ValueprobeError(
-                f"--engine vllm steers the residual stream only, not --site {spec.site.value}"
-            )
-        if spec.window is not None or spec.condition is not None:
-            raise ValueprobeError("--engine vllm steers whole phases: leave out --window and a condition")
+        check_additive(spec, VLLM)
 
 
 def _generator(engine: str, model: str, seed: int, how: LoadOptions) -> Callable[..., list[Generation]]:
