@@ -408,6 +408,13 @@ FAULTS: tuple[Fault, ...] = (
         ("tests/test_prompt_conditions.py::test_condition_rows_are_the_generation_of_the_chat_they_name",),
     ),
     Fault(
+        "side effects drop the sweep's window",
+        "valueprobe/steering/experiment/side_effects.py",
+        "return replace(sweep.spec, direction=v, direction_name=name)",
+        "return replace(sweep.spec, direction=v, direction_name=name, window=None)",
+        ("tests/test_steer_eval.py::test_side_effects_steer_with_the_sweeps_spec_whole",),
+    ),
+    Fault(
         "KL measured from the steered distribution (reversed)",
         "valueprobe/steering/experiment/side_effects.py",
         "div = (ref.exp() * (ref - lp)).sum(dim=-1)",

@@ -208,7 +208,7 @@ def steer_command(
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     result = run(lm, examples, out, settings, generator=_generator(engine, model, decoding.seed, how))
     print_sweep(result, out, f"steer {Path(settings.probe).name} on {prompts.name}")
-    judge_sweep(lm, axis, result, out, side_effects=sweep.side_effects)
+    judge_sweep(lm, result, out, side_effects=sweep.side_effects)
 
 
 def _sweep_part(

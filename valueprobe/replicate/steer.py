@@ -74,7 +74,8 @@ class Benchmark:
         path = run.data_dir / self.file
         add = row == "add"
         unit = Unit(run.unit) if add else Unit.raw
-        spec = SteeringSpec(axis, probe=str(run.probe), unit=unit, op=Operator(Op(row)))
+        base = SteeringSpec(axis, probe=str(run.probe)) if run.spec is None else run.spec
+        spec = replace(base, unit=unit, op=Operator(Op(row)))
         conditions = run.conditions if add else ()
         stated = conditions_path(path)  # the prompt conditions, stated beside the prompts
         return SweepSettings(
@@ -111,6 +112,8 @@ class ReplicateSteerSettings:
         rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
         conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
             ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
+        spec: the steering every sweep takes whole (layers, site, phase or window, condition, read
+            layer), each row setting its own unit and operator; None: ``probe``'s axis at its defaults.
     """
 
     probe: Path = Path("probes/smollm2-135m-value")
@@ -127,6 +130,7 @@ class ReplicateSteerSettings:
     rows: tuple[str, ...] = ("add", "ablate")
     benchmarks: tuple[str, ...] = ("confidence", "backtracking", "code", "refusal", "length")
     conditions: tuple[str, ...] = ()
+    spec: SteeringSpec | None = None
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -404,9 +408,7 @@ def replicate_steer(
     folders = {r.bench.name: r.folder for r in runs if r.row == "add"}
     if evaluate and shard is None and folders:  # the add row run now, judged
         sweeps = {k: v for k, v in report.sweeps.items() if k in folders}
-        judged = evaluate_steering(
-            lm, axis, sweeps, folders, data_dir=run.data_dir, out=out, batch_size=batch_size
-        )
+        judged = evaluate_steering(lm, sweeps, folders, data_dir=run.data_dir, out=out, batch_size=batch_size)
         atomic_write_text(out / "summary.md", report.markdown() + "\n".join(judged.markdown()) + "\n")
     return report
 
