@@ -7,6 +7,7 @@ one way: nothing here imports a command module.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import write_html
 from valueprobe.model.load import LoadedModel, check_device, load
 from valueprobe.probe.registry import resolve_axis_name, shipped_axes
-from valueprobe.sharded import rank_device, run_ranks
+from valueprobe.report.views import write_view
+from valueprobe.sharded import PartKind, kind_of, merge, rank_device, run_ranks
 from valueprobe.version import __version__
 from valueprobe.vocab import ChatTemplate, ModelDtype, ShardSpec
 
@@ -238,23 +240,36 @@ def write_figure(fig: go.Figure, path: Path) -> Path:
     return write_html(fig, path)
 
 
+def print_merged(out: Path, parts: Sequence[Path], kind: PartKind[Any, Any] | None = None) -> None:
+    """Merge the parts of a sharded run into ``out`` (`valueprobe.sharded.merge`; ``kind`` default
+    the one the first part's marker names), write its page (`valueprobe.report.views`) and print
+    its table."""
+    result = merge(out, parts, kind)
+    kind = kind or kind_of(Path(parts[0]))
+    assert kind is not None  # merge found it
+    write_view(result, out)
+    table(f"{kind.command} (merged)", *result.table())
+
+
 def run_sharded(
     out: Path,
     shard: ShardSpec | None,
     device: str,
     work: Callable[[Path, ShardSpec, str], object],
-    merge: Callable[[Path, Sequence[Path]], object],
+    kind: PartKind[Any, Any],
 ) -> bool:
-    """A part of a sharded job, if this is one; True when it was.
+    """A part of a sharded job of ``kind``, if this is one; True when it was.
 
     With ``--shard I/N``: ``work(out, shard, device)`` writes the part. Under torchrun (RANK and
     WORLD_SIZE > 1, no ``--shard``): ``work`` writes this rank's part (OUT.parts/part-R-of-N) on
-    its own GPU, the ranks meet, and rank 0 runs ``merge(out, parts)``
-    (`valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job.
+    its own GPU, the ranks meet, and rank 0 merges them (`print_merged`,
+    `valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job. Naming its
+    ``kind`` here, the command that writes the parts has declared it before anyone merges them.
     """
     ranked = ShardSpec.from_env() if shard is None else None
     if ranked is not None:
-        run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merge)
+        merged = functools.partial(print_merged, kind=kind)
+        run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merged)
         return True
     if shard is not None:
         work(out, shard, device)

@@ -21,7 +21,7 @@ import typer
 
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.attribute.folder import check_run_out
-from valueprobe.attribute.parts import merge_runs
+from valueprobe.attribute.parts import ATTRIBUTION_PARTS
 from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import AttributeSettings, Behaviour, Method, Provenance, run_attribution
 from valueprobe.cli.app import (
@@ -108,11 +108,6 @@ def print_attribution(res: Attribution, out: Path) -> None:
               "yes" if m.necessary else "no"] for m in ab.metrics],
         )  # fmt: skip
     console.print(f"wrote {out}/attribution.json, components.csv, attribution.html")
-
-
-def print_merged_attribution(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded attribution into ``out`` and print its table."""
-    print_attribution(merge_runs(out, parts), out)
 
 
 def _data(paths: Sequence[Path]) -> tuple[list[Example], tuple[DatasetInfo, ...]]:
@@ -223,7 +218,7 @@ def attribute_command(
         run(part_out, piece, on)
         console.print(f"wrote {part_out} (shard {piece}): `valueprobe merge` joins the parts")
 
-    if run_sharded(out, shard, device, part, print_merged_attribution):
+    if run_sharded(out, shard, device, part, ATTRIBUTION_PARTS):
         return
     res = run(out, None, device)
     assert res is not None

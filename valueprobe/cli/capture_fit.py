@@ -8,7 +8,6 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +16,7 @@ import typer
 
 from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.activations.parts import merge_stores
+from valueprobe.activations.parts import STORE_PARTS
 from valueprobe.activations.store import ActivationStore, capture_to_store, check_store_out
 from valueprobe.cli.app import (
     SHIPPED_DATA,
@@ -47,7 +46,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fit import fit_probe
 from valueprobe.probe.fitters import Method
 from valueprobe.read.readout import ScoreSettings, score_dataset
-from valueprobe.read.score_parts import merge_scores, score_part
+from valueprobe.read.score_parts import SCORE_PARTS, score_part
 from valueprobe.replicate.axis import replicate_axis as run_replicate
 from valueprobe.report.plots import sweep_figure, transfer_heatmap
 from valueprobe.vocab import (
@@ -62,7 +61,6 @@ from valueprobe.vocab import (
     Site,
     Target,
     Tokens,
-    layer_ranges,
 )
 
 CheckpointSecondsOpt = Annotated[
@@ -76,36 +74,7 @@ GroupByOpt = Annotated[
 
 def print_store(out: Path, store: ActivationStore) -> None:
     """The one-row summary of a captured store."""
-    rows, m = store.rows(), store.manifest
-    table(
-        f"capture -> {out}",
-        [
-            "model",
-            "fingerprint",
-            "layers",
-            "site",
-            "positions",
-            "examples",
-            "rows",
-            "shards",
-            "dtype",
-            "part",
-        ],
-        [
-            [
-                m.model_id,
-                m.fingerprint,
-                layer_ranges(m.layers),
-                m.site,
-                m.positions,
-                len(set(rows.example_id)),
-                m.n_rows,
-                len(m.shards),
-                m.dtype,
-                "-" if m.part is None else str(m.part),
-            ]
-        ],
-    )
+    table(f"capture -> {out}", *store.table())
 
 
 @dataclass(frozen=True)
@@ -220,7 +189,7 @@ def capture_command(
         if store_out == out:  # not a torchrun rank's part: rank 0 prints the merged store
             print_store(store_out, store)
 
-    if not run_sharded(out, shard, how.device, work, print_merged_store):
+    if not run_sharded(out, shard, how.device, work, STORE_PARTS):
         work(out, None, how.device)
 
 
@@ -335,7 +304,7 @@ def score_command(
             f"wrote {part_out}/scores.csv, part.json (shard {part}): `valueprobe merge` joins the parts"
         )
 
-    if run_sharded(out, shard, how.device, work, print_merged_scores):
+    if run_sharded(out, shard, how.device, work, SCORE_PARTS):
         return
     lm = how.load(model)
     res = score_dataset(axis, lm, examples, settings)
@@ -430,15 +399,3 @@ def _print_history(history: ValueAxis) -> None:
             for k, v in history.metrics["evaluated_on"].items()
         ],
     )
-
-
-def print_merged_store(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded capture into the store ``out`` and print it."""
-    print_store(out, merge_stores(out, parts))
-
-
-def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded score into ``out`` and print its table."""
-    res = merge_scores(out, parts)
-    headers, rows = res.table()
-    table(f"score (merged): layer {res.layer}", headers, rows)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -63,13 +63,13 @@ from valueprobe.steering.experiment.behaviour import METRICS
 from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import parse_conditions
 from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, metrics_for, run_sweep
-from valueprobe.steering.experiment.sweep_parts import check_part_out, merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS, check_part_out, run_sweep_part
 from valueprobe.steering.hook.additive import VLLM, check_additive
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vllm.generate import INSTALL, VllmGenerator, open_llm
 from valueprobe.vocab import ShardSpec, Unit
 
-__all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
+__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -201,7 +201,7 @@ def steer_command(
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     # bound, not called: the settings (and so α) reach _sweep_part only in a sharded run
     work = partial(_sweep_part, settings, examples, model, how, part)
-    if run_sharded(out, shard, how.device, work, print_merged_sweeps):
+    if run_sharded(out, shard, how.device, work, SWEEP_PARTS):
         return
     check_settings(settings, out, examples)
     lm = how.load(model)
@@ -227,11 +227,6 @@ def _sweep_part(
     check_part_out(part_out, part)
     n_rows = run(how.load(model, device=on), examples, part_out, settings, shard=part)
     console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
-
-
-def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded sweep into ``out``, write its figure and print its table."""
-    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
 
 
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:

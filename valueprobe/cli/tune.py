@@ -10,7 +10,7 @@ Options are checked before any model loads; the work is one library call each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NamedTuple, TypeVar
@@ -48,12 +48,11 @@ from valueprobe.replicate.safety import write_safety_report as write_safety
 from valueprobe.report.plots import shift_figure
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.tune.shift import ShiftResult, ShiftSettings, check_groups, group_by, shift
-from valueprobe.tune.shift_parts import merge_shifts, shift_part
+from valueprobe.tune.shift_parts import SHIFT_PARTS, shift_part
 from valueprobe.tune.train import TuneMethod, TuneSettings, check_out, train
 from valueprobe.vocab import LayerSelection, Positions, ShardSpec
 
 __all__ = [
-    "print_merged_shifts",
     "replicate_dpo_words_command",
     "replicate_safety_command",
     "shift_command",
@@ -325,7 +324,7 @@ def shift_command(
     check_groups(examples, targeted=settings.targeted, contrast=settings.contrast, refit=settings.refit)
 
     work = _shift_work(axis, base, tuned, data, examples, settings, how=how, force=force)
-    if run_sharded(out, shard, how.device, work, print_merged_shifts):
+    if run_sharded(out, shard, how.device, work, SHIFT_PARTS):
         return
     base_lm, tuned_lm = how.load(base), how.load(tuned)
     res = shift(axis, base_lm, tuned_lm, examples, settings, force=force)
@@ -362,11 +361,6 @@ def _shift_work(
         console.print(f"wrote {part_out}/shift-part.json, reads.safetensors (shard {part})")
 
     return work
-
-
-def print_merged_shifts(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded shift into ``out`` (a new folder) and print its table."""
-    print_shift(merge_shifts(out, parts), out, overwrite=False, title="shift (merged)")
 
 
 def print_shift(res: ShiftResult, out: Path, *, overwrite: bool, title: str) -> None:

@@ -33,11 +33,11 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record
 from valueprobe.replicate.steer_eval import evaluate_steering
-from valueprobe.sharded import part_dir
+from valueprobe.sharded import merge, part_dir
 from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import conditions_path
 from valueprobe.steering.experiment.sweep import SweepSettings, run_sweep
-from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS, run_sweep_part
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Op, ShardSpec, Unit
@@ -368,7 +368,7 @@ def replicate_steer(
 
     With ``shard`` (``--shard I/N``): only that shard's rows of each sweep, into ``RUNS/SWEEP.parts/
     part-I-of-N``, and no results; the same call without ``shard``, once every part is done, merges
-    each sweep's parts (`valueprobe.steering.experiment.sweep_parts.merge_sweeps`) and writes the results.
+    each sweep's parts (`valueprobe.sharded.merge`) and writes the results.
 
     Args:
         run: what to run (`ReplicateSteerSettings`); a sweep not run keeps what ``out/results.json``
@@ -393,7 +393,7 @@ def replicate_steer(
         if (
             not sweep_run.folder.exists() and parts.is_dir()
         ):  # `replicate steer --shard I/N` ran: join the parts
-            merge_sweeps(sweep_run.folder, sorted(parts.iterdir()))
+            merge(sweep_run.folder, sorted(parts.iterdir()), SWEEP_PARTS)
         sweep = run_sweep(
             lm, examples, sweep_run.folder, sweep_run.settings, other=control, batch_size=batch_size
         )
