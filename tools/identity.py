@@ -196,7 +196,7 @@ def case_demo(r: Runner) -> None:
 def case_replicate_steer(r: Runner) -> None:
     r.vp("replicate", "steer", "--out", "rsteer", "--runs", "rsteer-runs", "--prompts", "2",
          "--alphas=-15,0,15", "--random-directions", "2", "--tokens", "0.1", "--benchmarks",
-         "confidence,code", "--conditions", "toward,reworded", "--batch-size", "8")  # fmt: skip
+         "confidence,length", "--conditions", "toward,reworded", "--batch-size", "8")  # fmt: skip
 
 
 def case_replicate_guide(r: Runner) -> None:

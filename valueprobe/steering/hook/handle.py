@@ -216,7 +216,7 @@ class Steering(Handle):
                 if a.numel() not in (1, h.shape[0]):
                     raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
-            alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
+            alpha = torch.where(cells, alpha, 0.0)
             if self.trace:
                 keep_alpha(alpha.detach())
             if self._idle and self.source is None:
