@@ -113,8 +113,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "sampler ignores temperature",
         "valueprobe/steering/decode/sampling.py",
-        "probs = torch.softmax(scores.double() / self.temperature, dim=-1)",
-        "probs = torch.softmax(scores.double(), dim=-1)",
+        "scores.to(torch.float64, copy=True).div_(self.temperature)",
+        "scores.to(torch.float64, copy=True)",
         (S + "test_sampler_temperature_divides_the_logits",),
     ),
     Fault(
