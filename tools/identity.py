@@ -8,7 +8,8 @@
 ``run`` executes `CASES` in order with the ``valueprobe`` of ``--src`` (``PYTHONPATH``; the
 interpreter and its libraries are this one's), one thread, ``PYTHONHASHSEED=0``, fixed seeds and
 reduced sizes, offline. Every command runs in ``--out`` with relative paths, so two runs record
-the same paths; what is left absolute is masked (``<OUT>``). The tiny models are built here, by
+the same paths; what is left absolute is masked (``<OUT>``, and ``<SRC>`` for the source tree's
+shipped axes and datasets). The tiny models are built here, by
 this script, from seeded configs, so both trees read the same weights. ``--only`` runs the cases
 whose name contains a word (a case needs the ones before it for its inputs: ``tiny`` first).
 
@@ -240,6 +241,7 @@ def run(src: Path, out: Path, only: list[str] | None) -> None:
     if not Path(where).resolve().is_relative_to(src):
         raise SystemExit(f"valueprobe imported from {where}, not from --src {src}")
     print(f"valueprobe from {where}")
+    (out / "logs" / "src.txt").write_text(str(src))  # masked by compare: shipped paths lie under it
     for name, case in CASES.items():
         if only is not None and not any(word in name for word in only):
             continue
@@ -280,11 +282,15 @@ def _mask_table(text: str, sep: str) -> str:
 
 
 def masked(path: Path, root: Path) -> bytes:
-    """The bytes compared: ``root`` replaced by ``<OUT>``; clock fields and plotly ids masked."""
+    """The bytes compared: ``root`` replaced by ``<OUT>`` and the source tree the run read (its
+    shipped axes and datasets) by ``<SRC>``; clock fields and plotly ids masked."""
     data = path.read_bytes()
     if path.suffix not in TEXT:
         return data
     data = data.replace(str(root).encode(), b"<OUT>")
+    src = root / "logs" / "src.txt"
+    if src.is_file():
+        data = data.replace(src.read_text().encode(), b"<SRC>")
     if path.suffix == ".html":
         return PLOTLY_ID.sub(b"<id>", data)
     if path.suffix == ".json":
