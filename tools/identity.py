@@ -15,7 +15,7 @@ whose name contains a word (a case needs the ones before it for its inputs: ``ti
 
 ``compare`` hashes every file under both folders (sha256) after masking what differs from run to
 run by design: wall-clock fields (``seconds``, ``elapsed``... in JSON; the same columns in CSV
-and markdown) and plotly's random div ids in HTML. It prints the files that differ, and which
+) and plotly's random div ids in HTML. It prints the files that differ, and which
 bytes, and exits 1 if any differs or is missing on one side.
 
 Cases: ``tiny`` (models, data), then on a tiny llama a capture, score (with a null), steer (with
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 MODEL = "smollm2-135m"
-# Keys whose values are wall-clock readings (masked in JSON, and as columns of CSV / markdown).
+# Keys whose values are wall-clock readings (masked in JSON, and as columns of CSV).
 CLOCK_KEYS = re.compile(r"(^|_)(seconds|elapsed|wall|wall_s|time_s|started|finished|timestamp|created)$")
 PLOTLY_ID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TEXT = {".json", ".jsonl", ".csv", ".md", ".html", ".txt", ".log"}
@@ -263,7 +263,7 @@ def _mask_json(value: object) -> object:
 
 
 def _mask_table(text: str, sep: str) -> str:
-    """Blank every column whose header is a wall-clock key (CSV: ``,``; markdown: ``|``)."""
+    """Blank every column whose header is a wall-clock key (``sep`` separates the cells)."""
     lines = text.splitlines(keepends=True)
     if not lines:
         return text
@@ -308,8 +308,6 @@ def masked(path: Path, root: Path) -> bytes:
         return "\n".join(lines).encode()
     if path.suffix == ".csv":
         return _mask_table(data.decode(), ",").encode()
-    if path.suffix == ".md":
-        return re.sub(r"\b\d+(\.\d+)? ?s\b", "<clock>", data.decode()).encode()
     return data
 
 
