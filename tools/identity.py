@@ -11,12 +11,13 @@ reduced sizes, offline. Every command runs in ``--out`` with relative paths, so 
 the same paths; what is left absolute is masked (``<OUT>``, and ``<SRC>`` for the source tree's
 shipped axes and datasets). The tiny models are built here, by
 this script, from seeded configs, so both trees read the same weights. ``--only`` runs the cases
-whose name contains a word (a case needs the ones before it for its inputs: ``tiny`` first).
+whose name contains a word (a case needs the ones before it for its inputs: ``tiny`` first;
+``steer`` also matches ``replicate-steer``).
 
 ``compare`` hashes every file under both folders (sha256) after masking what differs from run to
-run by design: wall-clock fields (``seconds``, ``elapsed``... in JSON; the same columns in CSV
-) and plotly's random div ids in HTML. It prints the files that differ, and which
-bytes, and exits 1 if any differs or is missing on one side.
+run by design: wall-clock fields (``seconds``, ``elapsed``... in JSON; the same columns in CSV)
+and plotly's random div ids in HTML. It prints the files that differ, and which bytes, and exits
+1 if any differs or is missing on one side.
 
 Cases: ``tiny`` (models, data), then on a tiny llama a capture, score (with a null), steer (with
 side effects), shift and attribution, each as one process and as parts merged by ``valueprobe
