@@ -2,7 +2,8 @@
 
     git archive main | tar -x -C /tmp/main-src                     # the tree to compare against
     python tools/identity.py run --src /tmp/main-src --out /tmp/identity-main
-    python tools/identity.py run --src . --out /tmp/identity-branch
+    git archive HEAD | tar -x -C /tmp/branch-src                  # a snapshot: later edits stay out
+    python tools/identity.py run --src /tmp/branch-src --out /tmp/identity-branch
     python tools/identity.py compare /tmp/identity-main /tmp/identity-branch
 
 ``run`` executes `CASES` in order with the ``valueprobe`` of ``--src`` (``PYTHONPATH``; the
