@@ -238,8 +238,12 @@ def run(src: Path, out: Path, only: list[str] | None) -> None:
     r.n = len(list((out / "logs").glob("*.log")))
     where = subprocess.run(
         [sys.executable, "-c", "import valueprobe; print(valueprobe.__file__)"],
-        cwd=out, env=r.env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        cwd=out,
+        env=r.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     if not Path(where).resolve().is_relative_to(src):
         raise SystemExit(f"valueprobe imported from {where}, not from --src {src}")
     print(f"valueprobe from {where}")

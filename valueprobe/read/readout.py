@@ -310,9 +310,19 @@ def read_scored(
     tokens = choice(Tokens, s.tokens, what="tokens")
     layer = axis.best_layer if s.layer is None else s.layer
     records, random = read_records(
-        axis, lm, examples, layer=layer, tokens=tokens, batch_size=s.batch_size, null=s.null, seed=s.seed,
-        force=s.force, max_length=s.max_length, chat_template=s.chat_template, progress=progress,
-    )  # fmt: skip
+        axis,
+        lm,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        batch_size=s.batch_size,
+        null=s.null,
+        seed=s.seed,
+        force=s.force,
+        max_length=s.max_length,
+        chat_template=s.chat_template,
+        progress=progress,
+    )
     return layer, tokens, records, random
 
 
