@@ -5,7 +5,9 @@
     python tests/mutations.py --subprocess    # a fresh interpreter per fault (slower, no fork)
 
 Each row of `FAULTS` names a file, a snippet that must occur in it exactly once, its faulty
-replacement, and the few test node ids that must fail on it. The package, the tests and
+replacement, and the few test node ids that must fail on it: one of them (pytest stops at the
+first failure), or with ``every=True`` each of them, run one by one (a fault every caller shares,
+such as a sign error in the one addition, must fail every caller's own test). The package, the tests and
 pyproject.toml are copied into a temporary folder once (data/ and probes/ are linked), so the
 working tree is never touched. For each fault the copy's file is rewritten, ``pytest -x -q -p
 no:cacheprovider`` runs the listed tests, and the original text is put back.
@@ -45,12 +47,31 @@ class Fault:
     snippet: str  # must occur exactly once in the file
     replacement: str
     tests: tuple[str, ...]  # pytest node ids that must fail
+    every: bool = False  # each test must fail on its own, not just one of them
 
 
 S = "tests/test_steer.py::"
 A = "tests/test_attribute.py::"
 SAMPLING = "tests/test_sampling.py::"
 FAULTS: tuple[Fault, ...] = (
+    # --- the one addition: every route, engine, export and the axis add through it ---------------
+    Fault(
+        "the one addition steers the other way",
+        "valueprobe/hooks/addition.py",
+        "return (alpha * size)[..., None] * direction",
+        "return -(alpha * size)[..., None] * direction",
+        (
+            S + "test_steered_layer_output_is_h_plus_alpha_sigma_v[llama]",  # the hooks route, add
+            "tests/test_operators.py::test_operator_output_is_its_closed_form_under_left_padding[ablate-llama]",
+            S + "test_generating_routes_add_alpha_sigma_v_by_hand[hooks]",  # the hf engine's generate
+            S + "test_generating_routes_add_alpha_sigma_v_by_hand[nnsight]",
+            "tests/test_routes.py::test_steered_logits_match_reference[llama-tlens]",
+            "tests/test_vllm_request.py::test_resolved_vector_is_alpha_sigma_vhat_at_the_layer",  # the plugin's
+            "tests/test_interop.py::test_gguf_is_what_llama_cpp_and_repeng_read",
+            "tests/test_probe.py::test_axis_arithmetic_and_indexing",  # ValueAxis.vector
+        ),
+        every=True,
+    ),
     # --- steering: sampling with common random numbers ---------------------------------------------
     Fault(
         "guided checkpoint keeps a rolled-back row's later cells",
@@ -92,8 +113,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "sampler ignores temperature",
         "valueprobe/steering/decode/sampling.py",
-        "probs = torch.softmax(scores.double() / self.temperature, dim=-1)",
-        "probs = torch.softmax(scores.double(), dim=-1)",
+        "scores.to(torch.float64, copy=True).div_(self.temperature)",
+        "scores.to(torch.float64, copy=True)",
         (S + "test_sampler_temperature_divides_the_logits",),
     ),
     Fault(
@@ -387,6 +408,13 @@ FAULTS: tuple[Fault, ...] = (
         ("tests/test_prompt_conditions.py::test_condition_rows_are_the_generation_of_the_chat_they_name",),
     ),
     Fault(
+        "side effects drop the sweep's window",
+        "valueprobe/steering/experiment/side_effects.py",
+        "return replace(sweep.spec, direction=v, direction_name=name)",
+        "return replace(sweep.spec, direction=v, direction_name=name, window=None)",
+        ("tests/test_steer_eval.py::test_side_effects_steer_with_the_sweeps_spec_whole",),
+    ),
+    Fault(
         "KL measured from the steered distribution (reversed)",
         "valueprobe/steering/experiment/side_effects.py",
         "div = (ref.exp() * (ref - lp)).sum(dim=-1)",
@@ -641,6 +669,18 @@ def run_tests(tmp: Path, tests: tuple[str, ...], log: Path, *, fork: bool) -> in
     return os.waitstatus_to_exitcode(status)
 
 
+def run_every(tmp: Path, tests: tuple[str, ...], log: Path, *, fork: bool) -> int:
+    """1 when each of ``tests`` fails on its own; else the first other exit status (0: one passed),
+    with that test's log in ``log``."""
+    for k, test in enumerate(tests):
+        one = log.with_name(f"{log.stem}-{k:02d}.log")
+        code = run_tests(tmp, (test,), one, fork=fork)
+        if code != 1:
+            log.write_text(f"{test}: pytest exit {code}\n" + one.read_text())
+            return code
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run only faults whose name contains this text")
@@ -676,7 +716,11 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             log = tmp / "logs" / f"{i:02d}.log"
             try:
-                code = run_tests(tmp, f.tests, log, fork=fork)
+                code = (
+                    run_every(tmp, f.tests, log, fork=fork)
+                    if f.every
+                    else run_tests(tmp, f.tests, log, fork=fork)
+                )
             finally:
                 path.write_text(original, encoding="utf-8")
             verdict = {1: "caught", 0: "SURVIVED"}.get(code, f"ERROR (pytest exit {code})")

@@ -25,7 +25,7 @@ from valueprobe.model.load import cache_dir
 from valueprobe.replicate.caa import CaaReplication, CaaSizes, fit_caa_vectors, replicate_caa, split_items
 from valueprobe.report.page import load_results, render_report
 from valueprobe.report.steering_eval import caa_figure
-from valueprobe.steering.experiment.ab import ab_match, answer_ids
+from valueprobe.steering.experiment.ab import ab_match, answer_ids, caa_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "caa"
 
@@ -89,10 +89,10 @@ def test_ab_match_equals_a_full_forward_and_batches_equal_singles(tiny_lm_factor
     v = torch.nn.functional.normalize(
         torch.randn(lm.d_model, generator=torch.Generator().manual_seed(3)), dim=0
     )
-    settings = [(1, None, 0.0), (1, v, 6.0), (2, None, -4.0)]
-    got = ab_match(lm, axis, chats, [i.matching for i in items], settings, batch_size=2)
+    settings = [(caa_spec(axis, 1), 0.0), (caa_spec(axis, 1, v), 6.0), (caa_spec(axis, 2), -4.0)]
+    got = ab_match(lm, chats, [i.matching for i in items], settings, batch_size=2)
     for k, item in enumerate(items):
-        single = ab_match(lm, axis, chats[k : k + 1], [item.matching], settings)[:, 0]
+        single = ab_match(lm, chats[k : k + 1], [item.matching], settings)[:, 0]
         assert got[:, k] == pytest.approx(single, abs=1e-6)
         hand = [
             _hand_p(lm, chats[k], item.matching, layer=1, add=torch.zeros(lm.d_model)),

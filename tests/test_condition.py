@@ -108,7 +108,7 @@ def test_condition_in_generate_traces_alpha_exactly_at_crossing_tokens(tiny_lm_f
         assert all(a in (0.0, 2.0) for a in g.trace.alpha[:n])
         fired += int(crosses[:n].sum())
     assert 0 < fired < sum(len(g.trace.alpha) - 1 for g in gens)
-    with pytest.raises(ValueprobeError, match="a condition runs on route 'hooks' only"):
+    with pytest.raises(ValueprobeError, match="^a condition: nnsight's generate graph only adds"):
         generate(lm, SteeringSpec(axis, condition=cond), PROMPTS[:1], route="nnsight", progress=False)
 
 

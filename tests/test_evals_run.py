@@ -14,10 +14,11 @@ from test_steer import planted_axis  # tests/ is on sys.path under pytest
 from valueprobe.errors import ValueprobeError
 from valueprobe.evals import harness as harness_module
 from valueprobe.evals.harness import Scored
-from valueprobe.evals.parts import merge_evals
+from valueprobe.evals.parts import EVAL_PARTS
 from valueprobe.evals.records import EvalResult, EvalSettings
 from valueprobe.evals.run import eval_part, eval_settings, run_eval
 from valueprobe.report.browser import open_report
+from valueprobe.sharded import merge
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import ShardSpec
 
@@ -66,13 +67,13 @@ def test_shards_merge_into_the_one_process_run(lm, spec, tmp_path):
             progress=False,
             harness=fake_harness([]),
         )
-    merged = merge_evals(tmp_path / "merged", [tmp_path / f"p{i}" for i in (2, 0, 1)])
+    merged = merge(tmp_path / "merged", [tmp_path / f"p{i}" for i in (2, 0, 1)], EVAL_PARTS)
     assert merged.points == whole.points
     assert json.loads((tmp_path / "merged" / "eval.json").read_text()) == json.loads(
         (tmp_path / "whole" / "eval.json").read_text()
     )
     with pytest.raises(Exception, match="shard 1/3 is missing"):
-        merge_evals(tmp_path / "m2", [tmp_path / "p0", tmp_path / "p2"])
+        merge(tmp_path / "m2", [tmp_path / "p0", tmp_path / "p2"], EVAL_PARTS)
 
 
 def test_a_rerun_resumes_the_part_and_a_part_of_another_run_is_refused(lm, spec, tmp_path):

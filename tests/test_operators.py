@@ -189,7 +189,9 @@ def test_generate_takes_the_operator_and_nnsight_refuses_it(tiny_lm_factory):
     ablated = [g.token_ids for g in gens[1::2]]
     assert [t[: len(a)] for t, a in zip(by_hand, ablated, strict=True)] == ablated
     assert ablated != [g.token_ids for g in plain]
-    with pytest.raises(ValueprobeError, match="^--op clamp runs on route 'hooks' only"):
+    with pytest.raises(
+        ValueprobeError, match="^op clamp: nnsight's generate graph only adds α·unit·v̂ .*: use --route hooks$"
+    ):
         generate(
             lm,
             SteeringSpec(axis, op=Operator("clamp", hi=0.0)),
@@ -330,7 +332,10 @@ def test_window_of_generated_tokens(tiny_lm_factory, arch, window):
             steer(lm, SteeringSpec(axis, window=bad), 1.0, prompt_length=width)
     with pytest.raises(ValueprobeError, match="cannot go with positions='prompt'"):
         steer(lm, SteeringSpec(axis, window=(0, 2), positions="prompt"), 1.0, prompt_length=width)
-    with pytest.raises(ValueprobeError, match="site attn_out with a window of generated tokens runs on"):
+    with pytest.raises(
+        ValueprobeError,
+        match="^site attn_out with a window of generated tokens: nnsight's generate graph only adds",
+    ):
         generate(
             lm,
             SteeringSpec(axis, site="attn_out", window=(0, 2)),

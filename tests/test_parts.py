@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 from valueprobe.activations import parts as parts_module
 from valueprobe.activations import store as store_module
 from valueprobe.activations.capture import CaptureSettings
-from valueprobe.activations.parts import merge_stores
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.datasets.io import Example, Span, write_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.sharded import rank_device
+from valueprobe.sharded import merge, rank_device
 from valueprobe.vocab import ShardSpec
 
 CAPTURE = CaptureSettings(layers="all", positions="spans", batch_size=3, include_embed=True)
@@ -79,7 +78,7 @@ def test_merged_parts_equal_one_process_capture(tiny_lm_factory, tmp_path, n_par
     assert [p.manifest.part for p in parts] == [ShardSpec(i, n_parts) for i in range(n_parts)]
     assert all(p.manifest.dataset == one.manifest.dataset for p in parts)
     assert sum(p.manifest.n_rows for p in parts) == one.manifest.n_rows
-    merged = merge_stores(tmp_path / "merged", paths[::-1])
+    merged = merge(tmp_path / "merged", paths[::-1])
     assert merged.manifest == one.manifest  # the same shards, ranges, rows and settings
     assert_same_store(merged, one)
 
@@ -117,7 +116,7 @@ def test_a_part_resumes_from_its_own_checkpoints(tiny_lm_factory, tmp_path, monk
     stopped = ActivationStore.open(part1, allow_partial=True).manifest
     assert [s.examples for s in stopped.shards] == [(6, 8)]  # blocks 3..5 of 6 are shard 1/2's
     with pytest.raises(ValueprobeError, match=f"part {part1} .shard 1/2. is partial"):
-        merge_stores(tmp_path / "merged", [part1, tmp_path / "part0"])
+        merge(tmp_path / "merged", [part1, tmp_path / "part0"])
     monkeypatch.setattr(store_module, "save_file", real)
     capture_to_store(
         lm,
@@ -137,7 +136,7 @@ def test_a_part_resumes_from_its_own_checkpoints(tiny_lm_factory, tmp_path, monk
         examples_per_shard=2,
         **STORE,
     )
-    assert_same_store(merge_stores(tmp_path / "merged", [tmp_path / "part0", part1]), one)
+    assert_same_store(merge(tmp_path / "merged", [tmp_path / "part0", part1]), one)
 
 
 @pytest.fixture
@@ -156,7 +155,7 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
 
     def refused(parts: list[Path], match: str) -> None:
         with pytest.raises(ValueprobeError, match=match):
-            merge_stores(out, parts)
+            merge(out, parts)
         assert not out.exists() and not list(tmp_path.glob(".merged.tmp-*"))
 
     refused([p0, p2], "shard 1/3 is missing")
@@ -215,7 +214,7 @@ def test_parts_that_do_not_belong_together_are_refused(tiny_lm_factory, three_pa
     (p2 / "shard-00000.safetensors").write_bytes(b"\0" * 10)
     refused([p0, p1, p2], f"part {p2}: shard")
     with pytest.raises(ValueprobeError, match="is one of its parts"):
-        merge_stores(p0, [p0, p1, p2])
+        merge(p0, [p0, p1, p2])
 
 
 def test_merge_is_atomic(three_parts, tmp_path, monkeypatch):
@@ -230,7 +229,7 @@ def test_merge_is_atomic(three_parts, tmp_path, monkeypatch):
 
     monkeypatch.setattr(parts_module, "link_or_copy", dies_on_third)
     with pytest.raises(ValueprobeError, match="no space left"):
-        merge_stores(out, three_parts)
+        merge(out, three_parts)
     assert not out.exists() and not list(tmp_path.glob(".merged.tmp-*"))
 
 

@@ -16,7 +16,7 @@ import torch
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_rows
-from valueprobe.hooks.route import ROUTES, Point, position_ids_from_mask, record
+from valueprobe.hooks.route import ROUTES, Point, intervene, position_ids_from_mask, record
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.decode.generation import Tracing, encode_prompts, generate
 from valueprobe.steering.decode.pid import PID, control
@@ -377,6 +377,27 @@ def test_nnsight_route_equals_hooks_route(tiny_lm_factory, arch):
         nn = generate(lm, spec, PROMPTS[:2], route="nnsight", **kw)
         assert [g.token_ids for g in hooks] == [g.token_ids for g in nn]
     assert len({g.token_ids for g in hooks}) > 2
+
+
+@pytest.mark.parametrize("route", ["hooks", "nnsight"])
+def test_generating_routes_add_alpha_sigma_v_by_hand(tiny_lm_factory, route):
+    """Each generating route's tokens are those of a hand-written hook adding α·σ·v̂ at the axis's
+    layer on every position (the closed form, apart from the routes and from each other)."""
+    lm = tiny_lm_factory("llama")
+    axis = planted_axis(lm, sigma=3.0)
+    v, sigma = axis.direction(1), 3.0
+    alphas = [-2.0, 2.0]
+    kw = dict(decoding=Decoding(greedy=True, max_new_tokens=6), progress=False)
+    got = generate(lm, axis, PROMPTS[:2], alphas=alphas, route=route, **kw)
+    for g in got:
+        ids, mask = _batch(lm, [PROMPTS[g.prompt]])
+        a = torch.tensor(g.alpha)
+        with intervene(lm, Point(1), lambda h, step, a=a: h + (a * sigma) * v), torch.no_grad():
+            seq = lm.model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0
+            )
+        assert g.token_ids == tuple(seq[0, ids.shape[1] :].tolist())[: len(g.token_ids)], g.alpha
+    assert got[0].token_ids != got[1].token_ids  # the two strengths gave two texts
 
 
 @pytest.mark.parametrize("route", ROUTES)

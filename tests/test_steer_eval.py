@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import run_cli
 from test_replicate_steer import DATA
-from test_steer_sweep import tiny_axis
+from test_steer_sweep import settings_for, tiny_axis
 
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
@@ -40,7 +40,8 @@ from valueprobe.steering.experiment.dose import Curve, Effect, SteerSweep, Sweep
 from valueprobe.steering.experiment.front import Front, FrontPoint, effect_front
 from valueprobe.steering.experiment.prompting import Goal
 from valueprobe.steering.experiment.reliability import item_reliability, item_slopes
-from valueprobe.steering.experiment.side_effects import PREFIX, SideMetric, SteerPlan, text_side_effects
+from valueprobe.steering.experiment.side_effects import PREFIX, SideMetric, text_side_effects
+from valueprobe.steering.hook.spec import SteeringSpec
 
 HAVE_CHROMIUM = bool(
     shutil.which("chromium") or shutil.which("chromium-browser") or os.environ.get("VALUEPROBE_CHROMIUM")
@@ -77,36 +78,51 @@ def _texts(n: int = 3) -> list[Example]:
     ]
 
 
-def _hand_log_probs(lm, ids: torch.Tensor, mask: torch.Tensor, *, layer: int, add: torch.Tensor | None):
-    def hook(_m, _i, out):
-        h = out[0] if isinstance(out, tuple) else out
-        h = h + add
-        return (h, *out[1:]) if isinstance(out, tuple) else h
+def _hand_log_probs(lm, ids: torch.Tensor, mask: torch.Tensor, adds: dict[int, torch.Tensor] | None = None):
+    """Log-probabilities with ``adds[L]`` ([d_model], or [pos, d_model]) added to block L's output."""
 
-    handle = lm.layers[layer].register_forward_hook(hook) if add is not None else None
+    def hook(add):
+        def fn(_m, _i, out):
+            h = out[0] if isinstance(out, tuple) else out
+            h = h + add
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        return fn
+
+    handles = [lm.layers[layer].register_forward_hook(hook(add)) for layer, add in (adds or {}).items()]
     try:
         with torch.no_grad():
             logits = lm.model(input_ids=ids, attention_mask=mask).logits
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
     return torch.log_softmax(logits[:, PREFIX - 1 : -1].double(), dim=-1)
 
 
-def test_kl_and_perplexity_equal_a_plain_hook(tiny_lm_factory):
-    lm = tiny_lm_factory("llama")
-    axis = tiny_axis(lm)  # σ = 2 at every layer
-    plan = SteerPlan(layer=1, alphas=(0.0, 1.5), unit="sigma")
-    kl, ppl = text_side_effects(lm, axis, plan, _texts(), progress=False)
-    rows = [lm.tokenizer(t.text)["input_ids"] for t in _texts()[:3]]
+def _kl(
+    lm, rows: list[list[int]], adds: dict[int, torch.Tensor]
+) -> tuple[float, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KL(p0 ‖ p_α) over the continuations by hand, and the steered log-probabilities, ids, mask."""
     width = max(map(len, rows))
     ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    ref = _hand_log_probs(lm, ids, mask, layer=1, add=None)
-    got = _hand_log_probs(lm, ids, mask, layer=1, add=3.0 * axis.direction(1))
+    ref = _hand_log_probs(lm, ids, mask)
+    got = _hand_log_probs(lm, ids, mask, adds)
     keep = mask[:, PREFIX:].double()
     per_pos = (ref.exp() * (ref - got)).sum(-1)
-    expect = ((per_pos * keep).sum(1) / keep.sum(1)).mean()
+    return float(((per_pos * keep).sum(1) / keep.sum(1)).mean()), got, ids, mask
+
+
+def test_kl_and_perplexity_equal_a_plain_hook(tiny_lm_factory, tmp_path):
+    lm = tiny_lm_factory("llama")
+    axis = tiny_axis(lm)  # σ = 2 at every layer
+    sweep = settings_for(
+        tmp_path, axis, spec=SteeringSpec(axis, probe="tiny", layers=1), alphas=(0.0, 1.5), controls=1
+    )
+    kl, ppl = text_side_effects(lm, sweep, _texts(), progress=False)
+    rows = [lm.tokenizer(t.text)["input_ids"] for t in _texts()[:3]]
+    expect, got, ids, mask = _kl(lm, rows, {1: 3.0 * axis.direction(1)})
+    keep = mask[:, PREFIX:].double()
     assert kl.values["axis"][0] == 0.0 and kl.values["axis"][1] == pytest.approx(float(expect), rel=1e-4)
     assert kl.values["axis"][1] > 1e-4  # the steering moved the distribution: not a trivial match
     nll = -(got.gather(-1, ids[:, PREFIX:, None])[..., 0] * keep).sum(1) / keep.sum(
@@ -115,6 +131,31 @@ def test_kl_and_perplexity_equal_a_plain_hook(tiny_lm_factory):
     assert ppl.values["axis"][1] == pytest.approx(float(np.exp(nll.mean())), rel=1e-4)
     lo, hi = kl.axis_ci[1]
     assert lo <= kl.values["axis"][1] <= hi
+
+
+def test_side_effects_steer_with_the_sweeps_spec_whole(tiny_lm_factory, tmp_path):
+    """Two layers and a window of generated tokens (the continuation's tokens a <= i < b after the
+    PREFIX read as the prompt) reach the KL: it is the KL of a hook adding α·σ·v̂ at both layers on
+    those positions only, and neither the first layer alone nor every position gives it."""
+    lm = tiny_lm_factory("llama")
+    axis = tiny_axis(lm)  # σ = 2 at every layer, its own v̂ per layer
+    a, b = 1, 4
+    spec = SteeringSpec(axis, probe="tiny", layers=[0, 2], window=(a, b))
+    sweep = settings_for(tmp_path, axis, spec=spec, alphas=(0.0, 1.5), controls=1)
+    kl, _ = text_side_effects(lm, sweep, _texts(), progress=False)
+    rows = [lm.tokenizer(t.text)["input_ids"] for t in _texts()[:3]]
+    width = max(map(len, rows))
+    on = torch.zeros(width, 1)
+    on[PREFIX + a : PREFIX + b] = 1.0
+
+    def adds(layers, where):
+        return {layer: where * (3.0 * axis.direction(layer)) for layer in layers}
+
+    whole, *_ = _kl(lm, rows, adds([0, 2], on))
+    first_only, *_ = _kl(lm, rows, adds([0], on))
+    everywhere, *_ = _kl(lm, rows, adds([0, 2], torch.ones(width, 1)))
+    assert kl.values["axis"][1] == pytest.approx(whole, rel=1e-4)
+    assert min(abs(whole - first_only), abs(whole - everywhere)) > 1e-3 * whole  # each setting mattered
 
 
 def _row(

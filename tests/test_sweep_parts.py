@@ -15,8 +15,9 @@ from test_steer_sweep import chats, settings_for, steer_argv, tiny_axis, tiny_fi
 
 from valueprobe.datasets.io import sha256_file, write_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.sharded import merge
 from valueprobe.steering.experiment.sweep import GENERATIONS, run_sweep
-from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep_parts import run_sweep_part
 from valueprobe.vocab import ShardSpec
 
 
@@ -59,7 +60,7 @@ def test_sampled_sweep_split_two_ways_merges_to_one_process_row_for_row(sweep, t
     # other batch sizes in each part: a row's draws depend on its (block, prompt, sample) only
     paths = _parts(sweep, tmp_path, 2, (3, 7))
     assert not (paths[0] / "metrics.json").exists()  # a part has no summary: the slopes need every prompt
-    merged = merge_sweeps(tmp_path / "merged", paths[::-1])
+    merged = merge(tmp_path / "merged", paths[::-1])
     want = (tmp_path / "one" / GENERATIONS).read_text()
     assert (tmp_path / "merged" / GENERATIONS).read_text() == want
     rows = [json.loads(line) for line in want.splitlines()]
@@ -97,7 +98,7 @@ def test_sweep_parts_that_do_not_belong_are_refused(sweep, tiny_lm_factory, tmp_
 
     def refused(parts: list[Path], match: str) -> None:
         with pytest.raises(ValueprobeError, match=match):
-            merge_sweeps(out, parts)
+            merge(out, parts)
         assert not out.exists()
 
     refused([paths[0]], "shard 1/2 is missing")

@@ -30,7 +30,7 @@ from valueprobe.steering.experiment.search import (
     split_prompts,
     tune_steer,
 )
-from valueprobe.steering.experiment.side_effects import sweep_plan, text_side_effects
+from valueprobe.steering.experiment.side_effects import text_side_effects
 from valueprobe.steering.experiment.sweep import SweepSettings
 from valueprobe.steering.hook.spec import SteeringSpec
 
@@ -99,15 +99,14 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
         texts, read_jsonl(DATA / "neutral_text.jsonl")[:2] + read_jsonl(DATA / "neutral_text.jsonl")[24:26]
     )
     space = SearchSpace((1,), (2.0, 8.0), ("all", "generated"), ("add",), 0.05)
-    found = tune_steer(lm, axis, chats(4), base, space, Goal("length", "all", -1), out=tmp_path / "o",
+    found = tune_steer(lm, chats(4), base, space, Goal("length", "all", -1), out=tmp_path / "o",
                        neutral=texts, batch_size=8, progress=False)  # fmt: skip
     assert len(found.candidates) == 2 * 4  # positions × ±α
     within = [c for c in found.candidates if c.kl <= space.max_kl]
     assert within and found.chosen == max(within, key=lambda c: c.val_effect)
     c = found.candidates[-1]
     settings = replace(base, spec=replace(base.spec, layers=[c.layer], positions=c.positions))
-    plan = sweep_plan(settings, (0.0, c.alpha), lm.n_layers)
-    kl, _ = text_side_effects(lm, axis, plan, read_jsonl(texts), progress=False)
+    kl, _ = text_side_effects(lm, replace(settings, alphas=(0.0, c.alpha)), read_jsonl(texts), progress=False)
     assert kl.values["axis"][1] == pytest.approx(c.kl, rel=1e-5)
     assert SteerSearch.from_dict(json.loads(json.dumps(found.to_dict()))) == found
     assert found.test_front is not None and {p.alpha for p in found.test_front.axis} == {
@@ -121,7 +120,9 @@ def test_search_chooses_within_the_bound_on_validation_and_writes_a_spec_steer_r
     assert chosen is not None
     probe = tmp_path / "probe"
     axis.save(probe)
-    _print(found, tmp_path / "o", probe)  # what tune-steer writes: the one SteeringSpec, α kept apart
+    _print(
+        found, tmp_path / "o", replace(base.spec, probe=str(probe))
+    )  # what tune-steer writes: the one SteeringSpec, α kept apart
     written = SteeringSpec.load(tmp_path / "o" / "spec.json")
     assert (written.probe, written.layers, written.positions, written.op.op.value) == (
         str(probe),

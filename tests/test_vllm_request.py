@@ -48,9 +48,12 @@ def _payload(**spec_kw) -> dict:
         (_payload(unit="furlongs"), r"spec: unit: "),
         (_payload(positions="middle"), r"spec: positions: "),
         (_payload(direction=[1.0, 2.0]), r"spec: .*direction"),
-        (_payload(op="ablate"), r"spec: op: the vllm engine steers with add only"),
-        (_payload(site="attn_out"), r"spec: site: the vllm engine steers the residual stream"),
-        (_payload(window=[0, 4]), r"spec: the vllm engine steers whole phases"),
+        (
+            _payload(op="ablate"),
+            r"spec: op ablate: the vllm engine only adds α·unit·v̂ on the residual stream, one axis at a time: use --engine hf",
+        ),
+        (_payload(site="attn_out"), r"spec: site attn_out: the vllm engine only adds"),
+        (_payload(window=[0, 4]), r"spec: a window of generated tokens: the vllm engine only adds"),
         ({"spec": {"probe": "/nonexistent/probe"}, "alpha": 1}, r"spec.probe: "),
         ({"alpha": 1}, r"spec: missing"),
         ({"spec": {"probe": PROBE}, "alpah": 1}, r"alpah: unknown field"),
@@ -132,6 +135,6 @@ def test_steer_engine_choices_are_checked_before_loading(tmp_path, capsys):
     if importlib.util.find_spec("vllm") is None:
         assert "pip install 'valueprobe[vllm]'" in err
     else:
-        assert "--op add only" in err
+        assert "op ablate: the vllm engine only adds" in err
     code, _, err = run_cli([*args, "--engine", "vllm", "--device-map", "auto"], capsys)
     assert code == 2 and "--engine vllm places the model itself" in err

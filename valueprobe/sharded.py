@@ -1,17 +1,40 @@
-"""The parts of a sharded run, one protocol for every kind: capture, score, steer, shift, attribute.
+"""The parts of a sharded run, one mechanism for every kind: capture, score, steer, shift, attribute.
 
     valueprobe score --probe probes/value --data d.jsonl --shard 0/2 --out runs/score.part0
     valueprobe score --probe probes/value --data d.jsonl --shard 1/2 --out runs/score.part1
-    valueprobe merge runs/score runs/score.part0 runs/score.part1    # merge(out, parts, SCORE_PARTS)
+    valueprobe merge runs/score runs/score.part0 runs/score.part1    # merge(out, parts)
 
-A part is the folder one job of ``--shard I/N`` (or one torchrun rank) writes. Its kind
-(`PartKind`) says which file marks it, how it reads back as a `Part` (its shard, and its identity:
-what must be equal across the N parts — the model's fingerprint, the dataset's sha256 and size,
-the settings, anything else the kind names), and how N parts join into what one process makes.
-What every kind shares is here, once: parts that do not belong together are refused in one line
-naming the part (`check_together`), the parts are read and joined in shard order (`merge`), a
-dataset is read again only while its sha256 matches (`reread`), and under torchrun each rank
-writes its part, the ranks meet, and rank 0 merges (`run_ranks`).
+A part is the folder one job of ``--shard I/N`` (or one torchrun rank) writes. What every kind
+shares is here, once: the kind of a folder is found by its marker file (`kind_of`); parts that
+do not belong together are refused in one line naming the part (`check_together`: another model,
+dataset or setting, a shard missing or repeated); the parts are read and joined in shard order
+into a folder written whole (`merge`); a dataset is read again only while its sha256 matches
+(`reread`); a part file is JSON with its format and shard (`write_head`, `read_head`); and under
+torchrun each rank writes its part, the ranks meet, and rank 0 merges (`run_ranks`). The merged
+summary is generic too: ``valueprobe merge`` prints the joined result's ``table()`` and writes the
+page `valueprobe.report.views` draws for it, if any.
+
+**Declaring a kind** is one `declare(PartKind(...))` at module level, beside what writes its parts;
+the command that writes them names it to ``valueprobe.cli.app.run_sharded`` (torchrun's rank 0
+merges it), which also imports it, so ``valueprobe merge`` knows it by its marker::
+
+    COUNT_PARTS = declare(PartKind(
+        command="count",            # `valueprobe count --shard I/N` writes a part; refusals name it
+        marker="count.json",        # the file that marks a part of this kind (unique among kinds)
+        read=read_count_part,       # Path -> Part: its shard, its body, its identity (below)
+        join=join_counts,           # (out, parts in shard order, checked together) -> the result
+        did="was counted",          # "part P was counted with seed=3, not 0 as Q"
+        source="was counted on",    # "part P was counted on another model / dataset ..."
+        result="count",             # "write the merged count to a new folder"
+    ))
+
+``read`` returns a `Part`: the kind's own record (``body``) and its identity, what must be
+equal across the N parts (``model``: a fingerprint; ``dataset``: path, sha256 and size;
+``settings``: compared key by key; ``other``: anything else, by the name a refusal gives), and
+raises `partial` for an unfinished part. ``join`` writes ``out`` whole (`valueprobe.files.
+atomic_write_dir`) and returns a result with ``table()`` (headers, rows) for the merged summary.
+``check_out`` (default `new_folder`) refuses an ``out`` the kind cannot merge into before any part
+is read; ``head`` names the kind's JSON part file when it has one (format ``valueprobe.COMMAND.part``).
 """
 
 from __future__ import annotations
@@ -34,11 +57,12 @@ from valueprobe.files import write_json
 from valueprobe.vocab import ShardSpec
 
 __all__ = [
+    "KINDS",
     "Part",
     "PartKind",
-    "Words",
     "check_split",
     "check_together",
+    "declare",
     "kind_of",
     "link_or_copy",
     "merge",
@@ -58,20 +82,6 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Words:
-    """How a kind's refusals say what its parts did.
-
-    >>> w = Words("capture", did="was captured", source="was captured from", result="store")
-    >>> # "part P was captured with layers=[0], not [0, 1] as Q: run every part alike"
-    """
-
-    command: str  # the command that writes a part: "rerun its `valueprobe capture --shard I/N`"
-    did: str  # "part P was captured with layers=[0], not ..."
-    source: str  # "part P was captured from another model ...", "... from another dataset ..."
-    result: str  # what a merge writes: "write the merged store to a new folder"
-
-
-@dataclass(frozen=True)
 class Part(Generic[T]):
     """One part read back: where, which shard, the kind's own record (``body``), and its identity."""
 
@@ -85,45 +95,67 @@ class Part(Generic[T]):
     unrecorded: frozenset[str] = frozenset()  # settings written before they were recorded: match any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PartKind(Generic[T, R]):
-    """One kind of part: the file that marks it, its words, how one reads back, how N join.
+    """One kind of part, declared once (see the module doc for each field)."""
 
-    ``check_out(out)`` refuses, before any part is read, an ``out`` this kind cannot merge into;
-    ``join(out, parts)`` gets the parts in shard order, already checked together, and writes the
-    merged folder whole (`valueprobe.files.atomic_write_dir`), or for a shift returns the result
-    its command writes whole with its figure.
-    """
-
+    command: str
     marker: str
-    words: Words
     read: Callable[[Path], Part[T]]
-    check_out: Callable[[Path], None]
     join: Callable[[Path, Sequence[Part[T]]], R]
+    did: str = "ran"
+    source: str = "ran on"
+    result: str = "result"
+    check_out: Callable[[Path], None] = field(default=lambda out: new_folder(out))
+    head: str | None = None
+
+    @property
+    def format(self) -> str:
+        return f"valueprobe.{self.command}.part"
 
 
-def kind_of(folder: Path, kinds: Sequence[PartKind[Any, Any]]) -> PartKind[Any, Any] | None:
-    """The first kind whose marker ``folder`` holds, or None."""
-    return next((k for k in kinds if (folder / k.marker).exists()), None)
+KINDS: list[PartKind[Any, Any]] = []  # every declared kind, in the order declared
 
 
-def merge(out: str | Path, parts: Sequence[str | Path], kind: PartKind[T, R]) -> R:
-    """Join the N parts of one sharded run (in any order) into ``out`` as ``kind`` joins them.
+def declare(kind: PartKind[T, R]) -> PartKind[T, R]:
+    """Add ``kind`` to `KINDS` (its marker must be its own) and return it."""
+    if any(k.marker == kind.marker and k is not kind for k in KINDS):
+        raise ValueError(f"two kinds of part are marked by {kind.marker}")
+    if kind not in KINDS:
+        KINDS.append(kind)
+    return kind
+
+
+def kind_of(folder: Path, kinds: Sequence[PartKind[Any, Any]] | None = None) -> PartKind[Any, Any] | None:
+    """The kind whose marker ``folder`` holds (among ``kinds``, default every declared one), or None."""
+    return next((k for k in (KINDS if kinds is None else kinds) if (folder / k.marker).exists()), None)
+
+
+def merge(out: str | Path, parts: Sequence[str | Path], kind: PartKind[T, R] | None = None) -> R:
+    """Join the N parts of one sharded run (in any order) into ``out`` as their kind joins them
+    (``kind``, default the one the first part's marker names).
 
     Raises:
-        ValueprobeError: no parts, an ``out`` that is one of them or that ``kind`` refuses, a part
-            that does not read back, or parts that do not belong together; ``out`` is left as it was.
+        ValueprobeError: no parts, a folder of no known kind, an ``out`` that is one of them or
+            that the kind refuses, a part that does not read back, or parts that do not belong
+            together; ``out`` is left as it was.
     """
     out, paths = Path(out), [Path(p) for p in parts]
     if not paths:
         raise ValueprobeError("merge needs the part folders: valueprobe merge OUT PART...")
+    kind = kind or kind_of(paths[0])
+    if kind is None:
+        raise ValueprobeError(
+            f"part {paths[0]} holds no sharded result ({', '.join(k.marker for k in KINDS)}): pass the"
+            " folders that a command run with --shard I/N wrote"
+        )
     if any(out.resolve() == p.resolve() for p in paths):
         raise ValueprobeError(
-            f"merge OUT {out} is one of its parts: write the merged {kind.words.result} to a new folder"
+            f"merge OUT {out} is one of its parts: write the merged {kind.result} to a new folder"
         )
     kind.check_out(out)
     loaded = [kind.read(p) for p in paths]
-    check_together(loaded, kind.words)
+    check_together(loaded, kind)
     return kind.join(out, sorted(loaded, key=lambda p: p.shard.index))
 
 
@@ -133,7 +165,7 @@ def new_folder(out: Path) -> None:
         raise ValueprobeError(f"merge OUT {out} exists and is not an empty folder: choose a new folder")
 
 
-def check_together(parts: Sequence[Part[Any]], words: Words) -> None:
+def check_together(parts: Sequence[Part[Any]], kind: PartKind[Any, Any]) -> None:
     """Every part from the first part's model, dataset, settings and the rest; each shard 0..N-1 once.
 
     Raises:
@@ -143,13 +175,13 @@ def check_together(parts: Sequence[Part[Any]], words: Words) -> None:
     for p in parts:
         if p.model != first.model:
             raise ValueprobeError(
-                f"part {p.path} {words.source} another model (fingerprint {p.model}, not {first.model} as"
+                f"part {p.path} {kind.source} another model (fingerprint {p.model}, not {first.model} as"
                 f" {ref}): run every part with the same model"
             )
         if p.dataset is not None and first.dataset is not None and p.dataset[1:] != first.dataset[1:]:
             (path, _, n), (want, _, m) = p.dataset, first.dataset
             raise ValueprobeError(
-                f"part {p.path} {words.source} another dataset ({path}, {n} examples) than {ref} ({want},"
+                f"part {p.path} {kind.source} another dataset ({path}, {n} examples) than {ref} ({want},"
                 f" {m}): run every part on one file"
             )
         if (
@@ -160,7 +192,7 @@ def check_together(parts: Sequence[Part[Any]], words: Words) -> None:
         keys = [k for k in {**first.settings, **p.settings} if k not in skip]
         if (key := next((k for k in keys if p.settings.get(k) != first.settings.get(k)), None)) is not None:
             raise ValueprobeError(
-                f"part {p.path} {words.did} with {key}={p.settings.get(key)!r}, not"
+                f"part {p.path} {kind.did} with {key}={p.settings.get(key)!r}, not"
                 f" {first.settings.get(key)!r} as {ref}: run every part alike"
             )
     check_split([(p.path, p.shard) for p in parts])
@@ -192,46 +224,54 @@ def check_split(parts: Sequence[tuple[object, ShardSpec]]) -> None:
         )
 
 
-def write_head(folder: Path, marker: str, fmt: str, shard: ShardSpec, fields: Mapping[str, Any]) -> None:
-    """A part file: its format, version 1 and shard, then ``fields`` (`read_head` reads it back)."""
-    head = {"format": fmt, "version": 1, "shard": {"index": shard.index, "count": shard.count}, **fields}
-    write_json(folder / marker, head, indent=1, allow_nan=False)
+def write_head(folder: Path, kind: PartKind[Any, Any], shard: ShardSpec, fields: Mapping[str, Any]) -> None:
+    """The kind's part file: its format, version 1 and shard, then ``fields`` (`read_head` reads it)."""
+    assert kind.head is not None
+    head = {
+        "format": kind.format,
+        "version": 1,
+        "shard": {"index": shard.index, "count": shard.count},
+        **fields,
+    }
+    write_json(folder / kind.head, head, indent=1, allow_nan=False)
 
 
 @contextmanager
-def reading(path: Path, marker: str, words: Words) -> Iterator[None]:
-    """Turn a part file that does not read back into one line naming the part."""
+def reading(path: Path, kind: PartKind[Any, Any], what: str | None = None) -> Iterator[None]:
+    """Turn a part whose files (``what``, default the part file) do not read back into one line."""
     try:
         yield
     except (OSError, ValueError, KeyError, TypeError, ValueprobeError) as exc:
         raise ValueprobeError(
-            f"part {path} is not a readable {words.command} part ({marker}: {exc}); rerun its"
-            f" `valueprobe {words.command} --shard`"
+            f"part {path} is not a readable {kind.command} part ({what or kind.head}: {exc}); rerun its"
+            f" `valueprobe {kind.command} --shard`"
         ) from None
 
 
-def read_head(path: Path, marker: str, fmt: str) -> tuple[dict[str, Any], ShardSpec]:
-    """A part file of format ``fmt`` and the shard it names (inside `reading`, which words its errors)."""
-    head = json.loads((path / marker).read_text(encoding="utf-8"))
-    if head.get("format") != fmt:
-        raise ValueError(f"format {head.get('format')!r}")
-    return head, ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
+def read_head(path: Path, kind: PartKind[Any, Any]) -> tuple[dict[str, Any], ShardSpec]:
+    """The kind's part file and the shard it names, one line naming the part if it does not read."""
+    assert kind.head is not None
+    with reading(path, kind):
+        head = json.loads((path / kind.head).read_text(encoding="utf-8"))
+        if head.get("format") != kind.format:
+            raise ValueError(f"format {head.get('format')!r}")
+        return head, ShardSpec.parse(f"{int(head['shard']['index'])}/{int(head['shard']['count'])}")
 
 
-def partial(part: Part[Any], words: Words, done: str) -> ValueprobeError:
+def partial(part: Part[Any], kind: PartKind[Any, Any], done: str) -> ValueprobeError:
     """The refusal of an unfinished part; ``done`` says how far it got ("3 of 8 examples")."""
     return ValueprobeError(
         f"part {part.path} (shard {part.shard}) is partial: {done}; rerun its"
-        f" `valueprobe {words.command} --shard {part.shard}` to finish it"
+        f" `valueprobe {kind.command} --shard {part.shard}` to finish it"
     )
 
 
-def reread(part: Path, path: str | None, sha256: str | None, words: Words) -> list[Example]:
+def reread(part: Path, path: str | None, sha256: str | None, kind: PartKind[Any, Any]) -> list[Example]:
     """The dataset a part ran on, read again for the merge, if it is still there with its sha256."""
     if path is None or not Path(path).is_file() or sha256_file(path) != sha256:
         raise ValueprobeError(
-            f"part {part} {words.source} {path} (sha256 {str(sha256)[:12]}), which is not there or has"
-            f" changed: merge where that file is, from the folder its `valueprobe {words.command}` ran in"
+            f"part {part} {kind.source} {path} (sha256 {str(sha256)[:12]}), which is not there or has"
+            f" changed: merge where that file is, from the folder its `valueprobe {kind.command}` ran in"
         )
     return read_jsonl(path)
 

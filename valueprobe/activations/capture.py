@@ -45,7 +45,16 @@ from valueprobe.vocab import (
     parse_layers,
 )
 
-__all__ = ["CaptureResult", "CaptureSettings", "Rows", "capture", "iter_batches", "run_encoded", "run_until"]
+__all__ = [
+    "CaptureResult",
+    "CaptureSettings",
+    "Rows",
+    "capture",
+    "iter_batches",
+    "run_captured",
+    "run_encoded",
+    "run_until",
+]
 
 
 @dataclass(frozen=True)
@@ -261,7 +270,7 @@ def capture(
     s = settings
     if not examples:
         raise ValueprobeError("no examples to capture: the dataset is empty")
-    site = choice(Site, s.site, what="site")
+    choice(Site, s.site, what="site")  # refused before the examples are encoded
     if s.batch_size < 1:
         raise ValueprobeError(f"batch_size must be >= 1, got {s.batch_size}")
     layer_list = parse_layers(s.layers, n_layers=lm.n_layers)
@@ -275,18 +284,32 @@ def capture(
         chat_template=s.chat_template,
     )
     with tqdm(total=len(encoded), desc="capture", unit="ex", disable=not progress) as bar:
-        return run_encoded(
-            lm,
-            encoded,
-            layers=layer_list,
-            site=site,
-            include_embed=s.include_embed,
-            batch_size=s.batch_size,
-            padding_side=s.padding_side,
-            route=s.route,
-            remote=s.remote,
-            on_batch=bar.update,
-        )
+        return run_captured(lm, encoded, s, layers=layer_list, on_batch=bar.update)
+
+
+def run_captured(
+    lm: LoadedModel,
+    encoded: Sequence[Encoded],
+    settings: CaptureSettings,
+    *,
+    layers: list[int],
+    on_batch: Callable[[int], object] | None = None,
+) -> CaptureResult:
+    """`run_encoded` as ``settings`` say (``layers`` resolved on ``lm``): what `capture` and each
+    checkpoint of `valueprobe.activations.store.capture_to_store` run."""
+    s = settings
+    return run_encoded(
+        lm,
+        encoded,
+        layers=layers,
+        site=choice(Site, s.site, what="site"),
+        include_embed=s.include_embed,
+        batch_size=s.batch_size,
+        padding_side=s.padding_side,
+        route=s.route,
+        remote=s.remote,
+        on_batch=on_batch,
+    )
 
 
 def run_encoded(
@@ -322,36 +345,18 @@ def run_encoded(
 def run_until(
     lm: LoadedModel,
     chunk: list[Encoded],
+    settings: CaptureSettings,
     *,
-    deadline: float,
-    batch_size: int,
-    on_batch: Callable[[int], object],
     layers: list[int],
-    site: Site,
-    include_embed: bool,
-    padding_side: PaddingSide,
-    route: RouteName,
-    remote: bool,
+    deadline: float,
+    on_batch: Callable[[int], object],
 ) -> tuple[CaptureResult, int]:
     """Run ``chunk`` batch by batch (the same batches as one pass), stopping at the first batch
     boundary past ``deadline``; returns the result and how many examples of ``chunk`` it covers."""
     parts, done = [], 0
     while done < len(chunk):
-        batch = chunk[done : done + batch_size]
-        parts.append(
-            run_encoded(
-                lm,
-                batch,
-                layers=layers,
-                site=site,
-                include_embed=include_embed,
-                batch_size=batch_size,
-                padding_side=padding_side,
-                route=route,
-                remote=remote,
-                on_batch=on_batch,
-            )
-        )
+        batch = chunk[done : done + settings.batch_size]
+        parts.append(run_captured(lm, batch, settings, layers=layers, on_batch=on_batch))
         done += len(batch)
         if time.monotonic() >= deadline:
             break

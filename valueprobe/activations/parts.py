@@ -8,9 +8,7 @@ A part is a store whose manifest names its shard (``part: {index, count}``) and 
 dataset (sha256, number of examples). Its shard files cover whole blocks of
 ``examples_per_shard`` examples with absolute example indices, so the merged store is the
 parts' shard files in shard order, renumbered: the same bytes a one-process capture writes, not
-a re-encoding. Parts that do not belong together (another model, other settings or dataset, a
-missing or repeated shard, an unfinished part) are refused with one line naming the part
-(`valueprobe.sharded`, the protocol every kind of part follows).
+a re-encoding (`valueprobe.sharded.merge` joins them; its checks are every kind's).
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ from valueprobe.activations.store import MANIFEST, ActivationStore, check_store_
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir, write_json
 from valueprobe.model.fingerprint import Fingerprint
-from valueprobe.sharded import Part, PartKind, Words, link_or_copy, merge, partial
+from valueprobe.sharded import Part, PartKind, declare, link_or_copy, partial
 
-__all__ = ["STORE_PARTS", "merge_stores", "read_part"]
-
-WORDS = Words("capture", did="was captured", source="was captured from", result="store")
+__all__ = ["STORE_PARTS", "read_part"]
 
 
 def read_part(path: str | Path) -> Part[StoreManifest]:
@@ -57,7 +53,7 @@ def read_part(path: str | Path) -> Part[StoreManifest]:
         settings=settings, unrecorded=unrecorded,
     )  # fmt: skip
     if not m.complete:
-        raise partial(part, WORDS, f"{m.n_examples_done} of {len(m.example_range)} examples")
+        raise partial(part, STORE_PARTS, f"{m.n_examples_done} of {len(m.example_range)} examples")
     return part
 
 
@@ -84,17 +80,15 @@ def _join(out: Path, parts: Sequence[Part[StoreManifest]]) -> ActivationStore:
     return ActivationStore.open(out)
 
 
-STORE_PARTS = PartKind(MANIFEST, WORDS, read_part, _check_out, _join)
-
-
-def merge_stores(out: str | Path, parts: Sequence[str | Path]) -> ActivationStore:
-    """Join the N parts of a sharded capture (in any order) into one store at ``out``.
-
-    The store appears at ``out`` only when complete (a temporary folder, then a rename). Its
-    manifest is the parts' without the ``part`` entry, its shards theirs in dataset order.
-
-    Raises:
-        ValueprobeError: parts that do not belong together, or an ``out`` that is a part or
-            holds something other than a store.
-    """
-    return merge(out, parts, STORE_PARTS)
+STORE_PARTS = declare(
+    PartKind(
+        command="capture",
+        marker=MANIFEST,
+        read=read_part,
+        join=_join,
+        did="was captured",
+        source="was captured from",
+        result="store",
+        check_out=_check_out,
+    )
+)

@@ -53,6 +53,7 @@ from valueprobe.vocab import (
     ShardSpec,
     Site,
     choice,
+    layer_ranges,
     parse_layers,
 )
 
@@ -170,6 +171,27 @@ class ActivationStore:
     def rows(self) -> Rows:
         return Rows.concat([rows for _, rows in self.iter_shards(layers=[])])
 
+    def table(self) -> tuple[list[str], list[list[object]]]:
+        """The store in one row: model, layers, site, positions, examples, rows, shards, dtype, part."""
+        m = self.manifest
+        headers = [
+            "model",
+            "fingerprint",
+            "layers",
+            "site",
+            "positions",
+            "examples",
+            "rows",
+            "shards",
+            "dtype",
+            "part",
+        ]
+        row: list[object] = [
+            m.model_id, m.fingerprint, layer_ranges(m.layers), m.site, m.positions, len(set(self.rows().example_id)),
+            m.n_rows, len(m.shards), m.dtype, "-" if m.part is None else str(m.part),
+        ]  # fmt: skip
+        return headers, [row]
+
     def acts(self, layer: LayerKey) -> np.ndarray:
         """All rows of one layer as float32 ``[n_rows, d_model]`` (materialized in RAM)."""
         self._check_key(layer)
@@ -259,17 +281,7 @@ def capture_to_store(
         **tokens,
     )
     _check_selections(select, examples, wanted.example_range, examples_per_shard, s.max_length)
-    run = functools.partial(
-        run_until,
-        lm,
-        layers=layer_list,
-        site=site,
-        include_embed=s.include_embed,
-        batch_size=s.batch_size,
-        padding_side=s.padding_side,
-        route=s.route,
-        remote=s.remote,
-    )
+    run = functools.partial(run_until, lm, settings=s, layers=layer_list)
     _write_shards(
         examples, out, wanted, select, run, checkpoint_seconds=checkpoint_seconds, progress=progress
     )

@@ -26,12 +26,9 @@ from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import summarize_run, write_result
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_dir
-from valueprobe.sharded import Part, PartKind, Words, link_or_copy, merge, new_folder, partial
+from valueprobe.sharded import Part, PartKind, declare, link_or_copy, partial
 
-__all__ = ["ATTRIBUTION_PARTS", "merge_runs"]
-
-
-WORDS = Words("attribute", did="was run", source="was run on", result="run")
+__all__ = ["ATTRIBUTION_PARTS"]
 
 
 def _read(path: Path) -> Part[RunFile]:
@@ -46,7 +43,7 @@ def _read(path: Path) -> Part[RunFile]:
         )
     part = Part(path, run.part, run, settings=run.identity, other=(("number of items", run.n_items),))
     if not run.complete:
-        raise partial(part, WORDS, f"{run.done - run.lo} of {run.hi - run.lo} items")
+        raise partial(part, ATTRIBUTION_PARTS, f"{run.done - run.lo} of {run.hi - run.lo} items")
     return part
 
 
@@ -72,14 +69,14 @@ def _join(out: Path, parts: Sequence[Part[RunFile]]) -> Attribution:
     return done[0]
 
 
-ATTRIBUTION_PARTS = PartKind(RUN, WORDS, _read, new_folder, _join)
-
-
-def merge_runs(out: str | Path, parts: Sequence[str | Path]) -> Attribution:
-    """Join the N parts of a sharded attribution into the folder one process writes, and summarize it.
-
-    Raises:
-        ValueprobeError: parts that do not belong together or are unfinished, or an ``out`` that is
-            a part or holds something else.
-    """
-    return merge(out, parts, ATTRIBUTION_PARTS)
+ATTRIBUTION_PARTS = declare(
+    PartKind(
+        command="attribute",
+        marker=RUN,
+        read=_read,
+        join=_join,
+        did="was run",
+        source="was run on",
+        result="run",
+    )
+)

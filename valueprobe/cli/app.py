@@ -13,6 +13,8 @@ transformers, plotly, the capture stack) is imported inside the command, when it
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from valueprobe.model.load import LoadedModel
+    from valueprobe.sharded import PartKind
 
 app = typer.Typer(
     add_completion=False,
@@ -268,25 +271,61 @@ def write_figure(fig: go.Figure, path: Path) -> Path:
     return write_html(fig, path)
 
 
+# The modules that declare a kind of part (`valueprobe.sharded.declare`). Command modules load the
+# library only when their command runs, so ``valueprobe merge`` imports these to know every kind by
+# its marker; tests/test_sharded.py holds the tuple equal to the modules that call ``declare``.
+PART_MODULES = (
+    "valueprobe.activations.parts",
+    "valueprobe.read.score_parts",
+    "valueprobe.steering.experiment.sweep_parts",
+    "valueprobe.tune.shift_parts",
+    "valueprobe.attribute.parts",
+    "valueprobe.evals.parts",
+)
+
+
+def declare_kinds() -> None:
+    """Import every module of `PART_MODULES`, declaring its kind of part (once per process)."""
+    for module in PART_MODULES:
+        importlib.import_module(module)
+
+
+def print_merged(out: Path, parts: Sequence[Path], kind: PartKind[Any, Any] | None = None) -> None:
+    """Merge the parts of a sharded run into ``out`` (`valueprobe.sharded.merge`; ``kind`` default
+    the one the first part's marker names), write its page (`valueprobe.report.views`) and print
+    its table."""
+    from valueprobe.report.views import write_view  # loads the library: when the command runs
+    from valueprobe.sharded import kind_of, merge
+
+    declare_kinds()
+    result = merge(out, parts, kind)
+    kind = kind or kind_of(Path(parts[0]))
+    assert kind is not None  # merge found it
+    write_view(result, out)
+    table(f"{kind.command} (merged)", *result.table())
+
+
 def run_sharded(
     out: Path,
     shard: ShardSpec | None,
     device: str,
     work: Callable[[Path, ShardSpec, str], object],
-    merge: Callable[[Path, Sequence[Path]], object],
+    kind: PartKind[Any, Any],
 ) -> bool:
-    """A part of a sharded job, if this is one; True when it was.
+    """A part of a sharded job of ``kind``, if this is one; True when it was.
 
     With ``--shard I/N``: ``work(out, shard, device)`` writes the part. Under torchrun (RANK and
     WORLD_SIZE > 1, no ``--shard``): ``work`` writes this rank's part (OUT.parts/part-R-of-N) on
-    its own GPU, the ranks meet, and rank 0 runs ``merge(out, parts)``
-    (`valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job.
+    its own GPU, the ranks meet, and rank 0 merges them (`print_merged`,
+    `valueprobe.sharded.run_ranks`). Otherwise False: the caller runs the whole job. Naming its
+    ``kind`` here, the command that writes the parts has declared it before anyone merges them.
     """
     from valueprobe.sharded import rank_device, run_ranks  # torch: loaded when a command runs
 
     ranked = ShardSpec.from_env() if shard is None else None
     if ranked is not None:
-        run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merge)
+        merged = functools.partial(print_merged, kind=kind)
+        run_ranks(out, ranked, lambda part: work(part, ranked, rank_device(device)), merged)
         return True
     if shard is not None:
         work(out, shard, device)

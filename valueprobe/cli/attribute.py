@@ -111,13 +111,6 @@ def print_attribution(res: Attribution, out: Path) -> None:
     console.print(f"wrote {out}/attribution.json, components.csv, attribution.html")
 
 
-def print_merged_attribution(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded attribution into ``out`` and print its table."""
-    from valueprobe.attribute.parts import merge_runs  # loads the library: when the command runs (cli/app.py)
-
-    print_attribution(merge_runs(out, parts), out)
-
-
 def _data(paths: Sequence[Path]) -> tuple[list[Example], tuple[DatasetInfo, ...]]:
     examples: list[Example] = []
     infos = []
@@ -215,10 +208,8 @@ def attribute_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Where value comes from: split the axis reading into heads and MLPs, patch matched pairs, ablate."""
-    from valueprobe.attribute.run import (  # loads the library: when the command runs (cli/app.py)
-        Provenance,
-        run_attribution,
-    )
+    from valueprobe.attribute.parts import ATTRIBUTION_PARTS  # loads the library: when the command runs
+    from valueprobe.attribute.run import Provenance, run_attribution
     from valueprobe.probe.axis import ValueAxis
 
     how, opts = load, attribution
@@ -242,7 +233,7 @@ def attribute_command(
         run(part_out, piece, on)
         console.print(f"wrote {part_out} (shard {piece}): `valueprobe merge` joins the parts")
 
-    if run_sharded(out, shard, device, part, print_merged_attribution):
+    if run_sharded(out, shard, device, part, ATTRIBUTION_PARTS):
         return
     res = run(out, None, device)
     assert res is not None

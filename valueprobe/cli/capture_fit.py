@@ -8,7 +8,6 @@ valueprobe replicate axis --out probes/smollm2-135m-value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -54,7 +53,6 @@ from valueprobe.vocab import (
     Site,
     Target,
     Tokens,
-    layer_ranges,
 )
 
 if TYPE_CHECKING:
@@ -74,36 +72,7 @@ GroupByOpt = Annotated[
 
 def print_store(out: Path, store: ActivationStore) -> None:
     """The one-row summary of a captured store."""
-    rows, m = store.rows(), store.manifest
-    table(
-        f"capture -> {out}",
-        [
-            "model",
-            "fingerprint",
-            "layers",
-            "site",
-            "positions",
-            "examples",
-            "rows",
-            "shards",
-            "dtype",
-            "part",
-        ],
-        [
-            [
-                m.model_id,
-                m.fingerprint,
-                layer_ranges(m.layers),
-                m.site,
-                m.positions,
-                len(set(rows.example_id)),
-                m.n_rows,
-                len(m.shards),
-                m.dtype,
-                "-" if m.part is None else str(m.part),
-            ]
-        ],
-    )
+    table(f"capture -> {out}", *store.table())
 
 
 @dataclass(frozen=True)
@@ -195,10 +164,8 @@ def capture_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Capture residual-stream activations of a dataset into a sharded store (torchrun: one part a rank)."""
-    from valueprobe.activations.store import (  # loads the library: when the command runs (cli/app.py)
-        capture_to_store,
-        check_store_out,
-    )
+    from valueprobe.activations.parts import STORE_PARTS  # loads the library: when the command runs
+    from valueprobe.activations.store import capture_to_store, check_store_out
     from valueprobe.model.load import check_device
 
     # checked before the ranks meet: every rank refuses the same options alike
@@ -229,7 +196,7 @@ def capture_command(
         if store_out == out:  # not a torchrun rank's part: rank 0 prints the merged store
             print_store(store_out, store)
 
-    if not run_sharded(out, shard, how.device, work, print_merged_store):
+    if not run_sharded(out, shard, how.device, work, STORE_PARTS):
         work(out, None, how.device)
 
 
@@ -382,7 +349,7 @@ def score_command(
     from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
     from valueprobe.probe.readings import family_reading
     from valueprobe.read.readout import score_dataset
-    from valueprobe.read.score_parts import score_part
+    from valueprobe.read.score_parts import SCORE_PARTS, score_part
 
     check_output_dir(out, holds="scores")
     settings = reading.settings()
@@ -406,7 +373,7 @@ def score_command(
             f"wrote {part_out}/scores.csv, part.json (shard {part}): `valueprobe merge` joins the parts"
         )
 
-    if run_sharded(out, shard, how.device, work, print_merged_scores):
+    if run_sharded(out, shard, how.device, work, SCORE_PARTS):
         return
     lm = how.load(model)
     res = score_dataset(axis, lm, examples, settings)
@@ -505,23 +472,3 @@ def _print_history(history: ValueAxis) -> None:
             for k, v in history.metrics["evaluated_on"].items()
         ],
     )
-
-
-def print_merged_store(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded capture into the store ``out`` and print it."""
-    from valueprobe.activations.parts import (
-        merge_stores,  # loads the library: when the command runs (cli/app.py)
-    )
-
-    print_store(out, merge_stores(out, parts))
-
-
-def print_merged_scores(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded score into ``out`` and print its table."""
-    from valueprobe.read.score_parts import (
-        merge_scores,  # loads the library: when the command runs (cli/app.py)
-    )
-
-    res = merge_scores(out, parts)
-    headers, rows = res.table()
-    table(f"score (merged): layer {res.layer}", headers, rows)

@@ -15,7 +15,6 @@ starts, the probe must fit the model (as ``steer`` refuses one).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
     from valueprobe.evals.records import EvalResult, EvalSettings
     from valueprobe.model.load import LoadedModel
 
-__all__ = ["EvalOptions", "eval_command", "print_merged_evals"]
+__all__ = ["EvalOptions", "eval_command"]
 
 
 def _command(
@@ -83,13 +82,6 @@ def _print(result: EvalResult, out: Path) -> None:
 
 def _cell(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def print_merged_evals(out: Path, parts: Sequence[Path]) -> None:
-    """``valueprobe merge`` of `valueprobe eval` parts: the table of the merged run."""
-    from valueprobe.evals.parts import merge_evals  # loads the library: when the command runs (cli/app.py)
-
-    _print(merge_evals(out, parts), out)
 
 
 @dataclass(frozen=True)
@@ -150,7 +142,7 @@ def eval_command(
     steering: SpecOptions = SpecOptions(),
 ) -> None:
     """Run a shipped harness task under steering across α, with random directions as the null."""
-    from valueprobe.evals.parts import PART, merge_evals  # loads the library: when the command runs
+    from valueprobe.evals.parts import EVAL_PARTS, PART  # loads the library: when the command runs
     from valueprobe.evals.run import eval_part, run_eval
     from valueprobe.evals.steering import check_alphas, check_fit
     from valueprobe.model.load import check_model_folder
@@ -173,7 +165,7 @@ def eval_command(
         console.print(f"wrote part {shard_spec} ({len(done.points)} settings) to {part / PART}")
         return done
 
-    if run_sharded(out, shard, how.device, work, merge_evals):
+    if run_sharded(out, shard, how.device, work, EVAL_PARTS):
         return
     result = run_eval(ready(), spec, settings, out=out)
     command = _command(settings, steering, model=model, out=out, allow_large=allow_large)

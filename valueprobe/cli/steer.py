@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -52,7 +52,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import check_output_dir
 from valueprobe.steering.experiment.behaviour import METRICS
 from valueprobe.steering.experiment.prompting import parse_conditions
-from valueprobe.vocab import HookSite, Op, ShardSpec, Unit
+from valueprobe.vocab import ShardSpec, Unit
 
 if TYPE_CHECKING:
     from valueprobe.replicate.steer import ReplicateSteer, ReplicateSteerSettings
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from valueprobe.steering.experiment.sweep import SweepSettings
     from valueprobe.steering.hook.spec import SteeringSpec
 
-__all__ = ["print_merged_sweeps", "print_sweep", "replicate_steer_command", "steer_command"]
+__all__ = ["print_sweep", "replicate_steer_command", "steer_command"]
 
 
 def _read_prompts(path: Path, limit: int | None):
@@ -155,7 +155,7 @@ def steer_command(
     prompting (a system prompt asking for the behaviour, or its opposite) as the baseline."""
     from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
     from valueprobe.steering.experiment.sweep import SweepSettings, check_settings, run_sweep
-    from valueprobe.steering.experiment.sweep_parts import run_sweep_part
+    from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS, run_sweep_part
     from valueprobe.steering.hook.strength import check_strengths, spec_units
 
     n_random = renamed(
@@ -204,14 +204,14 @@ def steer_command(
     part = partial(run_sweep_part, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     # bound, not called: the settings (and so α) reach _sweep_part only in a sharded run
     work = partial(_sweep_part, settings, examples, model, how, part)
-    if run_sharded(out, shard, how.device, work, print_merged_sweeps):
+    if run_sharded(out, shard, how.device, work, SWEEP_PARTS):
         return
     check_settings(settings, out, examples)
     lm = how.load(model)
     run = partial(run_sweep, other=other, batch_size=batch_size, n_boot=sweep.bootstrap, force=force)
     result = run(lm, examples, out, settings, generator=_generator(engine, model, decoding.seed, how))
     print_sweep(result, out, f"steer {Path(settings.probe).name} on {prompts.name}")
-    judge_sweep(lm, axis, result, out, side_effects=sweep.side_effects)
+    judge_sweep(lm, result, out, side_effects=sweep.side_effects)
 
 
 def _sweep_part(
@@ -237,15 +237,6 @@ def _sweep_part(
     console.print(f"wrote {part_out}/generations.jsonl ({n_rows} rows) and part.json (shard {part})")
 
 
-def print_merged_sweeps(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded sweep into ``out``, write its figure and print its table."""
-    from valueprobe.steering.experiment.sweep_parts import (
-        merge_sweeps,  # loads the library: when the command runs (cli/app.py)
-    )
-
-    print_sweep(merge_sweeps(out, parts), out, "steer (merged)")
-
-
 def print_sweep(result: SteerSweep, out: Path, title: str) -> None:
     """Write the dose figure next to a sweep's files and print its table."""
     from valueprobe.report.effects import (
@@ -265,7 +256,11 @@ def _check_engine(
     engine: str, *, spec: SteeringSpec, shard: ShardSpec | None, device_map: str | None
 ) -> None:
     """``--engine``, and what the vLLM engine steers (add, on the residual stream), before any load."""
-    from valueprobe.vllm.generate import INSTALL  # loads the library: when the command runs (cli/app.py)
+    from valueprobe.steering.hook.additive import (  # loads the library: when the command runs (cli/app.py)
+        VLLM,
+        check_additive,
+    )
+    from valueprobe.vllm.generate import INSTALL
 
     if engine not in ("hf", "vllm"):
         raise ValueprobeError(f"unknown --engine {engine!r}: use hf or vllm")
@@ -276,14 +271,7 @@ def _check_engine(
             raise ValueprobeError("--engine vllm places the model itself: leave out --device-map")
         if importlib.util.find_spec("vllm") is None:
             raise ValueprobeError(f"--engine vllm needs vLLM, which is not installed: {INSTALL}")
-        if spec.op.op != Op.add:
-            raise ValueprobeError(f"--engine vllm steers with --op add only, not --op {spec.op.op.value}")
-        if spec.site is not None and spec.site not in (HookSite.resid_post, HookSite.resid_pre):
-            raise ValueprobeError(
-                f"--engine vllm steers the residual stream only, not --site {spec.site.value}"
-            )
-        if spec.window is not None or spec.condition is not None:
-            raise ValueprobeError("--engine vllm steers whole phases: leave out --window and a condition")
+        check_additive(spec, VLLM)
 
 
 def _generator(engine: str, model: str, seed: int, how: LoadOptions) -> Callable[..., list[Generation]]:

@@ -10,6 +10,7 @@ The records come from `valueprobe.replicate.steer_eval` (replicate) and `valuepr
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,6 @@ from valueprobe.steering.experiment.prompting import conditions_path, read_targe
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
-    from valueprobe.probe.axis import ValueAxis
     from valueprobe.steering.experiment.dose import SteerSweep
 
 __all__ = ["judge_sweep", "print_evaluation", "side_effect_folder"]
@@ -86,9 +86,7 @@ def side_effect_folder(prompts: Path) -> Path:
     return folder
 
 
-def judge_sweep(
-    lm: LoadedModel, axis: ValueAxis, result: SteerSweep, out: Path, *, side_effects: bool
-) -> None:
+def judge_sweep(lm: LoadedModel, result: SteerSweep, out: Path, *, side_effects: bool) -> None:
     """What ``steer`` prints beside its dose table: steering against asking and per-item reliability
     for the set's stated target, and with ``side_effects`` the side effects and the effect-vs-KL front
     (``side_effects.json``, ``side_effects.html``, ``front.html``)."""
@@ -101,7 +99,7 @@ def judge_sweep(
     from valueprobe.steering.experiment.baseline import baseline_table, prompt_baseline
     from valueprobe.steering.experiment.front import effect_front
     from valueprobe.steering.experiment.reliability import item_reliability
-    from valueprobe.steering.experiment.side_effects import measure_side_effects, sweep_plan
+    from valueprobe.steering.experiment.side_effects import measure_side_effects
     from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
 
     settings = result.settings
@@ -120,12 +118,12 @@ def judge_sweep(
     table("per-item reliability", *reliability_table({prompts.stem: BenchEval(target, (), rel, None)}))
     if not side_effects:
         return
-    plan = sweep_plan(settings, sorted({0.0, *settings.alphas}), lm.n_layers)
+    measured = replace(settings, alphas=tuple(sorted({0.0, *settings.alphas})))
     tasks = {
         k: [t for t in read_tasks(prompts.parent / f) if g is None or t.group == g][:n]
         for k, (f, g, n, _) in TASKS.items()
     }
-    side = measure_side_effects(lm, axis, plan, texts=read_jsonl(prompts.parent / "neutral_text.jsonl"), tasks=tasks,
+    side = measure_side_effects(lm, measured, texts=read_jsonl(prompts.parent / "neutral_text.jsonl"), tasks=tasks,
                                 max_new_tokens={k: v[3] for k, v in TASKS.items()})  # fmt: skip
     write_json(out / "side_effects.json", jsonable(side.to_dict()), allow_nan=False)
     table("side effects: axis vs random directions", *side.table())

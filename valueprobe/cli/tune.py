@@ -10,7 +10,7 @@ Options are checked before any model loads; the work is one library call each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NamedTuple, TypeVar
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from valueprobe.tune.shift import ShiftResult, ShiftSettings
 
 __all__ = [
-    "print_merged_shifts",
     "replicate_dpo_words_command",
     "replicate_safety_command",
     "shift_command",
@@ -336,6 +335,7 @@ def shift_command(
     """How tuning moved the axis: per-group shift in σ with CIs against random-direction and untargeted nulls."""
     from valueprobe.probe.axis import ValueAxis  # loads the library: when the command runs (cli/app.py)
     from valueprobe.tune.shift import check_groups, group_by, shift
+    from valueprobe.tune.shift_parts import SHIFT_PARTS
 
     if out.exists() and not overwrite:
         raise ValueprobeError(f"output folder {out} already exists: pass --overwrite or choose another --out")
@@ -347,7 +347,7 @@ def shift_command(
     check_groups(examples, targeted=settings.targeted, contrast=settings.contrast, refit=settings.refit)
 
     work = _shift_work(axis, base, tuned, data, examples, settings, how=how, force=force)
-    if run_sharded(out, shard, how.device, work, print_merged_shifts):
+    if run_sharded(out, shard, how.device, work, SHIFT_PARTS):
         return
     base_lm, tuned_lm = how.load(base), how.load(tuned)
     res = shift(axis, base_lm, tuned_lm, examples, settings, force=force)
@@ -387,15 +387,6 @@ def _shift_work(
         console.print(f"wrote {part_out}/shift-part.json, reads.safetensors (shard {part})")
 
     return work
-
-
-def print_merged_shifts(out: Path, parts: Sequence[Path]) -> None:
-    """Merge the parts of a sharded shift into ``out`` (a new folder) and print its table."""
-    from valueprobe.tune.shift_parts import (
-        merge_shifts,  # loads the library: when the command runs (cli/app.py)
-    )
-
-    print_shift(merge_shifts(out, parts), out, overwrite=False, title="shift (merged)")
 
 
 def print_shift(res: ShiftResult, out: Path, *, overwrite: bool, title: str) -> None:

@@ -15,7 +15,7 @@ read; the chosen α, which a spec does not hold, is printed and kept in ``result
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, cast
 
@@ -43,6 +43,7 @@ from valueprobe.vocab import Op, Unit
 if TYPE_CHECKING:
     from valueprobe.probe.axis import ValueAxis
     from valueprobe.steering.experiment.search import SearchSpace, SteerSearch
+    from valueprobe.steering.hook.spec import SteeringSpec
 
 __all__ = ["tune_steer_command"]
 
@@ -172,19 +173,18 @@ def tune_steer_command(
                          seed=sweep.seed, greedy=not math.isfinite(t) or t <= 0, temperature=t, metrics=metrics,
                          limit=sweep.limit)  # fmt: skip
     lm = load.check().load(model)
-    found = tune_steer(lm, ValueAxis.load(probe, lm=lm), examples, base, space, goal, out=out, neutral=neutral,
-                       batch_size=batch_size)  # fmt: skip
-    _print(found, out, probe)
+    found = tune_steer(lm, examples, base, space, goal, out=out, neutral=neutral, batch_size=batch_size)
+    _print(found, out, base.spec)
 
 
-def _print(found: SteerSearch, out: Path, probe: Path) -> None:
+def _print(found: SteerSearch, out: Path, base: SteeringSpec) -> None:
     """The candidates, the random front beside the chosen setting, and the files."""
     from valueprobe.report.steering_eval import (
         front_figure,  # loads the library: when the command runs (cli/app.py)
     )
     from valueprobe.steering.experiment.front import envelope
     from valueprobe.steering.hook.operators import Operator
-    from valueprobe.steering.hook.spec import SteeringSpec, Where
+    from valueprobe.steering.hook.spec import Where
 
     goal = found.target
     table(f"tune-steer: {goal.metric} on {goal.subset} (sign {goal.sign:+d}), KL ≤ {found.space.max_kl:g}; "
@@ -207,8 +207,7 @@ def _print(found: SteerSearch, out: Path, probe: Path) -> None:
           [[c.name, c.kl, c.test_effect, f"[{c.test_ci[0]:+.3f}, {c.test_ci[1]:+.3f}]", null, f"KL ≤ {front.max_random_kl:.3g}"]])  # fmt: skip
     console.print(f"on test the chosen α is {useful}")
     # the chosen setting as the one steering spec steer and serve read; α is not part of a spec
-    spec = SteeringSpec(probe=str(probe), layers=[c.layer], unit=Unit(found.unit), op=Operator(Op(c.op)),
-                        positions=cast(Where, c.positions))  # fmt: skip
+    spec = replace(base, layers=[c.layer], op=Operator(Op(c.op)), positions=cast(Where, c.positions))
     spec.save(out / "spec.json")
     write_figure(
         front_figure([front], titles=[f"{goal.metric} ({goal.subset}), test prompts: {c.name}"]),

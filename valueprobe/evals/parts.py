@@ -23,24 +23,12 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.evals.records import EvalPoint, EvalResult, EvalSettings
 from valueprobe.files import atomic_write_dir, jsonable
 from valueprobe.records import Record
-from valueprobe.sharded import (
-    Part,
-    PartKind,
-    Words,
-    merge,
-    new_folder,
-    partial,
-    read_head,
-    reading,
-    write_head,
-)
+from valueprobe.sharded import Part, PartKind, declare, new_folder, partial, read_head, reading, write_head
 from valueprobe.vocab import ShardSpec
 
-__all__ = ["EVAL_PARTS", "EvalPart", "merge_evals"]
+__all__ = ["EVAL_PARTS", "PART", "EvalPart", "read_part"]
 
-FORMAT = "valueprobe.eval.part"
 PART = "eval-part.json"
-WORDS = Words("eval", did="was evaluated", source="was evaluated on", result="evaluation")
 
 
 @dataclass(frozen=True)
@@ -58,7 +46,7 @@ class EvalPart(Record):
     points: tuple[EvalPoint, ...] = ()
 
     def write(self, out: Path, shard: ShardSpec) -> None:
-        write_head(out, PART, FORMAT, shard, jsonable(self.to_dict()))
+        write_head(out, EVAL_PARTS, shard, jsonable(self.to_dict()))
 
     def result(self, points: Sequence[EvalPoint]) -> EvalResult:
         fields = {k: v for k, v in self.__dict__.items() if k not in ("todo", "points")}
@@ -67,8 +55,8 @@ class EvalPart(Record):
 
 def read_part(path: Path) -> tuple[EvalPart, ShardSpec]:
     """A part folder's record and shard; one line naming it when it is not one."""
-    with reading(path, PART, WORDS):
-        head, shard = read_head(path, PART, FORMAT)
+    head, shard = read_head(path, EVAL_PARTS)
+    with reading(path, EVAL_PARTS):
         return EvalPart.from_dict(head), shard
 
 
@@ -94,15 +82,22 @@ def _check_out(out: Path) -> None:
 def _join(out: Path, parts: Sequence[Part[EvalPart]]) -> EvalResult:
     for p in parts:
         if len(p.body.points) < p.body.todo:
-            raise partial(p, WORDS, f"{len(p.body.points)} of {p.body.todo} settings scored")
+            raise partial(p, EVAL_PARTS, f"{len(p.body.points)} of {p.body.todo} settings scored")
     result = parts[0].body.result([pt for p in parts for pt in p.body.points])
     atomic_write_dir(out, result.write)
     return result
 
 
-EVAL_PARTS = PartKind(PART, WORDS, _read, _check_out, _join)
-
-
-def merge_evals(out: str | Path, parts: Sequence[str | Path]) -> EvalResult:
-    """Join the N parts of a sharded ``valueprobe eval`` into the folder of one run."""
-    return merge(out, parts, EVAL_PARTS)
+EVAL_PARTS = declare(
+    PartKind(
+        command="eval",
+        marker=PART,
+        read=_read,
+        join=_join,
+        did="was evaluated",
+        source="was evaluated on",
+        result="evaluation",
+        check_out=_check_out,
+        head=PART,
+    )
+)

@@ -16,9 +16,9 @@ route takes in the form it can run:
   (nnsight, and so NDIF): row r adds ``alpha[r] · unit_size · direction`` at each addition's
   point, on the prompt's real cells (``where`` ``all`` or ``prompt``) and on every generated cell
   (``all`` or ``generated``). `Additions.live` says the plan does more than the data while the run
-  goes (reads values, sets α); `Additions.beyond` names what else it steers that data cannot say
-  (an operator other than ``add``, a site off the residual stream, a window, a condition). A
-  route that only takes data refuses such a plan in one line.
+  goes (reads values, sets α); `Additions.beyond` is the one line refusing what else it steers
+  that data cannot say (an operator other than ``add``, a site off the residual stream, a window,
+  a condition: `valueprobe.steering.hook.additive`), which a route that only takes data raises.
 
 A route never reads α itself: it attaches the plan, or hands its data to the graph.
 """
@@ -61,7 +61,7 @@ class Additions:
     Attributes:
         points: where each unit of α is added; alpha: one strength per row; where: the phase.
         live: the plan reads values or sets α while the run goes (data cannot say that).
-        beyond: what else the plan steers, e.g. ``"--op ablate"`` (empty: the data is all of it).
+        beyond: the one-line refusal of what else the plan steers (empty: the data is all of it).
     """
 
     points: Sequence[Addition]

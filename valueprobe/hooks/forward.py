@@ -1,4 +1,4 @@
-"""Pieces the three routes share: the `Forward` record, input checks, the steering delta, the twin.
+"""Pieces the three routes share: the `Forward` record, input checks, the twin.
 
 Used by :mod:`valueprobe.hooks.route`; nothing here is public API.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
@@ -91,31 +91,6 @@ def position_ids_from_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tens
             [0, 1, 2, 2]])
     """
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def steering_delta(
-    vector: Float[Tensor, " d_model"],
-    alpha: float | Float[Tensor, " batch"],
-    positions: Bool[Tensor, "batch pos"] | None,
-    shape: tuple[int, int],
-    *,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> Float[Tensor, "batch pos d_model"]:
-    """alpha · vector at the chosen (row, position) cells, zero elsewhere: the h += α·v of steering."""
-    batch, pos = shape
-    alpha_t = torch.as_tensor(alpha, dtype=torch.float32).reshape(-1)
-    if alpha_t.numel() not in (1, batch):
-        raise ValueprobeError(
-            f"alpha has {alpha_t.numel()} values for a batch of {batch}: give one or one per row"
-        )
-    if vector.ndim != 1:
-        raise ValueprobeError(f"steering vector must be 1-D [d_model], got shape {tuple(vector.shape)}")
-    where = torch.ones(batch, pos) if positions is None else positions.to(torch.float32).cpu()
-    if where.shape != (batch, pos):
-        raise ValueprobeError(f"positions mask shape {tuple(where.shape)} != input_ids shape {(batch, pos)}")
-    delta = alpha_t.expand(batch)[:, None, None] * where[:, :, None] * vector.detach().float().cpu()
-    return delta.to(device=device, dtype=dtype)
 
 
 def as_output(t: Tensor) -> Tensor:

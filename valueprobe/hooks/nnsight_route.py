@@ -29,6 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.addition import addition
 from valueprobe.hooks.decode import Decode
 from valueprobe.hooks.forward import (
     Forward,
@@ -120,10 +121,11 @@ class NnsightRoute:
         Takes the steering as data (`Plan.as_additions`). The deltas are built before the trace, so
         the graph needs no valueprobe names: the prompt pass adds ``α·size·v̂`` at the prompt's real
         cells when ``where`` is ``all``/``prompt``, every later step at its one new cell when
-        ``where`` is ``all``/``generated``. Equal to the hooks route (tests/test_steer.py). A live
+        ``where`` is ``all``/``generated``: the hooks route's tokens, as its additions are. A live
         plan (or stopping criteria) is refused: the graph cannot hand a value read in one step back
-        to Python before that step's addition. So is a plan that does more than add (``beyond``:
-        another operator, a site off the residual stream, a window, a condition), in one line.
+        to Python before that step's addition. So is a plan that does more than add, in the one line
+        the plan words (``beyond``: another operator, a site off the residual stream, a window, a
+        condition; `valueprobe.steering.hook.additive`).
         """
         data = run.steering.as_additions()
         if data.live or run.stopping is not None:
@@ -132,19 +134,16 @@ class NnsightRoute:
                 "cannot hand a value read in one step back to Python before that step's addition"
             )
         if data.beyond:
-            raise ValueprobeError(
-                f"{data.beyond} runs on route 'hooks' only: nnsight's generate graph takes the steering"
-                " as additions α·size·v̂ (use --route hooks)"
-            )
+            raise ValueprobeError(data.beyond)
         model = nnsight_model(run.lm, remote=run.remote)
         envoys = _envoys(model, run.lm, [a.point.layer for a in data.points])
         on_input = [a.point.site == "resid_pre" for a in data.points]
-        real = run.attention_mask.to(torch.float32)[:, :, None]
+        real = run.attention_mask.to(torch.float32)
         prompt_on = float(data.where in ("all", "prompt"))
         gen_on = float(data.where in ("all", "generated"))
-        alpha = data.alpha.to(torch.float32)[:, None, None]
-        first = [alpha * real * (a.unit_size * prompt_on) * a.direction for a in data.points]
-        later = [alpha * (a.unit_size * gen_on) * a.direction for a in data.points]
+        alpha = data.alpha.to(torch.float32)[:, None]  # [batch, 1]: the prompt's cells, then one new cell
+        first = [addition(alpha * real * prompt_on, a.unit_size, a.direction) for a in data.points]
+        later = [addition(alpha * gen_on, a.unit_size, a.direction) for a in data.points]
         inputs = {"input_ids": run.input_ids, "attention_mask": run.attention_mask}
         with warnings.catch_warnings():
             # The open loop ends with the run, and nnsight warns so at every call.

@@ -39,6 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.addition import steering_delta
 from valueprobe.hooks.decode import Addition, Additions, Decode, Plan
 from valueprobe.hooks.forward import (
     Forward,
@@ -47,7 +48,6 @@ from valueprobe.hooks.forward import (
     as_output,
     check_inputs,
     position_ids_from_mask,
-    steering_delta,
 )
 from valueprobe.hooks.patch import Handle, Intervention, Point, Recording, Step, intervene, record
 from valueprobe.vocab import RouteName, Site, layer_out_of_range

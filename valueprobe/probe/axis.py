@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, jsonable, write_json
+from valueprobe.hooks.addition import addition
 from valueprobe.model.fingerprint import check_model, check_records
 from valueprobe.probe.reference import SigmaReference
 from valueprobe.probe.registry import probe_path
@@ -236,7 +237,8 @@ class ValueAxis:
         """The steering vector α·unit_size·v̂ [d_model] with α in ``units`` (see `unit_size`):
         α·σ, α % of the layer's mean norm, or α as given, each times ``scale``."""
         i = self._index(layer)
-        return self.directions[i] * (alpha * self.unit_size(self.layers[i], units))
+        size = self.unit_size(self.layers[i], units)
+        return addition(torch.tensor(alpha, dtype=torch.float32), size, self.directions[i].float())
 
     def __getitem__(self, layer: int) -> ValueAxis:
         i = self._index(layer)

@@ -288,10 +288,27 @@ def score_dataset(
     >>> res = score_dataset(ValueAxis.load("probes/value", lm=lm), lm, read_jsonl("data/code.jsonl"))
     >>> res = score_dataset(axis, lm, examples, ScoreSettings(layer=12, null=32))
     """
+    layer, tokens, records, random = read_scored(axis, lm, examples, settings, progress=progress)
+    return summarize_scores(
+        axis.ref(layer),
+        records,
+        examples,
+        layer=layer,
+        tokens=tokens,
+        bootstrap=settings.bootstrap,
+        seed=settings.seed,
+        random=random,
+    )
+
+
+def read_scored(
+    axis: ValueAxis, lm: LoadedModel, examples: Sequence[Example], settings: ScoreSettings, *, progress: bool
+) -> tuple[int, Tokens, list[dict], dict[str, np.ndarray] | None]:
+    """The layer and tokens ``settings`` resolve to, each example's records and null means: what
+    `score_dataset` summarises, and what a score part (`valueprobe.read.score_parts`) keeps."""
     s = settings
-    layer, tokens, seed = s.layer, s.tokens, s.seed
-    tokens = choice(Tokens, tokens, what="tokens")
-    layer = axis.best_layer if layer is None else layer
+    tokens = choice(Tokens, s.tokens, what="tokens")
+    layer = axis.best_layer if s.layer is None else s.layer
     records, random = read_records(
         axis,
         lm,
@@ -300,22 +317,13 @@ def score_dataset(
         tokens=tokens,
         batch_size=s.batch_size,
         null=s.null,
-        seed=seed,
+        seed=s.seed,
         force=s.force,
         max_length=s.max_length,
         chat_template=s.chat_template,
         progress=progress,
     )
-    return summarize_scores(
-        axis.ref(layer),
-        records,
-        examples,
-        layer=layer,
-        tokens=tokens,
-        bootstrap=s.bootstrap,
-        seed=seed,
-        random=random,
-    )
+    return layer, tokens, records, random
 
 
 def read_records(

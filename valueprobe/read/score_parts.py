@@ -28,25 +28,17 @@ from safetensors.torch import save_file
 from valueprobe.activations.manifest import DatasetInfo
 from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import (
-    atomic_write,
-    atomic_write_dir,
-    check_output_dir,
-    mmap_safetensors,
-)
+from valueprobe.files import atomic_write, atomic_write_dir, check_output_dir, mmap_safetensors
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.read.readout import ScoreSettings, axis_record, read_records, summarize_scores
+from valueprobe.read.readout import ScoreSettings, axis_record, read_scored, summarize_scores
 from valueprobe.read.scores import ScoreResult, read_scores_csv, write_scores_csv
-from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
-from valueprobe.vocab import ShardSpec, Tokens, choice
+from valueprobe.sharded import Part, PartKind, declare, read_head, reading, reread, write_head
+from valueprobe.vocab import ShardSpec, Tokens
 
-__all__ = ["SCORE_PARTS", "ScorePart", "merge_scores", "score_part"]
+__all__ = ["SCORE_PARTS", "ScorePart", "score_part"]
 
-FORMAT = "valueprobe.score.part"
-PART = "part.json"
 NULL = "null.safetensors"
-WORDS = Words("score", did="was scored", source="was scored on", result="scores")
 
 
 @dataclass(frozen=True)
@@ -74,23 +66,8 @@ class ScorePart:
                 out / NULL, lambda tmp: save_file({"mean_projection": means}, str(tmp), metadata=meta)
             )
         head = {"dataset": asdict(self.dataset), "fingerprint": self.fingerprint, "settings": self.settings}
-        write_head(out, PART, FORMAT, self.shard, {**head, "probe": self.probe})
+        write_head(out, SCORE_PARTS, self.shard, {**head, "probe": self.probe})
         return out
-
-    @classmethod
-    def read(cls, path: str | Path) -> ScorePart:
-        """A part folder again; one error line naming it if it is not one."""
-        path = Path(path)
-        with reading(path, PART, WORDS):
-            head, shard = read_head(path, PART, FORMAT)
-            dataset = DatasetInfo(**head["dataset"])
-            random = None
-            if head["settings"]["null"]:
-                arrays, meta = mmap_safetensors(path / NULL)
-                means = np.array(arrays["mean_projection"])
-                random = dict(zip(json.loads(meta["ids"]), means, strict=True))
-        records = tuple(read_scores_csv(path / "scores.csv"))
-        return cls(shard, dataset, head["fingerprint"], head["settings"], head["probe"], records, random)
 
 
 def score_part(
@@ -103,27 +80,13 @@ def score_part(
     settings: ScoreSettings,
     progress: bool = True,
 ) -> ScorePart:
-    """Score shard ``shard`` of ``examples``; :func:`merge_scores` joins the N parts (and computes
-    the groups, with ``settings.bootstrap``)."""
-    s = settings
-    tokens = choice(Tokens, s.tokens, what="tokens")
-    layer = axis.best_layer if s.layer is None else s.layer
-    todo = shard.examples(len(examples), block=s.batch_size)
-    records, random = read_records(
-        axis,
-        lm,
-        examples[todo.start : todo.stop],
-        layer=layer,
-        tokens=tokens,
-        batch_size=s.batch_size,
-        null=s.null,
-        seed=s.seed,
-        force=s.force,
-        max_length=s.max_length,
-        chat_template=s.chat_template,
-        progress=progress,
-    )
-    recorded = {**asdict(s), "layer": layer, "tokens": str(tokens), "chat_template": str(s.chat_template)}
+    """Score shard ``shard`` of ``examples`` as `valueprobe.read.readout.score_dataset` reads them;
+    `valueprobe.sharded.merge` joins the N parts (and computes the groups)."""
+    todo = shard.examples(len(examples), block=settings.batch_size)
+    mine = examples[todo.start : todo.stop]
+    layer, tokens, records, random = read_scored(axis, lm, mine, settings, progress=progress)
+    recorded = {**asdict(settings), "layer": layer, "tokens": str(tokens)}
+    recorded["chat_template"] = str(settings.chat_template)
     del recorded["force"]  # how a probe was allowed to load does not change the rows
     return ScorePart(
         shard, dataset, lm.fingerprint, recorded, axis_record(axis, layer), tuple(records), random
@@ -131,17 +94,24 @@ def score_part(
 
 
 def _read(path: Path) -> Part[ScorePart]:
-    p = ScorePart.read(path)
-    d = p.dataset
+    head, shard = read_head(path, SCORE_PARTS)
+    with reading(path, SCORE_PARTS):
+        dataset = DatasetInfo(**head["dataset"])
+        random = None
+        if head["settings"]["null"]:
+            arrays, meta = mmap_safetensors(path / NULL)
+            random = dict(zip(json.loads(meta["ids"]), np.array(arrays["mean_projection"]), strict=True))
+    records = tuple(read_scores_csv(path / "scores.csv"))
+    p = ScorePart(shard, dataset, head["fingerprint"], head["settings"], head["probe"], records, random)
+    d = (dataset.path, dataset.sha256, dataset.n_examples)
     return Part(
-        path, p.shard, p, model=p.fingerprint, dataset=(d.path, d.sha256, d.n_examples), settings=p.settings,
-        other=(("probe", p.probe),),
-    )  # fmt: skip
+        path, shard, p, model=p.fingerprint, dataset=d, settings=p.settings, other=(("probe", p.probe),)
+    )
 
 
 def _check_out(out: Path) -> None:
     check_output_dir(out, holds="scores")
-    if (out / PART).exists():
+    if (out / "part.json").exists():
         raise ValueprobeError(f"merge OUT {out} is a part: write the merged scores to a new folder")
     if out.is_dir() and any(out.iterdir()) and not (out / "scores.csv").exists():
         raise ValueprobeError(f"merge OUT {out} exists and holds other files: choose an empty or new folder")
@@ -150,7 +120,7 @@ def _check_out(out: Path) -> None:
 def _join(out: Path, parts: Sequence[Part[ScorePart]]) -> ScoreResult:
     """The rows in shard order, and the summary one process computes from them."""
     first = parts[0].body
-    examples = reread(parts[0].path, first.dataset.path, first.dataset.sha256, WORDS)
+    examples = reread(parts[0].path, first.dataset.path, first.dataset.sha256, SCORE_PARTS)
     records = [r for p in parts for r in p.body.records]
     if [r["id"] for r in records] != [e.id for e in examples]:
         raise ValueprobeError(
@@ -159,20 +129,29 @@ def _join(out: Path, parts: Sequence[Part[ScorePart]]) -> ScoreResult:
     random = None if first.random is None else {k: v for p in parts for k, v in (p.body.random or {}).items()}
     s = first.settings
     res = summarize_scores(
-        first.probe, records, examples, layer=s["layer"], tokens=Tokens(s["tokens"]), bootstrap=s["bootstrap"],
-        seed=s["seed"], random=random,
-    )  # fmt: skip
+        first.probe,
+        records,
+        examples,
+        layer=s["layer"],
+        tokens=Tokens(s["tokens"]),
+        bootstrap=s["bootstrap"],
+        seed=s["seed"],
+        random=random,
+    )
     atomic_write_dir(out, res.write)
     return res
 
 
-SCORE_PARTS = PartKind("scores.csv", WORDS, _read, _check_out, _join)
-
-
-def merge_scores(out: str | Path, parts: Sequence[str | Path]) -> ScoreResult:
-    """Join the N parts of a sharded score into the ``scores.csv`` and ``summary.json`` of one run.
-
-    Raises:
-        ValueprobeError: parts that do not belong together, or the dataset gone or changed.
-    """
-    return merge(out, parts, SCORE_PARTS)
+SCORE_PARTS = declare(
+    PartKind(
+        command="score",
+        marker="scores.csv",
+        read=_read,
+        join=_join,
+        did="was scored",
+        source="was scored on",
+        result="scores",
+        check_out=_check_out,
+        head="part.json",
+    )
+)

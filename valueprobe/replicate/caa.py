@@ -50,7 +50,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.fitters import DiffMeans
 from valueprobe.probe.reference import SigmaReference
 from valueprobe.stats.null import mean_ci, null_range, random_directions
-from valueprobe.steering.experiment.ab import Setting, ab_match
+from valueprobe.steering.experiment.ab import Setting, ab_match, caa_spec
 from valueprobe.steering.experiment.baseline import prompt_baseline
 from valueprobe.steering.experiment.caa_result import MULTIPLIERS, PUBLISHED, CaaBehaviour, CaaReplication
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow, summarize_rows
@@ -139,15 +139,18 @@ def fit_caa_vectors(
     )  # fmt: skip
 
 
-def _settings(layer: int, lengths: Sequence[float], random: np.ndarray) -> list[tuple[str, Setting]]:
+def _settings(
+    axis: ValueAxis, layer: int, lengths: Sequence[float], random: np.ndarray
+) -> list[tuple[str, Setting]]:
     """(direction name, setting) for the axis (None) and each random row at ±each length, and α = 0."""
-    out: list[tuple[str, Setting]] = [(AXIS, (layer, None, 0.0))]
+    out: list[tuple[str, Setting]] = [(AXIS, (caa_spec(axis, layer), 0.0))]
     dirs = [
         (AXIS, None),
         *((f"{RANDOM_PREFIX}{k}", torch.from_numpy(r).float()) for k, r in enumerate(random)),
     ]
     for name, v in dirs:
-        out += [(name, (layer, v, sign * length)) for length in lengths for sign in (-1.0, 1.0)]
+        spec = caa_spec(axis, layer, v)
+        out += [(name, (spec, sign * length)) for length in lengths for sign in (-1.0, 1.0)]
     return out
 
 
@@ -160,7 +163,7 @@ def _rows(
 ) -> list[SweepRow]:
     """p(match) [settings, items] as sweep rows: α in the unit ``unit_of`` maps a raw length to."""
     out = []
-    for (name, (_, _, raw)), row in zip(named, p, strict=True):
+    for (name, (_, raw)), row in zip(named, p, strict=True):
         sign = float(np.sign(raw))
         key = unit_of.get(abs(raw))
         if raw == 0:
@@ -184,10 +187,13 @@ def choose_layer(
     effects: dict[int, list[float]] = {}
     for b, axis in axes.items():
         lengths = axis.metrics["caa_norm"]
-        settings = [(layer, None, s * lengths[i]) for i, layer in enumerate(axis.layers) for s in (-1.0, 1.0)]
+        settings = [
+            (caa_spec(axis, layer), s * lengths[i])
+            for i, layer in enumerate(axis.layers)
+            for s in (-1.0, 1.0)
+        ]
         p = ab_match(
             lm,
-            axis,
             [_chat(i) for i in val[b]],
             [i.matching for i in val[b]],
             settings,
@@ -214,7 +220,7 @@ def _off_target(
     """Every other behaviour's vector on ``b``'s items at −1 / 0 / +1 CAA units, with random
     directions of its length: vector -> the metric of p(match) on ``b``."""  # fmt: skip
     others = [v for v in axes if v != b]
-    named: list[tuple[str, str, Setting]] = [("", AXIS, (layer, None, 0.0))]
+    named: list[tuple[str, str, Setting]] = [("", AXIS, (caa_spec(axes[b], layer), 0.0))]
     for v in others:
         i = axes[v].layers.index(layer)
         length, unit = axes[v].metrics["caa_norm"][i], axes[v].direction(layer)
@@ -222,15 +228,15 @@ def _off_target(
             (AXIS, unit),
             *((f"{RANDOM_PREFIX}{k}", torch.from_numpy(r).float()) for k, r in enumerate(random)),
         ]
-        named += [(v, d, (layer, vec, s * length)) for d, vec in dirs for s in (-1.0, 1.0)]
-    p = ab_match(lm, axes[b], [_chat(i) for i in items], [i.matching for i in items], [s for _, _, s in named],
+        named += [(v, d, (caa_spec(axes[b], layer, vec), s * length)) for d, vec in dirs for s in (-1.0, 1.0)]
+    p = ab_match(lm, [_chat(i) for i in items], [i.matching for i in items], [s for _, _, s in named],
                  batch_size=batch_size)  # fmt: skip
     base = p[0]
     out = {}
     for v in others:
         values: dict[str, list[float]] = {}
         axis_rows: list[np.ndarray] = []
-        for (owner, d, (_, _, raw)), row in zip(named, p, strict=True):
+        for (owner, d, (_, raw)), row in zip(named, p, strict=True):
             if owner == v:
                 values.setdefault(d, [np.nan, float(base.mean()), np.nan])[0 if raw < 0 else 2] = float(
                     row.mean()
@@ -261,14 +267,12 @@ def _behaviour_rows(
     """p(match) rows of one behaviour's test items, in CAA units and in σ, under each condition."""  # fmt: skip
     i = axis.layers.index(layer)
     length, sigma = float(axis.metrics["caa_norm"][i]), float(axis.sigma[i])
-    named = _settings(layer, [length, sigma], random)
+    named = _settings(axis, layer, [length, sigma], random)
     caa_rows: list[SweepRow] = []
     sigma_rows: list[SweepRow] = []
     for cond in conditions:
         chats = [_chat(it) if cond is None else cond.apply(_chat(it)) for it in items]
-        p = ab_match(
-            lm, axis, chats, [it.matching for it in items], [s for _, s in named], batch_size=batch_size
-        )
+        p = ab_match(lm, chats, [it.matching for it in items], [s for _, s in named], batch_size=batch_size)
         name = NONE if cond is None else cond.name
         caa_rows += _rows(items, named, p, {length: 1.0}, name)
         sigma_rows += _rows(items, named, p, {sigma: 1.0}, name)

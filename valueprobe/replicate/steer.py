@@ -33,11 +33,11 @@ from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record
 from valueprobe.replicate.steer_eval import evaluate_steering
-from valueprobe.sharded import part_dir
+from valueprobe.sharded import merge, part_dir
 from valueprobe.steering.experiment.dose import SteerSweep
 from valueprobe.steering.experiment.prompting import conditions_path
 from valueprobe.steering.experiment.sweep import SweepSettings, run_sweep
-from valueprobe.steering.experiment.sweep_parts import merge_sweeps, run_sweep_part
+from valueprobe.steering.experiment.sweep_parts import SWEEP_PARTS, run_sweep_part
 from valueprobe.steering.hook.operators import Operator
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Op, ShardSpec, Unit
@@ -74,7 +74,8 @@ class Benchmark:
         path = run.data_dir / self.file
         add = row == "add"
         unit = Unit(run.unit) if add else Unit.raw
-        spec = SteeringSpec(axis, probe=str(run.probe), unit=unit, op=Operator(Op(row)))
+        base = SteeringSpec(axis, probe=str(run.probe)) if run.spec is None else run.spec
+        spec = replace(base, unit=unit, op=Operator(Op(row)))
         conditions = run.conditions if add else ()
         stated = conditions_path(path)  # the prompt conditions, stated beside the prompts
         return SweepSettings(
@@ -111,6 +112,8 @@ class ReplicateSteerSettings:
         rows: ``add`` (steering) and/or ``ablate`` (necessity); benchmarks: which of them to run.
         conditions: prompt conditions of the add row (``toward``, ``away``, ``reworded``), stated in
             ``data_dir/steer_conditions.jsonl``: the prompting baseline beside steering.
+        spec: the steering every sweep takes whole (layers, site, phase or window, condition, read
+            layer), each row setting its own unit and operator; None: ``probe``'s axis at its defaults.
     """
 
     probe: Path = Path("probes/smollm2-135m-value")
@@ -127,6 +130,7 @@ class ReplicateSteerSettings:
     rows: tuple[str, ...] = ("add", "ablate")
     benchmarks: tuple[str, ...] = ("confidence", "backtracking", "code", "refusal", "length")
     conditions: tuple[str, ...] = ()
+    spec: SteeringSpec | None = None
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -364,7 +368,7 @@ def replicate_steer(
 
     With ``shard`` (``--shard I/N``): only that shard's rows of each sweep, into ``RUNS/SWEEP.parts/
     part-I-of-N``, and no results; the same call without ``shard``, once every part is done, merges
-    each sweep's parts (`valueprobe.steering.experiment.sweep_parts.merge_sweeps`) and writes the results.
+    each sweep's parts (`valueprobe.sharded.merge`) and writes the results.
 
     Args:
         run: what to run (`ReplicateSteerSettings`); a sweep not run keeps what ``out/results.json``
@@ -389,7 +393,7 @@ def replicate_steer(
         if (
             not sweep_run.folder.exists() and parts.is_dir()
         ):  # `replicate steer --shard I/N` ran: join the parts
-            merge_sweeps(sweep_run.folder, sorted(parts.iterdir()))
+            merge(sweep_run.folder, sorted(parts.iterdir()), SWEEP_PARTS)
         sweep = run_sweep(
             lm, examples, sweep_run.folder, sweep_run.settings, other=control, batch_size=batch_size
         )
@@ -404,9 +408,7 @@ def replicate_steer(
     folders = {r.bench.name: r.folder for r in runs if r.row == "add"}
     if evaluate and shard is None and folders:  # the add row run now, judged
         sweeps = {k: v for k, v in report.sweeps.items() if k in folders}
-        judged = evaluate_steering(
-            lm, axis, sweeps, folders, data_dir=run.data_dir, out=out, batch_size=batch_size
-        )
+        judged = evaluate_steering(lm, sweeps, folders, data_dir=run.data_dir, out=out, batch_size=batch_size)
         atomic_write_text(out / "summary.md", report.markdown() + "\n".join(judged.markdown()) + "\n")
     return report
 

@@ -5,9 +5,9 @@ effect-vs-KL front and per-item reliability, for every steering set's stated tar
 
 Writes ``evaluation.json`` (`SteerEvaluation`) beside ``results.json`` (the CLI draws
 ``baseline.html``, ``front.html``, ``reliability.html`` and ``side_effects.html`` from it); its
-markdown is appended to ``summary.md``. The side effects are measured once for the setting every sweep shares (layer, α,
-unit, the axis and its random directions); each set's target metric along every direction is
-added as a side effect too, off target for the other sets.
+markdown is appended to ``summary.md``. The side effects are measured once for the steering every
+sweep shares (the first sweep's spec whole, its α, the axis and its random directions); each set's
+target metric along every direction is added as a side effect too, off target for the other sets.
 """
 
 from __future__ import annotations
@@ -25,21 +25,15 @@ from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import jsonable, markdown_table, write_json
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record
 from valueprobe.steering.experiment.baseline import PromptBaseline, baseline_table, prompt_baseline
 from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX, SteerSweep, SweepRow
 from valueprobe.steering.experiment.front import Front, direction_means, effect_front
 from valueprobe.steering.experiment.prompting import Goal, read_target
 from valueprobe.steering.experiment.reliability import Reliability, item_reliability
-from valueprobe.steering.experiment.side_effects import (
-    SideEffects,
-    SideMetric,
-    SteerPlan,
-    measure_side_effects,
-    sweep_plan,
-)
-from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows
+from valueprobe.steering.experiment.settings import SweepSettings
+from valueprobe.steering.experiment.side_effects import SideEffects, SideMetric, measure_side_effects
+from valueprobe.steering.experiment.sweep import GENERATIONS, read_rows, sweep_directions
 
 __all__ = ["BenchEval", "SteerEvaluation", "evaluate_steering"]
 
@@ -161,15 +155,8 @@ def _target_metric(
     return SideMetric(f"target_{name}", f"{name}: {target.metric} ({target.subset})", alphas, values, tuple(ci), n)  # fmt: skip
 
 
-def _side_plan(sweep: SteerSweep, n_layers: int) -> SteerPlan:
-    s = sweep.settings
-    assert s is not None
-    return sweep_plan(s, s.alphas, n_layers)
-
-
 def evaluate_steering(
     lm: LoadedModel,
-    axis: ValueAxis,
     sweeps: Mapping[str, SteerSweep],
     folders: Mapping[str, Path],
     *,
@@ -187,9 +174,10 @@ def evaluate_steering(
         task_sizes: per task kind, (file, group kept, tasks, max new tokens); default `TASKS`.
     """  # fmt: skip
     first = next(iter(sweeps.values()))
-    plan = _side_plan(first, lm.n_layers)
-    side = _measured(out, plan) or _measure(
-        lm, axis, plan, data_dir, task_sizes or TASKS, batch_size, progress
+    setting = first.settings  # every sweep shares the steering the side effects are measured at
+    assert setting is not None
+    side = _measured(out, setting, lm.n_layers) or _measure(
+        lm, setting, data_dir, task_sizes or TASKS, batch_size, progress
     )
     benches: dict[str, BenchEval] = {}
     extra: list[SideMetric] = []
@@ -207,7 +195,7 @@ def evaluate_steering(
     return result
 
 
-def _measured(out: Path, plan: SteerPlan) -> SideEffects | None:
+def _measured(out: Path, setting: SweepSettings, n_layers: int) -> SideEffects | None:
     """The text and task side effects ``out/evaluation.json`` already holds for this setting (a rerun
     that only re-summarises does not measure them again); None if it holds none or another setting's."""
     path = out / "evaluation.json"
@@ -217,9 +205,12 @@ def _measured(out: Path, plan: SteerPlan) -> SideEffects | None:
         side = SteerEvaluation.from_dict(json.loads(path.read_text(encoding="utf-8"))).side
     except (OSError, ValueError, ValueprobeError):
         return None
-    names = tuple(n for n, _ in plan.directions)
+    names = tuple(n for n, _ in sweep_directions(setting, None, n_layers))
     kept = tuple(m for m in side.metrics if not m.name.startswith("target_"))
-    same = side.layer == plan.layer and side.alphas == plan.alphas and side.unit == plan.unit
+    spec = setting.spec
+    alphas = setting.alphas if 0.0 in setting.alphas else (0.0, *setting.alphas)
+    layer = spec.steered_layers(n_layers)[0]
+    same = side.layer == layer and side.alphas == alphas and side.unit == spec.unit.value
     if not same or not kept or any(tuple(m.values) != names for m in kept):
         return None
     return SideEffects(side.unit, side.layer, side.alphas, kept)
@@ -227,8 +218,7 @@ def _measured(out: Path, plan: SteerPlan) -> SideEffects | None:
 
 def _measure(
     lm: LoadedModel,
-    axis: ValueAxis,
-    plan: SteerPlan,
+    setting: SweepSettings,
     data_dir: Path,
     sizes: Mapping[str, tuple[str, str | None, int, int]],
     batch_size: int,
@@ -240,7 +230,7 @@ def _measure(
     }
     budgets = {kind: tokens for kind, (_, _, _, tokens) in sizes.items()}
     texts = read_jsonl(data_dir / "neutral_text.jsonl")
-    return measure_side_effects(lm, axis, plan, texts=texts, tasks=tasks, max_new_tokens=budgets,
+    return measure_side_effects(lm, setting, texts=texts, tasks=tasks, max_new_tokens=budgets,
                                 batch_size=batch_size, progress=progress)  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.sharded import Part, PartKind, Words, merge, read_head, reading, reread, write_head
+from valueprobe.sharded import Part, PartKind, declare, read_head, reading, reread, write_head
 from valueprobe.tune.shift import (
     Models,
     ShiftResult,
@@ -43,12 +43,10 @@ from valueprobe.tune.shift import (
 )
 from valueprobe.vocab import Positions, ShardSpec
 
-__all__ = ["MARKER", "SHIFT_PARTS", "merge_shifts", "shift_part"]
+__all__ = ["MARKER", "SHIFT_PARTS", "shift_part"]
 
 MARKER = "shift-part.json"
 READS = "reads.safetensors"
-FORMAT = "valueprobe.shift.part"
-WORDS = Words("shift", did="ran", source="read", result="shift")
 
 
 def shift_part(
@@ -65,7 +63,7 @@ def shift_part(
     progress: bool = True,
 ) -> Path:
     """Read shard ``shard`` of ``examples`` (already grouped by ``settings.by``) in both models and
-    write its part into ``out``; :func:`merge_shifts` joins the N parts."""
+    write its part into ``out``; `valueprobe.sharded.merge` joins the N parts."""
     s = settings
     check_groups(examples, targeted=s.targeted, contrast=s.contrast, refit=s.refit)  # on all examples
     todo = shard.examples(len(examples), block=s.batch_size)
@@ -94,13 +92,13 @@ def shift_part(
         "layer": layer,
         "probe_sha256": sha256_file(out / "probe" / "axis.safetensors"),
     }
-    write_head(out, MARKER, FORMAT, shard, head)
+    write_head(out, SHIFT_PARTS, shard, head)
     return out
 
 
 def _read(path: Path) -> Part[dict]:
-    with reading(path, MARKER, WORDS):
-        head, shard = read_head(path, MARKER, FORMAT)
+    head, shard = read_head(path, SHIFT_PARTS)
+    with reading(path, SHIFT_PARTS):
         if not (path / READS).is_file():
             raise ValueError(f"no {READS}")
         d, models = head["dataset"], head["models"]
@@ -120,10 +118,10 @@ def _check_out(out: Path) -> None:
 
 
 def _join(out: Path, parts: Sequence[Part[dict]]) -> ShiftResult:
-    """The shift one process computes (its command writes it whole, with its figure)."""
+    """The shift one process computes, written to ``out`` (its page is drawn beside it)."""
     first = parts[0]
     d = first.body["dataset"]
-    examples = group_by(reread(first.path, d["path"], d["sha256"], WORDS), first.body["settings"]["by"])
+    examples = group_by(reread(first.path, d["path"], d["sha256"], SHIFT_PARTS), first.body["settings"]["by"])
     reads: dict[str, list[np.ndarray]] = {}
     ids: list[str] = []
     for p in parts:
@@ -143,17 +141,21 @@ def _join(out: Path, parts: Sequence[Part[dict]]) -> ShiftResult:
         refit=s["refit"], n_boot=s["n_boot"], seed=s["seed"],
     )  # fmt: skip
     axis, models = ValueAxis.load(first.path / "probe"), Models(**first.body["models"])
-    return shift_of_reads(axis, models, examples, int(first.body["layer"]), h["base"], h["tuned"], settings)
+    res = shift_of_reads(axis, models, examples, int(first.body["layer"]), h["base"], h["tuned"], settings)
+    res.write(out)
+    return res
 
 
-SHIFT_PARTS = PartKind(MARKER, WORDS, _read, _check_out, _join)
-
-
-def merge_shifts(out: str | Path, parts: Sequence[str | Path]) -> ShiftResult:
-    """The shift one process computes, from the N parts of a sharded one (in any order), for ``out``
-    (a new folder; the caller writes it, `ShiftResult.write`).
-
-    Raises:
-        ValueprobeError: parts that do not belong together, or the dataset gone or changed.
-    """
-    return merge(out, parts, SHIFT_PARTS)
+SHIFT_PARTS = declare(
+    PartKind(
+        command="shift",
+        marker=MARKER,
+        read=_read,
+        join=_join,
+        did="ran",
+        source="read",
+        result="shift",
+        check_out=_check_out,
+        head=MARKER,
+    )
+)

@@ -14,10 +14,11 @@ route's trace reads it, or ``after`` it, as ``valueprobe serve`` does by default
 Every field is checked here (`VllmArgs.parse`), in the process that takes the request, so a bad
 one is refused in one line naming the field and never reaches a worker. The vLLM engine steers
 with the ``add`` operator on the residual stream (``resid_post`` or ``resid_pre``), at any
-positions (``all``, ``prompt``, ``generated``), at one layer or several. The worker resolves each
-spec once (`resolve`): the vector added at each steered block is α times one unit of the axis
-there (`valueprobe.probe.axis.ValueAxis.unit_size`) along v̂, or along the spec's ``direction``
-(a control) with the axis's statistics, exactly as the hooks route sizes it.
+positions (``all``, ``prompt``, ``generated``), at one layer or several, one axis per request
+(`valueprobe.steering.hook.additive.VLLM`). The worker resolves each spec once (`resolve`): the
+vector added at each steered block is `valueprobe.hooks.addition.addition`, α times one unit of
+the axis there (`valueprobe.probe.axis.ValueAxis.unit_size`) along v̂, or along the spec's
+``direction`` (a control) with the axis's statistics, exactly as the hooks route adds it.
 
 A steered request changes the KV of every position it steers, so it must not share prefix-cache
 blocks with an unsteered request or another strength: `VllmArgs.salt` is the cache salt that the
@@ -35,13 +36,16 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.addition import addition
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.hook.additive import VLLM, check_additive
 from valueprobe.steering.hook.spec import SteeringSpec
-from valueprobe.vocab import Op, Site
+from valueprobe.vocab import Site
 
 __all__ = ["EXTRA_KEY", "Resolved", "VllmArgs", "resolve"]
 
@@ -148,16 +152,7 @@ def check_spec(spec: SteeringSpec) -> None:
     """Refuse, in one line, a spec the vLLM engine cannot run, and one that does not fit its probe
     (model-free: layers, unit statistics, the read layer, the direction's width)."""
     where = f"{EXTRA_KEY}.spec"
-    if spec.op.op != Op.add:
-        raise ValueprobeError(f"{where}: op: the vllm engine steers with add only, not {spec.op.op.value}")
-    if spec.site is not None and spec.site not in (Site.resid_post, Site.resid_pre):
-        raise ValueprobeError(
-            f"{where}: site: the vllm engine steers the residual stream only, not {spec.site.value}"
-        )
-    if spec.window is not None or spec.condition is not None:
-        raise ValueprobeError(f"{where}: the vllm engine steers whole phases: leave window and condition out")
-    if len(spec.axes()) != 1:
-        raise ValueprobeError(f"{where}: probe: the vllm engine steers one axis per request")
+    check_additive(spec, VLLM, where=f"{where}: ")
     try:
         spec.check()
     except ValueprobeError as exc:
@@ -197,8 +192,9 @@ def resolve(args: VllmArgs, n_layers: int) -> Resolved:
 def _resolve(spec: SteeringSpec, alpha: float, n_layers: int) -> Resolved:
     axis = spec.first_axis()
     points = spec.points_for(n_layers=n_layers, d_model=axis.d_model) if alpha != 0.0 else []
+    strength = torch.tensor(alpha, dtype=torch.float32)  # α as the hooks route holds it
     adds = tuple(
-        (_block(p.point.layer, str(p.point.site), "layers"), (alpha * p.unit_size) * p.direction)
+        (_block(p.point.layer, str(p.point.site), "layers"), addition(strength, p.unit_size, p.direction))
         for p in points
     )
     read = spec.read_at(n_layers)

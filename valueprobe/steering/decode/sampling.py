@@ -128,7 +128,9 @@ class RowSampler:
         next one of each row's generator, or ``uniform`` when given, on the scores' device)."""
         if scores.shape[0] != len(self.generators):
             raise ValueprobeError(f"{scores.shape[0]} rows but {len(self.generators)} seeds")
-        probs = torch.softmax(scores.double() / self.temperature, dim=-1)
+        # one float64 copy of the [rows, vocab] scores, divided in place: the bits of
+        # scores.double() / T without a second copy (two per step was most of a batch's allocations)
+        probs = torch.softmax(scores.to(torch.float64, copy=True).div_(self.temperature), dim=-1)
         if uniform is None:
             uniform = self.draw().to(probs.device)
         # CPU only: there the running sum is a sequential loop, so a prefix of it is bit-identical

@@ -3,14 +3,15 @@ the question shared by every steering setting.
 
     valueprobe replicate caa --out probes/caa-smollm2-135m
 
-    >>> p = ab_match(lm, axis, chats, ["A", "B"], [(12, None, 0.0), (12, v, 4.0)])   # [settings, items]
+    >>> p = ab_match(lm, chats, ["A", "B"], [(caa_spec(axis, 12), 0.0), (caa_spec(axis, 12, v), 4.0)])
 
 As Rimsky et al. read it (CAA, §3): the chat ends with the assistant's answer opened by ``(``; the
 model's next-token probabilities of ``A`` and ``B`` there give p(match) = P(matching letter) /
-(P(A) + P(B)). Steering adds α·v̂ (raw units: α is the vector's length) at the given layer to the
-tokens after the user's prompt only, CAA's ``add_vector_after_position`` from the end of the
-instruction; here that is the ``(``, valueprobe's ``positions="generated"`` with the prompt's width
-as ``prompt_length``. So the question (system prompt, user turn, the assistant header) is run once
+(P(A) + P(B)). Each setting is a steering spec, taken whole, and its α. CAA's own (`caa_spec`)
+adds α·v̂ (raw units: α is the vector's length) at one layer to the tokens after the user's
+prompt only, CAA's ``add_vector_after_position`` from the end of the instruction; here that is the
+``(``, valueprobe's ``positions="generated"`` with the prompt's width as ``prompt_length``. So the
+question (system prompt, user turn, the assistant header) is run once
 per batch into a KV cache, unsteered, and each setting runs only the answer's first token on it; the
 cache is cut back after each. Prompts are left padded with explicit position ids, so a batch gives
 each item's single-item figures.
@@ -34,11 +35,16 @@ from valueprobe.steering.hook.handle import steer
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import Unit
 
-__all__ = ["ANSWER_OPEN", "ab_match", "answer_ids"]
+__all__ = ["ANSWER_OPEN", "Setting", "ab_match", "answer_ids", "caa_spec"]
 
 ANSWER_OPEN = "("  # the assistant's answer starts "(A" or "(B": the letter is the next token
-# (layer, unit direction or None: the axis's own there, α in raw units)
-Setting = tuple[int, torch.Tensor | None, float]
+Setting = tuple[SteeringSpec, float]  # what steers the answer, and α in the spec's unit
+
+
+def caa_spec(axis: ValueAxis, layer: int, direction: torch.Tensor | None = None) -> SteeringSpec:
+    """CAA's steering: α·v̂ in raw units (α is the vector's length) at ``layer``, on the answer only;
+    along ``direction`` (a unit vector) instead of the axis's own there when one is given."""
+    return SteeringSpec(axis, layers=[layer], unit=Unit.raw, direction=direction, positions="generated")
 
 
 def answer_ids(tokenizer) -> tuple[list[int], int, int]:  # noqa: ANN001 - any HF tokenizer
@@ -64,7 +70,6 @@ def _encode(lm: LoadedModel, chats: Sequence[Sequence[dict[str, str]]]) -> list[
 
 def _batch(
     lm: LoadedModel,
-    axis: ValueAxis,
     prefixes: list[list[int]],
     settings: Sequence[Setting],
     *,
@@ -91,9 +96,8 @@ def _batch(
     full = torch.cat([mask, torch.ones(n, len(opening), dtype=mask.dtype)], dim=1).to(device)
     after = (position[:, -1:] + 1 + torch.arange(len(opening))[None, :]).to(device)
     out = torch.empty((len(settings), n), dtype=torch.float64, device=device)
-    for k, (layer, v, alpha) in enumerate(settings):
-        with torch.no_grad(), steer(lm, SteeringSpec(axis, layers=[layer], unit=Unit.raw, direction=v,
-                                                 positions="generated"), alpha, prompt_length=width):  # fmt: skip
+    for k, (spec, alpha) in enumerate(settings):
+        with torch.no_grad(), steer(lm, spec, alpha, prompt_length=width):
             logits = lm.model(input_ids=answer, attention_mask=full, position_ids=after, use_cache=True,
                               **{key: cache}).logits  # fmt: skip
         cache.crop(-len(opening))  # back to the question alone
@@ -105,7 +109,6 @@ def _batch(
 
 def ab_match(
     lm: LoadedModel,
-    axis: ValueAxis,
     chats: Sequence[Sequence[dict[str, str]]],
     matching: Sequence[str],
     settings: Sequence[Setting],
@@ -116,12 +119,10 @@ def ab_match(
     """p(match) of every question under every steering setting, ``[settings, items]``.
 
     Args:
-        axis: gives the steered site and, for ``None`` directions, the direction at each layer; a
-            setting's α is raw (``unit="raw"``): the added vector is α·v̂ (times ``axis.scale``).
         chats: each question as a chat ending on the user's turn (a system prompt first, if any).
         matching: the letter ("A" or "B") whose answer matches the behaviour, per question.
-        settings: (layer, direction or None, α); α = 0 is the unsteered model. One forward of the
-            questions serves every setting, whatever its layer.
+        settings: (spec, α), the spec taken whole (`caa_spec` is CAA's); α = 0 is the unsteered
+            model. One forward of the questions serves every setting, whatever it steers.
     """
     if len(chats) != len(matching) or any(m not in ("A", "B") for m in matching):
         raise ValueprobeError("ab_match: give one matching letter, A or B, per question")
@@ -131,6 +132,6 @@ def ab_match(
     starts = range(0, len(encoded), batch_size)
     for start in tqdm(starts, desc="A/B questions", unit="batch", disable=not progress):
         rows = encoded[start : start + batch_size]
-        p_a[:, start : start + len(rows)] = _batch(lm, axis, rows, settings, opening=opening, letters=(a, b))
+        p_a[:, start : start + len(rows)] = _batch(lm, rows, settings, opening=opening, letters=(a, b))
     is_a = np.array([m == "A" for m in matching])
     return np.where(is_a[None, :], p_a, 1.0 - p_a)

@@ -28,13 +28,12 @@ import numpy as np
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record
 from valueprobe.stats.null import mean_ci
 from valueprobe.steering.experiment.dose import AXIS, SweepRow
 from valueprobe.steering.experiment.front import Front, effect_front, envelope
 from valueprobe.steering.experiment.prompting import Goal
-from valueprobe.steering.experiment.side_effects import SideMetric, sweep_plan, text_side_effects
+from valueprobe.steering.experiment.side_effects import SideMetric, text_side_effects
 from valueprobe.steering.experiment.sweep import (
     GENERATIONS,
     SweepSettings,
@@ -203,7 +202,6 @@ def _item_moves(rows: Sequence[SweepRow], ids: set[str], target: Goal, alpha: fl
 
 def _config(
     lm: LoadedModel,
-    axis: ValueAxis,
     examples: Sequence[Example],
     texts: Sequence[Example],
     out: Path,
@@ -219,13 +217,12 @@ def _config(
     settings = replace(base, spec=spec, alphas=alphas)
     folder = out / "configs" / f"layer{layer}-{op}-{where}"
     run_sweep(lm, examples, folder, settings, batch_size=batch_size, n_boot=0, progress=progress)
-    kl, _ = text_side_effects(lm, axis, sweep_plan(settings, alphas, lm.n_layers), texts, progress=progress)
+    kl, _ = text_side_effects(lm, settings, texts, progress=progress)
     return read_rows(folder / GENERATIONS), kl
 
 
 def tune_steer(
     lm: LoadedModel,
-    axis: ValueAxis,
     examples: Sequence[Example],
     base: SweepSettings,
     space: SearchSpace,
@@ -236,14 +233,16 @@ def tune_steer(
     batch_size: int = 32,
     progress: bool = True,
 ) -> SteerSearch:
-    """Search ``space`` (see the module doc); ``base`` gives everything else a sweep needs."""  # fmt: skip
+    """Search ``space`` (see the module doc); ``base`` gives everything else a sweep needs, its spec
+    whole (each setting replaces its layers, operator and positions, and keeps the rest: site, unit,
+    window, condition, read layer)."""
     check_space(space)
     val, test = split_prompts(examples, seed=base.seed)
     alphas = tuple(sorted({0.0, *space.alphas, *(-a for a in space.alphas)}))
     texts = read_jsonl(neutral)
     candidates, fronts = [], {}
     for config in space.configs():
-        rows, kl = _config(lm, axis, examples, texts, out, base, config, alphas, batch_size, progress)
+        rows, kl = _config(lm, examples, texts, out, base, config, alphas, batch_size, progress)
         on_val, on_test = _moves(rows, val, kl, target), _moves(rows, test, kl, target)
         fronts[config] = on_test
         test_by = {p.alpha: p.effect for p in on_test.axis}

@@ -3,12 +3,14 @@
     valueprobe steer --probe probes/smollm2-135m-value --prompts data/steer_open.jsonl --side-effects --out runs/s
     valueprobe replicate steer --out probes/steering-smollm2-135m      # adds the five sets' off-target metrics
 
-    >>> side = measure_side_effects(lm, axis, plan, texts=read_jsonl("data/neutral_text.jsonl"),
-    ...                             tasks=read_tasks("data/task_arithmetic.jsonl")[:12])
+    >>> side = measure_side_effects(lm, settings, texts=read_jsonl("data/neutral_text.jsonl"),
+    ...                             tasks={"arithmetic": read_tasks("data/task_arithmetic.jsonl")[:12]})
     >>> side.metric("kl").values["axis"]                       # one mean KL per α
 
-For each α and each steered direction (the axis and the sweep's random directions, all with the
-same vector length per unit of α), at the same layer, site, operator and positions as the sweep:
+For each α of a sweep (`SweepSettings`; α = 0 added when it lacks it) and each of its steered
+directions (the axis and the sweep's random directions, all with the same vector length per unit
+of α), steering with the sweep's spec whole: its layers, site, unit, operator, phase or window,
+condition and read layer, the direction alone replaced (as the sweep steers each direction):
 
 - **kl**: the mean KL(p₀ ‖ p_α) of the next-token distribution from the unsteered model's, in nats
   per token, over the continuation of each paragraph of ``neutral_text/kl`` (its first
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -39,7 +41,6 @@ from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.padding import pad_id_for
 from valueprobe.model.load import LoadedModel
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record
 from valueprobe.stats.null import mean_ci, null_range
 from valueprobe.steering.decode.generation import generate
@@ -48,41 +49,26 @@ from valueprobe.steering.experiment.dose import AXIS, RANDOM_PREFIX
 from valueprobe.steering.experiment.settings import SweepSettings
 from valueprobe.steering.experiment.sweep import sweep_directions
 from valueprobe.steering.hook.handle import steer
-from valueprobe.steering.hook.operators import Operator
-from valueprobe.steering.hook.spec import SteeringSpec, Where
-from valueprobe.vocab import HookSite, Unit
+from valueprobe.steering.hook.spec import SteeringSpec
 
-__all__ = ["PREFIX", "SideEffects", "SideMetric", "SteerPlan", "measure_side_effects", "sweep_plan"]
+__all__ = ["PREFIX", "SideEffects", "SideMetric", "measure_side_effects", "text_side_effects"]
 
 PREFIX = 8  # tokens of each neutral paragraph read as its "prompt"; the rest is the continuation
 
 
-@dataclass(frozen=True)
-class SteerPlan:
-    """How a sweep steers, so its side effects are measured the same way."""
-
-    layer: int
-    alphas: tuple[float, ...]
-    unit: str = "sigma"
-    site: str | None = None
-    op: Operator = field(default_factory=Operator)
-    positions: Where = "all"
-    directions: tuple[tuple[str, torch.Tensor | None], ...] = ((AXIS, None),)  # None: the axis's own
-
-    def spec(self, axis: ValueAxis, v: torch.Tensor | None) -> SteeringSpec:
-        """What steers along ``v`` (None: the axis's own direction) at this plan's setting."""
-        return SteeringSpec(axis, layers=[self.layer], site=None if self.site is None else HookSite(self.site),
-                            unit=Unit(self.unit), op=self.op,
-                            positions=self.positions, direction=v)  # fmt: skip
+def _alphas(sweep: SweepSettings) -> tuple[float, ...]:
+    """The sweep's strengths, α = 0 first when it lacks it (the reference every metric is read against)."""
+    return sweep.alphas if 0.0 in sweep.alphas else (0.0, *sweep.alphas)
 
 
-def sweep_plan(settings: SweepSettings, alphas: Sequence[float], n_layers: int) -> SteerPlan:
-    """The side effects' plan of a sweep: its spec's first steered layer, site, unit, operator and
-    positions, and its directions (the axis and its random ones; not the other axis)."""
-    spec = settings.spec
-    return SteerPlan(spec.steered_layers(n_layers)[0], tuple(alphas), spec.unit.value,
-                     None if spec.site is None else spec.site.value, spec.op, spec.positions,
-                     tuple(sweep_directions(settings, None, n_layers)))  # fmt: skip
+def _directions(sweep: SweepSettings, n_layers: int) -> list[tuple[str, torch.Tensor | None]]:
+    """The sweep's axis and its random directions (not the other axis)."""
+    return sweep_directions(sweep, None, n_layers)
+
+
+def _along(sweep: SweepSettings, name: str, v: torch.Tensor | None) -> SteeringSpec:
+    """The sweep's spec along ``v`` (None: the axis's own direction), as the sweep steers it."""
+    return replace(sweep.spec, direction=v, direction_name=name)
 
 
 @dataclass(frozen=True)
@@ -159,20 +145,11 @@ def _text_batch(lm: LoadedModel, texts: Sequence[Example]) -> tuple[torch.Tensor
 
 
 def _log_probs(
-    lm: LoadedModel,
-    axis: ValueAxis,
-    plan: SteerPlan,
-    v: torch.Tensor | None,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    alpha: float,
+    lm: LoadedModel, spec: SteeringSpec, ids: torch.Tensor, mask: torch.Tensor, alpha: float
 ) -> torch.Tensor:
     """Next-token log-probabilities [texts, T-1, vocab] at the continuation's predicting positions
-    (PREFIX-1 .. T-2), steered by ``alpha`` along ``v``."""  # fmt: skip
-    with (
-        torch.no_grad(),
-        steer(lm, plan.spec(axis, v), alpha, prompt_length=PREFIX),
-    ):  # fmt: skip
+    (PREFIX-1 .. T-2), steered by ``alpha`` along ``spec``."""
+    with torch.no_grad(), steer(lm, spec, alpha, prompt_length=PREFIX):
         logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
     return torch.log_softmax(logits[:, PREFIX - 1 : -1].float(), dim=-1).cpu()
 
@@ -183,38 +160,39 @@ def _per_text(values: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
 
 
 def text_side_effects(
-    lm: LoadedModel, axis: ValueAxis, plan: SteerPlan, texts: Sequence[Example], *, progress: bool = True
+    lm: LoadedModel, sweep: SweepSettings, texts: Sequence[Example], *, progress: bool = True
 ) -> tuple[SideMetric, SideMetric]:
     """KL on ``neutral_text/kl`` and perplexity on ``neutral_text/heldout`` (see the module doc)."""
+    alphas = _alphas(sweep)
+    axis_spec = _along(sweep, AXIS, None)
     kl_texts = [t for t in texts if t.group.endswith("/kl")] or list(texts)
     held = [t for t in texts if t.group.endswith("/heldout")] or list(texts)
     (kl_ids, kl_mask), (h_ids, h_mask) = _text_batch(lm, kl_texts), _text_batch(lm, held)
     kl_keep = kl_mask[:, PREFIX:].float()  # a predicting position counts where its next token is real
     h_keep = h_mask[:, PREFIX:].float()
-    ref = _log_probs(lm, axis, plan, None, kl_ids, kl_mask, 0.0)
+    ref = _log_probs(lm, axis_spec, kl_ids, kl_mask, 0.0)
     targets = h_ids[:, PREFIX:].unsqueeze(-1)
     kl: dict[str, list[np.ndarray]] = {}
     nll: dict[str, list[np.ndarray]] = {}
-    zero_nll = _per_text(
-        -_log_probs(lm, axis, plan, None, h_ids, h_mask, 0.0).gather(-1, targets)[..., 0], h_keep
-    )
-    for name, v in tqdm(plan.directions, desc="side effects: text", disable=not progress):
-        for a in plan.alphas:
+    zero_nll = _per_text(-_log_probs(lm, axis_spec, h_ids, h_mask, 0.0).gather(-1, targets)[..., 0], h_keep)
+    for name, v in tqdm(_directions(sweep, lm.n_layers), desc="side effects: text", disable=not progress):
+        spec = _along(sweep, name, v)
+        for a in alphas:
             if a == 0:
                 kl.setdefault(name, []).append(np.zeros(len(kl_texts)))
                 nll.setdefault(name, []).append(zero_nll)
                 continue
-            lp = _log_probs(lm, axis, plan, v, kl_ids, kl_mask, a)
+            lp = _log_probs(lm, spec, kl_ids, kl_mask, a)
             div = (ref.exp() * (ref - lp)).sum(dim=-1)  # KL(p0 || pα) per position
             kl.setdefault(name, []).append(_per_text(div, kl_keep))
-            lp_h = _log_probs(lm, axis, plan, v, h_ids, h_mask, a)
+            lp_h = _log_probs(lm, spec, h_ids, h_mask, a)
             nll.setdefault(name, []).append(_per_text(-lp_h.gather(-1, targets)[..., 0], h_keep))
     kl_ci = tuple(mean_ci(x) for x in kl[AXIS])
     ppl_ci = tuple((float(np.exp(lo)), float(np.exp(hi))) for lo, hi in (mean_ci(x) for x in nll[AXIS]))
     return (
-        SideMetric("kl", "KL from unsteered (nats/token, neutral text)", plan.alphas,
+        SideMetric("kl", "KL from unsteered (nats/token, neutral text)", alphas,
                    {d: tuple(float(x.mean()) for x in xs) for d, xs in kl.items()}, kl_ci, len(kl_texts)),
-        SideMetric("perplexity", "perplexity (held-out neutral text)", plan.alphas,
+        SideMetric("perplexity", "perplexity (held-out neutral text)", alphas,
                    {d: tuple(float(np.exp(x.mean())) for x in xs) for d, xs in nll.items()},
                    ppl_ci, len(held)),
     )  # fmt: skip
@@ -222,46 +200,49 @@ def text_side_effects(
 
 def task_accuracy(
     lm: LoadedModel,
-    axis: ValueAxis,
-    plan: SteerPlan,
+    sweep: SweepSettings,
     tasks: Sequence[Task],
     *,
     max_new_tokens: int,
     batch_size: int = 32,
     progress: bool = True,
 ) -> SideMetric:
-    """Greedy accuracy on ``tasks`` (one kind) at every α along every direction of ``plan``."""  # fmt: skip
+    """Greedy accuracy on ``tasks`` (one kind) at every α along every direction of ``sweep``."""
     if not tasks:
         raise ValueprobeError("no tasks to measure accuracy on")
     kind = tasks[0].kind
     prompts = [list(t.messages) for t in tasks]
 
-    def run(v: torch.Tensor | None, alphas: Sequence[float]) -> list:
-        return generate(lm, plan.spec(axis, v), prompts, alphas=alphas, batch_size=batch_size, progress=False,
-                        decoding=Decoding(greedy=True, max_new_tokens=max_new_tokens))  # fmt: skip
+    alphas = _alphas(sweep)
+    decoding = Decoding(greedy=True, max_new_tokens=max_new_tokens)
 
-    base = run(None, (0.0,))
+    def run(spec: SteeringSpec, strengths: Sequence[float]) -> list:
+        return generate(
+            lm, spec, prompts, alphas=strengths, batch_size=batch_size, progress=False, decoding=decoding
+        )
+
+    base = run(_along(sweep, AXIS, None), (0.0,))
     right0 = np.array([check(t, g.text).correct for t, g in zip(tasks, base, strict=True)], dtype=float)
-    moved = tuple(a for a in plan.alphas if a != 0)
+    moved = tuple(a for a in alphas if a != 0)
     values: dict[str, tuple[float, ...]] = {}
     axis_ci: list[tuple[float, float]] = []
-    for name, v in tqdm(plan.directions, desc=f"side effects: {kind} tasks", disable=not progress):
-        gens = run(v, moved) if moved else []
+    directions = _directions(sweep, lm.n_layers)
+    for name, v in tqdm(directions, desc=f"side effects: {kind} tasks", disable=not progress):
+        gens = run(_along(sweep, name, v), moved) if moved else []
         right = {a: np.zeros(len(tasks)) for a in moved}
         for g in gens:
             right[g.alpha][g.prompt] = float(check(tasks[g.prompt], g.text).correct)
-        per = [right0 if a == 0 else right[a] for a in plan.alphas]
+        per = [right0 if a == 0 else right[a] for a in alphas]
         values[name] = tuple(float(x.mean()) for x in per)
         if name == AXIS:
             axis_ci = [mean_ci(x) for x in per]
     label = f"accuracy, {kind} tasks (greedy, {max_new_tokens} new tokens)"
-    return SideMetric(f"accuracy_{kind}", label, plan.alphas, values, tuple(axis_ci), len(tasks))
+    return SideMetric(f"accuracy_{kind}", label, alphas, values, tuple(axis_ci), len(tasks))
 
 
 def measure_side_effects(
     lm: LoadedModel,
-    axis: ValueAxis,
-    plan: SteerPlan,
+    sweep: SweepSettings,
     *,
     texts: Sequence[Example],
     tasks: Mapping[str, Sequence[Task]] | None = None,
@@ -272,16 +253,16 @@ def measure_side_effects(
     """KL and perplexity on ``texts``, and accuracy on each kind of ``tasks`` (see the module doc).
 
     Args:
-        plan: how the sweep steers: layer, α, unit, site, operator, positions and its directions.
+        sweep: the sweep whose steering is measured: its spec whole, its α (α = 0 first when it
+            lacks it), its random directions.
         texts: the rows of ``data/neutral_text.jsonl`` (groups ``neutral_text/kl`` and ``/heldout``).
         tasks: task kind -> tasks (`valueprobe.datasets.answers.read_tasks`); max_new_tokens per kind.
     """  # fmt: skip
-    if 0.0 not in plan.alphas:
-        plan = SteerPlan(plan.layer, (0.0, *plan.alphas), plan.unit, plan.site, plan.op, plan.positions,
-                         plan.directions)  # fmt: skip
-    metrics: list[SideMetric] = list(text_side_effects(lm, axis, plan, texts, progress=progress))
+    metrics: list[SideMetric] = list(text_side_effects(lm, sweep, texts, progress=progress))
     for kind, chosen in (tasks or {}).items():
         budget = (max_new_tokens or {}).get(kind, 96)
-        metrics.append(task_accuracy(lm, axis, plan, chosen, max_new_tokens=budget, batch_size=batch_size,
-                                     progress=progress))  # fmt: skip
-    return SideEffects(plan.unit, plan.layer, plan.alphas, tuple(metrics))
+        metrics.append(
+            task_accuracy(lm, sweep, chosen, max_new_tokens=budget, batch_size=batch_size, progress=progress)
+        )
+    spec = sweep.spec
+    return SideEffects(spec.unit.value, spec.steered_layers(lm.n_layers)[0], _alphas(sweep), tuple(metrics))

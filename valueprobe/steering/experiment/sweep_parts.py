@@ -12,7 +12,9 @@ block's sampling seed depends only on (seed, block index) and each row's on (blo
 sample) (`valueprobe.steering.decode.sampling.row_seed`): a row draws the same random numbers, so gives
 the same tokens, whichever shard and batch run it. The merge puts the rows in the order one
 process writes them (prompt condition, direction, then prompt, sample and α) and writes the summary one process
-writes; a part has no summary, since the dose slopes need every prompt.
+writes; a part has no summary, since the dose slopes need every prompt. The merged folder is the one
+process's whole: ``settings.json``, ``generations.jsonl`` (the same rows in the same order) and
+the summary (``metrics.json``, ``metrics.csv``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.sharded import (
     Part,
     PartKind,
-    Words,
-    merge,
+    declare,
     new_folder,
     partial,
     read_head,
@@ -57,10 +58,7 @@ from valueprobe.steering.experiment.sweep import (
 )
 from valueprobe.vocab import ShardSpec
 
-__all__ = ["SWEEP_PARTS", "SweepPart", "check_part_out", "merge_sweeps", "run_sweep_part"]
-
-FORMAT = "valueprobe.steer.part"
-WORDS = Words("steer", did="was steered", source="was steered on", result="sweep")
+__all__ = ["SWEEP_PARTS", "SweepPart", "check_part_out", "run_sweep_part"]
 
 
 @dataclass(frozen=True)
@@ -78,16 +76,17 @@ class SweepPart:
             "directions": list(self.directions),
             "bootstrap": self.bootstrap,
         }
-        write_head(folder, PART, FORMAT, self.shard, body)
+        write_head(folder, SWEEP_PARTS, self.shard, body)
 
     @classmethod
     def read(cls, path: Path) -> SweepPart:
         """``path/part.json`` again; one error line naming the part if it is not one."""
-        with reading(path, PART, WORDS):
-            head, shard = read_head(path, PART, FORMAT)
+        head, shard = read_head(path, SWEEP_PARTS)
+        with reading(path, SWEEP_PARTS):
             Fingerprint.parse(str(head["fingerprint"]))
-            directions, bootstrap = tuple(map(str, head["directions"])), int(head["bootstrap"])
-        return cls(shard, str(head["fingerprint"]), directions, bootstrap)
+            return cls(
+                shard, str(head["fingerprint"]), tuple(map(str, head["directions"])), int(head["bootstrap"])
+            )
 
 
 def check_part_out(out: Path, shard: ShardSpec) -> None:
@@ -117,7 +116,7 @@ def run_sweep_part(
 ) -> int:
     """Run (or resume) shard ``shard`` of the sweep into ``out``; the rows it holds when done.
 
-    Arguments as `valueprobe.steering.experiment.sweep.run_sweep`; :func:`merge_sweeps` joins the N parts.
+    Arguments as `valueprobe.steering.experiment.sweep.run_sweep`; `valueprobe.sharded.merge` joins the N parts.
     """
     out = Path(out)
     check_settings(settings, out, examples, part=True)
@@ -146,7 +145,7 @@ class _Loaded:
 
 def _read(path: Path) -> Part[_Loaded]:
     part = SweepPart.read(path)
-    with reading(path, f"{SETTINGS}, {GENERATIONS}", WORDS):
+    with reading(path, SWEEP_PARTS, f"{SETTINGS}, {GENERATIONS}"):
         settings = SweepSettings.from_dict(json.loads((path / SETTINGS).read_text(encoding="utf-8")))
         read_rows(path / GENERATIONS)  # drops a line cut by an interruption
         text = (path / GENERATIONS).read_text(encoding="utf-8") if (path / GENERATIONS).is_file() else ""
@@ -160,7 +159,7 @@ def _read(path: Path) -> Part[_Loaded]:
 def _prompts(first: Part[_Loaded]) -> list[Example]:
     """The sweep's prompts again (groups for the summary, ids for the order), checked by sha256."""
     s = first.body.settings
-    examples = reread(first.path, s.prompts, s.prompts_sha256, WORDS)
+    examples = reread(first.path, s.prompts, s.prompts_sha256, SWEEP_PARTS)
     return examples[: s.limit] if s.limit else examples
 
 
@@ -185,20 +184,16 @@ def _in_order(loaded: Sequence[Part[_Loaded]], examples: Sequence[Example]) -> l
         have = {row.key() for row, _ in p.body.lines}
         if have != want or len(p.body.lines) != len(want):
             other = "" if have <= want else ", and rows not its own"
-            raise partial(p, WORDS, f"{len(have & want)} of its {len(want)} rows{other}")
-        keyed += [
-            (
-                (
-                    condition[r.condition],
-                    direction[r.direction],
-                    prompt[r.prompt_id],
-                    r.sample,
-                    alpha[r.alpha],
-                ),
-                line,
+            raise partial(p, SWEEP_PARTS, f"{len(have & want)} of its {len(want)} rows{other}")
+        for r, line in p.body.lines:
+            key = (
+                condition[r.condition],
+                direction[r.direction],
+                prompt[r.prompt_id],
+                r.sample,
+                alpha[r.alpha],
             )
-            for r, line in p.body.lines
-        ]
+            keyed.append((key, line))
     return [line for _, line in sorted(keyed, key=lambda kl: kl[0])]
 
 
@@ -223,16 +218,16 @@ def _join(out: Path, parts: Sequence[Part[_Loaded]]) -> SteerSweep:
     return got[0]
 
 
-SWEEP_PARTS = PartKind(GENERATIONS, WORDS, _read, _check_out, _join)
-
-
-def merge_sweeps(out: str | Path, parts: Sequence[str | Path]) -> SteerSweep:
-    """Join the N parts of a sharded sweep into the folder one process writes: ``settings.json``,
-    ``generations.jsonl`` (the same rows in the same order) and the summary (``metrics.json``,
-    ``metrics.csv``).
-
-    Raises:
-        ValueprobeError: parts that do not belong together, a partial part, the prompts file gone
-            or changed, or an ``out`` that is a part or holds something else.
-    """
-    return merge(out, parts, SWEEP_PARTS)
+SWEEP_PARTS = declare(
+    PartKind(
+        command="steer",
+        marker=GENERATIONS,
+        read=_read,
+        join=_join,
+        did="was steered",
+        source="was steered on",
+        result="sweep",
+        check_out=_check_out,
+        head=PART,
+    )
+)

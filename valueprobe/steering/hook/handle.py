@@ -37,10 +37,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.hooks.decode import Additions
 from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, record
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.steering.hook.additive import GRAPH, refusal
 from valueprobe.steering.hook.condition import Gate
 from valueprobe.steering.hook.resident import Scorer
 from valueprobe.steering.hook.spec import SteeringSpec, SteerPoint, as_spec, check_phase
-from valueprobe.vocab import Op, Site
+from valueprobe.vocab import Site
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -157,19 +158,8 @@ class Steering(Handle):
     def as_additions(self) -> Additions:
         """The steering as data, for a route that builds its run as a graph (nnsight, NDIF)."""
         live = self.trace or bool(self.read_layers) or self.source is not None
-        return Additions(self.points, self.alpha, self.spec.positions, live=live, beyond=self._beyond())
-
-    def _beyond(self) -> str:
-        """What the hooks steer beyond the additions data can say (empty: nothing)."""
-        spec = self.spec
-        sites = {str(t.point.site) for t in self.points} - {Site.resid_pre.value, Site.resid_post.value}
-        why = [
-            *([f"--op {spec.op.op.value}"] if spec.op.op != Op.add else []),
-            *[f"site {s}" for s in sorted(sites)],
-            *(["a window of generated tokens"] if spec.window is not None else []),
-            *(["a condition"] if spec.condition is not None else []),
-        ]
-        return " with ".join(why)
+        beyond = refusal(self.spec, GRAPH)
+        return Additions(self.points, self.alpha, self.spec.positions, live=live, beyond=beyond)
 
     def traced(self) -> tuple[dict[Point, list[Tensor]], list[Tensor]]:
         """Per point, one ``[batch, new]`` σ-score per forward (the first steered point before its
@@ -226,7 +216,7 @@ class Steering(Handle):
                 if a.numel() not in (1, h.shape[0]):
                     raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
-            alpha = torch.where(cells, alpha, torch.zeros_like(alpha))
+            alpha = torch.where(cells, alpha, 0.0)
             if self.trace:
                 keep_alpha(alpha.detach())
             if self._idle and self.source is None:

@@ -64,11 +64,13 @@ from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write
+from valueprobe.hooks.addition import addition
 from valueprobe.probe.axis import CALIBRATE, ValueAxis
 from valueprobe.probe.reference import SigmaReference
+from valueprobe.steering.hook.additive import CONTROL_VECTOR, check_additive
 from valueprobe.steering.hook.handle import Specified
 from valueprobe.steering.hook.spec import as_spec
-from valueprobe.vocab import HookSite, Op, Site, layer_ranges
+from valueprobe.vocab import Site, layer_ranges
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -131,22 +133,10 @@ def control_vector(lm: LoadedModel, spec: Specified, *, alpha: float = 1.0) -> C
     if not math.isfinite(alpha):
         raise ValueprobeError(f"--alpha {alpha} must be a finite number")
     spec = as_spec(spec)
-    if (
-        spec.op.op != Op.add
-        or spec.positions != "all"
-        or spec.window is not None
-        or spec.condition is not None
-    ):
-        raise ValueprobeError(
-            "control vectors add α·v̂ at every position: export a spec with op add, positions all,"
-            " no window and no condition"
-        )
-    if spec.site is not None and spec.site not in (HookSite.resid_post, HookSite.resid_pre):
-        raise ValueprobeError(
-            f"control vectors add to the residual stream: export resid_post or resid_pre, not {spec.site.value}"
-        )
+    check_additive(spec, CONTROL_VECTOR)
     # The same resolution steering uses, so the file holds exactly what vp.steer adds.
     vectors: dict[int, Tensor] = {}
+    strength = torch.tensor(alpha, dtype=torch.float32)  # α as the hooks route holds it
     for target in spec.points(lm):
         block = target.point.layer - (1 if target.point.site == Site.resid_pre else 0)
         if block < 0:
@@ -154,7 +144,7 @@ def control_vector(lm: LoadedModel, spec: Specified, *, alpha: float = 1.0) -> C
                 "resid_pre of layer 0 is the embedding output, which repeng, llama.cpp and "
                 "steering-vectors cannot steer: export resid_post or a later layer (--layers, --site)"
             )
-        vectors[block] = (alpha * target.unit_size) * target.direction.float()
+        vectors[block] = addition(strength, target.unit_size, target.direction.float())
     return ControlVector(vectors=vectors, model_hint=model_type(lm))
 
 

@@ -18,7 +18,11 @@ the σ-score is (p − μ)/σ, as `valueprobe.probe.axis.ValueAxis.score` reads 
     clamp      h + α·(clip(p, μ + lo·σ, μ + hi·σ) − p)·v̂   α = 1: score held inside [lo, hi]
     add-norm   (h + α·u·v̂)·‖h‖ / ‖h + α·u·v̂‖           add, then rescale to ‖h‖ (repeng's normalize)
 
-α = 0 leaves a cell bit for bit under every operator, so a sweep's α = 0 rows stay the baseline.
+Each moves h by α times a size along v̂, computed by `valueprobe.hooks.addition.addition` (the one
+function every route and engine adds with): the size is u for add and add-norm, the distance to
+the operator's goal for ablate, set and clamp. α = 0 leaves a cell bit for bit under every
+operator, so a sweep's α = 0 rows stay the baseline.
+
 For ``ablate``, ``set`` and ``clamp`` α is unit-free: the share of the move the operator makes
 (1 = exactly; a sweep ``--alphas 0,1`` compares off with on); ``t``, ``lo`` and ``hi`` are in σ and
 ignore the axis's ``scale`` (as readouts do). Along ``-axis`` both v̂ and μ flip, so the scores and
@@ -38,6 +42,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from valueprobe.errors import ValueprobeError
+from valueprobe.hooks.addition import addition
 from valueprobe.vocab import Op, choice
 
 __all__ = ["OPS", "Operator", "OperatorPoint", "as_operator"]
@@ -144,15 +149,14 @@ class Operator:
         """The operator applied at every cell with its α (callers keep α = 0 cells as they were)."""
         v = target.direction_on(h.device)  # copied to the device once per run, not per step
         if self.op in (Op.add, Op.add_norm):
-            step = (alpha * target.unit_size)[..., None] * v
+            step = addition(alpha, target.unit_size, v)
             if self.op == Op.add:
                 return h + step.to(h.dtype)
             x = h.float() + step
             ratio = h.float().norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
             return (x * ratio).to(h.dtype)
         p = h.float() @ v
-        move = alpha * (_GOALS[self.op](self, p, target) - p)
-        return h + (move[..., None] * v).to(h.dtype)
+        return h + addition(alpha, _GOALS[self.op](self, p, target) - p, v).to(h.dtype)
 
 
 def as_operator(op: Operator | Op | str | None) -> Operator:
