@@ -9,7 +9,7 @@ import pytest
 
 from valueprobe.cli.main import main
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.stages import StageCache
+from valueprobe.stages import StageCache
 from valueprobe.report.page import SECTIONS
 
 RAN_SECTIONS = ("sweep", "history", "transfer", "matched_control", "logit_lens", "trace", "steer", "shift")

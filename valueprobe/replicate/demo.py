@@ -51,7 +51,7 @@ from valueprobe.replicate.axis import (
     fit_history_axis,
     matched_control,
 )
-from valueprobe.replicate.stages import StageCache
+from valueprobe.stages import StageCache
 from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, Results, write_report
 from valueprobe.report.sections import ShiftSection, SteerSection, read_sections
