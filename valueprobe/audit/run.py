@@ -1,0 +1,305 @@
+"""The battery: tests a–e on one axis at one layer, each stage cached so a rerun resumes.
+
+    valueprobe audit --probe smollm2-135m-value --out runs/audit-value
+
+    >>> res = run_audit(lm, axis, Path("runs/audit-value"), AuditSettings(), probe="smollm2-135m-value")
+    >>> [(t.key, t.verdict) for t in res.tests]
+
+Every stage (the neutral σ of the directions, the 2×2, the cuts, the sampled answers, the
+reading of them, each steered direction, the lens) is a JSON file under ``OUT/stages`` keyed by its
+inputs (`valueprobe.stages.StageCache`): Ctrl-C loses at most the stage running, and the same
+command resumes after the last one finished. Tests that read the same tokens share their forward:
+the tails of the 2×2 are read once for every effect of test a, each construction conversation once
+for its real cut, its placebo cuts and its failed attempts, and each sampled answer once for test c.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from tqdm.auto import tqdm
+
+from valueprobe.audit.cut import cut_examples, cut_test, read_cuts
+from valueprobe.audit.dissociation import SteerRow, dissociation_test, steer_rows
+from valueprobe.audit.distance import answer_examples, distance_test, read_answers
+from valueprobe.audit.guard import span_problems
+from valueprobe.audit.lens import lens_test
+from valueprobe.audit.reading import Directions
+from valueprobe.audit.records import Audit, AuditTest
+from valueprobe.audit.sampled import ANSWERS, neutral_prompts, sample_answers
+from valueprobe.audit.turns import build_turns, check_turns
+from valueprobe.audit.two_by_two import read_turns, two_by_two
+from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
+from valueprobe.errors import ValueprobeError
+from valueprobe.files import StageCache
+from valueprobe.model.load import LoadedModel
+from valueprobe.probe.axis import ValueAxis
+from valueprobe.records import Record
+from valueprobe.steering.decode.generation import Generation
+from valueprobe.steering.hook.spec import SteeringSpec
+from valueprobe.vocab import ChatTemplate
+
+__all__ = ["TESTS", "AuditSettings", "rendering_of", "run_audit"]
+
+TESTS = "abcde"
+
+
+@dataclass(frozen=True)
+class AuditSettings(Record):
+    """What an audit runs, and how big (the defaults run in about 10 minutes on 2 CPU cores).
+
+    Attributes:
+        tests: which of a–e to run. layer: the layer read and steered (default: the axis's best).
+        turns: 2×2 conversations (test a); turns_data: a JSONL of your own 2×2 rows instead
+            (``meta.conversation``, ``meta.value`` high|low, ``meta.end`` near|far, a ``tail`` span).
+        construction, n_construction: the construction dataset and how many conversations (test b).
+        prompts, n_answers: the neutral prompt set and how many answers to sample (test c).
+        n_steer, alphas, n_steer_random: prompts, strengths (% norm) and random directions steered (d).
+        n_random: random directions read on the same tokens (a, b, c, e); k_lens: top-k tokens (e).
+    """
+
+    tests: str = TESTS
+    layer: int | None = None
+    turns: int = 40
+    turns_data: str | None = None
+    construction: str = "icrl"
+    n_construction: int = 48
+    prompts: str = "steer_open"
+    n_answers: int = 24
+    n_steer: int = 8
+    alphas: tuple[float, ...] = (-30.0, 30.0)
+    n_steer_random: int = 4
+    n_random: int = 64
+    k_lens: int = 50
+    seed: int = 0
+    batch_size: int = 8
+
+    def check(self) -> AuditSettings:
+        """One line for settings that cannot run; returns them."""
+        if not self.tests or set(self.tests) - set(TESTS):
+            raise ValueprobeError(f"--tests {self.tests!r}: give letters of {TESTS} (e.g. --tests ab)")
+        for name in ("turns", "n_construction", "n_answers", "n_steer", "n_random", "k_lens", "batch_size"):
+            if getattr(self, name) < 2:
+                raise ValueprobeError(f"{name} {getattr(self, name)} is too small: give at least 2")
+        if 0.0 in self.alphas or not self.alphas:
+            raise ValueprobeError("--alphas are the non-zero strengths (α = 0 is always run): e.g. -30,30")
+        return self
+
+
+def rendering_of(lm: LoadedModel) -> tuple[ChatTemplate, str]:
+    """How chats are rendered for ``lm``, and the sentence the audit states about it."""
+    if getattr(lm.tokenizer, "chat_template", None) is None:
+        return ChatTemplate.plain, (
+            "the tokenizer has no chat template (a base model): chats are rendered as capture's plain"
+            " transcript, 'User: ...\\nAssistant: ...', and the assistant turn is the 'Assistant:' line"
+        )
+    return ChatTemplate.model, "the model's chat template"
+
+
+@dataclass
+class _Stages:
+    """The audit's stages on disk (`StageCache`), keyed by the audit's identity, and their times."""
+
+    cache: StageCache
+    key: dict
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name: str, fn: Callable[[], dict], **inputs: object) -> dict:
+        t0 = time.perf_counter()
+        result = self.cache.run(name, {**self.key, **inputs}, fn)
+        self.seconds[name] = time.perf_counter() - t0 if name in self.cache.ran else 0.0
+        return result
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every test of one audit shares."""
+
+    lm: LoadedModel
+    axis: ValueAxis
+    settings: AuditSettings
+    layer: int
+    out: Path
+    stages: _Stages
+    chat_template: ChatTemplate
+    progress: bool
+    dirs: Directions
+
+    def stage(self, name: str, fn: Callable[[], dict], **inputs: object) -> dict:
+        return self.stages.run(name, fn, **inputs)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return self.stages.seconds
+
+    def bar(self, total: int, what: str) -> tqdm:
+        return tqdm(total=total, desc=what, unit="seq", disable=not self.progress, leave=False)
+
+
+def _directions(
+    axis: ValueAxis, lm: LoadedModel, stages: _Stages, settings: AuditSettings, layer: int
+) -> Directions:
+    s = settings
+
+    def read() -> dict:
+        dirs = Directions.of(axis, lm, layer=layer, n_random=s.n_random, seed=s.seed, batch_size=s.batch_size)
+        return {"sigma": dirs.reference_sigma.tolist(), "tokens": dirs.reference_tokens}
+
+    saved = stages.run("reference", read)
+    return Directions.build(
+        axis,
+        layer=layer,
+        n_random=s.n_random,
+        seed=s.seed,
+        reference_sigma=np.array(saved["sigma"]),
+        reference_tokens=int(saved["tokens"]),
+    )
+
+
+def _test_a(run: _Run) -> AuditTest:
+    s, lm = run.settings, run.lm
+    if s.turns_data is not None:
+        sets, dropped = check_turns(lm, read_jsonl(s.turns_data), chat_template=run.chat_template)
+    else:
+        sets, dropped = build_turns(lm, n=s.turns, seed=s.seed, chat_template=run.chat_template)
+    if not sets:
+        raise ValueprobeError(f"no 2×2 conversation could be aligned ({dropped} dropped): check the tails")
+    write_jsonl(run.out / "turns.jsonl", [arm for t in sets for arm in t.arms])
+    t0 = time.perf_counter()
+    with run.bar(4 * len(sets), "a: 2×2 tails") as bar:
+        reads = read_turns(lm, run.dirs, sets, site=run.axis.site, chat_template=run.chat_template,
+                           batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
+    return two_by_two(reads, run.dirs, dropped=dropped, seconds=time.perf_counter() - t0, seed=s.seed)
+
+
+def _construction(run: _Run) -> list[Example]:
+    s = run.settings
+    examples = [ex for ex in read_jsonl(s.construction) if not ex.meta.get("control")][: s.n_construction]
+    problems = [
+        p
+        for ex in examples
+        for p in span_problems(ex, tokenizer=run.lm.tokenizer, chat_template=run.chat_template)
+    ]
+    if problems:
+        raise ValueprobeError(
+            f"{s.construction}: {len(problems)} span problems, the first: {problems[0]} (spans must lie in an"
+            " assistant message and cover the labelled token)"
+        )
+    return cut_examples(examples)
+
+
+def _test_b(run: _Run) -> AuditTest:
+    examples = _construction(run)
+    t0 = time.perf_counter()
+    with run.bar(len(examples), "b: construction cuts") as bar:
+        reads = read_cuts(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
+                          batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
+    return cut_test(reads, run.dirs, seconds=time.perf_counter() - t0, seed=run.settings.seed)
+
+
+def _answers(run: _Run, prompts: list) -> list[Generation]:
+    spec = SteeringSpec(run.axis, layers=run.layer)
+
+    def sample() -> dict:
+        gens = sample_answers(run.lm, spec, prompts, decoding=ANSWERS, chat_template=run.chat_template,
+                              progress=run.progress)  # fmt: skip
+        return {"answers": [g.to_dict() for g in gens]}
+
+    return [Generation.from_dict(g) for g in run.stage("answers", sample, n=len(prompts))["answers"]]
+
+
+def _test_c(run: _Run) -> AuditTest:
+    s = run.settings
+    prompts = neutral_prompts(read_jsonl(s.prompts), n=s.n_answers)
+    answers = _answers(run, prompts)
+    examples = answer_examples(prompts, answers)
+    if len(examples) < 2:
+        raise ValueprobeError(
+            f"only {len(examples)} of {len(answers)} sampled answers ended: raise --answers"
+        )
+    t0 = time.perf_counter()
+    with run.bar(len(examples), "c: answers") as bar:
+        reads = read_answers(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
+                             batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
+    return distance_test(
+        reads, run.dirs, n_sampled=len(answers), seconds=time.perf_counter() - t0 + run.seconds.get("answers", 0.0),
+        generated=sum(len(g.token_ids) for g in answers), seed=s.seed,
+    )  # fmt: skip
+
+
+def _test_d(run: _Run) -> AuditTest:
+    s = run.settings
+    prompts = neutral_prompts(read_jsonl(s.prompts), n=s.n_steer)
+    rows: list[SteerRow] = []
+    for j in range(s.n_steer_random + 1):
+        alphas = (0.0, *s.alphas) if j == 0 else s.alphas  # α = 0 is one run, whatever the direction
+
+        def steer(j: int = j, alphas: tuple[float, ...] = alphas) -> dict:
+            got = steer_rows(run.lm, run.axis, run.dirs, prompts, alphas=alphas, direction=j, decoding=ANSWERS,
+                             chat_template=run.chat_template, progress=run.progress)  # fmt: skip
+            return {"rows": [r.to_dict() for r in got]}
+
+        rows += [SteerRow.from_dict(r) for r in run.stage(f"steer-{j}", steer, direction=j)["rows"]]
+    seconds = sum(v for k, v in run.seconds.items() if k.startswith("steer-"))
+    generated = sum(r.n_tokens for r in rows)
+    cost = f"{len(rows)} steered answers ({generated} tokens) and as many ratings"
+    return dissociation_test(rows, seconds=seconds, cost=cost)
+
+
+def _test_e(run: _Run) -> AuditTest:
+    t0 = time.perf_counter()
+    test = lens_test(run.axis, run.lm, run.dirs, k=run.settings.k_lens, seed=run.settings.seed)
+    return AuditTest.from_dict({**test.to_dict(), "seconds": time.perf_counter() - t0})
+
+
+def _test_dict(runner: Callable[[_Run], AuditTest], run: _Run) -> dict:
+    return runner(run).to_dict()
+
+
+RUNNERS: dict[str, Callable[[_Run], AuditTest]] = {
+    "a": _test_a,
+    "b": _test_b,
+    "c": _test_c,
+    "d": _test_d,
+    "e": _test_e,
+}
+
+
+def run_audit(
+    lm: LoadedModel,
+    axis: ValueAxis,
+    out: Path,
+    settings: AuditSettings = AuditSettings(),
+    *,
+    probe: str,
+    command: str = "",
+    console: Console | None = None,
+    progress: bool = True,
+) -> Audit:
+    """Run the battery on ``axis`` (checked against ``lm``) and return the `Audit`; stages go to
+    ``out/stages`` (the caller writes audit.json and audit.html)."""
+    s = settings.check()
+    layer = axis.best_layer if s.layer is None else s.layer
+    chat_template, rendering = rendering_of(lm)
+    out.mkdir(parents=True, exist_ok=True)
+    key = {"probe": axis.provenance(), "model": lm.fingerprint, "layer": layer, "settings": s.to_dict()}
+    stages = _Stages(StageCache(out / "stages", console=console or Console()), key)
+    t0 = time.perf_counter()
+    dirs = _directions(axis, lm, stages, s, layer)
+    run = _Run(lm, axis, s, layer, out, stages, chat_template, progress, dirs)
+    tests = []
+    for letter in s.tests:
+        saved = run.stage(f"test-{letter}", functools.partial(_test_dict, RUNNERS[letter], run))
+        tests.append(AuditTest.from_dict(saved))
+    return Audit(
+        probe=probe, model_id=lm.model_id, layer=layer, site=str(axis.site), axis_sigma=dirs.axis_sigma,
+        sigma_reference=str(axis.sigma_reference), reference_sigma=float(dirs.reference_sigma[0]),
+        reference_tokens=dirs.reference_tokens, n_random=s.n_random, rendering=rendering, tests=tuple(tests),
+        command=command, seconds=time.perf_counter() - t0,
+    )  # fmt: skip
