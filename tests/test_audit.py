@@ -286,10 +286,10 @@ def test_the_audit_runs_resumes_after_ctrl_c_and_writes_its_files(
         code, _, err = run(args, capsys)
     assert code == 130 and "rerun the same command to resume" in err
     done = {p.stem for p in (out / "stages").glob("*.json")}
-    assert {"reference", "test-a", "test-b", "test-c", "test-d"} <= done and "test-e" not in done
+    assert {"reference", "reads-a", "reads-b", "answers", "reads-c", "steer-0", "steer-2"} <= done
     code, stdout, err = run(args, capsys)
     assert code == 0, err
-    assert "test-a: reused" in stdout and "test-d: reused" in stdout
+    assert "reads-a: reused" in stdout and "steer-2: reused" in stdout and "▶" not in stdout  # nothing ran again
     audit = Audit.from_dict(json.loads((out / "audit.json").read_text()))
     assert [t.key for t in audit.tests] == list("abcde") and audit.layer == 1
     assert all(t.verdict in ("value", "the rival", "both", "neither") for t in audit.tests)

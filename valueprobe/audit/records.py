@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from valueprobe.files import markdown_table
 from valueprobe.records import Record
 
 __all__ = ["VERDICTS", "Audit", "AuditTest", "Curve", "Effect", "Role", "Sign", "effect_text", "verdict_of"]
@@ -172,6 +173,27 @@ class Audit(Record):
 
     def test(self, key: str) -> AuditTest | None:
         return next((t for t in self.tests if t.key == key), None)
+
+    def summary_lines(self) -> list[str]:
+        """summary.md: the verdict table, then each test's design, effects and notes, and the command."""
+        lines = [f"# Is it value? {self.probe}, layer {self.layer} ({self.model_id})", ""]
+        lines += markdown_table(*self.table())
+        lines += [
+            "",
+            f"Effects in the axis's recorded σ ({self.axis_sigma:.4g}; {self.sigma_reference}); the null: {self.n_random}"
+            f" random directions on the same tokens, each in its own σ over neutral_text ({self.reference_tokens}"
+            f" tokens; the axis's: {self.reference_sigma:.4g}). Chats: {self.rendering}.",
+            "",
+            f"Reproduce: `{self.command}`",
+        ]
+        for t in self.tests:
+            lines += ["", f"## {t.key}. {t.title}: {t.verdict}", "", t.design, "", f"Why: {t.why}.", ""]
+            lines += markdown_table(
+                ["effect", "role", "axis [95% CI] (random null)", "holds"],
+                [[e.name, e.role, effect_text(e), "yes" if e.holds else "no"] for e in t.effects],
+            )
+            lines += ["", *(f"- {n}" for n in t.notes), f"- cost: {t.cost}, {t.seconds:.0f} s"]
+        return lines
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """One row per test: its verdict, both effects with CI and null, and its cost."""

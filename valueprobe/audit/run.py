@@ -5,36 +5,36 @@
     >>> res = run_audit(lm, axis, Path("runs/audit-value"), AuditSettings(), probe="smollm2-135m-value")
     >>> [(t.key, t.verdict) for t in res.tests]
 
-Every stage (the neutral σ of the directions, the 2×2, the cuts, the sampled answers, the
-reading of them, each steered direction, the lens) is a JSON file under ``OUT/stages`` keyed by its
-inputs (`valueprobe.stages.StageCache`): Ctrl-C loses at most the stage running, and the same
-command resumes after the last one finished. Tests that read the same tokens share their forward:
+Every costly stage (the neutral σ of the directions, the readings of the 2×2, of the cuts and of
+the sampled answers, the answers themselves, each steered direction) is a JSON file under
+``OUT/stages`` keyed by its inputs (`valueprobe.files.StageCache`): Ctrl-C loses at most the stage
+running, and the same command resumes after the last one finished. The stages keep readings, not
+verdicts: each test's statistics are computed again from them on every run, in seconds. Tests that read the same tokens share their forward:
 the tails of the 2×2 are read once for every effect of test a, each construction conversation once
 for its real cut, its placebo cuts and its failed attempts, and each sampled answer once for test c.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from tqdm.auto import tqdm
 
-from valueprobe.audit.cut import cut_examples, cut_test, read_cuts
+from valueprobe.audit.cut import CutReads, cut_examples, cut_test, read_cuts
 from valueprobe.audit.dissociation import SteerRow, dissociation_test, steer_rows
-from valueprobe.audit.distance import answer_examples, distance_test, read_answers
+from valueprobe.audit.distance import AnswerReads, answer_examples, distance_test, read_answers
 from valueprobe.audit.guard import span_problems
 from valueprobe.audit.lens import lens_test
 from valueprobe.audit.reading import Directions
 from valueprobe.audit.records import Audit, AuditTest
 from valueprobe.audit.sampled import ANSWERS, neutral_prompts, sample_answers
 from valueprobe.audit.turns import build_turns, check_turns
-from valueprobe.audit.two_by_two import read_turns, two_by_two
+from valueprobe.audit.two_by_two import TurnReads, read_turns, two_by_two
 from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import StageCache
@@ -162,20 +162,44 @@ def _directions(
     )
 
 
-def _test_a(run: _Run) -> AuditTest:
+def _timed(fn: Callable[[], dict]) -> Callable[[], dict]:
+    """``fn`` whose result also records the seconds it took (a reused stage keeps its first run's)."""
+
+    def run() -> dict:
+        t0 = time.perf_counter()
+        return {**fn(), "seconds": time.perf_counter() - t0}
+
+    return run
+
+
+def _lists(obj: object, names: tuple[str, ...]) -> dict:
+    """Arrays of a reads record as JSON lists (a stage keeps the reads, so a test's statistics can
+    change without another forward)."""
+    return {n: np.asarray(getattr(obj, n)).tolist() for n in names}
+
+
+def _turn_sets(run: _Run) -> tuple[list, int]:
     s, lm = run.settings, run.lm
     if s.turns_data is not None:
-        sets, dropped = check_turns(lm, read_jsonl(s.turns_data), chat_template=run.chat_template)
-    else:
-        sets, dropped = build_turns(lm, n=s.turns, seed=s.seed, chat_template=run.chat_template)
+        return check_turns(lm, read_jsonl(s.turns_data), chat_template=run.chat_template)
+    return build_turns(lm, n=s.turns, seed=s.seed, chat_template=run.chat_template)
+
+
+def _test_a(run: _Run) -> AuditTest:
+    sets, dropped = _turn_sets(run)  # rebuilt each time (tokenizing only): the reads stage keeps the arrays
     if not sets:
         raise ValueprobeError(f"no 2×2 conversation could be aligned ({dropped} dropped): check the tails")
     write_jsonl(run.out / "turns.jsonl", [arm for t in sets for arm in t.arms])
-    t0 = time.perf_counter()
-    with run.bar(4 * len(sets), "a: 2×2 tails") as bar:
-        reads = read_turns(lm, run.dirs, sets, site=run.axis.site, chat_template=run.chat_template,
-                           batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
-    return two_by_two(reads, run.dirs, dropped=dropped, seconds=time.perf_counter() - t0, seed=s.seed)
+
+    def read() -> dict:
+        with run.bar(4 * len(sets), "a: 2×2 tails") as bar:
+            reads = read_turns(run.lm, run.dirs, sets, site=run.axis.site, chat_template=run.chat_template,
+                               batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
+        return {**_lists(reads, ("tail",)), "n_tokens": reads.n_tokens}
+
+    saved = run.stage("reads-a", _timed(read))
+    reads = TurnReads(tuple(sets), np.array(saved["tail"]), np.empty((0,)), int(saved["n_tokens"]))
+    return two_by_two(reads, run.dirs, dropped=dropped, seconds=saved["seconds"], seed=run.settings.seed)
 
 
 def _construction(run: _Run) -> list[Example]:
@@ -194,16 +218,24 @@ def _construction(run: _Run) -> list[Example]:
     return cut_examples(examples)
 
 
+CUT_ARRAYS = ("real", "placebo", "failed", "real_fraction")
+
+
 def _test_b(run: _Run) -> AuditTest:
-    examples = _construction(run)
-    t0 = time.perf_counter()
-    with run.bar(len(examples), "b: construction cuts") as bar:
-        reads = read_cuts(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
-                          batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
-    return cut_test(reads, run.dirs, seconds=time.perf_counter() - t0, seed=run.settings.seed)
+    def read() -> dict:
+        examples = _construction(run)
+        with run.bar(len(examples), "b: construction cuts") as bar:
+            reads = read_cuts(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
+                              batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
+        return {**_lists(reads, CUT_ARRAYS), "n_sequences": reads.n_sequences, "n_tokens": reads.n_tokens}
+
+    saved = run.stage("reads-b", _timed(read))
+    real, placebo, failed, where = (np.array(saved[n]) for n in CUT_ARRAYS)
+    reads = CutReads(real, placebo, failed, where, saved["n_sequences"], saved["n_tokens"])
+    return cut_test(reads, run.dirs, seconds=saved["seconds"], seed=run.settings.seed)
 
 
-def _answers(run: _Run, prompts: list) -> list[Generation]:
+def _answers(run: _Run, prompts: list) -> tuple[list[Generation], float]:
     spec = SteeringSpec(run.axis, layers=run.layer)
 
     def sample() -> dict:
@@ -211,24 +243,34 @@ def _answers(run: _Run, prompts: list) -> list[Generation]:
                               progress=run.progress)  # fmt: skip
         return {"answers": [g.to_dict() for g in gens]}
 
-    return [Generation.from_dict(g) for g in run.stage("answers", sample, n=len(prompts))["answers"]]
+    saved = run.stage("answers", _timed(sample), n=len(prompts), decoding=asdict(ANSWERS))
+    return [Generation.from_dict(g) for g in saved["answers"]], saved["seconds"]
+
+
+ANSWER_ARRAYS = ("proj", "answer", "remaining", "position")
 
 
 def _test_c(run: _Run) -> AuditTest:
     s = run.settings
     prompts = neutral_prompts(read_jsonl(s.prompts), n=s.n_answers)
-    answers = _answers(run, prompts)
+    answers, sampling = _answers(run, prompts)
     examples = answer_examples(prompts, answers)
     if len(examples) < 2:
         raise ValueprobeError(
             f"only {len(examples)} of {len(answers)} sampled answers ended: raise --answers"
         )
-    t0 = time.perf_counter()
-    with run.bar(len(examples), "c: answers") as bar:
-        reads = read_answers(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
-                             batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
+
+    def read() -> dict:
+        with run.bar(len(examples), "c: answers") as bar:
+            reads = read_answers(run.lm, run.dirs, examples, site=run.axis.site, chat_template=run.chat_template,
+                                 batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
+        return {**_lists(reads, ANSWER_ARRAYS), "n_answers": reads.n_answers, "n_tokens": reads.n_tokens}
+
+    saved = run.stage("reads-c", _timed(read), n=len(prompts), decoding=asdict(ANSWERS))
+    proj, answer, remaining, position = (np.array(saved[n]) for n in ANSWER_ARRAYS)
+    reads = AnswerReads(proj, answer, remaining, position, saved["n_answers"], saved["n_tokens"])
     return distance_test(
-        reads, run.dirs, n_sampled=len(answers), seconds=time.perf_counter() - t0 + run.seconds.get("answers", 0.0),
+        reads, run.dirs, n_sampled=len(answers), seconds=saved["seconds"] + sampling,
         generated=sum(len(g.token_ids) for g in answers), seed=s.seed,
     )  # fmt: skip
 
@@ -237,6 +279,7 @@ def _test_d(run: _Run) -> AuditTest:
     s = run.settings
     prompts = neutral_prompts(read_jsonl(s.prompts), n=s.n_steer)
     rows: list[SteerRow] = []
+    seconds = 0.0
     for j in range(s.n_steer_random + 1):
         alphas = (0.0, *s.alphas) if j == 0 else s.alphas  # α = 0 is one run, whatever the direction
 
@@ -245,8 +288,9 @@ def _test_d(run: _Run) -> AuditTest:
                              chat_template=run.chat_template, progress=run.progress)  # fmt: skip
             return {"rows": [r.to_dict() for r in got]}
 
-        rows += [SteerRow.from_dict(r) for r in run.stage(f"steer-{j}", steer, direction=j)["rows"]]
-    seconds = sum(v for k, v in run.seconds.items() if k.startswith("steer-"))
+        saved = run.stage(f"steer-{j}", _timed(steer), direction=j, decoding=asdict(ANSWERS))
+        rows += [SteerRow.from_dict(r) for r in saved["rows"]]
+        seconds += saved["seconds"]
     generated = sum(r.n_tokens for r in rows)
     cost = f"{len(rows)} steered answers ({generated} tokens) and as many ratings"
     return dissociation_test(rows, seconds=seconds, cost=cost)
@@ -256,10 +300,6 @@ def _test_e(run: _Run) -> AuditTest:
     t0 = time.perf_counter()
     test = lens_test(run.axis, run.lm, run.dirs, k=run.settings.k_lens, seed=run.settings.seed)
     return AuditTest.from_dict({**test.to_dict(), "seconds": time.perf_counter() - t0})
-
-
-def _test_dict(runner: Callable[[_Run], AuditTest], run: _Run) -> dict:
-    return runner(run).to_dict()
 
 
 RUNNERS: dict[str, Callable[[_Run], AuditTest]] = {
@@ -293,10 +333,7 @@ def run_audit(
     t0 = time.perf_counter()
     dirs = _directions(axis, lm, stages, s, layer)
     run = _Run(lm, axis, s, layer, out, stages, chat_template, progress, dirs)
-    tests = []
-    for letter in s.tests:
-        saved = run.stage(f"test-{letter}", functools.partial(_test_dict, RUNNERS[letter], run))
-        tests.append(AuditTest.from_dict(saved))
+    tests = [RUNNERS[letter](run) for letter in s.tests]  # each reads its stages: only statistics are redone
     return Audit(
         probe=probe, model_id=lm.model_id, layer=layer, site=str(axis.site), axis_sigma=dirs.axis_sigma,
         sigma_reference=str(axis.sigma_reference), reference_sigma=float(dirs.reference_sigma[0]),

@@ -28,7 +28,7 @@ from valueprobe.vocab import ChatTemplate
 __all__ = ["ANSWERS", "SHORT", "Chat", "as_prompt", "neutral_prompts", "sample_answers"]
 
 SHORT = " Answer in two or three sentences."
-ANSWERS = Decoding(max_new_tokens=128, temperature=0.7, seed=0)
+ANSWERS = Decoding(max_new_tokens=96, temperature=0.7, seed=0)
 
 Chat = tuple[dict[str, str], ...]
 

@@ -24,7 +24,7 @@ from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import read_jsonl
 from valueprobe.datasets.shipped import resolve_dataset_name, shipped_datasets
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir, write_json
+from valueprobe.files import atomic_write_text, check_output_dir, write_json
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import portable_name
 from valueprobe.report.page import Results, write_report
@@ -132,7 +132,7 @@ def print_audit(res: Audit, out: Path) -> None:
     console.print(f"chats: {res.rendering}")
     for t in res.tests:
         console.print(f"  {t.key}. {t.verdict}: {t.why}")
-    console.print(f"wrote {out}/audit.json, audit.html, turns.jsonl  (reproduce: {res.command})")
+    console.print(f"wrote {out}/audit.json, summary.md, audit.html, turns.jsonl  (reproduce: {res.command})")
 
 
 @app.command("audit")
@@ -165,6 +165,7 @@ def audit_command(
         lm, checked, out, _with_layer(settings, layer), probe=name, command=command, console=console
     )
     write_json(out / "audit.json", res.to_dict(), indent=1)
+    atomic_write_text(out / "summary.md", "\n".join(res.summary_lines()) + "\n")
     write_report(Results(sections={"audit": res}, model=res.model_id), out / "audit.html",
                  title=f"Is it value? {res.probe}, layer {res.layer}")  # fmt: skip
     print_audit(res, out)
