@@ -327,3 +327,18 @@ def test_bad_input_is_one_line_before_the_model_loads(
     args = ["audit", "--probe", str(tiny_probe), "--model", tiny_dir, "--out", str(tmp_path / "o"), *extra]
     code, _, err = run(args, capsys)
     assert code == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_replicate_eot_writes_each_design_beside_the_published_figure(tiny_dir, tiny_probe, tmp_path, capsys):
+    out = tmp_path / "eot"
+    args = ["replicate", "eot", "--probe", str(tiny_probe), "--model", tiny_dir, "--out", str(out),
+            "--turns", "3", "--steer-prompts", "2"]  # fmt: skip
+    code, stdout, err = run(args, capsys)
+    assert code == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert res["layer"] == 2  # round(3 · 21/36): the paper's depth
+    assert res["alphas"] == [-75.0, -50.0, -25.0, 0.0, 25.0, 50.0, 75.0]
+    summary = (out / "summary.md").read_text()
+    for published in ("65 of 65", "18 of 18", "−0.077", "−0.96", "7.5–8.9"):
+        assert published in summary
+    assert "different, smaller model" in summary and "different, smaller model" in stdout

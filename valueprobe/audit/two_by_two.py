@@ -156,11 +156,13 @@ def two_by_two(
     verdict, why = verdict_of(value, end, held)
     cells_v, n_cells = _cells(reads, c["value"])
     cells_e, _ = _cells(reads, c["end"])
+    cells_c, _ = _cells(reads, c["conflict"])
     factor = dirs.axis_units() if np.isfinite(dirs.axis_units()) else 1.0
     notes = (
         f"{len(reads.sets)} conversations kept, {dropped} dropped (arms that could not be padded to one length"
         " or tails that did not tokenize alike)",
-        f"phrasing × tail cells with a positive mean: value {cells_v} of {n_cells}, end of turn {cells_e} of {n_cells}",
+        f"phrasing × tail cells with a positive mean: value {cells_v} of {n_cells}, end of turn {cells_e} of"
+        f" {n_cells}, conflict {cells_c} of {n_cells}",
         _padding_note(reads),
     )
     return AuditTest(

@@ -18,7 +18,17 @@ import typer
 
 from valueprobe.audit.records import Audit
 from valueprobe.audit.run import TESTS, AuditSettings, run_audit
-from valueprobe.cli.app import ForceOpt, LoadOptions, ModelOpt, app, console, data_option, probe_option, table
+from valueprobe.cli.app import (
+    ForceOpt,
+    LoadOptions,
+    ModelOpt,
+    app,
+    console,
+    data_option,
+    probe_option,
+    replicate_app,
+    table,
+)
 from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.steer import parse_alphas
 from valueprobe.datasets.io import read_jsonl
@@ -27,6 +37,7 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, check_output_dir, write_json
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import portable_name
+from valueprobe.replicate.eot import paper_layer, replicate_eot
 from valueprobe.report.page import Results, write_report
 from valueprobe.vocab import layer_ranges
 
@@ -173,3 +184,38 @@ def audit_command(
 
 def _with_layer(settings: AuditSettings, layer: int) -> AuditSettings:
     return AuditSettings.from_dict({**settings.to_dict(), "layer": layer})
+
+
+@replicate_app.command("eot")
+def replicate_eot_command(
+    out: Annotated[
+        Path, typer.Option(help="results folder: results.json, summary.md (rerun to resume)")
+    ] = Path("runs/replicate-eot"),
+    probe: Annotated[Path, probe_option("the pre/post axis")] = Path("smollm2-135m-value"),
+    model: ModelOpt = "smollm2-135m",
+    turns: Annotated[int, typer.Option(help="2×2 conversations (1a)")] = 40,
+    steer_prompts: Annotated[int, typer.Option(help="prompts steered at each α (1d)")] = 8,
+    load: LoadOptions = LoadOptions(),
+) -> None:
+    """The replication's designs 1a, 1b, 1d (Qwen3-8B) on this model, in the paper's units, beside its figures."""
+    check_output_dir(out, holds="audit")
+    settings = AuditSettings(turns=turns, n_steer=steer_prompts).check()
+    axis = ValueAxis.load(probe)
+    name = portable_name(probe)
+    command = f"valueprobe replicate eot --out {out}" + (
+        f" --probe {name}" if name != "smollm2-135m-value" else ""
+    )
+    command += "".join(f" --{k} {v}" for k, v in (("model", model), ("turns", turns), ("steer-prompts", steer_prompts))
+                       if v != {"model": "smollm2-135m", "turns": 40, "steer-prompts": 8}[k])  # fmt: skip
+    lm = load.check().load(model)
+    checked = ValueAxis.load(probe, lm=lm)
+    if paper_layer(lm.n_layers) not in axis.layers:
+        raise ValueprobeError(
+            f"{probe}: the axis has no layer {paper_layer(lm.n_layers)}, the paper's depth (21/36)"
+        )
+    res = replicate_eot(lm, checked, out, probe=name, settings=settings, command=command, console=console)
+    headers, rows = res.table()
+    table(
+        f"replicate eot -> {out} (a different, smaller model than the replication's Qwen3-8B)", headers, rows
+    )
+    console.print(f"wrote {out}/results.json, summary.md")
