@@ -18,6 +18,7 @@ from valueprobe.activations.encode import encode
 from valueprobe.audit import lens
 from valueprobe.audit.cut import FRACTIONS, CutReads, _contrast, cut_test
 from valueprobe.audit.dissociation import parse_confidence
+from valueprobe.audit.orthogonal import ROUTE_ONE, OrthogonalFit, fit_routes
 from valueprobe.audit.reading import NEUTRAL, Directions
 from valueprobe.audit.records import Audit, Effect, verdict_of
 from valueprobe.audit.turns import ARMS, build_turns, check_turns
@@ -342,3 +343,27 @@ def test_replicate_eot_writes_each_design_beside_the_published_figure(tiny_dir, 
     for published in ("65 of 65", "18 of 18", "−0.077", "−0.96", "7.5–8.9"):
         assert published in summary
     assert "different, smaller model" in summary and "different, smaller model" in stdout
+
+
+def test_the_2x2_fit_is_orthogonal_to_its_end_of_turn_direction():
+    rng = np.random.default_rng(0)
+    tails = rng.normal(size=(12, 4, 16))
+    routes = fit_routes(tails, rng.normal(size=16))
+    end = routes["end of turn (2×2, near − far)"]
+    for name in (ROUTE_ONE, "shipped axis ⊥ end of turn"):
+        assert abs(routes[name] @ end) < 1e-12 and np.linalg.norm(routes[name]) == pytest.approx(1.0)
+
+
+def test_replicate_orthogonal_scores_every_route_beside_its_null(tiny_dir, tiny_probe, tmp_path, capsys):
+    out = tmp_path / "orth"
+    code, stdout, err = run(["replicate", "orthogonal", "--probes", str(tiny_probe), "--model", tiny_dir,
+                             "--out", str(out)], capsys)  # fmt: skip
+    assert code == 0, err
+    res = OrthogonalFit.from_dict(json.loads((out / "results.json").read_text()))
+    assert [s.name.split(" (at")[0] for s in res.scores] == [
+        f"{tiny_probe}: shipped axis", ROUTE_ONE, "shipped axis ⊥ end of turn", "end of turn (2×2, near − far)"
+    ]
+    first = res.scores[0]
+    assert set(first.auroc) == {"icrl (held-out rules)", "confidence", "refusal", "code"}
+    assert all(lo <= first.auroc[k] <= hi for k, (lo, hi) in first.ci.items())
+    assert "does not hold its controls" in stdout or "holds its controls: saved" in stdout

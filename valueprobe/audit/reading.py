@@ -31,7 +31,7 @@ from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
 from valueprobe.vocab import ChatTemplate, PaddingSide, Positions, Site
 
-__all__ = ["NEUTRAL", "Directions", "SpanReads", "read_spans"]
+__all__ = ["NEUTRAL", "Directions", "SpanReads", "neutral_hidden", "read_spans"]
 
 NEUTRAL = "neutral_text"  # the shipped plain-text paragraphs every direction's σ is measured over
 
@@ -92,6 +92,31 @@ def read_spans(
     )
 
 
+def neutral_hidden(
+    lm: LoadedModel,
+    *,
+    layer: int,
+    site: Site,
+    batch_size: int = 8,
+    on_batch: Callable[[int], object] | None = None,
+) -> np.ndarray:
+    """The residual at ``layer`` on every token of ``neutral_text`` but position 0 (the attention
+    sink, tens of times the others' norm), read as plain text: [tokens, d_model]."""
+    neutral = [ex for ex in read_jsonl(NEUTRAL) if ex.text is not None]
+    reads = read_spans(
+        lm,
+        neutral,
+        layer=layer,
+        site=site,
+        labels=None,
+        positions=Positions.all,
+        chat_template=ChatTemplate.plain,
+        batch_size=batch_size,
+        on_batch=on_batch,
+    )
+    return reads.hidden[reads.position > 0]
+
+
 @dataclass(frozen=True)
 class Directions:
     """The axis's unit direction (row 0) and ``k`` random unit directions at one layer, each with
@@ -128,21 +153,9 @@ class Directions:
         bare = cls.build(
             axis, layer=layer, n_random=n_random, seed=seed, reference_sigma=np.ones(n_random + 1)
         )
-        neutral = [ex for ex in read_jsonl(NEUTRAL) if ex.text is not None]
-        reads = read_spans(
-            lm,
-            neutral,
-            layer=layer,
-            site=axis.site,
-            labels=None,
-            positions=Positions.all,
-            chat_template=ChatTemplate.plain,
-            batch_size=batch_size,
-            on_batch=on_batch,
-        )
-        keep = reads.position > 0  # position 0 is the attention sink, tens of times the others' norm
-        sigma = bare.project(reads.hidden[keep]).std(axis=0)
-        return replace(bare, reference_sigma=sigma, reference_tokens=int(keep.sum()))
+        neutral = neutral_hidden(lm, layer=layer, site=axis.site, batch_size=batch_size, on_batch=on_batch)
+        sigma = bare.project(neutral).std(axis=0)
+        return replace(bare, reference_sigma=sigma, reference_tokens=len(neutral))
 
     @classmethod
     def build(
