@@ -361,7 +361,7 @@ def test_replicate_orthogonal_scores_every_route_beside_its_null(tiny_dir, tiny_
     assert code == 0, err
     res = OrthogonalFit.from_dict(json.loads((out / "results.json").read_text()))
     assert [s.name.split(" (at")[0] for s in res.scores] == [
-        f"{tiny_probe}: shipped axis", ROUTE_ONE, "shipped axis ⊥ end of turn", "end of turn (2×2, near − far)"
+        str(tiny_probe), ROUTE_ONE, f"{tiny_probe} ⊥ end of turn", "end of turn (2×2, near − far)"
     ]
     first = res.scores[0]
     assert set(first.auroc) == {"icrl (held-out rules)", "confidence", "refusal", "code"}

@@ -56,6 +56,8 @@ __all__ = [
 
 FIT_SEED, HELD_OUT_SEED = 1, 2
 ROUTE_ONE = "2×2 value contrast ⊥ end of turn"
+ROUTE_TWO = "shipped axis ⊥ end of turn"
+END = "end of turn (2×2, near − far)"
 FIT_RULES = 24  # the fit's conversations take rules 0..23 (round-robin); ICRL is scored on the rest
 
 
@@ -117,8 +119,8 @@ def fit_routes(tails: np.ndarray, axis_direction: np.ndarray) -> dict[str, np.nd
     axis = np.asarray(axis_direction, dtype=np.float64)
     return {
         ROUTE_ONE: _unit(value - (value @ end) * end),
-        "shipped axis ⊥ end of turn": _unit(axis - (axis @ end) * end),
-        "end of turn (2×2, near − far)": end,
+        ROUTE_TWO: _unit(axis - (axis @ end) * end),
+        END: end,
     }
 
 
@@ -235,8 +237,13 @@ def evaluate(
         rand = random_directions(lm.d_model, n_random, seed=layer)
         routes = fit_routes(fit[layer], a)
         fitted[name] = routes[ROUTE_ONE]
-        for label, v in (("shipped axis", a), *routes.items()):
-            shown = f"{name}: {label}" if "shipped" in label else f"{label} (at {name}'s layer)"
+        named = {
+            name: a,
+            f"{ROUTE_ONE} (at {name}'s layer)": routes[ROUTE_ONE],
+            f"{name} ⊥ end of turn": routes[ROUTE_TWO],
+            f"{END} (at {name}'s layer)": routes[END],
+        }
+        for shown, v in named.items():
             scores.append(_score(shown, layer, v, a, reads, held[layer], rand, neutral[layer]))
     return OrthogonalFit(lm.model_id, tuple(scores), n_fit, n_held_out, n_random), fitted
 
