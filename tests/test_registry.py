@@ -30,7 +30,7 @@ from valueprobe.probe.registry import AXES_DIR, probe_path, shipped_axes
 from valueprobe.version import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("smollm2-135m-value", "smollm2-135m-reward-history")
+NAMES = ("smollm2-135m-value", "smollm2-135m-reward-history", "smollm2-135m-value-orthogonal")
 
 
 # ---- the package copies cannot drift from the repo ------------------------------------------------
@@ -203,7 +203,9 @@ def test_no_default_points_into_the_repository_or_the_package():
         if not isinstance(default, Path):
             continue
         checked += 1
-        shipped_name = len(default.parts) == 1 and default.name in shipped_axes()
+        shipped_name = len(default.parts) == 1 and (
+            default.name in shipped_axes() or default.name in shipped_datasets()
+        )
         assert default.parts[0] == "runs" or default == DATA_DIR or shipped_name, (
             f"{where} {param.name}={default}"
         )

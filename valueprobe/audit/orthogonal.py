@@ -59,6 +59,13 @@ ROUTE_ONE = "2×2 value contrast ⊥ end of turn"
 ROUTE_TWO = "shipped axis ⊥ end of turn"
 END = "end of turn (2×2, near − far)"
 FIT_RULES = 24  # the fit's conversations take rules 0..23 (round-robin); ICRL is scored on the rest
+FIT_DATA = {
+    "name": "the audit's 2×2 (valueprobe.audit.turns.build_turns)",
+    "seed": FIT_SEED,
+    "conversations": FIT_RULES,
+    "rules": "the first 24 of valueprobe.datasets.icrl_rules (round-robin)",
+    "positions": "tail tokens, mean per arm",
+}
 
 
 @dataclass(frozen=True)
@@ -262,5 +269,5 @@ def as_axis(
         mean_norm=torch.tensor([np.linalg.norm(h, axis=1).mean()], dtype=torch.float32), best_layer=layer,
         site=axis.site, method=method, model_id=axis.model_id, fingerprint=axis.fingerprint, d_model=axis.d_model,
         sigma_reference=f"neutral_text: every token but position 0 ({len(h)} tokens), population sd",
-        metrics=metrics,
+        metrics=metrics, datasets=(FIT_DATA,),
     )  # fmt: skip

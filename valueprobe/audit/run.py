@@ -71,7 +71,7 @@ class AuditSettings(Record):
     construction: str = "icrl"
     n_construction: int = 48
     prompts: str = "steer_open"
-    n_answers: int = 24
+    n_answers: int = 48
     n_steer: int = 8
     alphas: tuple[float, ...] = (-30.0, 30.0)
     n_steer_random: int = 4
@@ -197,7 +197,7 @@ def _test_a(run: _Run) -> AuditTest:
                                batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
         return {**_lists(reads, ("tail",)), "n_tokens": reads.n_tokens}
 
-    saved = run.stage("reads-a", _timed(read))
+    saved = run.stage("reads-a", _timed(read), turns=run.settings.turns, turns_data=run.settings.turns_data)
     reads = TurnReads(tuple(sets), np.array(saved["tail"]), np.empty((0,)), int(saved["n_tokens"]))
     return two_by_two(reads, run.dirs, dropped=dropped, seconds=saved["seconds"], seed=run.settings.seed)
 
@@ -229,7 +229,8 @@ def _test_b(run: _Run) -> AuditTest:
                               batch_size=run.settings.batch_size, on_batch=bar.update)  # fmt: skip
         return {**_lists(reads, CUT_ARRAYS), "n_sequences": reads.n_sequences, "n_tokens": reads.n_tokens}
 
-    saved = run.stage("reads-b", _timed(read))
+    s = run.settings
+    saved = run.stage("reads-b", _timed(read), construction=s.construction, n=s.n_construction)
     real, placebo, failed, where = (np.array(saved[n]) for n in CUT_ARRAYS)
     reads = CutReads(real, placebo, failed, where, saved["n_sequences"], saved["n_tokens"])
     return cut_test(reads, run.dirs, seconds=saved["seconds"], seed=run.settings.seed)
@@ -243,7 +244,9 @@ def _answers(run: _Run, prompts: list) -> tuple[list[Generation], float]:
                               progress=run.progress)  # fmt: skip
         return {"answers": [g.to_dict() for g in gens]}
 
-    saved = run.stage("answers", _timed(sample), n=len(prompts), decoding=asdict(ANSWERS))
+    saved = run.stage(
+        "answers", _timed(sample), prompts=run.settings.prompts, n=len(prompts), decoding=asdict(ANSWERS)
+    )
     return [Generation.from_dict(g) for g in saved["answers"]], saved["seconds"]
 
 
@@ -266,7 +269,7 @@ def _test_c(run: _Run) -> AuditTest:
                                  batch_size=s.batch_size, on_batch=bar.update)  # fmt: skip
         return {**_lists(reads, ANSWER_ARRAYS), "n_answers": reads.n_answers, "n_tokens": reads.n_tokens}
 
-    saved = run.stage("reads-c", _timed(read), n=len(prompts), decoding=asdict(ANSWERS))
+    saved = run.stage("reads-c", _timed(read), prompts=s.prompts, n=len(prompts), decoding=asdict(ANSWERS))
     proj, answer, remaining, position = (np.array(saved[n]) for n in ANSWER_ARRAYS)
     reads = AnswerReads(proj, answer, remaining, position, saved["n_answers"], saved["n_tokens"])
     return distance_test(
@@ -288,7 +291,10 @@ def _test_d(run: _Run) -> AuditTest:
                              chat_template=run.chat_template, progress=run.progress)  # fmt: skip
             return {"rows": [r.to_dict() for r in got]}
 
-        saved = run.stage(f"steer-{j}", _timed(steer), direction=j, decoding=asdict(ANSWERS))
+        saved = run.stage(
+            f"steer-{j}", _timed(steer), prompts=s.prompts, n=s.n_steer, alphas=list(alphas), direction=j,
+            decoding=asdict(ANSWERS),
+        )  # fmt: skip
         rows += [SteerRow.from_dict(r) for r in saved["rows"]]
         seconds += saved["seconds"]
     generated = sum(r.n_tokens for r in rows)
@@ -328,7 +334,14 @@ def run_audit(
     layer = axis.best_layer if s.layer is None else s.layer
     chat_template, rendering = rendering_of(lm)
     out.mkdir(parents=True, exist_ok=True)
-    key = {"probe": axis.provenance(), "model": lm.fingerprint, "layer": layer, "settings": s.to_dict()}
+    # what every stage depends on; each stage adds its own inputs, so changing one test's size reruns that test only
+    key = {
+        "probe": axis.provenance(),
+        "model": lm.fingerprint,
+        "layer": layer,
+        "seed": s.seed,
+        "random": s.n_random,
+    }
     stages = _Stages(StageCache(out / "stages", console=console or Console()), key)
     t0 = time.perf_counter()
     dirs = _directions(axis, lm, stages, s, layer)

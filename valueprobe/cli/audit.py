@@ -78,7 +78,7 @@ class AuditOptions(OptionGroup):
         48
     )
     prompts: Annotated[Path, data_option("neutral one-turn prompts (c, d)")] = Path("steer_open")
-    answers: Annotated[int, typer.Option(help="answers sampled for the distance to the end (c)")] = 24
+    answers: Annotated[int, typer.Option(help="answers sampled for the distance to the end (c)")] = 48
     steer_prompts: Annotated[int, typer.Option(help="prompts steered (d)")] = 8
     alphas: Annotated[str, typer.Option(help="non-zero strengths in % of the mean norm (d)")] = "-30,30"
     steer_random: Annotated[int, typer.Option(help="random directions steered as the null (d)")] = 4
