@@ -161,11 +161,14 @@ def _partial_slope(rows: Sequence[SteerRow], skip: set[float]) -> Slope:
     return dose_slope(resid(a), resid(c), [str(r.prompt) for r in mine])
 
 
-def _curves(rows: Sequence[SteerRow], n_dirs: int) -> tuple[Curve, ...]:
+def _curves(rows: Sequence[SteerRow], n_dirs: int, skip: set[float]) -> tuple[Curve, ...]:
+    """Mean length and stated confidence by α for each direction (confidence at the reliable α only),
+    and the share of the axis's answers that ended on EOS (the rest ran to the token cap)."""
     out = []
     for value, label in (("n_tokens", "answer length (tokens)"), ("confidence", "stated confidence (0–10)")):
         for j, name in ((0, "axis"), *((j, "random") for j in range(1, n_dirs))):
             mine = [r for r in rows if (r.direction == j or r.alpha == 0) and getattr(r, value) is not None]
+            mine = [r for r in mine if value == "n_tokens" or r.alpha not in skip]
             xs = sorted({r.alpha for r in mine})
             ys = [float(np.mean([getattr(r, value) for r in mine if r.alpha == x])) for x in xs]
             out.append(
@@ -173,6 +176,11 @@ def _curves(rows: Sequence[SteerRow], n_dirs: int) -> tuple[Curve, ...]:
                     f"{label}: {name}", tuple(xs), tuple(ys), x_label="α (% of the mean norm)", y_label=label
                 )
             )
+    axis = [r for r in rows if r.direction == 0]
+    xs = sorted({r.alpha for r in axis})
+    ended = [float(np.mean([r.finished for r in axis if r.alpha == x])) for x in xs]
+    out.append(Curve("ended on EOS (share): axis", tuple(xs), tuple(ended), x_label="α (% of the mean norm)",
+                     y_label="share of answers"))  # fmt: skip
     return tuple(out)
 
 
@@ -199,5 +207,5 @@ def dissociation_test(rows: Sequence[SteerRow], *, seconds: float, cost: str) ->
     return AuditTest(
         key="d", title="Steering dissociation: length or stated confidence", design=DESIGN,
         effects=(confidence, length), verdict=verdict, why=why, held_fixed=held, cost=cost,
-        seconds=seconds, notes=notes, curves=_curves(rows, n_dirs),
+        seconds=seconds, notes=notes, curves=_curves(rows, n_dirs, skip),
     )  # fmt: skip

@@ -80,6 +80,7 @@ class EotReplication(Record):
     alphas: tuple[float, ...]
     mean_length: tuple[float, ...]
     mean_confidence: tuple[float, ...]
+    ended: tuple[float, ...]
     unparsed: str
     audit: Audit
 
@@ -95,15 +96,17 @@ class EotReplication(Record):
             ["1a: conflict cell, end-near arm higher (conversations)", f"{self.conflict_positive} of {self.conflict_n}",
              PUBLISHED["conflict_conversations"]],
             ["1a: … phrasing × tail cells", self.conflict_cells, PUBLISHED["conflict_cells"]],
-            ["1a: conflict effect, axis [random directions' 95%]",
-             f"{self.conflict_sigma:+.3f}σ [{self.random_conflict_range[0]:+.3f}, {self.random_conflict_range[1]:+.3f}]",
-             f"(not given) [a random direction: {PUBLISHED['random_conflict']}]"],
+            ["1a: conflict effect, axis (random directions' central 95%)",
+             f"{self.conflict_sigma:+.3f}σ (random {self.random_conflict_range[0]:+.3f} to {self.random_conflict_range[1]:+.3f})",
+             f"not given (a random direction: {PUBLISHED['random_conflict']})"],
             ["1b: Spearman ρ of the contrast with the cut fraction", f"{self.cut_spearman:+.3f}", PUBLISHED["cut_spearman"]],
             ["1b: failed-attempt contrast / real-cut contrast", f"{self.failed_over_real:.2f}", PUBLISHED["failed_over_real"]],
             ["1d: Spearman ρ of mean length with α (−75 … +75% norm)", f"{self.length_spearman():+.2f}", PUBLISHED["length_spearman"]],
             ["1d: mean length at −75% / at +75%", f"{self.length_fold():.2f}×", PUBLISHED["length_fold"]],
-            ["1d: stated confidence across α", f"{min(conf):.1f}–{max(conf):.1f} of 10" if conf else "unparsed",
-             PUBLISHED["confidence"]],
+            ["1d: stated confidence across α (where half or more parse)",
+             f"{min(conf):.1f}–{max(conf):.1f} of 10" if conf else "unparsed", PUBLISHED["confidence"]],
+            ["1d: answers that end on EOS, by α", ", ".join(f"{a:+g}: {e:.0%}" for a, e in zip(self.alphas, self.ended,
+             strict=True)), "not given"],
         ]  # fmt: skip
         return ["design", f"{self.model_id}, layer {self.layer} of {self.n_layers} (this run)",
                 "Qwen3-8B, layer 21 of 36 (the replication, published)"], rows  # fmt: skip
@@ -121,6 +124,9 @@ class EotReplication(Record):
             *markdown_table(*self.table()),
             "",
             f"- 1d, unparsed ratings by α: {self.unparsed}",
+            "- 1d, answers that ran to the token cap without ending: "
+            + ", ".join(f"{a:+g}: {1 - e:.0%}" for a, e in zip(self.alphas, self.ended, strict=True))
+            + " (an answer that never ends measures a breakdown of the text, not its length)",
             f"- Reproduce: `{self.audit.command}`",
         ]
 
@@ -142,6 +148,7 @@ def _from_audit(audit: Audit, n_layers: int) -> EotReplication:
     length = next(c for c in d.curves if c.name.endswith("length (tokens): axis"))
     confidence = next(c for c in d.curves if c.name.endswith("(0–10): axis"))
     by_alpha = dict(zip(confidence.x, confidence.y, strict=True))
+    ended = next(c for c in d.curves if c.name.startswith("ended on EOS"))
     factor = conflict.estimate / conflict.reference if conflict.reference else 1.0
     return EotReplication(
         model_id=audit.model_id, probe=audit.probe, layer=audit.layer, n_layers=n_layers,
@@ -149,7 +156,7 @@ def _from_audit(audit: Audit, n_layers: int) -> EotReplication:
         conflict_sigma=conflict.estimate,
         random_conflict_range=(conflict.null[0] * factor, conflict.null[1] * factor),
         cut_spearman=rho, failed_over_real=failed / real if real else math.nan, alphas=length.x,
-        mean_length=length.y, mean_confidence=tuple(by_alpha.get(x, math.nan) for x in length.x),
+        mean_length=length.y, mean_confidence=tuple(by_alpha.get(x, math.nan) for x in length.x), ended=ended.y,
         unparsed=next(n for n in d.notes if n.startswith("unparsed")).split(": ", 1)[1], audit=audit,
     )  # fmt: skip
 
