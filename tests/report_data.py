@@ -249,7 +249,10 @@ def audit_record() -> Audit:
     """An audit of two tests: the 2×2 (effects and its cells' curves) and the lens (effects only)."""
 
     def effect(name: str, role: str, est: float, null: tuple[float, float]) -> AuditEffect:
-        return AuditEffect(name, role, "+", est, (est - 0.05, est + 0.05), "σ", 2 * est, null, 97.0, 40, 38)
+        return AuditEffect(
+            name=name, role=role, expected="+", estimate=est, ci=(est - 0.05, est + 0.05), unit="σ",
+            reference=2 * est, null=null, null_percentile=97.0, n=40, n_positive=38,
+        )  # fmt: skip
 
     a = AuditTest(
         key="a", title="End of turn vs value, a 2×2", design="four arms, identical tails",

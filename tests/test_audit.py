@@ -3,6 +3,7 @@ the verdict rule, the confidence parser, and the command (bad input, resume afte
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
@@ -17,16 +18,17 @@ from scipy.stats import spearmanr
 from valueprobe.activations.encode import encode
 from valueprobe.audit import lens
 from valueprobe.audit.cut import FRACTIONS, CutReads, _contrast, cut_test
-from valueprobe.audit.dissociation import parse_confidence
+from valueprobe.audit.dissociation import SteerRow, dissociation_test, parse_confidence
 from valueprobe.audit.orthogonal import ROUTE_ONE, OrthogonalFit, fit_routes
 from valueprobe.audit.reading import NEUTRAL, Directions
-from valueprobe.audit.records import Audit, Effect, verdict_of
+from valueprobe.audit.records import Audit, Effect, Sign, verdict_of
+from valueprobe.audit.run import rendering_of
 from valueprobe.audit.turns import ARMS, build_turns, check_turns
 from valueprobe.audit.two_by_two import TurnReads, contrasts, read_turns, two_by_two
 from valueprobe.datasets.io import Span, read_jsonl
 from valueprobe.model.load import load
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.stats.metrics import partial_correlations, spearman_columns
+from valueprobe.stats.metrics import dose_slope, partial_correlations, spearman_columns
 from valueprobe.stats.null import random_directions
 from valueprobe.vocab import Positions
 
@@ -181,7 +183,9 @@ def _planted_cuts(real: float, failed: float, *, n: int = 24, k: int = 32, peak:
     r[:, 0] += real
     f = noise(n, k + 1)
     f[:, 0] += failed
-    return CutReads(r, placebo, f, np.full(n, 0.5), n, 0)
+    return CutReads(
+        real=r, placebo=placebo, failed=f, real_fraction=np.full(n, 0.5), n_sequences=n, n_tokens=0
+    )
 
 
 @pytest.mark.parametrize(("real", "failed", "verdict"), [(1.0, 0.0, "value"), (1.0, 1.0, "the rival")])
@@ -211,8 +215,11 @@ def test_spearman_columns_match_scipy():
 # --- the verdict rule and the parser --------------------------------------------------------------
 
 
-def _effect(est: float, ci: tuple[float, float], null: tuple[float, float], expected: str = "+") -> Effect:
-    return Effect("e", "value", expected, est, ci, "σ", est, null, 50.0, 10)  # type: ignore[arg-type]
+def _effect(est: float, ci: tuple[float, float], null: tuple[float, float], expected: Sign = "+") -> Effect:
+    return Effect(
+        name="e", role="value", expected=expected, estimate=est, ci=ci, unit="σ", reference=est, null=null,
+        null_percentile=50.0, n=10,
+    )  # fmt: skip
 
 
 def test_value_needs_its_ci_the_null_and_the_rival_held_fixed():
@@ -290,7 +297,9 @@ def test_the_audit_runs_resumes_after_ctrl_c_and_writes_its_files(
     assert {"reference", "reads-a", "reads-b", "answers", "reads-c", "steer-0", "steer-2"} <= done
     code, stdout, err = run(args, capsys)
     assert code == 0, err
-    assert "reads-a: reused" in stdout and "steer-2: reused" in stdout and "▶" not in stdout  # nothing ran again
+    assert (
+        "reads-a: reused" in stdout and "steer-2: reused" in stdout and "▶" not in stdout
+    )  # nothing ran again
     audit = Audit.from_dict(json.loads((out / "audit.json").read_text()))
     assert [t.key for t in audit.tests] == list("abcde") and audit.layer == 1
     assert all(t.verdict in ("value", "the rival", "both", "neither") for t in audit.tests)
@@ -361,9 +370,59 @@ def test_replicate_orthogonal_scores_every_route_beside_its_null(tiny_dir, tiny_
     assert code == 0, err
     res = OrthogonalFit.from_dict(json.loads((out / "results.json").read_text()))
     assert [s.name.split(" (at")[0] for s in res.scores] == [
-        str(tiny_probe), ROUTE_ONE, f"{tiny_probe} ⊥ end of turn", "end of turn (2×2, near − far)"
+        str(tiny_probe),
+        ROUTE_ONE,
+        f"{tiny_probe} ⊥ end of turn",
+        "end of turn (2×2, near − far)",
     ]
     first = res.scores[0]
     assert set(first.auroc) == {"icrl (held-out rules)", "confidence", "refusal", "code"}
     assert all(lo <= first.auroc[k] <= hi for k, (lo, hi) in first.ci.items())
     assert "does not hold its controls" in stdout or "holds its controls: saved" in stdout
+
+
+def test_a_model_without_a_chat_template_gets_the_plain_rendering_and_aligned_tails(tiny_lm_factory):
+    lm = tiny_lm_factory("llama")
+    bare = copy.copy(lm.tokenizer)
+    bare.chat_template = None
+    base = replace(lm, tokenizer=bare)
+    template, said = rendering_of(base)
+    assert template == "plain" and "no chat template" in said and "User:" in said
+    sets, dropped = build_turns(base, n=3, chat_template=template)
+    assert len(sets) + dropped == 3 and sets
+    for s in sets:
+        ids = [e.input_ids for e in encode(base, s.arms, positions=Positions.last, chat_template=template)]
+        assert len({tuple(x[s.tail_start :]) for x in ids}) == 1 and len({len(x) for x in ids}) == 1
+
+
+def _rows(alpha: float, direction: int, confidence: list[float | None], length: int) -> list[SteerRow]:
+    return [
+        SteerRow(
+            direction=direction,
+            prompt=p,
+            alpha=alpha,
+            n_tokens=length,
+            finished=True,
+            rating_text="",
+            confidence=c,
+        )
+        for p, c in enumerate(confidence)
+    ]
+
+
+def test_unparsed_ratings_are_counted_and_a_mostly_unparsed_strength_is_left_out():
+    rows = [
+        *_rows(0.0, 0, [5.0, 5.0, 6.0, 5.0], 50),
+        *_rows(30.0, 0, [None, None, None, 9.0], 30),  # 75% unparsed: unreliable
+        *_rows(-30.0, 0, [4.0, 4.0, None, 5.0], 70),
+        *_rows(30.0, 1, [5.0, 5.0, 6.0, 5.0], 50),
+        *_rows(-30.0, 1, [5.0, 5.0, 6.0, 5.0], 50),
+    ]
+    test = dissociation_test(rows, seconds=0.0, cost="")
+    note = test.notes[0]
+    assert "+30: 75%" in note and "-30: 25%" in note and "left out: +30" in note
+    confidence, length = test.effects
+    assert confidence.estimate == pytest.approx(
+        dose_slope([0] * 4 + [-30] * 3, [5, 5, 6, 5, 4, 4, 5], list("abcdabd")).slope * 10
+    )
+    assert length.estimate == pytest.approx(-20 / 30 * 10)  # 70 → 50 → 30 tokens over 60 points of α

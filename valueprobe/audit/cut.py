@@ -165,8 +165,8 @@ def cut_test(reads: CutReads, dirs: Directions, *, seconds: float, seed: int = 0
     has_failed = np.isfinite(reads.failed[:, 0])
     peak = reads.real - reads.placebo.mean(axis=1)
     effects = [
-        mean_effect("contrast at the real cut", "context", "+", reads.real, dirs, seed=seed),
-        mean_effect("real cut − mean of placebo cuts (a jump peaks)", "context", "+", peak, dirs, seed=seed),
+        mean_effect("contrast at the real cut", "context", "+", reads.real, dirs=dirs, seed=seed),
+        mean_effect("real cut − mean of placebo cuts (a jump peaks)", "context", "+", peak, dirs=dirs, seed=seed),
         statistic_effect(
             "Spearman ρ of the contrast with the cut fraction (a ramp: 0)", "context", "±", _spearman(reads),
             n_units=len(reads.real), unit="ρ", seed=seed,
@@ -177,8 +177,10 @@ def cut_test(reads: CutReads, dirs: Directions, *, seconds: float, seed: int = 0
     held: bool | None = None
     if has_failed.sum() >= 2:
         gap = (reads.real - reads.failed)[has_failed]
-        value = mean_effect("real-cut contrast − failed-attempt contrast", "value", "+", gap, dirs, seed=seed)
-        rival = mean_effect("contrast in failed attempts (nothing earned)", "rival", "+", reads.failed[has_failed], dirs, seed=seed)  # fmt: skip
+        value = mean_effect(
+            "real-cut contrast − failed-attempt contrast", "value", "+", gap, dirs=dirs, seed=seed
+        )
+        rival = mean_effect("contrast in failed attempts (nothing earned)", "rival", "+", reads.failed[has_failed], dirs=dirs, seed=seed)  # fmt: skip
         held = effects[1].excludes_neutral and effects[1].estimate > 0
         effects = [value, rival, *effects]
         real, fail = reads.real[has_failed, 0].mean(), reads.failed[has_failed, 0].mean()

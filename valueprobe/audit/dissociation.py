@@ -123,22 +123,46 @@ def steer_rows(
                              [g.alpha for g in gens[start : start + batch_size]])  # fmt: skip
         replies += [lm.tokenizer.decode(list(o.token_ids), skip_special_tokens=True) for o in outs]
     return [
-        SteerRow(direction, g.prompt, g.alpha, len(g.token_ids), g.finished, r, parse_confidence(r))
+        SteerRow(
+            direction=direction,
+            prompt=g.prompt,
+            alpha=g.alpha,
+            n_tokens=len(g.token_ids),
+            finished=g.finished,
+            rating_text=r,
+            confidence=parse_confidence(r),
+        )  # fmt: skip
         for g, r in zip(gens, replies, strict=True)
     ]
 
 
-def _slopes(rows: Sequence[SteerRow], value: str, skip: set[float], n_dirs: int) -> list[Slope]:
+def _along(rows: Sequence[SteerRow], j: int) -> list[SteerRow]:
+    """Direction ``j``'s rows and the shared α = 0 rows."""
+    return [r for r in rows if r.direction == j or r.alpha == 0]
+
+
+def _unreliable(rows: Sequence[SteerRow]) -> tuple[dict[float, float], set[float]]:
+    """The share of unparsed ratings at each α of ``rows``, and the α where it is over half."""
+    shares = {
+        a: float(np.mean([r.confidence is None for r in rows if r.alpha == a]))
+        for a in sorted({r.alpha for r in rows})
+    }
+    return shares, {a for a, share in shares.items() if share > UNRELIABLE}
+
+
+def _slopes(rows: Sequence[SteerRow], value: str, n_dirs: int, *, reliable_only: bool) -> list[Slope]:
+    """The slope along each direction; ratings only at the α where that direction's are reliable."""
     out = []
     for j in range(n_dirs):
-        mine = [r for r in rows if (r.direction == j or r.alpha == 0) and r.alpha not in skip]
+        skip = _unreliable(_along(rows, j))[1] if reliable_only else set()
+        mine = [r for r in _along(rows, j) if r.alpha not in skip]
         mine = [r for r in mine if getattr(r, value) is not None]
         out.append(dose_slope([r.alpha for r in mine], [float(getattr(r, value)) for r in mine],
                               [str(r.prompt) for r in mine]))  # fmt: skip
     return out
 
 
-def _effect(name: str, role: Role, expected: Sign, slopes: list[Slope], unit: str) -> Effect:
+def _effect(name: str, role: Role, expected: Sign, slopes: list[Slope], *, unit: str) -> Effect:
     axis, null = slopes[0], np.array([s.slope * PER for s in slopes[1:]])
     return Effect(
         name=name, role=role, expected=expected, estimate=axis.slope * PER,
@@ -179,7 +203,7 @@ def _curves(rows: Sequence[SteerRow], n_dirs: int, skip: set[float]) -> tuple[Cu
     axis = [r for r in rows if r.direction == 0]
     xs = sorted({r.alpha for r in axis})
     ended = [float(np.mean([r.finished for r in axis if r.alpha == x])) for x in xs]
-    out.append(Curve("ended on EOS (share): axis", tuple(xs), tuple(ended), x_label="α (% of the mean norm)",
+    out.append(Curve("ended on EOS (share): axis", x=tuple(xs), y=tuple(ended), x_label="α (% of the mean norm)",
                      y_label="share of answers"))  # fmt: skip
     return tuple(out)
 
@@ -187,18 +211,17 @@ def _curves(rows: Sequence[SteerRow], n_dirs: int, skip: set[float]) -> tuple[Cu
 def dissociation_test(rows: Sequence[SteerRow], *, seconds: float, cost: str) -> AuditTest:
     """Test d's slopes, null and verdict."""
     n_dirs = max(r.direction for r in rows) + 1
-    alphas = sorted({r.alpha for r in rows})
-    unparsed = {a: np.mean([r.confidence is None for r in rows if r.alpha == a]) for a in alphas}
-    skip = {a for a, share in unparsed.items() if share > UNRELIABLE}
+    alphas = sorted({r.alpha for r in _along(rows, 0)})
+    unparsed, skip = _unreliable(_along(rows, 0))  # the axis's; each random direction is judged on its own
     length = _effect(f"length slope (tokens per {PER:g}% norm)", "rival", "±",
-                     _slopes(rows, "n_tokens", set(), n_dirs), "tokens")  # fmt: skip
+                     _slopes(rows, "n_tokens", n_dirs, reliable_only=False), unit="tokens")  # fmt: skip
     confidence = _effect(f"stated-confidence slope (points per {PER:g}% norm)", "value", "+",
-                         _slopes(rows, "confidence", skip, n_dirs), "points")  # fmt: skip
+                         _slopes(rows, "confidence", n_dirs, reliable_only=True), unit="points")  # fmt: skip
     partial = _partial_slope(rows, skip)
     held = bool(partial.ci[0] > 0)
     verdict, why = verdict_of(confidence, length, held)
     notes = (
-        "unparsed ratings by α: " + ", ".join(f"{a:+g}: {unparsed[a]:.0%}" for a in alphas)
+        "unparsed ratings by α along the axis: " + ", ".join(f"{a:+g}: {unparsed[a]:.0%}" for a in alphas)
         + ("; unreliable (over half unparsed), left out: " + ", ".join(f"{a:+g}" for a in sorted(skip)) if skip else ""),
         f"confidence slope with length held fixed: {partial.slope * PER:+.3f} [{partial.ci[0] * PER:+.3f},"
         f" {partial.ci[1] * PER:+.3f}] per {PER:g}% norm",

@@ -158,7 +158,7 @@ def _curve(reads: AnswerReads, factor: float) -> Curve:
         half = 1.96 * y.std(ddof=1) / np.sqrt(sel.sum())
         lo.append(float(y.mean() - half))
         hi.append(float(y.mean() + half))
-    return Curve("axis reading by tokens left", tuple(xs), tuple(ys), tuple(lo), tuple(hi),
+    return Curve("axis reading by tokens left", x=tuple(xs), y=tuple(ys), lo=tuple(lo), hi=tuple(hi),
                  x_label="tokens remaining in the turn", y_label="mean reading (σ)")  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """An `Effect` from per-unit figures of the axis and of every random direction.
 
     from valueprobe.audit.effects import mean_effect, statistic_effect
-    e = mean_effect("value main effect", "value", "+", per_conv, dirs)      # per_conv [n, 1 + k]
+    e = mean_effect("value main effect", "value", "+", per_conv, dirs=dirs)      # per_conv [n, 1 + k]
     r = statistic_effect("Spearman ρ with the cut", "rival", "±", rho, n_units=48, unit="ρ")
 
 Column 0 is the axis, columns 1.. the random directions, all in their neutral σ
@@ -31,8 +31,8 @@ def mean_effect(
     role: Role,
     expected: Sign,
     per_unit: np.ndarray,
-    dirs: Directions,
     *,
+    dirs: Directions,
     seed: int = 0,
 ) -> Effect:
     """The mean over units of a per-unit effect [n, 1 + k] in neutral σ: the axis's in its recorded

@@ -191,9 +191,10 @@ def _read(
 
 def _score(
     name: str,
-    layer: int,
     v: np.ndarray,
+    *,
     axis: np.ndarray,
+    layer: int,
     reads: dict,
     held: np.ndarray,
     rand: np.ndarray,
@@ -211,11 +212,14 @@ def _score(
     dirs = Directions(layer, matrix, sigma, len(neutral), axis_sigma=float(sigma[0]), axis_mu=0.0)
     p = dirs.in_reference(held.reshape(-1, held.shape[-1])).reshape(*held.shape[:2], -1)  # [conv, 4, 1 + k]
     hn, hf, ln, lf = (p[:, a] for a in range(4))
-    value = mean_effect("2×2 value (held out)", "value", "+", (hn + hf - ln - lf) / 2, dirs)
-    end = mean_effect("2×2 end of turn (held out)", "rival", "±", (hn + ln - hf - lf) / 2, dirs)
+    value = mean_effect("2×2 value (held out)", "value", "+", (hn + hf - ln - lf) / 2, dirs=dirs)
+    end = mean_effect("2×2 end of turn (held out)", "rival", "±", (hn + ln - hf - lf) / 2, dirs=dirs)
     icrl = next(iter(reads))
     holds = cis[icrl][0] > 0.5 and pct[icrl] > 97.5 and value.holds and not end.holds
-    return DirectionScore(name, layer, aurocs, cis, nulls, pct, value, end, float(v @ axis), bool(holds))
+    return DirectionScore(
+        name=name, layer=layer, auroc=aurocs, ci=cis, null=nulls, percentile=pct, value_2x2=value, end_2x2=end,
+        cosine_with_axis=float(v @ axis), holds=bool(holds),
+    )  # fmt: skip
 
 
 def evaluate(
@@ -251,8 +255,12 @@ def evaluate(
             f"{END} (at {name}'s layer)": routes[END],
         }
         for shown, v in named.items():
-            scores.append(_score(shown, layer, v, a, reads, held[layer], rand, neutral[layer]))
-    return OrthogonalFit(lm.model_id, tuple(scores), n_fit, n_held_out, n_random), fitted
+            scores.append(_score(shown, v, axis=a, layer=layer, reads=reads, held=held[layer], rand=rand,
+                                 neutral=neutral[layer]))  # fmt: skip
+    result = OrthogonalFit(
+        model_id=lm.model_id, scores=tuple(scores), n_fit=n_fit, n_held_out=n_held_out, n_random=n_random
+    )
+    return result, fitted
 
 
 def as_axis(

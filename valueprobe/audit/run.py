@@ -232,7 +232,8 @@ def _test_b(run: _Run) -> AuditTest:
     s = run.settings
     saved = run.stage("reads-b", _timed(read), construction=s.construction, n=s.n_construction)
     real, placebo, failed, where = (np.array(saved[n]) for n in CUT_ARRAYS)
-    reads = CutReads(real, placebo, failed, where, saved["n_sequences"], saved["n_tokens"])
+    reads = CutReads(real=real, placebo=placebo, failed=failed, real_fraction=where,
+                     n_sequences=saved["n_sequences"], n_tokens=saved["n_tokens"])  # fmt: skip
     return cut_test(reads, run.dirs, seconds=saved["seconds"], seed=run.settings.seed)
 
 
@@ -271,7 +272,8 @@ def _test_c(run: _Run) -> AuditTest:
 
     saved = run.stage("reads-c", _timed(read), prompts=s.prompts, n=len(prompts), decoding=asdict(ANSWERS))
     proj, answer, remaining, position = (np.array(saved[n]) for n in ANSWER_ARRAYS)
-    reads = AnswerReads(proj, answer, remaining, position, saved["n_answers"], saved["n_tokens"])
+    reads = AnswerReads(proj=proj, answer=answer, remaining=remaining, position=position,
+                        n_answers=saved["n_answers"], n_tokens=saved["n_tokens"])  # fmt: skip
     return distance_test(
         reads, run.dirs, n_sampled=len(answers), seconds=saved["seconds"] + sampling,
         generated=sum(len(g.token_ids) for g in answers), seed=s.seed,
@@ -345,7 +347,8 @@ def run_audit(
     stages = _Stages(StageCache(out / "stages", console=console or Console()), key)
     t0 = time.perf_counter()
     dirs = _directions(axis, lm, stages, s, layer)
-    run = _Run(lm, axis, s, layer, out, stages, chat_template, progress, dirs)
+    run = _Run(lm=lm, axis=axis, settings=s, layer=layer, out=out, stages=stages, chat_template=chat_template,
+               progress=progress, dirs=dirs)  # fmt: skip
     tests = [RUNNERS[letter](run) for letter in s.tests]  # each reads its stages: only statistics are redone
     return Audit(
         probe=probe, model_id=lm.model_id, layer=layer, site=str(axis.site), axis_sigma=dirs.axis_sigma,

@@ -138,19 +138,19 @@ def two_by_two(
 ) -> AuditTest:
     """Test a's effects, null, cells and verdict from the tails read."""
     c = contrasts(reads)
-    value = mean_effect("value main effect (high − low)", "value", "+", c["value"], dirs, seed=seed)
-    end = mean_effect("end of turn (near − far)", "rival", "±", c["end"], dirs, seed=seed)
-    near = mean_effect("value effect, end near only", "context", "+", c["value_near"], dirs, seed=seed)
-    far = mean_effect("value effect, end far only", "context", "+", c["value_far"], dirs, seed=seed)
+    value = mean_effect("value main effect (high − low)", "value", "+", c["value"], dirs=dirs, seed=seed)
+    end = mean_effect("end of turn (near − far)", "rival", "±", c["end"], dirs=dirs, seed=seed)
+    near = mean_effect("value effect, end near only", "context", "+", c["value_near"], dirs=dirs, seed=seed)
+    far = mean_effect("value effect, end far only", "context", "+", c["value_far"], dirs=dirs, seed=seed)
     held = bool(all(e.excludes_neutral and e.estimate > 0 for e in (near, far)))
     effects = (
         value,
         end,
-        mean_effect("interaction", "context", "±", c["interaction"], dirs, seed=seed),
+        mean_effect("interaction", "context", "±", c["interaction"], dirs=dirs, seed=seed),
         near,
         far,
         mean_effect(
-            "conflict cell: (low, near) − (high, far)", "context", "±", c["conflict"], dirs, seed=seed
+            "conflict cell: (low, near) − (high, far)", "context", "±", c["conflict"], dirs=dirs, seed=seed
         ),
     )
     verdict, why = verdict_of(value, end, held)

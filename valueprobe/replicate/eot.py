@@ -157,7 +157,7 @@ def _from_audit(audit: Audit, n_layers: int) -> EotReplication:
         random_conflict_range=(conflict.null[0] * factor, conflict.null[1] * factor),
         cut_spearman=rho, failed_over_real=failed / real if real else math.nan, alphas=length.x,
         mean_length=length.y, mean_confidence=tuple(by_alpha.get(x, math.nan) for x in length.x), ended=ended.y,
-        unparsed=next(n for n in d.notes if n.startswith("unparsed")).split(": ", 1)[1], audit=audit,
+        unparsed=next(n for n in d.notes if n.startswith("unparsed")).split("axis: ", 1)[1], audit=audit,
     )  # fmt: skip
 
 
