@@ -18,6 +18,8 @@ from valueprobe.activations.capture import CaptureSettings, capture
 from valueprobe.activations.store import ActivationStore, capture_to_store
 from valueprobe.attribute.records import Attribution
 from valueprobe.attribute.run import AttributeSettings, attribution
+from valueprobe.audit.records import Audit
+from valueprobe.audit.run import AuditSettings, run_audit
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.records import Guided
@@ -30,6 +32,7 @@ from valueprobe.probe.transfer import TransferResult
 from valueprobe.read.readout import ScoreSettings, logit_lens, score_dataset, val
 from valueprobe.read.scores import ScoreResult
 from valueprobe.report.attribution import attribution_figures
+from valueprobe.report.audit import audit_figures
 from valueprobe.report.effects import trace_figure
 from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
 from valueprobe.steering.decode.generation import Generation, generate
@@ -71,9 +74,14 @@ __all__ = [
     "attribution",
     "AttributeSettings",
     "attribution_figures",
+    # is it value? the axis against the end of the turn, each test beside random directions
+    "run_audit",
+    "AuditSettings",
+    "audit_figures",
     # result and record types
     "ActivationStore",
     "Attribution",
+    "Audit",
     "Example",
     "FitReport",
     "Generation",

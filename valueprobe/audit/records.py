@@ -75,6 +75,9 @@ class Effect(Record):
             return False
         return self.reference > hi or self.reference < lo
 
+    def __str__(self) -> str:
+        return effect_text(self)
+
     @property
     def holds(self) -> bool:
         """CI excludes no effect, beyond the null, and in the expected direction."""

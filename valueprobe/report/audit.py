@@ -5,7 +5,7 @@ its curve; and the audit's own page, audit.html.
     valueprobe report --from runs/audit-value                                # the same section
 
     from valueprobe.report.audit import audit_figures
-    parts = audit_figures(Audit.from_dict(json.load(open("runs/audit-value/audit.json"))))
+    figures = audit_figures(Audit.from_dict(json.load(open("runs/audit-value/audit.json"))), tests="ab")
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from valueprobe.audit.records import Audit, AuditTest, Effect, effect_text
 from valueprobe.report.style import LAYOUT, PALETTE, band
 
-__all__ = ["audit_caption", "audit_figures", "curves_figure", "effects_figure", "test_html"]
+__all__ = ["audit_caption", "audit_figures", "audit_section", "curves_figure", "effects_figure", "test_html"]
 
 VERDICT_COLOURS = {"value": "#2ca02c", "the rival": "#d62728", "both": "#ff7f0e", "neither": "#7f7f7f"}
 
@@ -98,17 +98,32 @@ def test_html(test: AuditTest) -> str:
     )
 
 
-def audit_figures(audit: Audit) -> list[go.Figure | str]:
-    """The section's parts: the verdict table, then each test's text, effects and curves."""
+def audit_figures(audit: Audit, *, tests: str | None = None) -> list[go.Figure]:
+    """Each test's effects beside its null, then its curves (where it has some), for the tests named
+    (default: all).
+
+    >>> for fig in vp.audit_figures(res, tests="a"):
+    ...     fig.show()
+    """
+    figures: list[go.Figure] = []
+    for test in audit.tests:
+        if tests is not None and test.key not in tests:
+            continue
+        figures.append(effects_figure(test))
+        curves = curves_figure(test)
+        if curves is not None:
+            figures.append(curves)
+    return figures
+
+
+def audit_section(audit: Audit) -> list[go.Figure | str]:
+    """The report section's parts: the verdict table, then each test's text, effects and curves."""
     headers, rows = audit.table()
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     parts: list[go.Figure | str] = [f"<table class='effects'><tr>{head}</tr>{body}</table>"]
     for test in audit.tests:
-        parts += [test_html(test), effects_figure(test)]
-        curves = curves_figure(test)
-        if curves is not None:
-            parts.append(curves)
+        parts += [test_html(test), *audit_figures(audit, tests=test.key)]
     return parts
 
 

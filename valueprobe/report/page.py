@@ -35,7 +35,7 @@ from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.attribution import attribution_caption, attribution_figures
-from valueprobe.report.audit import audit_caption, audit_figures
+from valueprobe.report.audit import audit_caption, audit_section
 from valueprobe.report.budget import budget_caption, budget_figure
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -243,7 +243,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("caa", "Beside the field: CAA's seven behaviours, against random directions and asking",
             "`valueprobe replicate caa`", caa_section, caa_caption),
     Section("audit", "Is it value? The axis against the end of the turn, each test beside its null",
-            "`valueprobe audit`", audit_figures, audit_caption),
+            "`valueprobe audit`", audit_section, audit_caption),
 )  # fmt: skip
 
 
