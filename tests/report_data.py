@@ -16,6 +16,9 @@ from valueprobe.attribute.records import (
     PatchTerm,
     ResidGrid,
 )
+from valueprobe.audit.records import Audit, AuditTest
+from valueprobe.audit.records import Curve as AuditCurve
+from valueprobe.audit.records import Effect as AuditEffect
 from valueprobe.guided.budget import BudgetPoint, GuideBudget, GuideReplication, MethodCurve, Separation
 from valueprobe.probe.axis import ProbeRef
 from valueprobe.probe.contrast import Contrast, MatchedControl
@@ -242,6 +245,35 @@ def attribution_record(method: str = "direct") -> Attribution:
     )  # fmt: skip
 
 
+def audit_record() -> Audit:
+    """An audit of two tests: the 2×2 (effects and its cells' curves) and the lens (effects only)."""
+
+    def effect(name: str, role: str, est: float, null: tuple[float, float]) -> AuditEffect:
+        return AuditEffect(
+            name=name, role=role, expected="+", estimate=est, ci=(est - 0.05, est + 0.05), unit="σ",
+            reference=2 * est, null=null, null_percentile=97.0, n=40, n_positive=38,
+        )  # fmt: skip
+
+    a = AuditTest(
+        key="a", title="End of turn vs value, a 2×2", design="four arms, identical tails",
+        effects=(effect("value", "value", 0.2, (-0.1, 0.1)), effect("end", "rival", 0.05, (-0.2, 0.2))),
+        verdict="value", why="value: holds; rival: fails (inside the random null (60th percentile))",
+        held_fixed=True, cost="160 sequences, 33828 tokens forwarded", seconds=12.0, notes=("40 kept, 0 dropped",),
+        curves=(AuditCurve("value high", (0.0, 1.0), (0.3, 0.2), (0.25, 0.15), (0.35, 0.25)),
+                AuditCurve("value low", (0.0, 1.0), (0.1, 0.0))),
+    )  # fmt: skip
+    e = AuditTest(
+        key="e", title="Logit lens", design="top 50 promoted tokens",
+        effects=(effect("success words", "value", 0.0, (0.0, 0.02)), effect("closing", "rival", 0.1, (0.0, 0.04))),
+        verdict="the rival", why="value: fails; rival: holds", held_fixed=None, cost="65 directions", seconds=1.0,
+    )  # fmt: skip
+    return Audit(
+        probe="tiny-axis", model_id="tiny", layer=3, site="resid_post", axis_sigma=2.0, sigma_reference="neutral",
+        reference_sigma=1.0, reference_tokens=100, n_random=64, rendering="the model's chat template",
+        tests=(a, e), command="valueprobe audit --probe tiny-axis --out runs/a", seconds=13.0,
+    )  # fmt: skip
+
+
 def all_sections() -> dict:
     """A ``results.json`` object with every section the report draws."""
     trace = Trace(
@@ -277,6 +309,7 @@ def all_sections() -> dict:
         "attribution_patch": attribution_record("patch"),
         "attribution_position": attribution_record("direct"),
         "caa": caa_record(),
+        "audit": audit_record(),
     }
     return {
         "model": "tiny",

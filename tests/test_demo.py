@@ -8,8 +8,8 @@ import time
 import pytest
 
 from valueprobe.cli.main import main
+from valueprobe.files import StageCache
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.replicate.stages import StageCache
 from valueprobe.report.page import SECTIONS
 
 RAN_SECTIONS = ("sweep", "history", "transfer", "matched_control", "logit_lens", "trace", "steer", "shift")

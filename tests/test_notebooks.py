@@ -25,6 +25,11 @@ EXPECTED = {
         "attribution vs exact patching",
         "position r",
     ),
+    "05_is_it_value.ipynb": (
+        "a. End of turn vs value, a 2×2: verdict",
+        "end of turn (near − far)",
+        "verdict:",
+    ),
 }
 
 

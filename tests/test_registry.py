@@ -30,7 +30,7 @@ from valueprobe.probe.registry import AXES_DIR, probe_path, shipped_axes
 from valueprobe.version import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("smollm2-135m-value", "smollm2-135m-reward-history")
+NAMES = ("smollm2-135m-value", "smollm2-135m-reward-history", "smollm2-135m-value-orthogonal")
 
 
 # ---- the package copies cannot drift from the repo ------------------------------------------------

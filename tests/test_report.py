@@ -22,8 +22,9 @@ def test_every_section_drawn_and_plotly_inlined_once(tmp_path):
     for sec in SECTIONS:
         assert sec.title.replace("'", "&#x27;") in page
     # 10 section figures + the shift pair + the trace's token strip (HTML, not a figure), and 9 of the
-    # three attribution sections (heads, MLPs, then the ablation, or the residual grid of patching), and CAA's
-    assert len(re.findall(r'class="plotly-graph-div"', page)) == 21
+    # three attribution sections (heads, MLPs, then the ablation, or the residual grid of patching), CAA's,
+    # and the audit's 3 (the 2×2's effects and cells, the lens's effects)
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 24
     assert page.count("plotly.js v") == 1  # the library's own banner: inlined exactly once
     assert not re.search(r'src="https?://', page), "a script or image would be fetched from the network"
     assert "Not in this run" not in page
@@ -42,7 +43,7 @@ def test_absent_sections_are_noted_not_faked(tmp_path):
     assert "Not in this run" in page
     assert "steering is not available in this build" in page
     assert "`valueprobe demo` or `valueprobe shift` writes them" in page
-    assert len(re.findall(r'class="plotly-graph-div"', page)) == 17
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 20
 
 
 def test_load_results_from_results_json_and_from_probe(tmp_path):
@@ -73,7 +74,7 @@ def test_unreadable_section_is_noted_not_drawn():
     assert "matched_control" not in read.sections and "post_vs_pre_main" in read.unreadable["matched_control"]
     page = render_report(read)
     assert "Matched control: same text, different history</b>: results unreadable" in page
-    assert len(re.findall(r'class="plotly-graph-div"', page)) == 20
+    assert len(re.findall(r'class="plotly-graph-div"', page)) == 23
 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"sections": 3}'])

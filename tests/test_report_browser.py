@@ -28,8 +28,9 @@ def test_report_draws_every_figure_offline(tmp_path):
     path = write_report(Results.from_dict(all_sections()), tmp_path / "report.html")
     shot = tmp_path / "report.png"
     check = open_report(path, screenshot=shot, height=900)
-    # one per section figure in tests/report_data.py, the guide budget, the 9 of attribution and CAA's included
-    assert check.n_figures == 21
+    # one per section figure in tests/report_data.py, the guide budget, the 9 of attribution, CAA's and the
+    # audit's 3 (the 2×2's effects and cells, the lens's effects) included
+    assert check.n_figures == 24
     assert check.ok, check.problems()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from valueprobe.activations.store import ActivationStore, capture_to_store
     from valueprobe.attribute.records import Attribution
     from valueprobe.attribute.run import AttributeSettings, attribution
+    from valueprobe.audit.records import Audit
+    from valueprobe.audit.run import AuditSettings, run_audit
     from valueprobe.datasets.io import Example, read_jsonl
     from valueprobe.errors import ValueprobeError
     from valueprobe.guided.records import Guided
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from valueprobe.read.scores import ScoreResult
     from valueprobe.read.values import Values, values
     from valueprobe.report.attribution import attribution_figures
+    from valueprobe.report.audit import audit_figures
     from valueprobe.report.effects import trace_figure
     from valueprobe.report.explore import explore
     from valueprobe.report.plots import shift_figure, sweep_figure, transfer_heatmap
@@ -89,9 +92,14 @@ __all__ = [
     "attribution",
     "AttributeSettings",
     "attribution_figures",
+    # is it value? the axis against the end of the turn, each test beside random directions
+    "run_audit",
+    "AuditSettings",
+    "audit_figures",
     # result and record types
     "ActivationStore",
     "Attribution",
+    "Audit",
     "Example",
     "FitReport",
     "Generation",
@@ -129,6 +137,11 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "AttributeSettings",
         "attribution",
     ),
+    "valueprobe.audit.records": ("Audit",),
+    "valueprobe.audit.run": (
+        "AuditSettings",
+        "run_audit",
+    ),
     "valueprobe.datasets.io": (
         "Example",
         "read_jsonl",
@@ -161,6 +174,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "values",
     ),
     "valueprobe.report.attribution": ("attribution_figures",),
+    "valueprobe.report.audit": ("audit_figures",),
     "valueprobe.report.effects": ("trace_figure",),
     "valueprobe.report.explore": ("explore",),
     "valueprobe.report.plots": (

@@ -10,6 +10,11 @@ Commands check where they will write before any work (``check_output_dir``, ``ch
 so a bad ``--out`` costs a second, not the run::
 
     >>> check_output_dir(Path("probes/my-axis"), holds="probe")   # before loading a model
+
+A run made of stages (the demo, the audit) keeps each stage's result as one JSON file keyed by the
+stage's inputs (`StageCache`): a rerun reuses it, an interrupted run resumes after the last one::
+
+    >>> StageCache(Path("runs/demo/stages")).run("fit", {"splits": 5}, lambda: fit(...).to_dict())
 """
 
 from __future__ import annotations
@@ -22,14 +27,18 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from rich.console import Console
 
 from valueprobe.errors import ValueprobeError
 from valueprobe.records import from_jsonable, record_from_dict
+from valueprobe.version import __version__
 
 __all__ = [
     "ARTIFACTS",
@@ -47,6 +56,8 @@ __all__ = [
     "record_from_dict",
     "resolve_shipped",
     "sha256_file",
+    "StageCache",
+    "stage_key",
     "write_html",
     "write_json",
     "write_summary",
@@ -60,6 +71,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 ARTIFACTS: dict[str, str] = {
     "store": "manifest.json",
     "probe": "probe.json",
+    "audit": "audit.json",
     "scores": "scores.csv",
     "shift": "shift.json",
 }
@@ -404,3 +416,48 @@ def mmap_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
         if info["dtype"] == "BF16":
             arrays[name] = (arrays[name].astype(np.uint32) << 16).view(np.float32)
     return arrays, meta
+
+
+# --- stages cached by their inputs: what lets the demo and the audit resume ---
+
+
+def stage_key(name: str, inputs: dict) -> str:
+    """sha256 of the stage name, its inputs (JSON, sorted keys) and the valueprobe version."""
+    blob = json.dumps({"stage": name, "inputs": inputs, "version": __version__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class StageCache:
+    """Runs named stages once per distinct input; ``ran`` / ``reused`` list what happened."""
+
+    folder: Path
+    console: Console = field(default_factory=Console)
+    ran: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def run(self, name: str, inputs: dict, fn: Callable[[], dict], *, label: str = "") -> dict:
+        """The cached result of stage ``name`` for ``inputs``, running ``fn()`` only if absent."""
+        key = stage_key(name, inputs)
+        self.keys[name] = key
+        path = self.folder / f"{name}.json"
+        if path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                saved = {}
+            if saved.get("key") == key:
+                self.reused.append(name)
+                self.console.print(f"[green]✓[/green] {name}: reused ({label or 'cached'}, {path})")
+                return saved["result"]
+        self.console.print(f"[bold]▶ {name}[/bold]{': ' + label if label else ''}")
+        t0 = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - t0
+        self.folder.mkdir(parents=True, exist_ok=True)
+        payload = {"key": key, "inputs": inputs, "seconds": seconds, "result": result}
+        write_json(path, payload, indent=1, default=float)
+        self.ran.append(name)
+        self.console.print(f"[green]✓[/green] {name}: {seconds:.1f}s")
+        return result

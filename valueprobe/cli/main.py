@@ -27,6 +27,7 @@ import typer
 # The command modules register their commands on cli_app's app when imported; this module only runs it.
 from valueprobe.cli import (  # noqa: F401
     attribute,
+    audit,
     caa,
     calibrate,
     capture_fit,

@@ -9,7 +9,8 @@ applies the rule at once. That last assistant turn (the "post-discovery paragrap
 a short neutral lead-in such as ``Rewrite:`` then the rewrite) ends the conversation and carries two spans:
 
 * ``pre``: from the start of the turn up to the rule-satisfying token (exclusive);
-* ``post``: from the rule-satisfying token (inclusive) to the end of the turn.
+* ``post``: from the rule-satisfying token (inclusive, with the space before it, which a BPE
+  tokenizer joins to the token) to the end of the turn.
 
 The lead-in keeps ``pre`` non-empty when the token opens the rewrite (``starts_with_*``).
 The matched control (``icrl_control.jsonl``) repeats the conversation with round ``d`` replaced by
@@ -292,9 +293,14 @@ def conversation(i: int, rng: random.Random) -> tuple[Example, Example]:
     )
     last = len(msgs) - 1
     offset = len(leads[d]) + 1
+    cut = offset + final.token_start
+    # A word's BPE token carries the space before it, and capture gives a token to the span that
+    # holds its first character: that space goes to post, or the rule token is read as pre.
+    if msgs[last]["content"][cut - 1] == " ":
+        cut -= 1
     spans = (
-        Span(0, offset + final.token_start, "pre", message=last),
-        Span(offset + final.token_start, len(msgs[last]["content"]), "post", message=last),
+        Span(0, cut, "pre", message=last),
+        Span(cut, len(msgs[last]["content"]), "post", message=last),
     )
     base_id = f"icrl-{i:04d}"
     meta = {
@@ -382,12 +388,13 @@ def check_example(ex: Example) -> list[str]:
         problems.append(f"{ex.id}: spans must be pre/post on the last message")
     if pre.start != 0 or pre.end != post.start or post.end != len(final):
         problems.append(f"{ex.id}: pre/post must tile the final turn")
-    if not final[post.start :].startswith(ex.meta["token"]):
+    at = post.start + (final[post.start : post.start + 1] == " ")  # the token itself, after its space
+    if not final[at:].startswith(ex.meta["token"]):
         problems.append(f"{ex.id}: post does not start at the rule token {ex.meta['token']!r}")
     start = ex.meta["rewrite_start"]
-    if rule.check(final[start : post.start]):
+    if rule.check(final[start:at]):
         problems.append(f"{ex.id}: the text before the rule token already satisfies {rule.id}")
-    if not rule.check(final[start : post.start + len(ex.meta["token"])]):
+    if not rule.check(final[start : at + len(ex.meta["token"])]):
         problems.append(
             f"{ex.id}: the text through the rule token {ex.meta['token']!r} does not satisfy {rule.id}"
         )

@@ -35,7 +35,7 @@ from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
 from valueprobe.datasets.io import read_jsonl, sha256_file
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import jsonable, write_json
+from valueprobe.files import StageCache, jsonable, write_json
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import MatchedControl
@@ -51,7 +51,6 @@ from valueprobe.replicate.axis import (
     fit_history_axis,
     matched_control,
 )
-from valueprobe.replicate.stages import StageCache
 from valueprobe.report.effects import shift_text
 from valueprobe.report.page import RESULTS_FILE, Results, write_report
 from valueprobe.report.sections import ShiftSection, SteerSection, read_sections

@@ -35,6 +35,7 @@ from valueprobe.probe.layer_sweep import LayerSweepSummary
 from valueprobe.probe.transfer import TransferSummary
 from valueprobe.read.readout import LogitLens
 from valueprobe.report.attribution import attribution_caption, attribution_figures
+from valueprobe.report.audit import audit_caption, audit_section
 from valueprobe.report.budget import budget_caption, budget_figure
 from valueprobe.report.effects import (
     data_sigma_per_base_sigma,
@@ -241,6 +242,8 @@ SECTIONS: tuple[Section, ...] = (
             "`valueprobe replicate attribute`", attribution_figures, attribution_caption),
     Section("caa", "Beside the field: CAA's seven behaviours, against random directions and asking",
             "`valueprobe replicate caa`", caa_section, caa_caption),
+    Section("audit", "Is it value? The axis against the end of the turn, each test beside its null",
+            "`valueprobe audit`", audit_section, audit_caption),
 )  # fmt: skip
 
 
@@ -256,6 +259,7 @@ def load_results(folder: str | Path) -> Results:
     """
     folder = Path(folder)
     results, probe, attribution = folder / RESULTS_FILE, folder / "probe.json", folder / "attribution.json"
+    audit = folder / "audit.json"
     try:
         if results.is_file():
             data = json.loads(results.read_text())
@@ -272,6 +276,9 @@ def load_results(folder: str | Path) -> Results:
             if "icrl_matched_control" in metrics:  # replicate axis stores it under this name
                 metrics["matched_control"] = metrics.pop("icrl_matched_control")
             return Results.from_dict({"model": meta.get("model_id"), "sections": metrics})
+        if audit.is_file():  # a `valueprobe audit` folder
+            meta = json.loads(audit.read_text())
+            return Results.from_dict({"model": meta.get("model_id"), "sections": {"audit": meta}})
         if attribution.is_file():  # a `valueprobe attribute` folder
             meta = json.loads(attribution.read_text())
             return Results.from_dict({"model": meta.get("model_id"), "sections": {"attribution": meta}})
@@ -280,8 +287,8 @@ def load_results(folder: str | Path) -> Results:
             f"{folder}: result file is not valid JSON ({exc}); rerun the command that wrote it"
         ) from None
     raise ValueprobeError(
-        f"{folder} has no {RESULTS_FILE}, probe.json or attribution.json: run `valueprobe demo --out {folder}`"
-        " (or give a probe or attribution folder)"
+        f"{folder} has no {RESULTS_FILE}, probe.json, audit.json or attribution.json: run `valueprobe demo --out"
+        f" {folder}` (or give a probe, audit or attribution folder)"
     )
 
 
@@ -362,6 +369,8 @@ h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.1em; margin-top: 1.8em; border-bot
 .tokens {{ line-height: 1.9; font-family: ui-monospace, monospace; font-size: 0.9em; white-space: pre-wrap; }}
 .tokens span {{ padding: 1px 0; border-radius: 2px; }}
 .absent li {{ color: #666; }}
+table.effects {{ border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }}
+table.effects td, table.effects th {{ border: 1px solid #ddd; padding: 3px 6px; text-align: left; }}
 </style>
 <script type="text/javascript">{plotlyjs}</script>
 </head><body>

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from valueprobe.attribute.records import Attribution
+from valueprobe.audit.records import Audit
 from valueprobe.errors import ValueprobeError
 from valueprobe.guided.budget import GuideReplication
 from valueprobe.probe.contrast import MatchedControl
@@ -78,6 +79,7 @@ READERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "steer": SteerSection.from_dict,
     "shift": ShiftSection.from_dict,
     "guide": GuideReplication.from_dict,
+    "audit": Audit.from_dict,
     "attribution": Attribution.from_dict,
     "attribution_patch": Attribution.from_dict,
     "attribution_position": Attribution.from_dict,

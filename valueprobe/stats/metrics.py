@@ -203,3 +203,70 @@ def dose_slope(
     tail = (1 - level) / 2 * 100
     ci = tuple(float(v) for v in np.percentile(boots, [tail, 100 - tail])) if boots.size else (np.nan, np.nan)
     return Slope(slope, (float(ci[0]), float(ci[1])), int(names.size), int(x.size))
+
+
+# Statistics of many directions at once, and a bootstrap over the units (clusters) they come from.
+
+
+def cluster_ci(
+    statistic: Callable[[np.ndarray], float],
+    n_units: int,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``statistic(units)``, where ``units`` [n_units] are unit indices
+    drawn with replacement: tokens of one answer, or cuts of one conversation, stay together.
+
+    >>> cluster_ci(lambda idx: float(x[idx].mean()), len(x))   # the same as a bootstrap of a mean
+    """
+    if n_units < 2 or n_boot < 1:
+        return (float("nan"), float("nan"))
+    idx = np.random.default_rng(seed).integers(0, n_units, size=(n_boot, n_units))
+    stats = np.array([statistic(row) for row in idx], dtype=np.float64)
+    stats = stats[np.isfinite(stats)]
+    if stats.size == 0:
+        return (float("nan"), float("nan"))
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(stats, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def spearman_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman correlation of ``x`` [n] with each column of ``y`` [n, k] (ties get mean ranks);
+    NaN for a column without spread.
+
+    >>> spearman_columns(np.arange(4.0), np.array([[1.0], [2.0], [3.0], [5.0]]))
+    array([1.])
+    """
+    rx = rankdata(np.asarray(x, dtype=np.float64))
+    ry = np.apply_along_axis(rankdata, 0, np.asarray(y, dtype=np.float64).reshape(len(rx), -1))
+    return pearson_columns(rx, ry)
+
+
+def pearson_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson correlation of ``x`` [n] with each column of ``y`` [n, k]; NaN without spread."""
+    xc = np.asarray(x, dtype=np.float64) - np.mean(x)
+    yc = np.asarray(y, dtype=np.float64).reshape(len(xc), -1)
+    yc = yc - yc.mean(axis=0)
+    denom = np.sqrt((xc**2).sum() * (yc**2).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, xc @ yc / np.where(denom > 0, denom, 1.0), np.nan)
+
+
+def partial_correlations(y: np.ndarray, predictors: np.ndarray) -> np.ndarray:
+    """Partial correlation of each column of ``y`` [n, k] with each predictor [n, p], the other
+    predictors held fixed (both residualised on them and an intercept): [p, k].
+
+    >>> partial_correlations(y, np.stack([remaining, position], axis=1))   # [2, directions]
+    """
+    y = np.asarray(y, dtype=np.float64).reshape(len(predictors), -1)
+    x = np.asarray(predictors, dtype=np.float64).reshape(len(y), -1)
+    out = np.empty((x.shape[1], y.shape[1]))
+    for j in range(x.shape[1]):
+        others = np.column_stack([np.ones(len(x)), np.delete(x, j, axis=1)])
+        beta_x = np.linalg.lstsq(others, x[:, j], rcond=None)[0]
+        beta_y = np.linalg.lstsq(others, y, rcond=None)[0]
+        out[j] = pearson_columns(x[:, j] - others @ beta_x, y - others @ beta_y)
+    return out
