@@ -178,7 +178,13 @@ def test_generate_until_is_vp_generate_and_stops_at_until(lm, axis, name):
         ]
     )
     want = generate(
-        lm, spec, prompts, alphas=[1.0], decoding=Decoding(greedy=True, max_new_tokens=8), progress=False
+        lm,
+        spec,
+        prompts,
+        alphas=[1.0],
+        decoding=Decoding(greedy=True, max_new_tokens=8),
+        progress=False,
+        chat=False,  # lm-eval sends its requests' text as is (it applies a chat template itself, if asked)
     )
     assert got == [g.text for g in want]
     stop = got[0][2:4]

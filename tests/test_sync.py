@@ -18,7 +18,7 @@ from test_steer import PROMPTS, planted_axis
 from valueprobe import guide
 from valueprobe.guided.policy import BestOfN, Prune, Rollback
 from valueprobe.hooks.padding import pad_id_for, pad_rows
-from valueprobe.steering.decode.generation import encode_prompts, generate
+from valueprobe.steering.decode.generation import Tracing, encode_prompts, generate
 from valueprobe.steering.decode.rows import RowSpec, generate_rows
 from valueprobe.steering.decode.sampling import Decoding, RowSampler
 from valueprobe.steering.hook.condition import Condition
@@ -92,8 +92,7 @@ def test_positions_windows_conditions_traces_and_sampling_make_no_sync_per_step(
             PROMPTS,
             alphas=[-2.0, 0.0, 3.0],
             progress=False,
-            trace=True,
-            read_layers=[0, 2],
+            trace=Tracing(read_layers=(0, 2)),
             decoding=Decoding(
                 samples=2, temperature=0.8, top_p=0.9, seed=3, max_new_tokens=tokens, min_new_tokens=tokens
             ),
