@@ -39,6 +39,8 @@ from valueprobe.datasets.icrl import RULE_IDS
 from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
+from valueprobe.probe.calibrate import calibrate
+from valueprobe.probe.reference import SigmaReference
 from valueprobe.records import Record
 from valueprobe.stats.metrics import auroc, bootstrap_ci
 from valueprobe.stats.null import null_range, percentile_in, random_directions
@@ -266,16 +268,14 @@ def evaluate(
 def as_axis(
     direction: np.ndarray, axis: ValueAxis, lm: LoadedModel, *, method: str, metrics: dict
 ) -> ValueAxis:
-    """``direction`` as a one-layer axis at ``axis``'s best layer: σ and μ over the neutral reference
-    (every token of neutral_text but position 0), the mean norm there too."""
+    """``direction`` as a one-layer axis at ``axis``'s best layer, calibrated as every fitted axis is
+    (`valueprobe.probe.calibrate`): σ, μ and the mean norm over the one neutral reference."""
     layer = axis.best_layer
-    h = neutral_hidden(lm, layer=layer, site=axis.site).astype(np.float64)
-    proj = h @ direction
-    return ValueAxis(
-        directions=torch.from_numpy(direction).float()[None], layers=(layer,),
-        mu=torch.tensor([proj.mean()], dtype=torch.float32), sigma=torch.tensor([proj.std()], dtype=torch.float32),
-        mean_norm=torch.tensor([np.linalg.norm(h, axis=1).mean()], dtype=torch.float32), best_layer=layer,
-        site=axis.site, method=method, model_id=axis.model_id, fingerprint=axis.fingerprint, d_model=axis.d_model,
-        sigma_reference=f"neutral_text: every token but position 0 ({len(h)} tokens), population sd",
-        metrics=metrics, datasets=(FIT_DATA,),
+    nan = torch.tensor([float("nan")])
+    raw = ValueAxis(
+        directions=torch.from_numpy(direction).float()[None], layers=(layer,), mu=nan, sigma=nan,
+        mean_norm=nan, best_layer=layer, site=axis.site, method=method, model_id=axis.model_id,
+        fingerprint=axis.fingerprint, d_model=axis.d_model,
+        sigma_reference=SigmaReference(f"uncalibrated ({method})"), metrics=metrics, datasets=(FIT_DATA,),
     )  # fmt: skip
+    return calibrate(raw, lm)

@@ -31,7 +31,7 @@ from valueprobe.audit.distance import AnswerReads, answer_examples, distance_tes
 from valueprobe.audit.guard import span_problems
 from valueprobe.audit.lens import lens_test
 from valueprobe.audit.reading import Directions
-from valueprobe.audit.records import Audit, AuditTest
+from valueprobe.audit.records import TESTS, Audit, AuditSettings, AuditTest
 from valueprobe.audit.sampled import ANSWERS, neutral_prompts, sample_answers
 from valueprobe.audit.turns import build_turns, check_turns
 from valueprobe.audit.two_by_two import TurnReads, read_turns, two_by_two
@@ -40,56 +40,11 @@ from valueprobe.errors import ValueprobeError
 from valueprobe.files import StageCache
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
-from valueprobe.records import Record
 from valueprobe.steering.decode.generation import Generation
 from valueprobe.steering.hook.spec import SteeringSpec
 from valueprobe.vocab import ChatTemplate
 
 __all__ = ["TESTS", "AuditSettings", "rendering_of", "run_audit"]
-
-TESTS = "abcde"
-
-
-@dataclass(frozen=True)
-class AuditSettings(Record):
-    """What an audit runs, and how big (the defaults run in about 10 minutes on 2 CPU cores).
-
-    Attributes:
-        tests: which of a–e to run. layer: the layer read and steered (default: the axis's best).
-        turns: 2×2 conversations (test a); turns_data: a JSONL of your own 2×2 rows instead
-            (``meta.conversation``, ``meta.value`` high|low, ``meta.end`` near|far, a ``tail`` span).
-        construction, n_construction: the construction dataset and how many conversations (test b).
-        prompts, n_answers: the neutral prompt set and how many answers to sample (test c).
-        n_steer, alphas, n_steer_random: prompts, strengths (% norm) and random directions steered (d).
-        n_random: random directions read on the same tokens (a, b, c, e); k_lens: top-k tokens (e).
-    """
-
-    tests: str = TESTS
-    layer: int | None = None
-    turns: int = 40
-    turns_data: str | None = None
-    construction: str = "icrl"
-    n_construction: int = 48
-    prompts: str = "steer_open"
-    n_answers: int = 48
-    n_steer: int = 8
-    alphas: tuple[float, ...] = (-30.0, 30.0)
-    n_steer_random: int = 4
-    n_random: int = 64
-    k_lens: int = 50
-    seed: int = 0
-    batch_size: int = 8
-
-    def check(self) -> AuditSettings:
-        """One line for settings that cannot run; returns them."""
-        if not self.tests or set(self.tests) - set(TESTS):
-            raise ValueprobeError(f"--tests {self.tests!r}: give letters of {TESTS} (e.g. --tests ab)")
-        for name in ("turns", "n_construction", "n_answers", "n_steer", "n_random", "k_lens", "batch_size"):
-            if getattr(self, name) < 2:
-                raise ValueprobeError(f"{name} {getattr(self, name)} is too small: give at least 2")
-        if 0.0 in self.alphas or not self.alphas:
-            raise ValueprobeError("--alphas are the non-zero strengths (α = 0 is always run): e.g. -30,30")
-        return self
 
 
 def rendering_of(lm: LoadedModel) -> tuple[ChatTemplate, str]:

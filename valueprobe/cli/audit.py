@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from valueprobe.audit.orthogonal import ROUTE_ONE, as_axis, evaluate
-from valueprobe.audit.records import Audit
-from valueprobe.audit.run import TESTS, AuditSettings, run_audit
+from valueprobe.audit.records import TESTS, Audit, AuditSettings
 from valueprobe.cli.app import (
     ForceOpt,
     LoadOptions,
@@ -36,11 +34,11 @@ from valueprobe.datasets.io import read_jsonl
 from valueprobe.datasets.shipped import resolve_dataset_name, shipped_datasets
 from valueprobe.errors import ValueprobeError
 from valueprobe.files import atomic_write_text, check_output_dir, markdown_table, write_json
-from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import portable_name, resolve_axis_name
-from valueprobe.replicate.eot import paper_layer, replicate_eot
-from valueprobe.report.page import Results, write_report
 from valueprobe.vocab import layer_ranges
+
+if TYPE_CHECKING:  # the library loads when a command runs (cli/app.py), not for --help
+    from valueprobe.probe.axis import ValueAxis
 
 __all__ = ["AuditOptions", "recorded_layer"]
 
@@ -158,6 +156,10 @@ def audit_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """Is it value? Test the axis against the end of the turn and its other rivals, each beside a random null."""
+    from valueprobe.audit.run import run_audit
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.report.page import Results, write_report
+
     check_output_dir(out, holds="audit")
     settings = audit.settings()
     axis = ValueAxis.load(probe)  # a bad probe or layer fails before the model loads
@@ -199,6 +201,9 @@ def replicate_eot_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """The replication's designs 1a, 1b, 1d (Qwen3-8B) on this model, in the paper's units, beside its figures."""
+    from valueprobe.probe.axis import ValueAxis
+    from valueprobe.replicate.eot import paper_layer, replicate_eot
+
     check_output_dir(out, holds="audit")
     settings = AuditSettings(turns=turns, n_steer=steer_prompts).check()
     axis = ValueAxis.load(probe)
@@ -234,6 +239,9 @@ def replicate_orthogonal_command(
     load: LoadOptions = LoadOptions(),
 ) -> None:
     """An axis orthogonal to the end of the turn by construction, scored on held-out value contrasts beside the axes."""
+    from valueprobe.audit.orthogonal import ROUTE_ONE, as_axis, evaluate
+    from valueprobe.probe.axis import ValueAxis
+
     check_output_dir(out, holds="orthogonal fit")
     paths = probes or [resolve_axis_name(n) for n in ("smollm2-135m-value", "smollm2-135m-reward-history")]
     for p in paths:

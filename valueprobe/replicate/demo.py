@@ -210,6 +210,7 @@ MISSING_WHY = {
     "attribution_patch": "activation patching is not a demo stage: `valueprobe replicate attribute` writes it",
     "attribution_position": "the position share is not a demo stage: `valueprobe replicate attribute` writes it",
     "caa": "CAA's behaviours are not a demo stage: `valueprobe replicate caa` writes them",
+    "audit": "the confound audit is not a demo stage: `valueprobe audit --probe <demo out>/probe` writes it",
 }
 
 
