@@ -63,7 +63,7 @@ def demo_command(
     ),
     model: ModelOpt = "smollm2-135m",
     quick: Annotated[
-        bool, typer.Option(help="smaller sets and 3 splits: about 2 minutes on 2 quiet cores")
+        bool, typer.Option(help="smaller sets and 3 splits: about 80 s on 2 quiet cores")
     ] = False,
     seed: int = 0,
     device: DeviceOpt = "cpu",
