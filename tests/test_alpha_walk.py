@@ -39,12 +39,13 @@ def test_steer_alphas_reach_the_operator_as_the_architecture_page_says(tiny, tmp
         "valueprobe/steering/experiment/sweep.py",
         "valueprobe/steering/decode/generation.py",
         "valueprobe/steering/hook/handle.py",
+        "valueprobe/steering/hook/resident.py",
         "valueprobe/steering/hook/operators.py",
     ]
     assert all(f"`{m.removeprefix('valueprobe/')}`" in PAGE for m in walk)
 
 
-def test_a_served_requests_alpha_reaches_the_operator_through_six_modules_none_twice(tiny):
+def test_a_served_requests_alpha_reaches_the_operator_through_seven_modules_none_twice(tiny):
     model, probe = tiny
     walk = serve_walk(load(model), probe).walk()
     assert walk == [
@@ -53,6 +54,7 @@ def test_a_served_requests_alpha_reaches_the_operator_through_six_modules_none_t
         "valueprobe/serve/hf_engine.py",
         "valueprobe/steering/decode/rows.py",
         "valueprobe/steering/hook/handle.py",
+        "valueprobe/steering/hook/resident.py",
         "valueprobe/steering/hook/operators.py",
     ]
     assert not entered_twice(walk)

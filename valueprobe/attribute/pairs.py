@@ -102,11 +102,15 @@ def read_patch_pairs(
 ) -> list[PatchPair]:
     """The pairs of ``examples``, tokenized and checked (see the module doc)."""
     units = pair_units(examples)
-    kw = dict(
-        positions=positions, span_labels=span_labels, max_length=max_length, chat_template=chat_template
-    )
     out = []
     for name, clean_ex, corrupt_ex in units:
-        clean, corrupt = encode(lm, [clean_ex, corrupt_ex], **kw)  # type: ignore[arg-type]
+        clean, corrupt = encode(
+            lm,
+            [clean_ex, corrupt_ex],
+            positions=positions,
+            span_labels=span_labels,
+            max_length=max_length,
+            chat_template=chat_template,
+        )
         out.append(PatchPair(name, clean, corrupt, check_pair(name, clean, corrupt)))
     return out

@@ -273,7 +273,7 @@ def write_figure(fig: go.Figure, path: Path) -> Path:
 
 # The modules that declare a kind of part (`valueprobe.sharded.declare`). Command modules load the
 # library only when their command runs, so ``valueprobe merge`` imports these to know every kind by
-# its marker; tests/test_sharded.py holds the tuple equal to the modules that call ``declare``.
+# its marker. A module that calls ``declare`` belongs in this tuple.
 PART_MODULES = (
     "valueprobe.activations.parts",
     "valueprobe.read.score_parts",

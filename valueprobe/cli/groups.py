@@ -49,6 +49,7 @@ def _in_panel(annotation: Any, panel: str) -> Any:
             m = copy.copy(m)
             m.rich_help_panel = panel
         shown.append(m)
+    # Annotated built from values at run time: mypy reads annotations statically only
     return Annotated[tuple([tp, *shown])]  # type: ignore[valid-type]
 
 
@@ -90,6 +91,7 @@ def grouped(command: F) -> F:
             kwargs[name] = group(**{n: kwargs.pop(n) for n in names})
         return command(**kwargs)
 
+    # typer reads the signature a function carries; mypy knows no such attribute on a function
     run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in params}
-    return run  # type: ignore[return-value]
+    return run  # type: ignore[return-value]  # the wrapper takes the options, not F's parameters

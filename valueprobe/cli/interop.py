@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from valueprobe.steering.hook.spec import SteeringSpec
 
 # the formats of `valueprobe.steering.hook.interop.FORMATS`, named here so --help needs no torch
-# (tests/test_interop.py holds the two equal)
 FORMAT_NAMES = ("repeng", "gguf-control-vector", "steering-vectors")
 LM_EVAL = "lm-eval"  # lm-eval's steer config, beside the control-vector formats
 

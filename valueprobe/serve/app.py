@@ -22,7 +22,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -194,8 +194,8 @@ async def _answer(ex: _Exchange, request: Request, *, chat: bool) -> Response:
             raise RequestError("stream", f"must be true or false, got {stream!r}")
         report = stream_usage(body, stream=stream)
         async with asyncio.timeout(ctx.ops.request_timeout):
-            # each choice through the stop layer, which takes the stops alone (α's walk: app, protocol,
-            # engine, rows, handle, operators; tests/test_alpha_walk.py)
+            # each choice through the stop layer, which takes the stops alone (α goes on in the request
+            # to the engine, rows, handle and operators)
             streams = [until_stop(r.stop, r.stop_token_ids, ctx.engine.submit(r)) for r in req.choices()]
             firsts = await first_chunks(streams)
             if not stream:
@@ -220,7 +220,7 @@ async def _answer(ex: _Exchange, request: Request, *, chat: bool) -> Response:
 
 async def _events(
     ex: _Exchange,
-    chunks: AsyncIterator[tuple[int, Chunk]],
+    chunks: AsyncGenerator[tuple[int, Chunk], None],
     deadline: float | None,
     report: StreamUsage,
     *,
@@ -256,7 +256,7 @@ async def _events(
         log.exception("stream %s failed", req.id)
         yield _sse(error_body(f"generation failed: {exc}", kind="server_error"))
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+        await chunks.aclose()
         ex.done(status)
 
 

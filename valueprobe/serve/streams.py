@@ -15,10 +15,10 @@ neither does this. A stopped choice closes its engine stream, which cancels its 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 
-from valueprobe.serve.protocol import Chunk
+from valueprobe.serve.protocol import Chunk, FinishReason
 
 __all__ = ["first_chunks", "merged", "until_stop"]
 
@@ -45,9 +45,9 @@ class _Stops:
             return self._out(chunk, len(self.text), chunk.finish_reason)
         return self._out(chunk, max(self.sent, len(self.text) - self.hold), None)
 
-    def _out(self, chunk: Chunk, end: int, finish: str | None) -> Chunk:
+    def _out(self, chunk: Chunk, end: int, finish: FinishReason | None) -> Chunk:
         text, self.sent = self.text[self.sent : end], max(self.sent, end)
-        return replace(chunk, text=text, finish_reason=finish)  # type: ignore[arg-type]
+        return replace(chunk, text=text, finish_reason=finish)
 
 
 async def until_stop(
@@ -85,7 +85,7 @@ async def first_chunks(streams: Sequence[AsyncGenerator[Chunk, None]]) -> list[C
 
 async def merged(
     streams: Sequence[AsyncGenerator[Chunk, None]], firsts: Sequence[Chunk | None]
-) -> AsyncIterator[tuple[int, Chunk]]:
+) -> AsyncGenerator[tuple[int, Chunk], None]:
     """``(choice index, chunk)`` from every stream as they come, each stream's first chunk first.
     An error in one stream is raised here; leaving early closes every stream."""
     queue: asyncio.Queue[tuple[int, Chunk | BaseException | None]] = asyncio.Queue()

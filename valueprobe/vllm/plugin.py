@@ -50,7 +50,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -257,7 +257,7 @@ def _blocks(model: nn.Module) -> nn.ModuleList | None:
         path = find_layers_path(model)
     except ValueprobeError:
         return None
-    return model.get_submodule(path)  # type: ignore[return-value]
+    return cast(nn.ModuleList, model.get_submodule(path))
 
 
 def install(runner: Any) -> Handle:

@@ -119,7 +119,7 @@ class _RowSampling:
         )
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        # every pick stays on the device: no host read or copy per step (tests/test_sync.py)
+        # every pick stays on the device: no host read or copy per step
         logits = scores if self.penalties is None else self.penalties(input_ids, scores, self.width)
         tokens = torch.stack(
             [
@@ -200,7 +200,7 @@ class _Steps(StoppingCriteria):
         self.outputs = [RowOutput() for _ in rows]
         self._flags: tuple[tuple[bool, ...], Tensor] | None = None  # `done` on the device, as last sent
 
-    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> torch.BoolTensor:
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: object) -> Tensor:
         k = input_ids.shape[1] - self.width - 1
         # one copy to the host per step for the whole batch: tokens, values and the log-probabilities
         # rows asked for, together (float64 holds every token id and float32 value exactly)
@@ -230,12 +230,12 @@ class _Steps(StoppingCriteria):
             self.done[i] = True
         return self._done_on(input_ids.device)
 
-    def _done_on(self, device: torch.device) -> torch.BoolTensor:
+    def _done_on(self, device: torch.device) -> Tensor:
         """``done`` as a device tensor, copied there only when a row's state changed."""
         key = tuple(self.done)
         if self._flags is None or self._flags[0] != key:
             self._flags = (key, torch.tensor(key, device=device))
-        return self._flags[1]  # type: ignore[return-value]
+        return self._flags[1]
 
 
 def generate_rows(

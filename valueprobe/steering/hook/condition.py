@@ -106,7 +106,7 @@ class Gate:
 
     def __call__(self, h: Float[Tensor, "batch new d_model"], step: Step) -> Bool[Tensor, "batch new"]:
         """The cells of this forward where the condition holds (never a pad cell)."""
-        score = self.scorer(h.detach())  # no host read or copy per step (tests/test_sync.py)
+        score = self.scorer(h.detach())  # no host read or copy per step
         c = self.condition
         hit = (score > c.threshold if c.when == "above" else score < c.threshold) & ~step.pad
         if not c.latch:

@@ -39,7 +39,7 @@ from valueprobe.hooks.route import Handle, Point, Recording, Step, intervene, re
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.hook.additive import GRAPH, refusal
 from valueprobe.steering.hook.condition import Gate
-from valueprobe.steering.hook.resident import Scorer
+from valueprobe.steering.hook.resident import OnDevice, Scorer
 from valueprobe.steering.hook.spec import SteeringSpec, SteerPoint, as_spec, check_phase
 from valueprobe.vocab import Site
 
@@ -99,26 +99,17 @@ class Steering(Handle):
     @property
     def alpha(self) -> Tensor:
         """``[batch]`` (or one) strengths on the host; setting it drops the device copies."""
-        return self._alpha_host
+        return self._alpha.host
 
     @alpha.setter
     def alpha(self, value: float | Tensor) -> None:
         host = torch.as_tensor(value, dtype=torch.float32).reshape(-1)
-        # α's copies per device, kept here (not in an `OnDevice`): α crosses no module it need not
-        # (tests/test_alpha_walk.py); the first forward on a device pays the copy, later steps reuse it
-        self._alpha_host = host
-        self._alpha_on: dict[torch.device, Tensor] = {host.device: host}
+        # the first forward on a device pays α's copy there, later steps reuse it
+        self._alpha = OnDevice(host)
         # known on the host, so no step asks the device: all-zero α leaves every forward alone
         self._idle = host.device.type == "cpu" and not bool(host.any())
         for device in self._devices:  # attached: α reaches the blocks' devices now, not in a step
-            self._alpha_at(device)
-
-    def _alpha_at(self, device: torch.device) -> Tensor:
-        """α on ``device``, copied there the first time only."""
-        copy = self._alpha_on.get(device)
-        if copy is None:
-            copy = self._alpha_on[device] = self._alpha_host.to(device)
-        return copy
+            self._alpha.on(device)
 
     def attach(self) -> Steering:
         """Put the hooks on the model (one per steered point, a recorder per read layer); returns
@@ -151,7 +142,7 @@ class Steering(Handle):
         for t, gate in zip(self.points, gates, strict=True):
             device = _block_device(self.lm, t.point.layer)
             t.direction_on(device)
-            self._alpha_at(device)
+            self._alpha.on(device)
             if gate is not None:
                 gate.scorer.direction.on(device)
 
@@ -193,7 +184,7 @@ class Steering(Handle):
 
     def _hook(self, target: SteerPoint, gate: Gate | None) -> Callable[[Tensor, Step], Tensor | None]:
         # Nothing in here reads a device value on the host or copies a host tensor per step:
-        # α, v̂ and the scorers' directions reach the device on attach (tests/test_sync.py).
+        # α, v̂ and the scorers' directions reach the device on attach.
         # Nor does it keep Python state that changes per step, so a compiled forward traces it once;
         # the trace lists grow outside the graph (`_appender`).
         scorer = Scorer(self.axis, target.layer) if self.trace and target is self.points[0] else None
@@ -212,7 +203,7 @@ class Steering(Handle):
             if self.source is not None:
                 alpha = self.source(target, h, step, cells)
             else:
-                a = self._alpha_at(h.device)
+                a = self._alpha.on(h.device)
                 if a.numel() not in (1, h.shape[0]):
                     raise ValueprobeError(f"alpha has {a.numel()} values for a batch of {h.shape[0]} rows")
                 alpha = a.reshape(-1, 1).expand(h.shape[0], h.shape[1])
