@@ -15,7 +15,6 @@ from valueprobe.model.load import load
 from valueprobe.stats.metrics import auroc
 from valueprobe.stats.null import null_range
 
-
 PAGE = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
 
 
