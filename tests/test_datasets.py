@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from valueprobe.datasets import build, read_jsonl, sha256_file
+from valueprobe.datasets import build, read_jsonl
 from valueprobe.datasets import icrl as icrl_mod
 from valueprobe.datasets.build import MANIFEST
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FILES = (

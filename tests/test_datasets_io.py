@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from valueprobe.datasets import Example, Span, read_jsonl, sha256_file, write_jsonl
+from valueprobe.datasets import Example, Span, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 
 texts = st.text(min_size=1, max_size=40)
 

@@ -15,8 +15,9 @@ import pytest
 from conftest import run_cli as run
 from test_steer_sweep import chats, settings_for, tiny_axis
 
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file, write_jsonl
+from valueprobe.datasets.io import Example, read_jsonl, write_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 from valueprobe.report.effects import dose_response_figure
 from valueprobe.steering.decode.generation import generate
 from valueprobe.steering.decode.sampling import Decoding

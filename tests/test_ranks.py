@@ -12,7 +12,8 @@ from test_parts import _examples, assert_same_store
 
 from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.store import ActivationStore, capture_to_store
-from valueprobe.datasets.io import sha256_file, write_jsonl
+from valueprobe.datasets.io import write_jsonl
+from valueprobe.files import sha256_file
 from valueprobe.model.load import load
 
 ROOT = Path(__file__).resolve().parents[1]

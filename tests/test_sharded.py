@@ -121,7 +121,8 @@ def test_merge_reads_checks_and_joins_in_shard_order(tmp_path):
 
 
 def test_a_dataset_is_read_again_only_while_its_sha256_matches(tmp_path):
-    from valueprobe.datasets.io import Example, sha256_file, write_jsonl
+    from valueprobe.datasets.io import Example, write_jsonl
+    from valueprobe.files import sha256_file
 
     data = tmp_path / "d.jsonl"
     write_jsonl(data, [Example(id="a", text="x", label=1, group="g")])

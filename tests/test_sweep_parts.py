@@ -13,8 +13,9 @@ import pytest
 from conftest import run_cli
 from test_steer_sweep import chats, settings_for, steer_argv, tiny_axis, tiny_files  # noqa: F401
 
-from valueprobe.datasets.io import sha256_file, write_jsonl
+from valueprobe.datasets.io import write_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 from valueprobe.sharded import merge
 from valueprobe.steering.experiment.sweep import GENERATIONS, run_sweep
 from valueprobe.steering.experiment.sweep_parts import run_sweep_part

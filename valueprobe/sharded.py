@@ -51,9 +51,9 @@ from typing import Any, Generic, TypeVar
 
 import torch.distributed as dist
 
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import write_json
+from valueprobe.files import sha256_file, write_json
 from valueprobe.vocab import ShardSpec
 
 __all__ = [

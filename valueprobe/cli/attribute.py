@@ -43,9 +43,9 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir
+from valueprobe.files import check_output_dir, sha256_file
 from valueprobe.vocab import ChatTemplate, ModelDtype, Positions, ShardSpec, Target
 
 if TYPE_CHECKING:

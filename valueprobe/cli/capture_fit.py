@@ -37,9 +37,9 @@ from valueprobe.cli.app import (
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.calibrate import print_units
 from valueprobe.cli.groups import OptionGroup, grouped
-from valueprobe.datasets.io import read_jsonl, regroup, sha256_file
+from valueprobe.datasets.io import read_jsonl, regroup
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir
+from valueprobe.files import check_output_dir, sha256_file
 from valueprobe.probe.fitters import Method
 from valueprobe.vocab import (
     ALL_LAYERS,

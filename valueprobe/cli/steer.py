@@ -47,9 +47,9 @@ from valueprobe.cli.groups import OptionGroup, grouped
 from valueprobe.cli.spec import DecodingOptions, SpecOptions
 from valueprobe.cli.steer_eval import judge_sweep, print_evaluation, side_effect_folder
 from valueprobe.cli.steer_options import AUTO, ConditionsFileOpt, ConditionsOpt, resolve_conditions
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir
+from valueprobe.files import check_output_dir, sha256_file
 from valueprobe.steering.experiment.behaviour import METRICS
 from valueprobe.steering.experiment.prompting import parse_conditions
 from valueprobe.vocab import ShardSpec, Unit

@@ -16,8 +16,9 @@ from typing import Annotated
 import typer
 
 from valueprobe.cli.app import console
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 from valueprobe.steering.experiment.prompting import conditions_path, parse_conditions, read_conditions
 
 __all__ = [

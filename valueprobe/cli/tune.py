@@ -35,9 +35,9 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir
+from valueprobe.files import check_output_dir, sha256_file
 from valueprobe.probe.registry import probe_path
 from valueprobe.tune.pairs import data_record, read_pairs
 from valueprobe.vocab import LayerSelection, Positions, ShardSpec, TuneMethod

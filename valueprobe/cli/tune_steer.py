@@ -34,9 +34,9 @@ from valueprobe.cli.app import (
 )
 from valueprobe.cli.boundary import check_at_least
 from valueprobe.cli.groups import OptionGroup, grouped
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import check_output_dir, jsonable, write_json
+from valueprobe.files import check_output_dir, jsonable, sha256_file, write_json
 from valueprobe.steering.experiment.prompting import Goal, conditions_path, read_target
 from valueprobe.vocab import Op, Unit
 

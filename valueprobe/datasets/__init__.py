@@ -21,7 +21,6 @@ from valueprobe.datasets.io import (
     example_from_dict,
     example_to_dict,
     read_jsonl,
-    sha256_file,
     write_jsonl,
 )
 
@@ -34,7 +33,6 @@ __all__ = [
     "example_to_dict",
     "generate",
     "read_jsonl",
-    "sha256_file",
     "summary",
     "write_jsonl",
 ]

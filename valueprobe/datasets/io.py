@@ -23,7 +23,7 @@ from pathlib import Path
 
 from valueprobe.datasets.shipped import resolve_dataset_name, shipped_datasets
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_bytes, sha256_file
+from valueprobe.files import atomic_write_bytes
 
 __all__ = [
     "Example",
@@ -33,7 +33,6 @@ __all__ = [
     "example_to_dict",
     "linked_groups",
     "read_jsonl",
-    "sha256_file",
     "write_jsonl",
 ]
 

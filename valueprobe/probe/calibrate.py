@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from valueprobe.activations.capture import CaptureSettings, capture
-from valueprobe.datasets.io import Example, read_jsonl, sha256_file
+from valueprobe.datasets.io import Example, read_jsonl
 from valueprobe.datasets.shipped import dataset_path
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.reference import NEUTRAL_RULE, NEUTRAL_TEXT, SigmaReference

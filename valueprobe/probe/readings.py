@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from valueprobe.datasets.io import sha256_file
 from valueprobe.datasets.shipped import shipped_datasets
+from valueprobe.files import sha256_file
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.vocab import Positions, Tokens
 

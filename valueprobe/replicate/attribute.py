@@ -44,9 +44,9 @@ from valueprobe.attribute.run import (
     summarize_run,
     write_result,
 )
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.datasets.shipped import DATA_DIR
-from valueprobe.files import atomic_write_text, jsonable, write_json
+from valueprobe.files import atomic_write_text, jsonable, sha256_file, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.registry import probe_path

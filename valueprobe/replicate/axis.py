@@ -29,9 +29,10 @@ import numpy as np
 
 from valueprobe.activations.capture import CaptureSettings
 from valueprobe.activations.store import ActivationStore, capture_to_store
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.datasets.shipped import DATA_DIR
 from valueprobe.errors import ValueprobeError
+from valueprobe.files import sha256_file
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import Contrast, MatchedControl

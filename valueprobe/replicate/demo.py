@@ -33,9 +33,9 @@ from rich.console import Console
 
 from valueprobe.activations.store import ActivationStore
 from valueprobe.datasets import build
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import StageCache, jsonable, write_json
+from valueprobe.files import StageCache, jsonable, sha256_file, write_json
 from valueprobe.model.load import DEFAULT_MODEL, LoadedModel, load
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.probe.contrast import MatchedControl

@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from valueprobe.datasets.io import read_jsonl, sha256_file
+from valueprobe.datasets.io import read_jsonl
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, markdown_table, write_json
+from valueprobe.files import atomic_write_text, jsonable, markdown_table, sha256_file, write_json
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.records import Record

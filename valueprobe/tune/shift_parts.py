@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import save_file
 
 from valueprobe.activations.manifest import DatasetInfo
-from valueprobe.datasets.io import Example, sha256_file
+from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors
+from valueprobe.files import atomic_write, check_output_dir, mmap_safetensors, sha256_file
 from valueprobe.model.load import LoadedModel
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.sharded import Part, PartKind, declare, read_head, reading, reread, write_head

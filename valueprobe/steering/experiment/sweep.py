@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from valueprobe.datasets.io import Example, sha256_file
+from valueprobe.datasets.io import Example
 from valueprobe.errors import ValueprobeError
-from valueprobe.files import atomic_write_text, jsonable, write_json
+from valueprobe.files import atomic_write_text, jsonable, sha256_file, write_json
 from valueprobe.model.load import LoadedModel, cache_dir
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.stats.null import random_directions
