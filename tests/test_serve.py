@@ -68,6 +68,12 @@ class Server:
     def client(self, api_key: str = "none") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=60)
 
+    def idle(self) -> None:
+        """Wait until the engine's worker has finished the batch it last ran, hooks detached. The
+        model is shared with the test: a forward on the test's thread while a batch detaches its
+        hooks races the detach (PyTorch's hook tables are not thread-safe)."""
+        self.engine.worker.submit(lambda: None).result()
+
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
@@ -139,6 +145,7 @@ def test_models_lists_the_served_model(server):
 def test_completion_is_the_steered_generation_with_its_values(server, lm, axis, alpha):
     got = _complete(server.client(), alpha)
     choice = got.choices[0]
+    server.idle()
     ref = generate(
         lm,
         SteeringSpec(axis, layers=[STEER_LAYER]),
@@ -429,6 +436,7 @@ def test_smollm2_serves_steered_chat_with_values(default_lm):
 
         with ThreadPoolExecutor(3) as pool:
             low, mid, high = pool.map(ask, [-4.0, 0.0, 4.0])
+        s.idle()
         ref = generate(
             default_lm,
             axis,

@@ -64,11 +64,16 @@ def test_a_role_the_template_does_not_know_is_a_400(server, role):
     assert _refused(server, "chat/completions", body)["param"] == "messages[0].role"
 
 
-def _reference_logprobs(lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
-    """log_softmax of the model's logits at each position that produced a token (no steering)."""
-    full = torch.tensor([prompt_ids + token_ids[:-1]])
+def _logits(server: Server, lm, ids: list[int]) -> torch.Tensor:
+    """The plain model's logits at every position of ``ids``, once the engine is idle (`Server.idle`)."""
+    server.idle()
     with torch.no_grad():
-        logits = lm.model(input_ids=full).logits[0, len(prompt_ids) - 1 :]
+        return lm.model(input_ids=torch.tensor([ids])).logits[0]
+
+
+def _reference_logprobs(server: Server, lm, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor:
+    """log_softmax of the model's logits at each position that produced a token (no steering)."""
+    logits = _logits(server, lm, prompt_ids + token_ids[:-1])[len(prompt_ids) - 1 :]
     return torch.log_softmax(logits.float(), dim=-1)
 
 
@@ -76,7 +81,7 @@ def test_chat_logprobs_are_the_models_own(server, lm):
     got = _chat(server.client(), logprobs=True, top_logprobs=3).choices[0]
     ids = got.model_extra["token_ids"]
     (prompt,) = encode_prompts(lm, [CHAT])
-    ref = _reference_logprobs(lm, prompt, ids)
+    ref = _reference_logprobs(server, lm, prompt, ids)
     content = got.logprobs.content
     assert len(content) == len(ids)
     for i, entry in enumerate(content):
@@ -91,7 +96,7 @@ def test_completion_logprobs_streamed_equal_whole(server, lm):
     client = server.client()
     whole = _text(client, logprobs=2).choices[0]
     (prompt,) = encode_prompts(lm, [PROMPT], chat=False)
-    ref = _reference_logprobs(lm, prompt, whole.model_extra["token_ids"])
+    ref = _reference_logprobs(server, lm, prompt, whole.model_extra["token_ids"])
     ids = whole.model_extra["token_ids"]
     assert whole.logprobs.token_logprobs == pytest.approx(
         [float(ref[i, t]) for i, t in enumerate(ids)], abs=1e-4
@@ -177,8 +182,7 @@ def test_penalties_are_vllms(server, lm):
     (ids,) = encode_prompts(lm, [PROMPT], chat=False)
     out: list[int] = []
     for _ in range(8):
-        with torch.no_grad():
-            logits = lm.model(input_ids=torch.tensor([ids + out])).logits[0, -1].float()
+        logits = _logits(server, lm, ids + out)[-1].float()
         counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=logits.shape[0]).float()
         out.append(int((logits - 1.5 * counts - 0.5 * (counts > 0).float()).argmax()))
     assert got.model_extra["token_ids"] == out

@@ -88,6 +88,7 @@ def test_inspect_gives_each_layers_value_of_the_producing_forward(bench, lm, axi
     seen = _post(bench, "/v1/inspect", body | {"index": index, "alternatives": 4}).json()
     context = prompt_ids(lm, CHAT) + ids[:index]
     spec = SteeringSpec(axis, layers=1)
+    bench.idle()
     with vp.steer(lm, spec, 2.0):
         want = {layer: vp.values(lm, axis, context, layer=layer).sigma[-1] for layer in axis.layers}
     assert [p["layer"] for p in seen["layers"]] == list(axis.layers)
@@ -123,6 +124,7 @@ def test_a_random_direction_pushes_with_the_axis_norm(bench, lm, axis):  # noqa:
         extra_body={"steering": {"alpha": 3.0, "layer": 1, "random": 11}, "value_layer": 1},
     )  # fmt: skip
     assert got.model_extra["steering"]["direction"] == "random-11"
+    bench.idle()
     r = torch.from_numpy(random_directions(lm.d_model, 1, seed=11)[0]).float()
     spec = SteeringSpec(axis, layers=1, direction=r, direction_name="random-11")
     (ref,) = vp.generate(

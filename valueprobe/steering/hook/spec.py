@@ -40,7 +40,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -51,10 +51,22 @@ from valueprobe.files import write_json
 from valueprobe.hooks.route import Point
 from valueprobe.probe.axis import ValueAxis, check_combinable
 from valueprobe.probe.registry import portable_name
-from valueprobe.probe.units import BEFORE_REFERENCES, in_units_of
+from valueprobe.probe.units import in_units_of
 from valueprobe.steering.hook.condition import Condition
 from valueprobe.steering.hook.operators import Operator, as_operator
-from valueprobe.vocab import HookSite, LayerSelection, LayerSpec, Op, Unit, choice, parse_layers
+from valueprobe.steering.hook.spec_json import (
+    FORMAT,
+    FORMAT_VERSION,
+    KEYS,
+    PARSERS,
+    WHERE,
+    Where,
+    bad,
+    check_format,
+    condition_dict,
+    recorded_references,
+)
+from valueprobe.vocab import HookSite, LayerSelection, LayerSpec, Unit, choice, parse_layers
 
 if TYPE_CHECKING:
     from valueprobe.model.load import LoadedModel
@@ -70,10 +82,6 @@ __all__ = [
     "check_phase",
 ]
 
-FORMAT = "valueprobe.steering"
-FORMAT_VERSION = 2  # 2: records the σ reference of its axes (format 1 was written before the neutral one)
-Where = Literal["prompt", "generated", "all"]
-WHERE: tuple[str, ...] = ("prompt", "generated", "all")
 Axes = ValueAxis | tuple[ValueAxis, ...]
 
 
@@ -276,7 +284,7 @@ class SteeringSpec:
     def _key(self) -> tuple:
         axes = () if self.probe is not None else tuple(id(a) for a in self.axes())
         direction = None if self.direction is None else tuple(self.direction.tolist())
-        condition = None if self.condition is None else _condition_dict(self.condition, check=False)
+        condition = None if self.condition is None else condition_dict(self.condition, check=False)
         return (
             self.probe, axes, self.layers, self.site, self.unit, self.op, self.positions, self.window,
             json.dumps(condition, sort_keys=True), self.read_layer, direction, self.direction_name,
@@ -312,7 +320,7 @@ class SteeringSpec:
             "target": op.target,
             "positions": self.positions,
             "window": None if self.window is None else list(self.window),
-            "condition": None if self.condition is None else _condition_dict(self.condition),
+            "condition": None if self.condition is None else condition_dict(self.condition),
             "read_layer": self.read_layer,
             "direction": None if self.direction is None else self.direction.tolist(),
             "direction_name": self.direction_name,
@@ -332,22 +340,22 @@ class SteeringSpec:
         """The spec again from its JSON form, every field checked: one `ValueprobeError` naming
         ``where`` and the field (``runs/spec.json: layers: ...``)."""
         if not isinstance(d, Mapping):
-            raise _bad(where, "spec", f"expected a JSON object, got {type(d).__name__}")
+            raise bad(where, "spec", f"expected a JSON object, got {type(d).__name__}")
         unknown = sorted(set(d) - set(KEYS))
         if unknown:
-            raise _bad(where, unknown[0], f"unknown field: use {', '.join(KEYS)}")
-        _check_format(d, where)
-        fields = {key: parse(d.get(key), where, key) for key, parse in _PARSERS.items() if key in d}
-        fields["sigma_reference"] = _references(d, where)
+            raise bad(where, unknown[0], f"unknown field: use {', '.join(KEYS)}")
+        check_format(d, where)
+        fields = {key: parse(d.get(key), where, key) for key, parse in PARSERS.items() if key in d}
+        fields["sigma_reference"] = recorded_references(d, where)
         bounds = {k: fields.pop(k) for k in ("op", "lo", "hi", "target") if k in fields}
         try:
             op = Operator(**bounds)
         except ValueprobeError as exc:
-            raise _bad(where, "op", str(exc)) from None
+            raise bad(where, "op", str(exc)) from None
         try:
             return cls(**fields, op=op)
         except ValueprobeError as exc:
-            raise _bad(where, "spec", str(exc)) from None
+            raise bad(where, "spec", str(exc)) from None
 
     def save(self, path: str | Path) -> Path:
         """Write the JSON form to ``path`` (atomically); ``valueprobe steer --spec`` reads it."""
@@ -379,14 +387,6 @@ def _layers(layers: LayerSpec) -> LayerSpec:
     return selection.text
 
 
-def _condition_dict(c: Condition, *, check: bool = True) -> dict[str, Any]:
-    if check and c.axis is not None and c.probe is None:
-        raise ValueprobeError(
-            "the spec's condition reads another axis: give Condition(probe=...) (its folder) to save it"
-        )
-    return {"threshold": c.threshold, "when": c.when, "latch": c.latch, "probe": c.probe}
-
-
 def as_spec(spec: SteeringSpec | ValueAxis | Sequence[ValueAxis]) -> SteeringSpec:
     """A spec from itself, an axis or a list of axes (``SteeringSpec(axis)``: every default)."""
     if isinstance(spec, SteeringSpec):
@@ -396,150 +396,3 @@ def as_spec(spec: SteeringSpec | ValueAxis | Sequence[ValueAxis]) -> SteeringSpe
     if isinstance(spec, Sequence) and not isinstance(spec, str):
         return SteeringSpec(tuple(spec))
     raise ValueprobeError(f"expected a SteeringSpec or a ValueAxis, got {type(spec).__name__}")
-
-
-# ---- the JSON parser: each key's reader, one line naming the field on a bad value ---------------
-
-KEYS: tuple[str, ...] = (
-    "format", "format_version", "probe", "layers", "site", "unit", "op", "lo", "hi", "target",
-    "positions", "window", "condition", "read_layer", "direction", "direction_name", "sigma_reference",
-)  # fmt: skip
-
-
-def _bad(where: str, key: str, text: str) -> ValueprobeError:
-    return ValueprobeError(f"{where}: {key}: {text}")
-
-
-def _check_format(d: Mapping[str, Any], where: str) -> None:
-    if d.get("format", FORMAT) != FORMAT:
-        raise _bad(where, "format", f"{d.get('format')!r} is not a steering spec ({FORMAT!r})")
-    version = d.get("format_version", FORMAT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise _bad(where, "format_version", f"expected a whole number >= 1, got {version!r}")
-    if version > FORMAT_VERSION:
-        raise _bad(where, "format_version", f"{version} is newer than this valueprobe reads: upgrade it")
-
-
-def _references(d: Mapping[str, Any], where: str) -> tuple[str | None, ...]:
-    """The σ reference recorded for each probe; a format-1 file recorded none (`in_units_of`)."""
-    n = len(d["probe"]) if isinstance(d.get("probe"), list) else 1
-    if d.get("format_version", FORMAT_VERSION) < 2:
-        return (BEFORE_REFERENCES,) * n
-    refs = d.get("sigma_reference", [None] * n)  # none recorded (a sweep's settings): as they are
-    if not (isinstance(refs, list) and len(refs) == n and all(isinstance(r, str | None) for r in refs)):
-        raise _bad(where, "sigma_reference", f"expected one text (or null) per probe ({n}), got {refs!r}")
-    return tuple(refs)
-
-
-def _number(value: Any, where: str, key: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(where, key, f"expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _whole(value: Any, where: str, key: str) -> int | None:
-    return None if value is None else _index(value, where, key)
-
-
-def _index(value: Any, where: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(where, key, f"expected a whole layer index, got {value!r}")
-    return value
-
-
-def _text(value: Any, where: str, key: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise _bad(where, key, f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _one_of(allowed: Sequence[str], default: str | None) -> Any:
-    def parse(value: Any, where: str, key: str) -> str | None:
-        if value is None and default is not None:
-            return default
-        if value is not None and value not in allowed:
-            raise _bad(where, key, f"{value!r} is not one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
-def _probe(value: Any, where: str, key: str) -> str | tuple[str, ...]:
-    if isinstance(value, list) and value:
-        return tuple(_text(v, where, key) or "" for v in value)
-    text = _text(value, where, key)
-    if text is None:
-        raise _bad(where, key, "missing: give the probe folder (probes/NAME), or a list of them")
-    return text
-
-
-def _layer_spec(value: Any, where: str, key: str) -> LayerSpec:
-    if isinstance(value, list):
-        if not value or any(v is None for v in value):
-            raise _bad(where, key, f"expected whole layer indices, got {value!r}")
-        return tuple(_index(v, where, key) for v in value)
-    if value is None or isinstance(value, str):
-        return value
-    return _whole(value, where, key)
-
-
-def _window(value: Any, where: str, key: str) -> tuple[int, int] | None:
-    if value is None:
-        return None
-    if not (isinstance(value, list) and len(value) == 2):
-        raise _bad(where, key, f"expected [a, b] (generated tokens a <= i < b), got {value!r}")
-    if any(v is None for v in value):
-        raise _bad(where, key, f"expected [a, b] (generated tokens a <= i < b), got {value!r}")
-    a, b = (_index(v, where, key) for v in value)
-    return (a, b)
-
-
-def _vector(value: Any, where: str, key: str) -> Tensor | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not value:
-        raise _bad(where, key, "expected a list of finite numbers (a vector of d_model)")
-    return torch.tensor([_number(v, where, key) for v in value], dtype=torch.float32)
-
-
-def _condition(value: Any, where: str, key: str) -> Condition | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or set(value) - {"threshold", "when", "latch", "probe"}:
-        raise _bad(
-            where,
-            key,
-            'expected {"threshold": σ, "when": "above"|"below", "latch": bool, "probe": folder|null}',
-        )
-    latch = value.get("latch", False)
-    if not isinstance(latch, bool):
-        raise _bad(where, f"{key}.latch", f"expected true or false, got {latch!r}")
-    threshold = _number(value.get("threshold"), where, f"{key}.threshold")
-    if threshold is None:
-        raise _bad(where, f"{key}.threshold", "missing: give the threshold in σ")
-    when = _one_of(("above", "below"), "above")(value.get("when"), where, f"{key}.when")
-    return Condition(
-        threshold, when=when, latch=latch, probe=_text(value.get("probe"), where, f"{key}.probe")
-    )
-
-
-_PARSERS: dict[str, Any] = {
-    "probe": _probe,
-    "layers": _layer_spec,
-    "site": _one_of([s.value for s in HookSite], None),
-    "unit": _one_of([u.value for u in Unit], Unit.sigma.value),
-    "op": _one_of([o.value for o in Op], Op.add.value),
-    "lo": _number,
-    "hi": _number,
-    "target": _number,
-    "positions": _one_of(WHERE, "all"),
-    "window": _window,
-    "condition": _condition,
-    "read_layer": _whole,
-    "direction": _vector,
-    "direction_name": _text,
-}
