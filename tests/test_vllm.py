@@ -550,7 +550,12 @@ def test_vllm_serves_value_at_logprobs_penalties_n_and_stop_through_the_shared_l
     float noise), n (each choice = the request alone with seed + index), stop (the free text cut)."""
     lm, axis, _ = engine
     layer, chat = axis.best_layer, PROMPTS[5]
-    steer = {"steering": {"alpha": 3.0, "layer": layer}, "value_layer": layer, "max_tokens": 6}
+    steer = {
+        "steering": {"alpha": 3.0, "layer": layer},
+        "value_layer": layer,
+        "max_tokens": 6,
+        "ignore_eos": True,
+    }
     after = _post(vllm_server, "completions", {"prompt": "My favourite season is"} | steer)
     before = _post(
         vllm_server, "completions", {"prompt": "My favourite season is", "value_at": "before"} | steer

@@ -29,7 +29,7 @@ def test_round_trip_through_json_and_extra_args():
     assert VllmArgs.parse(args.extra_args()[EXTRA_KEY]) == args
     after = VllmArgs(spec(layers=12), alpha=1.0, key="k", value_at="after")
     assert VllmArgs.parse(after.to_dict()) == after and after.to_dict()["value_at"] == "after"
-    assert VllmArgs.parse({"spec": {"probe": PROBE}}).value_at == "before"  # the HF route's trace
+    assert VllmArgs.parse({"spec": {"probe": PROBE}}).value_at == "after"  # as the HF route's trace reads
     assert after.salt() == VllmArgs(spec(layers=12), alpha=1.0).salt()  # where it reads shares KV
     assert args.to_dict()["spec"] == args.spec.to_dict()  # the spec's own JSON form, α beside it
 
@@ -60,7 +60,7 @@ def _payload(**spec_kw) -> dict:
         (_payload(read_layer=99), r"spec: .*no layer 99"),
         (_payload(layers=3, read_layer=99), r"spec: read layer 99"),
         ({"spec": {"probe": PROBE, "layrs": 3}, "alpha": 1}, r"spec: layrs: unknown field"),
-        ({"spec": {"probe": PROBE}, "value_at": "during"}, r"value_at: expected one of before, after"),
+        ({"spec": {"probe": PROBE}, "value_at": "during"}, r"value_at: expected one of after, before"),
     ],
 )
 def test_bad_fields_are_one_line_naming_the_field(raw, field):

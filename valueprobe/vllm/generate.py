@@ -152,7 +152,7 @@ def take_values(llm: Any, keys: Sequence[str]) -> dict[str, list[float]]:
 
 @dataclass(frozen=True)
 class VllmRow:
-    """One generated row and its per-token values (σ, at the steered layer, before the addition)."""
+    """One generated row and its per-token values (σ, at the steered layer, after the addition)."""
 
     generation: Generation
     values: tuple[float, ...]

@@ -6,8 +6,8 @@
 
 The payload is the steering spec's JSON form (`valueprobe.steering.hook.spec.SteeringSpec`), the
 request's α (its only per-row part), the key its per-token values are kept under, and where, at
-the steered block itself, the value is read (``value_at``: ``before`` the addition, as the HF
-route's trace reads it, or ``after`` it, as ``valueprobe serve`` does by default)::
+the steered block itself, the value is read (``value_at``: ``after`` the addition, the default
+everywhere, as the HF route's trace and ``valueprobe serve`` read it, or ``before`` it)::
 
     {"spec": {"probe": "/abs/probes/...", "layers": [20], ...}, "alpha": 2.0, "key": "...", "value_at": "after"}
 
@@ -45,13 +45,12 @@ from valueprobe.hooks.addition import addition
 from valueprobe.probe.axis import ValueAxis
 from valueprobe.steering.hook.additive import VLLM, check_additive
 from valueprobe.steering.hook.spec import SteeringSpec
-from valueprobe.vocab import Site
+from valueprobe.vocab import VALUE_AT, Site
 
 __all__ = ["EXTRA_KEY", "Resolved", "VllmArgs", "resolve"]
 
 EXTRA_KEY = "valueprobe"  # the key of SamplingParams.extra_args / vllm_xargs the plugin reads
 _FIELDS = ("spec", "alpha", "key", "value_at")
-VALUE_AT = ("before", "after")
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class VllmArgs:
     spec: SteeringSpec
     alpha: float = 0.0
     key: str | None = None
-    value_at: str = "before"
+    value_at: str = VALUE_AT[0]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec": self.spec.to_dict(), "alpha": self.alpha, "value_at": self.value_at}
@@ -126,7 +125,7 @@ def _number(raw: Mapping[str, Any], name: str) -> float:
 
 
 def _value_at(raw: Mapping[str, Any]) -> str:
-    value = raw.get("value_at", "before")
+    value = raw.get("value_at", VALUE_AT[0])
     if value not in VALUE_AT:
         raise ValueprobeError(f"{EXTRA_KEY}.value_at: expected one of {', '.join(VALUE_AT)}, got {value!r}")
     return str(value)
