@@ -56,7 +56,7 @@ def main() -> None:
     print(f"wrote {args.out} ({len(data) // 1000} kB, {check.n_figures} figures drew)")
 
 
-def workbench_png(*, height: int, prompt: str = "Is 91 a prime number?", alpha: float = 0.5) -> bytes:
+def workbench_png(*, height: int, prompt: str = "Is 91 a prime number?", alpha: float = 2.0) -> bytes:
     """The workbench on the default model and the shipped value axis, after one prompt, a slider
     move to ``alpha`` and a click on a steered token: a PNG of the page's top ``height`` pixels."""
     import threading
