@@ -22,7 +22,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, TypeVar, cast, get_args, get_origin, get_type_hints
 
 from typer.models import ParameterInfo
 
@@ -49,8 +49,9 @@ def _in_panel(annotation: Any, panel: str) -> Any:
             m = copy.copy(m)
             m.rich_help_panel = panel
         shown.append(m)
-    # Annotated built from values at run time: mypy reads annotations statically only
-    return Annotated[tuple([tp, *shown])]  # type: ignore[valid-type]
+    # Annotated built from values at run time, which mypy's static annotations cannot express
+    annotated: Any = Annotated
+    return annotated[(tp, *shown)]
 
 
 def _is_group(annotation: Any) -> bool:
@@ -91,7 +92,8 @@ def grouped(command: F) -> F:
             kwargs[name] = group(**{n: kwargs.pop(n) for n in names})
         return command(**kwargs)
 
-    # typer reads the signature a function carries; mypy knows no such attribute on a function
-    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    run.__annotations__ = {p.name: p.annotation for p in params}
-    return run  # type: ignore[return-value]  # the wrapper takes the options, not F's parameters
+    # typer reads the signature the wrapper carries: the options, not F's parameters
+    wrapper: Any = run
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return cast(F, wrapper)
